@@ -1,0 +1,2 @@
+//! The sluice command line.
+fn main() {}

@@ -1,0 +1,484 @@
+//! Hugging Face checkpoint directories: config, generation config, shards and their index.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::safetensors::read_header;
+use crate::{Dtype, FormatError};
+
+/// Name of the single-file checkpoint.
+pub const SINGLE_FILE: &str = "model.safetensors";
+/// Name of the shard index.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// The largest index file accepted, in bytes.
+pub const MAX_INDEX_LEN: u64 = 256 * 1024 * 1024;
+/// The largest config file accepted, in bytes.
+pub const MAX_CONFIG_LEN: u64 = 16 * 1024 * 1024;
+
+/// Where one tensor lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Tensor name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape (row-major, outermost first).
+    pub shape: Vec<usize>,
+    /// Index of the shard in [`Checkpoint::shards`].
+    pub shard: usize,
+    /// Absolute byte offset in the shard.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl TensorInfo {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// One safetensors file of a checkpoint.
+#[derive(Debug)]
+pub struct Shard {
+    /// Full path.
+    pub path: PathBuf,
+    /// File name as the index names it.
+    pub name: String,
+    /// Length in bytes when opened.
+    pub len: u64,
+    /// Metadata map of the header.
+    pub metadata: BTreeMap<String, String>,
+    file: File,
+}
+
+impl Shard {
+    /// The open file (buffered reads).
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+}
+
+/// A Hugging Face checkpoint directory, validated.
+///
+/// Opening reads `config.json`, `generation_config.json` when present, the shard index when
+/// present and every shard's header; it checks that the index and the shards agree. No tensor
+/// data is read until asked for.
+#[derive(Debug)]
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: Value,
+    generation_config: Option<Value>,
+    shards: Vec<Shard>,
+    tensors: Vec<TensorInfo>,
+    by_name: HashMap<String, usize>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
+    move |source| FormatError::Io { path: path.to_path_buf(), source }
+}
+
+/// Reads a JSON file of at most `cap` bytes.
+pub fn read_json(path: &Path, cap: u64) -> Result<Value, FormatError> {
+    let meta = std::fs::metadata(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            FormatError::MissingFile { path: path.to_path_buf() }
+        } else {
+            FormatError::Io { path: path.to_path_buf(), source: e }
+        }
+    })?;
+    if meta.len() > cap {
+        return Err(FormatError::ConfigJson {
+            path: path.to_path_buf(),
+            msg: format!("{} bytes is larger than the {cap} accepted", meta.len()),
+        });
+    }
+    let text = std::fs::read(path).map_err(io_err(path))?;
+    serde_json::from_slice(&text).map_err(|e| FormatError::ConfigJson {
+        path: path.to_path_buf(),
+        msg: format!("not valid JSON: {e}"),
+    })
+}
+
+impl Checkpoint {
+    /// Opens and validates the checkpoint in `dir`.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint, FormatError> {
+        let dir = dir.as_ref().to_path_buf();
+        match std::fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(FormatError::Io {
+                    path: dir,
+                    source: std::io::Error::other("not a directory"),
+                });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(FormatError::MissingFile { path: dir });
+            }
+            Err(e) => return Err(FormatError::Io { path: dir, source: e }),
+        }
+        let config = read_json(&dir.join("config.json"), MAX_CONFIG_LEN)?;
+        if !config.is_object() {
+            return Err(FormatError::ConfigJson {
+                path: dir.join("config.json"),
+                msg: "top level is not an object".into(),
+            });
+        }
+        let gen_path = dir.join("generation_config.json");
+        let generation_config = if gen_path.exists() {
+            Some(read_json(&gen_path, MAX_CONFIG_LEN)?)
+        } else {
+            None
+        };
+
+        let index_path = dir.join(INDEX_FILE);
+        let (shard_names, weight_map) = if index_path.exists() {
+            let (names, map) = read_index(&index_path)?;
+            (names, Some(map))
+        } else if dir.join(SINGLE_FILE).exists() {
+            (vec![SINGLE_FILE.to_owned()], None)
+        } else {
+            return Err(FormatError::NoCheckpoint { dir });
+        };
+
+        let mut shards: Vec<Shard> = Vec::with_capacity(shard_names.len());
+        let mut tensors: Vec<TensorInfo> = Vec::new();
+        let mut by_name: HashMap<String, usize> = HashMap::new();
+        for (si, name) in shard_names.iter().enumerate() {
+            let path = dir.join(name);
+            if !path.exists() {
+                if let Some(map) = &weight_map {
+                    let tensor = map
+                        .iter()
+                        .find(|(_, s)| *s == name)
+                        .map(|(t, _)| t.clone())
+                        .unwrap_or_default();
+                    return Err(FormatError::IndexMissingShard {
+                        index: index_path,
+                        shard: name.clone(),
+                        tensor,
+                    });
+                }
+                return Err(FormatError::MissingFile { path });
+            }
+            let (header, len) = read_header(&path)?;
+            let file = File::open(&path).map_err(io_err(&path))?;
+            for e in header.tensors {
+                if let Some(map) = &weight_map {
+                    if map.get(&e.name) != Some(name) {
+                        return Err(FormatError::NotInIndex { path, tensor: e.name });
+                    }
+                }
+                if let Some(&prev) = by_name.get(&e.name) {
+                    return Err(FormatError::DuplicateTensor {
+                        tensor: e.name,
+                        // A shard cannot repeat a name, so the first sits in an earlier shard.
+                        first: shards[tensors[prev].shard].path.clone(),
+                        second: path,
+                    });
+                }
+                by_name.insert(e.name.clone(), tensors.len());
+                tensors.push(TensorInfo {
+                    name: e.name,
+                    dtype: e.dtype,
+                    shape: e.shape,
+                    shard: si,
+                    offset: e.offset,
+                    len: e.len,
+                });
+            }
+            shards.push(Shard { path, name: name.clone(), len, metadata: header.metadata, file });
+        }
+        if let Some(map) = &weight_map {
+            for (tensor, shard) in map {
+                if !by_name.contains_key(tensor) {
+                    return Err(FormatError::IndexMissingTensor {
+                        index: index_path,
+                        tensor: tensor.clone(),
+                        shard: shard.clone(),
+                    });
+                }
+            }
+        }
+        Ok(Checkpoint { dir, config, generation_config, shards, tensors, by_name })
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `config.json`, parsed.
+    pub fn config(&self) -> &Value {
+        &self.config
+    }
+
+    /// `generation_config.json`, parsed, when present.
+    pub fn generation_config(&self) -> Option<&Value> {
+        self.generation_config.as_ref()
+    }
+
+    /// The shards, in index order (file-name order for an index).
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// Every tensor, grouped by shard, each shard's tensors in file-offset order.
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    /// The tensor of that name, if any.
+    pub fn get(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The tensor of that name, or an error naming it.
+    pub fn tensor(&self, name: &str) -> Result<&TensorInfo, FormatError> {
+        self.get(name).ok_or_else(|| FormatError::TensorNotFound {
+            dir: self.dir.clone(),
+            tensor: name.to_owned(),
+        })
+    }
+
+    /// Reads a tensor's bytes into `buf` (whose length must equal the tensor's) with buffered I/O.
+    pub fn read_into(&self, t: &TensorInfo, buf: &mut [u8]) -> Result<(), FormatError> {
+        let shard = &self.shards[t.shard];
+        let err = |source| FormatError::Read {
+            path: shard.path.clone(),
+            tensor: t.name.clone(),
+            offset: t.offset,
+            end: t.offset + t.len,
+            source,
+        };
+        if buf.len() as u64 != t.len {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("buffer of {} bytes for a {}-byte tensor", buf.len(), t.len),
+            )));
+        }
+        shard.file.read_exact_at(buf, t.offset).map_err(err)
+    }
+
+    /// Reads a tensor's bytes into a new vector.
+    pub fn read(&self, t: &TensorInfo) -> Result<Vec<u8>, FormatError> {
+        let mut buf = vec![0u8; t.len as usize];
+        self.read_into(t, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// Reads the named tensor's bytes into a new vector.
+    pub fn read_named(&self, name: &str) -> Result<(&TensorInfo, Vec<u8>), FormatError> {
+        let t = self.tensor(name)?;
+        Ok((t, self.read(t)?))
+    }
+}
+
+/// Reads `model.safetensors.index.json`: the sorted list of shard names and the weight map.
+fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>), FormatError> {
+    let v = read_json(path, MAX_INDEX_LEN).map_err(|e| match e {
+        FormatError::ConfigJson { path, msg } => FormatError::IndexJson { path, msg },
+        e => e,
+    })?;
+    let bad = |msg: &str| FormatError::IndexJson { path: path.to_path_buf(), msg: msg.to_owned() };
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .ok_or_else(|| bad("`weight_map` missing or not an object"))?;
+    let mut weight_map = BTreeMap::new();
+    let mut names = Vec::new();
+    for (tensor, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| bad(&format!("shard for tensor `{tensor}` is not a string")))?;
+        if shard.is_empty()
+            || shard.contains('/')
+            || shard.contains('\\')
+            || shard == "."
+            || shard == ".."
+            || shard.contains('\0')
+        {
+            return Err(bad(&format!(
+                "shard `{shard}` for tensor `{tensor}` is not a plain file name"
+            )));
+        }
+        names.push(shard.to_owned());
+        weight_map.insert(tensor.clone(), shard.to_owned());
+    }
+    names.sort();
+    names.dedup();
+    if names.is_empty() {
+        return Err(bad("`weight_map` is empty"));
+    }
+    Ok((names, weight_map))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::safetensors::serialize;
+
+    fn write(dir: &Path, name: &str, bytes: &[u8]) {
+        std::fs::write(dir.join(name), bytes).unwrap();
+    }
+
+    fn shard(tensors: &[(&str, usize)]) -> Vec<u8> {
+        let data: Vec<Vec<u8>> = tensors.iter().map(|(_, n)| vec![7u8; n * 4]).collect();
+        let shapes: Vec<[usize; 1]> = tensors.iter().map(|(_, n)| [*n]).collect();
+        let entries: Vec<(&str, Dtype, &[usize], &[u8])> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (*name, Dtype::F32, &shapes[i][..], &data[i][..]))
+            .collect();
+        serialize(&entries, None)
+    }
+
+    fn sharded_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "config.json", br#"{"model_type":"x"}"#);
+        write(d.path(), "model-00001-of-00002.safetensors", &shard(&[("a", 2), ("b", 3)]));
+        write(d.path(), "model-00002-of-00002.safetensors", &shard(&[("c", 1)]));
+        write(
+            d.path(),
+            INDEX_FILE,
+            br#"{"metadata":{},"weight_map":{"a":"model-00001-of-00002.safetensors",
+                "b":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors"}}"#,
+        );
+        d
+    }
+
+    #[test]
+    fn opens_sharded() {
+        let d = sharded_dir();
+        let ck = Checkpoint::open(d.path()).unwrap();
+        assert_eq!(ck.shards().len(), 2);
+        let c = ck.tensor("c").unwrap();
+        assert_eq!(c.shard, 1);
+        assert_eq!(ck.read(c).unwrap(), vec![7u8; 4]);
+        assert!(matches!(ck.tensor("zz"), Err(FormatError::TensorNotFound { .. })));
+        assert_eq!(ck.config()["model_type"], "x");
+        assert!(ck.generation_config().is_none());
+    }
+
+    #[test]
+    fn missing_shard() {
+        let d = sharded_dir();
+        std::fs::remove_file(d.path().join("model-00002-of-00002.safetensors")).unwrap();
+        match Checkpoint::open(d.path()).unwrap_err() {
+            FormatError::IndexMissingShard { shard, tensor, .. } => {
+                assert_eq!(shard, "model-00002-of-00002.safetensors");
+                assert_eq!(tensor, "c");
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn index_names_missing_tensor() {
+        let d = sharded_dir();
+        write(
+            d.path(),
+            INDEX_FILE,
+            br#"{"weight_map":{"a":"model-00001-of-00002.safetensors",
+                "b":"model-00001-of-00002.safetensors","c":"model-00002-of-00002.safetensors",
+                "d":"model-00002-of-00002.safetensors"}}"#,
+        );
+        match Checkpoint::open(d.path()).unwrap_err() {
+            FormatError::IndexMissingTensor { tensor, shard, .. } => {
+                assert_eq!(tensor, "d");
+                assert_eq!(shard, "model-00002-of-00002.safetensors");
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn shard_tensor_not_in_index() {
+        let d = sharded_dir();
+        write(
+            d.path(),
+            INDEX_FILE,
+            br#"{"weight_map":{"a":"model-00001-of-00002.safetensors",
+                "c":"model-00002-of-00002.safetensors"}}"#,
+        );
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::NotInIndex { tensor, .. } if tensor == "b"
+        ));
+    }
+
+    #[test]
+    fn index_path_traversal_refused() {
+        let d = sharded_dir();
+        write(d.path(), INDEX_FILE, br#"{"weight_map":{"a":"../model-00001-of-00002.safetensors"}}"#);
+        assert!(matches!(Checkpoint::open(d.path()).unwrap_err(), FormatError::IndexJson { .. }));
+    }
+
+    #[test]
+    fn truncated_shard_at_open_and_after() {
+        let d = sharded_dir();
+        let p = d.path().join("model-00001-of-00002.safetensors");
+        let full = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &full[..full.len() - 3]).unwrap();
+        match Checkpoint::open(d.path()).unwrap_err() {
+            FormatError::OutOfBounds { tensor, path, .. } => {
+                assert_eq!(tensor, "b");
+                assert_eq!(path, p);
+            }
+            e => panic!("{e}"),
+        }
+        // Truncated after open: the read reports the tensor and an unexpected EOF.
+        std::fs::write(&p, &full).unwrap();
+        let ck = Checkpoint::open(d.path()).unwrap();
+        std::fs::write(&p, &full[..full.len() - 3]).unwrap();
+        match ck.read(ck.tensor("b").unwrap()).unwrap_err() {
+            FormatError::Read { tensor, source, .. } => {
+                assert_eq!(tensor, "b");
+                assert_eq!(source.kind(), std::io::ErrorKind::UnexpectedEof);
+            }
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn duplicate_across_shards() {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "config.json", b"{}");
+        write(d.path(), "s1.safetensors", &shard(&[("a", 1)]));
+        write(d.path(), "s2.safetensors", &shard(&[("a", 1)]));
+        write(d.path(), INDEX_FILE, br#"{"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}}"#);
+        // s2 holds `a`, which the index maps to s1.
+        assert!(matches!(Checkpoint::open(d.path()).unwrap_err(), FormatError::NotInIndex { .. }));
+    }
+
+    #[test]
+    fn missing_pieces() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Checkpoint::open(d.path().join("nope")).unwrap_err(),
+            FormatError::MissingFile { .. }
+        ));
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::MissingFile { path } if path.ends_with("config.json")
+        ));
+        write(d.path(), "config.json", b"{\"a\":");
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::ConfigJson { .. }
+        ));
+        write(d.path(), "config.json", b"{}");
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::NoCheckpoint { .. }
+        ));
+        write(d.path(), SINGLE_FILE, &shard(&[("w", 4)]));
+        let ck = Checkpoint::open(d.path()).unwrap();
+        assert_eq!(ck.tensor("w").unwrap().numel(), 4);
+    }
+}

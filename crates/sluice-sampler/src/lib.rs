@@ -1,0 +1,1 @@
+//! sluice-sampler (under construction).

@@ -80,16 +80,24 @@ pub struct Checkpoint {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
-    move |source| FormatError::Io { path: path.to_path_buf(), source }
+    move |source| FormatError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Reads a JSON file of at most `cap` bytes.
 pub fn read_json(path: &Path, cap: u64) -> Result<Value, FormatError> {
     let meta = std::fs::metadata(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            FormatError::MissingFile { path: path.to_path_buf() }
+            FormatError::MissingFile {
+                path: path.to_path_buf(),
+            }
         } else {
-            FormatError::Io { path: path.to_path_buf(), source: e }
+            FormatError::Io {
+                path: path.to_path_buf(),
+                source: e,
+            }
         }
     })?;
     if meta.len() > cap {
@@ -120,7 +128,12 @@ impl Checkpoint {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(FormatError::MissingFile { path: dir });
             }
-            Err(e) => return Err(FormatError::Io { path: dir, source: e }),
+            Err(e) => {
+                return Err(FormatError::Io {
+                    path: dir,
+                    source: e,
+                });
+            }
         }
         let config = read_json(&dir.join("config.json"), MAX_CONFIG_LEN)?;
         if !config.is_object() {
@@ -169,10 +182,13 @@ impl Checkpoint {
             let (header, len) = read_header(&path)?;
             let file = File::open(&path).map_err(io_err(&path))?;
             for e in header.tensors {
-                if let Some(map) = &weight_map {
-                    if map.get(&e.name) != Some(name) {
-                        return Err(FormatError::NotInIndex { path, tensor: e.name });
-                    }
+                if let Some(map) = &weight_map
+                    && map.get(&e.name) != Some(name)
+                {
+                    return Err(FormatError::NotInIndex {
+                        path,
+                        tensor: e.name,
+                    });
                 }
                 if let Some(&prev) = by_name.get(&e.name) {
                     return Err(FormatError::DuplicateTensor {
@@ -192,7 +208,13 @@ impl Checkpoint {
                     len: e.len,
                 });
             }
-            shards.push(Shard { path, name: name.clone(), len, metadata: header.metadata, file });
+            shards.push(Shard {
+                path,
+                name: name.clone(),
+                len,
+                metadata: header.metadata,
+                file,
+            });
         }
         if let Some(map) = &weight_map {
             for (tensor, shard) in map {
@@ -205,7 +227,14 @@ impl Checkpoint {
                 }
             }
         }
-        Ok(Checkpoint { dir, config, generation_config, shards, tensors, by_name })
+        Ok(Checkpoint {
+            dir,
+            config,
+            generation_config,
+            shards,
+            tensors,
+            by_name,
+        })
     }
 
     /// The directory.
@@ -285,7 +314,10 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>), Fo
         FormatError::ConfigJson { path, msg } => FormatError::IndexJson { path, msg },
         e => e,
     })?;
-    let bad = |msg: &str| FormatError::IndexJson { path: path.to_path_buf(), msg: msg.to_owned() };
+    let bad = |msg: &str| FormatError::IndexJson {
+        path: path.to_path_buf(),
+        msg: msg.to_owned(),
+    };
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
@@ -341,8 +373,16 @@ mod tests {
     fn sharded_dir() -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         write(d.path(), "config.json", br#"{"model_type":"x"}"#);
-        write(d.path(), "model-00001-of-00002.safetensors", &shard(&[("a", 2), ("b", 3)]));
-        write(d.path(), "model-00002-of-00002.safetensors", &shard(&[("c", 1)]));
+        write(
+            d.path(),
+            "model-00001-of-00002.safetensors",
+            &shard(&[("a", 2), ("b", 3)]),
+        );
+        write(
+            d.path(),
+            "model-00002-of-00002.safetensors",
+            &shard(&[("c", 1)]),
+        );
         write(
             d.path(),
             INDEX_FILE,
@@ -360,7 +400,10 @@ mod tests {
         let c = ck.tensor("c").unwrap();
         assert_eq!(c.shard, 1);
         assert_eq!(ck.read(c).unwrap(), vec![7u8; 4]);
-        assert!(matches!(ck.tensor("zz"), Err(FormatError::TensorNotFound { .. })));
+        assert!(matches!(
+            ck.tensor("zz"),
+            Err(FormatError::TensorNotFound { .. })
+        ));
         assert_eq!(ck.config()["model_type"], "x");
         assert!(ck.generation_config().is_none());
     }
@@ -415,8 +458,15 @@ mod tests {
     #[test]
     fn index_path_traversal_refused() {
         let d = sharded_dir();
-        write(d.path(), INDEX_FILE, br#"{"weight_map":{"a":"../model-00001-of-00002.safetensors"}}"#);
-        assert!(matches!(Checkpoint::open(d.path()).unwrap_err(), FormatError::IndexJson { .. }));
+        write(
+            d.path(),
+            INDEX_FILE,
+            br#"{"weight_map":{"a":"../model-00001-of-00002.safetensors"}}"#,
+        );
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::IndexJson { .. }
+        ));
     }
 
     #[test]
@@ -451,9 +501,16 @@ mod tests {
         write(d.path(), "config.json", b"{}");
         write(d.path(), "s1.safetensors", &shard(&[("a", 1)]));
         write(d.path(), "s2.safetensors", &shard(&[("a", 1)]));
-        write(d.path(), INDEX_FILE, br#"{"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}}"#);
+        write(
+            d.path(),
+            INDEX_FILE,
+            br#"{"weight_map":{"a":"s1.safetensors","b":"s2.safetensors"}}"#,
+        );
         // s2 holds `a`, which the index maps to s1.
-        assert!(matches!(Checkpoint::open(d.path()).unwrap_err(), FormatError::NotInIndex { .. }));
+        assert!(matches!(
+            Checkpoint::open(d.path()).unwrap_err(),
+            FormatError::NotInIndex { .. }
+        ));
     }
 
     #[test]

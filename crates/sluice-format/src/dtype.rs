@@ -88,7 +88,9 @@ impl Dtype {
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::Bool | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0 | Dtype::I8 | Dtype::U8 => 1,
+            Dtype::Bool | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0 | Dtype::I8 | Dtype::U8 => {
+                1
+            }
             Dtype::F16 | Dtype::BF16 | Dtype::I16 | Dtype::U16 => 2,
             Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,

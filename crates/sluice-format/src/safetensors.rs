@@ -58,16 +58,26 @@ pub struct Header {
 /// Returns the header length after checking it against [`MAX_HEADER_LEN`] and the file size.
 pub fn header_len(prefix: &[u8], file_len: u64, path: &Path) -> Result<u64, FormatError> {
     if file_len < 8 || prefix.len() < 8 {
-        return Err(FormatError::TooShort { path: path.to_path_buf(), len: file_len });
+        return Err(FormatError::TooShort {
+            path: path.to_path_buf(),
+            len: file_len,
+        });
     }
     let mut le = [0u8; 8];
     le.copy_from_slice(&prefix[..8]);
     let n = u64::from_le_bytes(le);
     if n > MAX_HEADER_LEN {
-        return Err(FormatError::HeaderTooLarge { path: path.to_path_buf(), header_len: n });
+        return Err(FormatError::HeaderTooLarge {
+            path: path.to_path_buf(),
+            header_len: n,
+        });
     }
     if n.checked_add(8).is_none_or(|end| end > file_len) {
-        return Err(FormatError::HeaderPastEnd { path: path.to_path_buf(), header_len: n, file_len });
+        return Err(FormatError::HeaderPastEnd {
+            path: path.to_path_buf(),
+            header_len: n,
+            file_len,
+        });
     }
     Ok(n)
 }
@@ -79,14 +89,19 @@ pub fn header_len(prefix: &[u8], file_len: u64, path: &Path) -> Result<u64, Form
 pub fn parse_header(bytes: &[u8], file_len: u64, path: &Path) -> Result<Header, FormatError> {
     let n = header_len(bytes, file_len, path)?;
     let end = 8usize.saturating_add(usize::try_from(n).unwrap_or(usize::MAX));
-    let json = bytes.get(8..end).ok_or_else(|| FormatError::HeaderPastEnd {
-        path: path.to_path_buf(),
-        header_len: n,
-        file_len: bytes.len() as u64,
-    })?;
+    let json = bytes
+        .get(8..end)
+        .ok_or_else(|| FormatError::HeaderPastEnd {
+            path: path.to_path_buf(),
+            header_len: n,
+            file_len: bytes.len() as u64,
+        })?;
     let data_start = 8 + n;
     let data_len = file_len - data_start;
-    let bad = |msg: String| FormatError::HeaderJson { path: path.to_path_buf(), msg };
+    let bad = |msg: String| FormatError::HeaderJson {
+        path: path.to_path_buf(),
+        msg,
+    };
 
     let text = std::str::from_utf8(json).map_err(|e| bad(format!("not UTF-8: {e}")))?;
     let value: Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
@@ -94,35 +109,44 @@ pub fn parse_header(bytes: &[u8], file_len: u64, path: &Path) -> Result<Header, 
         return Err(bad("top level is not an object".into()));
     };
     if map.len() > MAX_TENSORS + 1 {
-        return Err(bad(format!("{} entries, more than the {MAX_TENSORS} accepted", map.len())));
+        return Err(bad(format!(
+            "{} entries, more than the {MAX_TENSORS} accepted",
+            map.len()
+        )));
     }
 
-    let mut header = Header { data_start, ..Header::default() };
+    let mut header = Header {
+        data_start,
+        ..Header::default()
+    };
     for (name, entry) in map {
         if name == "__metadata__" {
-            header.metadata = parse_metadata(&entry).ok_or_else(|| {
-                bad("`__metadata__` is not an object of strings".into())
-            })?;
+            header.metadata = parse_metadata(&entry)
+                .ok_or_else(|| bad("`__metadata__` is not an object of strings".into()))?;
             continue;
         }
-        header.tensors.push(parse_entry(path, name, &entry, data_start, data_len)?);
+        header
+            .tensors
+            .push(parse_entry(path, name, &entry, data_start, data_len)?);
     }
 
-    header.tensors.sort_by(|a, b| (a.offset, a.len, &a.name).cmp(&(b.offset, b.len, &b.name)));
+    header
+        .tensors
+        .sort_by(|a, b| (a.offset, a.len, &a.name).cmp(&(b.offset, b.len, &b.name)));
     // With ranges sorted by start, an overlap can only be with the furthest-reaching earlier range.
     let mut reach: Option<(u64, usize)> = None;
     for (i, t) in header.tensors.iter().enumerate() {
         if t.len == 0 {
             continue;
         }
-        if let Some((end, j)) = reach {
-            if t.offset < end {
-                return Err(FormatError::Overlap {
-                    path: path.to_path_buf(),
-                    tensor: t.name.clone(),
-                    other: header.tensors[j].name.clone(),
-                });
-            }
+        if let Some((end, j)) = reach
+            && t.offset < end
+        {
+            return Err(FormatError::Overlap {
+                path: path.to_path_buf(),
+                tensor: t.name.clone(),
+                other: header.tensors[j].name.clone(),
+            });
         }
         let end = t.offset + t.len;
         if reach.is_none_or(|(e, _)| end > e) {
@@ -154,7 +178,9 @@ fn parse_entry(
         tensor: name.to_owned(),
         what: what.to_owned(),
     };
-    let obj = entry.as_object().ok_or_else(|| malformed(&name, "entry is not an object"))?;
+    let obj = entry
+        .as_object()
+        .ok_or_else(|| malformed(&name, "entry is not an object"))?;
     let dtype_name = obj
         .get("dtype")
         .and_then(Value::as_str)
@@ -169,7 +195,10 @@ fn parse_entry(
         .and_then(Value::as_array)
         .ok_or_else(|| malformed(&name, "`shape` missing or not an array"))?;
     if shape_v.len() > MAX_RANK {
-        return Err(malformed(&name, &format!("rank {} exceeds {MAX_RANK}", shape_v.len())));
+        return Err(malformed(
+            &name,
+            &format!("rank {} exceeds {MAX_RANK}", shape_v.len()),
+        ));
     }
     let mut shape = Vec::with_capacity(shape_v.len());
     for d in shape_v {
@@ -185,7 +214,10 @@ fn parse_entry(
         .filter(|a| a.len() == 2)
         .ok_or_else(|| malformed(&name, "`data_offsets` missing or not [begin, end]"))?;
     let (Some(begin), Some(end)) = (offs[0].as_u64(), offs[1].as_u64()) else {
-        return Err(malformed(&name, "`data_offsets` are not non-negative integers"));
+        return Err(malformed(
+            &name,
+            "`data_offsets` are not non-negative integers",
+        ));
     };
     if begin > end {
         return Err(malformed(&name, "`data_offsets` begin is after end"));
@@ -194,7 +226,10 @@ fn parse_entry(
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
         .and_then(|n| n.checked_mul(dtype.size() as u64))
-        .ok_or_else(|| FormatError::Overflow { path: p(), tensor: name.clone() })?;
+        .ok_or_else(|| FormatError::Overflow {
+            path: p(),
+            tensor: name.clone(),
+        })?;
     let len = end - begin;
     if expected != len {
         return Err(FormatError::ShapeMismatch {
@@ -207,9 +242,20 @@ fn parse_entry(
         });
     }
     if end > data_len {
-        return Err(FormatError::OutOfBounds { path: p(), tensor: name, end, data_len });
+        return Err(FormatError::OutOfBounds {
+            path: p(),
+            tensor: name,
+            end,
+            data_len,
+        });
     }
-    Ok(HeaderEntry { name, dtype, shape, offset: data_start + begin, len })
+    Ok(HeaderEntry {
+        name,
+        dtype,
+        shape,
+        offset: data_start + begin,
+        len,
+    })
 }
 
 /// Serialises tensors into safetensors bytes (used by tests, fuzz seeds and tools).
@@ -222,7 +268,10 @@ pub fn serialize(
 ) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if let Some(m) = metadata {
-        map.insert("__metadata__".into(), serde_json::to_value(m).unwrap_or_default());
+        map.insert(
+            "__metadata__".into(),
+            serde_json::to_value(m).unwrap_or_default(),
+        );
     }
     let mut off = 0usize;
     for (name, dtype, shape, data) in tensors {
@@ -237,7 +286,7 @@ pub fn serialize(
         off += data.len();
     }
     let mut header = Value::Object(map).to_string().into_bytes();
-    while header.len() % 8 != 0 {
+    while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + header.len() + off);
@@ -252,12 +301,18 @@ pub fn serialize(
 /// Reads and validates the header of the safetensors file at `path`.
 pub fn read_header(path: &Path) -> Result<(Header, u64), FormatError> {
     use std::io::Read;
-    let io = |source| FormatError::Io { path: PathBuf::from(path), source };
+    let io = |source| FormatError::Io {
+        path: PathBuf::from(path),
+        source,
+    };
     let mut f = std::fs::File::open(path).map_err(io)?;
     let file_len = f.metadata().map_err(io)?.len();
     let mut prefix = [0u8; 8];
     if file_len < 8 {
-        return Err(FormatError::TooShort { path: path.to_path_buf(), len: file_len });
+        return Err(FormatError::TooShort {
+            path: path.to_path_buf(),
+            len: file_len,
+        });
     }
     f.read_exact(&mut prefix).map_err(io)?;
     let n = header_len(&prefix, file_len, path)?;
@@ -307,14 +362,23 @@ mod tests {
 
     #[test]
     fn too_short() {
-        assert!(matches!(parse(&[1, 2, 3]), Err(FormatError::TooShort { len: 3, .. })));
+        assert!(matches!(
+            parse(&[1, 2, 3]),
+            Err(FormatError::TooShort { len: 3, .. })
+        ));
     }
 
     #[test]
     fn header_past_end() {
         let mut b = 100u64.to_le_bytes().to_vec();
         b.extend_from_slice(b"{}");
-        assert!(matches!(parse(&b), Err(FormatError::HeaderPastEnd { header_len: 100, .. })));
+        assert!(matches!(
+            parse(&b),
+            Err(FormatError::HeaderPastEnd {
+                header_len: 100,
+                ..
+            })
+        ));
         let b = u64::MAX.to_le_bytes();
         assert!(matches!(parse(&b), Err(FormatError::HeaderTooLarge { .. })));
         let b = (MAX_HEADER_LEN - 1).to_le_bytes();
@@ -323,10 +387,19 @@ mod tests {
 
     #[test]
     fn bad_json() {
-        for j in ["{", "[]", "\"x\"", "{\"a\": 1}", "{\"__metadata__\": {\"k\": 1}}"] {
+        for j in [
+            "{",
+            "[]",
+            "\"x\"",
+            "{\"a\": 1}",
+            "{\"__metadata__\": {\"k\": 1}}",
+        ] {
             let e = parse(&raw(j, 0)).unwrap_err();
             assert!(
-                matches!(e, FormatError::HeaderJson { .. } | FormatError::MalformedTensor { .. }),
+                matches!(
+                    e,
+                    FormatError::HeaderJson { .. } | FormatError::MalformedTensor { .. }
+                ),
                 "{j}: {e}"
             );
         }
@@ -337,8 +410,11 @@ mod tests {
 
     #[test]
     fn unknown_dtype_names_tensor() {
-        let e = parse(&raw(r#"{"w":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,1]}}"#, 1))
-            .unwrap_err();
+        let e = parse(&raw(
+            r#"{"w":{"dtype":"Q4_K","shape":[1],"data_offsets":[0,1]}}"#,
+            1,
+        ))
+        .unwrap_err();
         match e {
             FormatError::UnknownDtype { tensor, dtype, .. } => {
                 assert_eq!(tensor, "w");
@@ -350,8 +426,11 @@ mod tests {
 
     #[test]
     fn shape_mismatch() {
-        let e = parse(&raw(r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#, 8))
-            .unwrap_err();
+        let e = parse(&raw(
+            r#"{"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}}"#,
+            8,
+        ))
+        .unwrap_err();
         assert!(matches!(
             e,
             FormatError::ShapeMismatch { expected_bytes: 12, actual_bytes: 8, ref tensor, .. } if tensor == "w"
@@ -362,7 +441,10 @@ mod tests {
     #[test]
     fn overflow() {
         let j = r#"{"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#;
-        assert!(matches!(parse(&raw(j, 8)), Err(FormatError::Overflow { .. })));
+        assert!(matches!(
+            parse(&raw(j, 8)),
+            Err(FormatError::Overflow { .. })
+        ));
     }
 
     #[test]
@@ -370,7 +452,11 @@ mod tests {
         let j = r#"{"w":{"dtype":"U8","shape":[9],"data_offsets":[0,9]}}"#;
         assert!(matches!(
             parse(&raw(j, 8)),
-            Err(FormatError::OutOfBounds { end: 9, data_len: 8, .. })
+            Err(FormatError::OutOfBounds {
+                end: 9,
+                data_len: 8,
+                ..
+            })
         ));
     }
 
@@ -403,7 +489,10 @@ mod tests {
             r#"{"w":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}"#,
         ] {
             let e = parse(&raw(j, 1)).unwrap_err();
-            assert!(matches!(&e, FormatError::MalformedTensor { tensor, .. } if tensor == "w"), "{j}: {e}");
+            assert!(
+                matches!(&e, FormatError::MalformedTensor { tensor, .. } if tensor == "w"),
+                "{j}: {e}"
+            );
         }
     }
 

@@ -1,1 +1,283 @@
-//! sluice-kernels (under construction).
+//! sluice's arithmetic.
+//!
+//! Every number sluice computes goes through this crate: products of packed weight matrices
+//! with f32 activations ([`Kernels::matmul`]), and the row ops of a transformer (RMSNorm,
+//! softmax, SwiGLU, RoPE, top-k). Because sluice promises byte-identical output at every memory
+//! budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and every
+//! implementation meets it bit for bit: the scalar code is the specification; the AVX2+FMA and
+//! AVX-512 paths return exactly its bits.
+//!
+//! The instruction set is chosen once, at run time ([`Isa::best`]), and carried as a value: a
+//! [`Kernels`] can only be made for an ISA this CPU has, and any available ISA can be forced
+//! (tests, benches and the CLI do). Kernels are single-threaded over a range of output rows; the
+//! caller splits rows across threads, so the thread count cannot change a bit.
+//!
+//! ```
+//! use sluice_kernels::{Codes, Isa, Kernels, Matrix};
+//! let k = Kernels::new(Isa::best()).unwrap();
+//! let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+//! let m = Matrix::dense(Codes::F32, &w, 2, 2).unwrap();
+//! let mut y = [0.0f32; 2];
+//! k.matmul(&m, &[1.0, 1.0], &mut y, 0..2);
+//! assert_eq!(y, [3.0, 7.0]);
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod decode;
+mod matrix;
+pub mod scalar;
+
+use std::fmt;
+use std::ops::Range;
+
+pub use matrix::{Codes, Matrix, ScaleType, Scales};
+
+/// Errors of this crate: a matrix whose bytes do not fit its declared layout, or an ISA this CPU
+/// lacks.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KernelError {
+    /// The bytes given do not match the declared shape and coding.
+    #[error("{0}")]
+    Layout(String),
+    /// The instruction set is not available on this CPU.
+    #[error("instruction set `{0}` is not available on this CPU")]
+    Unavailable(Isa),
+}
+
+/// An instruction set a kernel implementation targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Isa {
+    /// Portable scalar code: the specification.
+    Scalar,
+    /// x86-64 AVX2 with FMA.
+    Avx2,
+    /// x86-64 AVX-512 (F, BW, VL, DQ).
+    Avx512,
+}
+
+impl Isa {
+    /// Every ISA this crate knows, in order of preference from lowest.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512];
+
+    /// Lower-case name as the CLI spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// Parses a name as the CLI spells it.
+    pub fn from_name(s: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|i| i.name() == s)
+    }
+
+    /// Whether this CPU can run the ISA.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512dq")
+                    && Isa::Avx2.is_available()
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every ISA this CPU can run.
+    pub fn available() -> Vec<Isa> {
+        Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
+    }
+
+    /// The fastest ISA this CPU can run.
+    pub fn best() -> Isa {
+        Isa::ALL
+            .into_iter()
+            .rev()
+            .find(|i| i.is_available())
+            .unwrap_or(Isa::Scalar)
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kernels for one instruction set. Holding one proves the ISA is available.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kernels {
+    isa: Isa,
+}
+
+impl Default for Kernels {
+    fn default() -> Self {
+        Kernels { isa: Isa::best() }
+    }
+}
+
+impl Kernels {
+    /// Kernels for `isa`, if this CPU has it.
+    pub fn new(isa: Isa) -> Result<Kernels, KernelError> {
+        if isa.is_available() {
+            Ok(Kernels { isa })
+        } else {
+            Err(KernelError::Unavailable(isa))
+        }
+    }
+
+    /// Kernels for the fastest ISA this CPU has.
+    pub fn best() -> Kernels {
+        Kernels::default()
+    }
+
+    /// The ISA in use.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Matrix product over a range of output rows.
+    ///
+    /// `x` holds `b` activation rows of `m.cols()` values; `y` receives `b` rows of
+    /// `rows.len()` values: `y[i, r − rows.start] = m[r] · x[i]`. Each value follows the
+    /// contract of [`scalar`], whatever `b`, the range or the ISA.
+    ///
+    /// # Panics
+    /// When `x.len()` is not a multiple of `m.cols()`, `y.len()` is not `b × rows.len()`, or
+    /// `rows` runs past `m.rows()`.
+    pub fn matmul(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Range<usize>) {
+        let cols = m.cols();
+        assert!(
+            rows.start <= rows.end && rows.end <= m.rows(),
+            "row range {rows:?} outside {} rows",
+            m.rows()
+        );
+        let batch = x
+            .len()
+            .checked_div(cols)
+            .unwrap_or(y.len() / rows.len().max(1));
+        assert!(
+            cols == 0 || x.len() == batch * cols,
+            "activations of {} values for {cols} columns",
+            x.len()
+        );
+        assert_eq!(
+            y.len(),
+            batch * rows.len(),
+            "output of {} values for {batch} x {} rows",
+            y.len(),
+            rows.len()
+        );
+        match self.isa {
+            Isa::Scalar | Isa::Avx2 | Isa::Avx512 => scalar::matmul(m, x, y, rows),
+        }
+    }
+
+    /// `a · b` by the contract.
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len(), "dot of unequal lengths");
+        scalar::dot(a, b)
+    }
+
+    /// `y[i] = fma(a, x[i], y[i])`.
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn axpy(&self, a: f32, x: &[f32], y: &mut [f32]) {
+        assert_eq!(x.len(), y.len(), "axpy of unequal lengths");
+        scalar::axpy(a, x, y)
+    }
+
+    /// RMSNorm (see [`scalar::rmsnorm`]).
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        assert!(
+            x.len() == w.len() && x.len() == out.len(),
+            "rmsnorm of unequal lengths"
+        );
+        scalar::rmsnorm(x, w, eps, out)
+    }
+
+    /// Softmax in place (see [`scalar::softmax`]).
+    pub fn softmax(&self, x: &mut [f32]) {
+        scalar::softmax(x)
+    }
+
+    /// `out[i] = silu(gate[i]) × up[i]`.
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        assert!(
+            gate.len() == up.len() && gate.len() == out.len(),
+            "silu_mul of unequal lengths"
+        );
+        scalar::silu_mul(gate, up, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isa_names() {
+        for i in Isa::ALL {
+            assert_eq!(Isa::from_name(i.name()), Some(i));
+        }
+        assert_eq!(Isa::from_name("neon"), None);
+        assert!(Isa::available().contains(&Isa::Scalar));
+        assert!(Isa::best().is_available());
+    }
+
+    #[test]
+    fn matmul_batch_and_range() {
+        let k = Kernels::new(Isa::Scalar).unwrap();
+        let w: Vec<u8> = (0..12).flat_map(|v| (v as f32).to_le_bytes()).collect();
+        let m = Matrix::dense(Codes::F32, &w, 3, 4).unwrap();
+        let x = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0];
+        let mut y = [0f32; 4];
+        k.matmul(&m, &x, &mut y, 1..3);
+        assert_eq!(y, [4.0 + 7.0, 8.0 + 11.0, 5.0, 9.0]);
+    }
+
+    #[test]
+    fn layout_errors() {
+        assert!(Matrix::dense(Codes::F32, &[0; 7], 1, 2).is_err());
+        assert!(Matrix::dense(Codes::Int4, &[0; 1], 1, 2).is_err());
+        let s = Scales {
+            data: &[0; 2],
+            ty: ScaleType::BF16,
+            group_cols: 24,
+            group_rows: 1,
+        };
+        assert!(Matrix::quantized(Codes::Int4, &[0; 16], 1, 32, s).is_err());
+        let s = Scales {
+            data: &[0; 2],
+            ty: ScaleType::BF16,
+            group_cols: 32,
+            group_rows: 1,
+        };
+        assert!(Matrix::quantized(Codes::Int4, &[0; 16], 1, 32, s).is_ok());
+        assert!(Matrix::quantized(Codes::Int4, &[0; 16], 1, 31, s).is_err());
+    }
+}

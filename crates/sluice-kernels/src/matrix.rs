@@ -1,0 +1,229 @@
+//! Weight matrices as stored: dense or packed with group scales, borrowed as raw bytes.
+
+use crate::KernelError;
+
+/// How the elements of a weight matrix are coded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Codes {
+    /// IEEE binary32, little-endian.
+    F32,
+    /// bfloat16, little-endian.
+    BF16,
+    /// IEEE binary16, little-endian.
+    F16,
+    /// FP8 E4M3 (`float8_e4m3fn`), one byte per element; needs scales.
+    E4M3,
+    /// Unsigned 4-bit codes, two per byte (low nibble = even column), value = code − 8; needs
+    /// scales. This is compressed-tensors `pack-quantized` (int32 words read little-endian are
+    /// the same bytes).
+    Int4,
+    /// FP4 E2M1 codes, two per byte (low nibble = even column); needs scales (MXFP4).
+    E2M1,
+    /// Signed 8-bit integers; needs scales.
+    I8,
+}
+
+impl Codes {
+    /// Whether this coding carries per-group scales.
+    pub fn is_quantized(self) -> bool {
+        !matches!(self, Codes::F32 | Codes::BF16 | Codes::F16)
+    }
+
+    /// Bytes for one row of `cols` elements.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        match self {
+            Codes::F32 => cols.checked_mul(4),
+            Codes::BF16 | Codes::F16 => cols.checked_mul(2),
+            Codes::E4M3 | Codes::I8 => Some(cols),
+            Codes::Int4 | Codes::E2M1 => cols.is_multiple_of(2).then_some(cols / 2),
+        }
+    }
+}
+
+/// The element type of group scales.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleType {
+    /// IEEE binary32.
+    F32,
+    /// bfloat16.
+    BF16,
+    /// IEEE binary16.
+    F16,
+    /// E8M0: a biased power of two, `2^(s − 127)`; 255 is NaN (OCP MX).
+    E8M0,
+}
+
+impl ScaleType {
+    /// Bytes per scale.
+    pub fn size(self) -> usize {
+        match self {
+            ScaleType::F32 => 4,
+            ScaleType::BF16 | ScaleType::F16 => 2,
+            ScaleType::E8M0 => 1,
+        }
+    }
+}
+
+/// Group scales of a quantized matrix: one scale per `group_rows` × `group_cols` tile, stored
+/// row-major as `[ceil(rows / group_rows), ceil(cols / group_cols)]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Scales<'a> {
+    /// Raw little-endian scale bytes.
+    pub data: &'a [u8],
+    /// Element type.
+    pub ty: ScaleType,
+    /// Columns per group (a multiple of 16).
+    pub group_cols: usize,
+    /// Rows per group (1 for per-row groups, 128 for FP8 block scales).
+    pub group_rows: usize,
+}
+
+/// A borrowed weight matrix `[rows, cols]`, row-major, in its stored coding.
+///
+/// Bytes need no alignment. Construction checks every length, so the kernels can rely on them.
+#[derive(Clone, Copy, Debug)]
+pub struct Matrix<'a> {
+    rows: usize,
+    cols: usize,
+    codes: Codes,
+    data: &'a [u8],
+    scales: Option<Scales<'a>>,
+}
+
+impl<'a> Matrix<'a> {
+    /// A dense matrix (F32, BF16 or F16).
+    pub fn dense(
+        codes: Codes,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        if codes.is_quantized() {
+            return Err(KernelError::Layout(format!("{codes:?} needs scales")));
+        }
+        Self::check(codes, data, rows, cols, None)
+    }
+
+    /// A quantized matrix with group scales.
+    pub fn quantized(
+        codes: Codes,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+        scales: Scales<'a>,
+    ) -> Result<Self, KernelError> {
+        if !codes.is_quantized() {
+            return Err(KernelError::Layout(format!("{codes:?} takes no scales")));
+        }
+        Self::check(codes, data, rows, cols, Some(scales))
+    }
+
+    fn check(
+        codes: Codes,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+        scales: Option<Scales<'a>>,
+    ) -> Result<Self, KernelError> {
+        let row_bytes = codes.row_bytes(cols).ok_or_else(|| {
+            KernelError::Layout(format!("{codes:?} needs an even column count, got {cols}"))
+        })?;
+        let want = row_bytes
+            .checked_mul(rows)
+            .ok_or_else(|| KernelError::Layout("matrix size overflows".into()))?;
+        if data.len() != want {
+            return Err(KernelError::Layout(format!(
+                "{codes:?} [{rows}, {cols}] needs {want} bytes, got {}",
+                data.len()
+            )));
+        }
+        if let Some(s) = &scales {
+            if s.group_cols == 0 || !s.group_cols.is_multiple_of(16) || s.group_rows == 0 {
+                return Err(KernelError::Layout(format!(
+                    "group of {}x{} (columns must be a positive multiple of 16)",
+                    s.group_rows, s.group_cols
+                )));
+            }
+            let want = rows
+                .div_ceil(s.group_rows)
+                .checked_mul(cols.div_ceil(s.group_cols))
+                .and_then(|n| n.checked_mul(s.ty.size()))
+                .ok_or_else(|| KernelError::Layout("scale size overflows".into()))?;
+            if s.data.len() != want {
+                return Err(KernelError::Layout(format!(
+                    "{:?} scales for [{rows}, {cols}] in {}x{} groups need {want} bytes, got {}",
+                    s.ty,
+                    s.group_rows,
+                    s.group_cols,
+                    s.data.len()
+                )));
+            }
+        }
+        Ok(Matrix {
+            rows,
+            cols,
+            codes,
+            data,
+            scales,
+        })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The element coding.
+    pub fn codes(&self) -> Codes {
+        self.codes
+    }
+
+    /// The element bytes.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The scales, for quantized codings.
+    pub fn scales(&self) -> Option<&Scales<'a>> {
+        self.scales.as_ref()
+    }
+
+    /// Bytes of one stored row.
+    pub fn row_bytes(&self) -> usize {
+        // Checked at construction.
+        self.codes.row_bytes(self.cols).unwrap_or(0)
+    }
+
+    /// The stored bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Number of column groups per row (1 for dense matrices).
+    pub fn groups_per_row(&self) -> usize {
+        self.scales.map_or(1, |s| self.cols.div_ceil(s.group_cols))
+    }
+
+    /// The scale bytes for row `r` (one scale per column group).
+    pub fn scale_row(&self, r: usize) -> &'a [u8] {
+        match self.scales {
+            None => &[],
+            Some(s) => {
+                let n = self.cols.div_ceil(s.group_cols) * s.ty.size();
+                let sr = r / s.group_rows;
+                &s.data[sr * n..(sr + 1) * n]
+            }
+        }
+    }
+
+    /// Stored bytes including scales.
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len() + self.scales.map_or(0, |s| s.data.len())
+    }
+}

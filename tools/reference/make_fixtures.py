@@ -1,0 +1,807 @@
+#!/usr/bin/env python3
+"""Regenerate sluice's reference fixtures from Hugging Face transformers.
+
+    /work/venv/ref/bin/python tools/reference/make_fixtures.py
+
+(run from the repository root; the output always goes to <repo>/testdata/models/, found from this
+file's location). Everything is deterministic: fixed seeds, one thread, deterministic algorithms.
+Running it twice gives byte-identical files (the script prints a sha256 digest of the whole tree).
+
+For each architecture it builds a tiny random-init model from a config, re-initialises every
+weight with a seeded generator (scaled so routing is decisive and logits spread a few units),
+writes an fp32 and a bf16 checkpoint in the shard layout chosen for that fixture, loads each
+checkpoint back from disk, and records fp32 reference outputs (logits, routed experts and their
+weights, a 32-token greedy continuation). A seed is accepted only if every greedy step and every
+routing decision (prompts and the greedy sequence, fp32 and bf16) has a comfortable margin;
+otherwise the next seed is tried. See testdata/README.md for the file layout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import struct
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import numpy  # noqa: E402  (imported for its version only; torch needs it)
+import safetensors  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    MixtralConfig,
+    OlmoeConfig,
+    Qwen2MoeConfig,
+    Qwen3MoeConfig,
+)
+from transformers.utils import logging as hf_logging  # noqa: E402
+
+hf_logging.set_verbosity_error()
+hf_logging.disable_progress_bar()
+warnings.filterwarnings("ignore")
+
+torch.set_num_threads(1)
+torch.set_num_interop_threads(1)
+torch.use_deterministic_algorithms(True)
+
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "testdata" / "models"
+
+VOCAB = 512
+HIDDEN = 64
+N_LAYERS = 4
+PROMPT_LENS = (1, 7, 33)
+PROMPT_SEED = 20240607  # prompts are shared by every model (same vocab)
+GREEDY_PROMPT_LEN = 7
+GREEDY_NEW = 32
+MAX_SEED_TRIES = 64
+
+# Acceptance thresholds (see README): greedy gap relative to max|logit| of that step, and the
+# absolute gap between the k-th and (k+1)-th selection score (softmax prob / biased sigmoid score /
+# DeepSeek group score) for every routing decision.
+MIN_GREEDY_REL = 1e-3
+MIN_ROUTER_GAP = 1e-4
+
+# Initialisation scales (std = gain / sqrt(fan_in) for matrices).
+EMBED_STD = 1.0
+LM_HEAD_GAIN = 3.0  # logits spread a few units
+ROUTER_GAIN_SOFTMAX = 2.0  # router logits ~N(0, 2^2): top-k choices decisive
+ROUTER_GAIN_SIGMOID = 1.5  # sigmoid saturates if larger, which shrinks score gaps
+E_BIAS_STD = 0.15  # DeepSeek e_score_correction_bias (a zero buffer by default)
+NORM_JITTER = 0.1  # RMSNorm weights = 1 + 0.1 * N(0, 1), so a forgotten norm weight shows
+BIAS_STD = 0.1  # linear biases (qwen2_moe qkv)
+
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_hidden_layers=N_LAYERS,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    max_position_embeddings=256,
+    hidden_act="silu",
+    bos_token_id=None,
+    eos_token_id=None,
+    pad_token_id=None,
+)
+
+ARCHS = [
+    dict(
+        name="deepseek_v3",
+        base_seed=1000,
+        router="deepseek",
+        layouts={"fp32": ("by_layer", None), "bf16": ("hf_sharded", "200KB")},
+        config=lambda: DeepseekV3Config(
+            **{**COMMON, "max_position_embeddings": 64},  # = factor x original (see README)
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            rope_interleave=True,
+            num_mtp_layers=0,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+            },
+        ),
+    ),
+    dict(
+        name="deepseek_v3_noqlora",
+        base_seed=2000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: DeepseekV3Config(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            first_k_dense_replace=2,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.827,
+            rope_interleave=True,
+            num_mtp_layers=0,
+            # mscale != mscale_all_dim: cos/sin are scaled by
+            # (0.1*0.707*ln4+1)/(0.1*1.0*ln4+1); theta 1000 and original 64 make the YaRN ramp
+            # fractional ([1, 0.5, 0, 0] extrapolation weights), unlike the main deepseek fixture.
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 1000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 1.0,
+            },
+        ),
+    ),
+    dict(
+        name="qwen3_moe",
+        base_seed=3000,
+        router="softmax",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "64KB")},
+        config=lambda: Qwen3MoeConfig(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            attention_bias=False,
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    dict(
+        name="qwen2_moe",
+        base_seed=4000,
+        router="softmax",
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: Qwen2MoeConfig(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            qkv_bias=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            use_sliding_window=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    dict(
+        name="mixtral",
+        base_seed=5000,
+        router="softmax_renorm",
+        layouts={"fp32": ("by_layer", None), "bf16": ("single", None)},
+        config=lambda: MixtralConfig(
+            **COMMON,
+            intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            sliding_window=None,
+            router_jitter_noise=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    dict(
+        name="olmoe",
+        base_seed=6000,
+        router="softmax",
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: OlmoeConfig(
+            **COMMON,
+            intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            num_experts=16,
+            num_experts_per_tok=4,
+            norm_topk_prob=False,
+            clip_qkv=None,
+            attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n))
+
+
+def make_prompts() -> dict[int, torch.Tensor]:
+    g = torch.Generator().manual_seed(PROMPT_SEED)
+    return {t: torch.randint(0, VOCAB, (t,), generator=g, dtype=torch.int64) for t in PROMPT_LENS}
+
+
+def init_weights(model: torch.nn.Module, seed: int, router_kind: str) -> None:
+    """Deterministically overwrite every parameter (and the DeepSeek score bias buffer)."""
+    g = torch.Generator().manual_seed(seed)
+    router_gain = ROUTER_GAIN_SIGMOID if router_kind == "deepseek" else ROUTER_GAIN_SOFTMAX
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in sorted(params):
+            p = params[name]
+            z = torch.randn(p.shape, generator=g, dtype=torch.float32)
+            if name.endswith("norm.weight"):  # every RMSNorm incl. q/k norms and MLA latent norms
+                v = 1.0 + NORM_JITTER * z
+            elif name == "model.embed_tokens.weight":
+                v = EMBED_STD * z
+            elif name == "lm_head.weight":
+                v = z * (LM_HEAD_GAIN / p.shape[-1] ** 0.5)
+            elif name.endswith("mlp.gate.weight"):  # the router
+                v = z * (router_gain / p.shape[-1] ** 0.5)
+            elif name.endswith(".bias"):
+                v = BIAS_STD * z
+            elif p.dim() >= 2:  # linear / fused expert weights, [.., out, in]
+                v = z / p.shape[-1] ** 0.5
+            else:
+                raise RuntimeError(f"no init rule for {name} {tuple(p.shape)}")
+            p.copy_(v.to(p.dtype))
+        buffers = dict(model.named_buffers())
+        for name in sorted(buffers):
+            if name.endswith("e_score_correction_bias"):
+                b = buffers[name]
+                b.copy_(E_BIAS_STD * torch.randn(b.shape, generator=g, dtype=torch.float32))
+
+
+def chmod_tree(d: Path) -> None:
+    for p in sorted(d.rglob("*")):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoint layouts
+
+
+LAYER_PREFIX = "model.layers."
+
+
+def layer_of(name: str) -> int | None:
+    if not name.startswith(LAYER_PREFIX):
+        return None
+    return int(name[len(LAYER_PREFIX) :].split(".", 1)[0])
+
+
+def write_by_layer(src_dir: Path, dst: Path) -> None:
+    """Shard like real releases: embeddings + layer 0 in shard 1, one layer per shard, final norm
+    + lm_head with the last layer. Tensor names are exactly what save_pretrained wrote."""
+    tensors = {}
+    for f in sorted(src_dir.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    n_layers = 1 + max(layer_of(k) for k in tensors if layer_of(k) is not None)
+    groups: list[dict[str, torch.Tensor]] = [dict() for _ in range(n_layers)]
+    for k, v in tensors.items():
+        li = layer_of(k)
+        if li is None:
+            li = 0 if k.startswith("model.embed_tokens") else n_layers - 1
+        groups[li][k] = v.contiguous()
+    weight_map = {}
+    total = 0
+    for i, grp in enumerate(groups):
+        fname = f"model-{i + 1:05d}-of-{n_layers:05d}.safetensors"
+        save_file(grp, str(dst / fname), metadata={"format": "pt"})
+        for k, v in grp.items():
+            weight_map[k] = fname
+            total += v.numel() * v.element_size()
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    for extra in ("config.json", "generation_config.json"):
+        if (src_dir / extra).exists():
+            shutil.copyfile(src_dir / extra, dst / extra)
+
+
+def save_layout(model, dst: Path, layout: str, shard: str | None, hf_fp32_dir: Path) -> None:
+    dst.mkdir(parents=True)
+    if layout == "single":
+        model.save_pretrained(dst, max_shard_size="1GB")
+        assert (dst / "model.safetensors").exists()
+    elif layout == "hf_sharded":
+        model.save_pretrained(dst, max_shard_size=shard)
+        assert (dst / "model.safetensors.index.json").exists()
+        assert layout_facts(dst)["experts_split_across_shards"] > 0, "no expert was scattered"
+    elif layout == "by_layer":
+        assert model is None or model.dtype == torch.float32
+        write_by_layer(hf_fp32_dir, dst)
+        facts = layout_facts(dst)
+        assert facts["experts_split_across_shards"] == 0 and facts["experts_not_adjacent_within_a_shard"] == 0
+    else:
+        raise ValueError(layout)
+    chmod_tree(dst)
+
+
+EXPERT_KEY = ".experts."
+
+
+def expert_of(name: str):
+    """(layer, expert) for a per-expert tensor name, else None."""
+    if EXPERT_KEY not in name or layer_of(name) is None:
+        return None
+    rest = name.split(EXPERT_KEY, 1)[1]
+    return layer_of(name), int(rest.split(".", 1)[0])
+
+
+def layout_facts(d: Path) -> dict:
+    """Which shard holds what; whether each expert's tensors are adjacent in one file."""
+    files = sorted(p for p in d.glob("*.safetensors") if p.name != "reference.safetensors")
+    where: dict[tuple, set] = {}
+    dtypes: dict[str, int] = {}
+    f32_in_bf16 = []
+    non_adjacent = []
+    for f in files:
+        hdr = safetensors_header(f)
+        hdr.pop("__metadata__", None)
+        order = sorted(hdr, key=lambda k: hdr[k]["data_offsets"][0])
+        for k in order:
+            dtypes[hdr[k]["dtype"]] = dtypes.get(hdr[k]["dtype"], 0) + 1
+            if hdr[k]["dtype"] == "F32" and "bf16" in d.name:
+                f32_in_bf16.append(k)
+            e = expert_of(k)
+            if e is not None:
+                where.setdefault(e, set()).add(f.name)
+        # adjacency: positions of each expert's tensors within this file must be consecutive
+        pos: dict[tuple, list[int]] = {}
+        for i, k in enumerate(order):
+            e = expert_of(k)
+            if e is not None:
+                pos.setdefault(e, []).append(i)
+        for e, ps in pos.items():
+            if ps != list(range(ps[0], ps[0] + len(ps))):
+                non_adjacent.append(f"{f.name}:layer{e[0]}.expert{e[1]}")
+    scattered = sorted(f"layer{l}.expert{e}" for (l, e), s in where.items() if len(s) > 1)
+    scattered_detail = {
+        f"layer{l}.expert{e}": sorted(s) for (l, e), s in sorted(where.items()) if len(s) > 1
+    }
+    return {
+        "shards": len(files),
+        "tensor_dtypes": dict(sorted(dtypes.items())),
+        "f32_tensors_in_bf16_checkpoint": sorted(f32_in_bf16),
+        "experts_split_across_shards": len(scattered),
+        "experts_total": len(where),
+        "max_shards_per_expert": max((len(s) for s in where.values()), default=0),
+        "example_split_expert": (
+            {scattered[0]: scattered_detail[scattered[0]]} if scattered else None
+        ),
+        "experts_not_adjacent_within_a_shard": len(non_adjacent),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# routing: capture with hooks, recompute independently, measure margins
+
+
+class RouterTap:
+    """Forward hooks on every router module; records (layer, input, outputs) per call."""
+
+    def __init__(self, model):
+        self.calls: list[tuple[int, torch.Tensor, tuple]] = []
+        self.routers = {}
+        self.handles = []
+        for li, layer in enumerate(model.model.layers):
+            gate = getattr(layer.mlp, "gate", None)
+            if gate is not None and type(gate).__name__.endswith("Router"):
+                self.routers[li] = gate
+                self.handles.append(gate.register_forward_hook(self._hook(li)))
+
+    def _hook(self, li):
+        def fn(module, args, out):
+            self.calls.append((li, args[0].detach().clone(), tuple(o.detach().clone() for o in out)))
+
+        return fn
+
+    def take(self):
+        c, self.calls = self.calls, []
+        return c
+
+
+def recompute_route(kind: str, module, cfg, logits: torch.Tensor):
+    """Independent re-derivation of each router from the modeling code; returns
+    (ids [T,k] unsorted, weights [T,k], expert_gap [T], group_gap [T] or None, ids_without_bias)."""
+    k = cfg.num_experts_per_tok
+    logits = logits.float()
+    if kind == "deepseek":
+        s = torch.sigmoid(logits)
+        bias = module.e_score_correction_bias.float()
+
+        def select(choice):
+            t, e = choice.shape
+            g, tg = cfg.n_group, cfg.topk_group
+            gs = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(-1)
+            gs_sorted = gs.sort(dim=-1, descending=True).values
+            ggap = gs_sorted[:, tg - 1] - gs_sorted[:, tg] if tg < g else None
+            gidx = gs.topk(tg, dim=-1).indices
+            gmask = torch.zeros_like(gs).scatter_(1, gidx, 1.0).bool()
+            emask = gmask.unsqueeze(-1).expand(t, g, e // g).reshape(t, e)
+            masked = choice.masked_fill(~emask, float("-inf"))
+            ms = masked.sort(dim=-1, descending=True).values
+            egap = ms[:, k - 1] - ms[:, k]
+            return masked.topk(k, dim=-1).indices, egap, ggap
+
+        ids, egap, ggap = select(s + bias)
+        ids_nobias, _, _ = select(s)
+        w = s.gather(1, ids)
+        if cfg.norm_topk_prob:
+            w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        w = w * cfg.routed_scaling_factor
+        return ids, w, egap, ggap, ids_nobias
+    probs = torch.softmax(logits, dim=-1)
+    ps = probs.sort(dim=-1, descending=True).values
+    egap = ps[:, k - 1] - ps[:, k]
+    ids = probs.topk(k, dim=-1).indices
+    w = probs.gather(1, ids)
+    if kind == "softmax_renorm" or (kind == "softmax" and cfg.norm_topk_prob):
+        w = w / w.sum(-1, keepdim=True)
+    return ids, w, egap, None, ids
+
+
+def check_routes(kind, tap, cfg, calls, seq_len):
+    """Verify hook outputs against the re-derivation; return per-layer sorted ids/weights and
+    the smallest gaps."""
+    per_layer = {}
+    min_e, min_g = float("inf"), float("inf")
+    changed_by_bias = 0
+    decisions = 0
+    for li, _inp, out in calls:
+        logits, weights, ids = out[0], out[1], out[2]
+        assert ids.shape == (seq_len, cfg.num_experts_per_tok), (li, ids.shape)
+        rid, rw, egap, ggap, ids_nb = recompute_route(kind, tap.routers[li], cfg, logits)
+        hs, horder = ids.sort(dim=-1)
+        rs, rorder = rid.sort(dim=-1)
+        assert torch.equal(hs, rs), f"layer {li}: expert sets differ from re-derivation"
+        hw = weights.float().gather(1, horder)
+        rw_sorted = rw.gather(1, rorder)
+        assert torch.allclose(hw, rw_sorted, rtol=1e-6, atol=1e-7), f"layer {li}: weights differ"
+        changed_by_bias += int((ids_nb.sort(-1).values != rs).any(-1).sum())
+        decisions += seq_len
+        assert li not in per_layer, "router called twice in one forward"
+        per_layer[li] = (hs.to(torch.int64), hw.to(torch.float32))
+        min_e = min(min_e, float(egap.min()))
+        if ggap is not None:
+            min_g = min(min_g, float(ggap.min()))
+    return per_layer, min_e, min_g, changed_by_bias, decisions
+
+
+# ----------------------------------------------------------------------------------------------
+# reference run
+
+
+def load_for_reference(d: Path, variant: str):
+    kw = dict(attn_implementation="eager", experts_implementation="eager")
+    if variant == "fp32":
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
+    else:  # bf16 weights, fp32 arithmetic
+        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, **kw).float()
+    m.eval()
+    m.config.eos_token_id = None
+    m.generation_config.eos_token_id = None
+    m.generation_config.pad_token_id = None
+    m.generation_config.bos_token_id = None
+    return m
+
+
+@torch.no_grad()
+def run_reference(d: Path, variant: str, kind: str, prompts, expected_state: dict):
+    model = load_for_reference(d, variant)
+    cfg = model.config
+    # The weights read back from disk must be the ones we initialised (rounded for bf16).
+    sd = model.state_dict()
+    for k, v in expected_state.items():
+        got = sd[k]
+        want = v if variant == "fp32" else v.to(torch.bfloat16).float()
+        if not torch.equal(got, want) and not (variant == "bf16" and torch.equal(got, v)):
+            raise AssertionError(f"{d.name}: {k} differs after reload")
+    tap = RouterTap(model)
+    tensors: dict[str, torch.Tensor] = {}
+    stats = dict(min_expert_gap=float("inf"), min_group_gap=float("inf"), bias_changed=0, decisions=0)
+
+    def absorb(calls, seq_len, prefix):
+        per_layer, me, mg, bc, nd = check_routes(kind, tap, cfg, calls, seq_len)
+        stats["min_expert_gap"] = min(stats["min_expert_gap"], me)
+        stats["min_group_gap"] = min(stats["min_group_gap"], mg)
+        stats["bias_changed"] += bc
+        stats["decisions"] += nd
+        if prefix is not None:
+            for li, (ids, w) in sorted(per_layer.items()):
+                tensors[f"{prefix}.layer{li}.experts"] = ids.contiguous()
+                tensors[f"{prefix}.layer{li}.weights"] = w.contiguous()
+        return per_layer
+
+    max_abs_logit = 0.0
+    for t, ids in prompts.items():
+        tap.take()
+        out = model(input_ids=ids[None], use_cache=False)
+        logits = out.logits[0].float()
+        assert logits.shape == (t, VOCAB)
+        tensors[f"prompt{t}.ids"] = ids.clone()
+        tensors[f"prompt{t}.logits"] = logits.contiguous()
+        max_abs_logit = max(max_abs_logit, float(logits.abs().max()))
+        absorb(tap.take(), t, f"prompt{t}")
+
+    # greedy generation with the KV cache
+    p = prompts[GREEDY_PROMPT_LEN]
+    tap.take()
+    gen = model.generate(
+        input_ids=p[None],
+        attention_mask=torch.ones_like(p)[None],
+        do_sample=False,
+        max_new_tokens=GREEDY_NEW,
+        min_new_tokens=GREEDY_NEW,
+        output_logits=True,
+        return_dict_in_generate=True,
+        use_cache=True,
+    )
+    tap.take()
+    seq = gen.sequences[0]
+    new = seq[GREEDY_PROMPT_LEN:]
+    assert new.numel() == GREEDY_NEW, f"generated {new.numel()} tokens"
+    step_logits = torch.stack([l[0] for l in gen.logits]).float()
+    assert step_logits.shape == (GREEDY_NEW, VOCAB)
+    assert torch.equal(step_logits.argmax(-1), new), "greedy token != argmax of its logits"
+    top2 = step_logits.topk(2, dim=-1).values
+    gaps = top2[:, 0] - top2[:, 1]
+    rel = gaps / step_logits.abs().max(-1).values
+    # full no-cache forward over prompt + generated tokens must agree with the cached logits
+    full = model(input_ids=seq[None], use_cache=False).logits[0].float()
+    cached_vs_full = float(
+        (full[GREEDY_PROMPT_LEN - 1 : GREEDY_PROMPT_LEN - 1 + GREEDY_NEW] - step_logits).abs().max()
+    )
+    absorb(tap.take(), seq.numel(), None)  # routing margins along the greedy sequence
+    max_abs_logit = max(max_abs_logit, float(step_logits.abs().max()))
+
+    tensors["greedy.prompt_ids"] = p.clone()
+    tensors["greedy.ids"] = new.to(torch.int64).clone()
+    tensors["greedy.step_logits"] = step_logits.contiguous()
+    tensors["greedy.margins"] = gaps.contiguous()
+
+    for h in tap.handles:
+        h.remove()
+    res = dict(
+        tensors=tensors,
+        min_greedy_rel=float(rel.min()),
+        min_greedy_abs=float(gaps.min()),
+        min_expert_gap=stats["min_expert_gap"],
+        min_group_gap=(None if stats["min_group_gap"] == float("inf") else stats["min_group_gap"]),
+        bias_changed=stats["bias_changed"],
+        decisions=stats["decisions"],
+        max_abs_logit=max_abs_logit,
+        cached_vs_full=cached_vs_full,
+        moe_layers=sorted(tap.routers),
+        top_k=cfg.num_experts_per_tok,
+    )
+    return res
+
+
+def passes(r) -> bool:
+    ok = r["min_greedy_rel"] >= MIN_GREEDY_REL and r["min_expert_gap"] >= MIN_ROUTER_GAP
+    if r["min_group_gap"] is not None:
+        ok = ok and r["min_group_gap"] >= MIN_ROUTER_GAP
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def build_arch(arch, seed: int, prompts, work: Path):
+    """Build, save both variants under work/, compute references. Returns (ok, per-variant)."""
+    torch.manual_seed(seed)
+    cfg = arch["config"]()
+    model = AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    )
+    init_weights(model, seed, arch["router"])
+    model.eval()
+    expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    expected = {k: v for k, v in expected.items() if "rotary_emb" not in k}
+
+    hf_fp32 = work / "hf_fp32"
+    model.save_pretrained(hf_fp32, max_shard_size="1GB")
+    results = {}
+    for variant in ("fp32", "bf16"):
+        layout, shard = arch["layouts"][variant]
+        dst = work / f"{arch['name']}-{variant}"
+        if variant == "fp32":
+            save_layout(model if layout != "by_layer" else None, dst, layout, shard, hf_fp32)
+        else:
+            m16 = AutoModelForCausalLM.from_pretrained(
+                hf_fp32, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
+            )
+            save_layout(m16, dst, layout, shard, hf_fp32)
+            del m16
+        r = run_reference(dst, variant, arch["router"], prompts, expected)
+        r["layout"] = layout if shard is None else f"{layout} (max_shard_size={shard})"
+        r["dir"] = dst
+        results[variant] = r
+        if not passes(r):
+            return False, results
+    return True, results
+
+
+def main() -> int:
+    versions = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": numpy.__version__,
+    }
+    print("versions:", " ".join(f"{k}={v}" for k, v in versions.items()))
+    prompts = make_prompts()
+    if OUT.exists():  # everything under testdata/models/ is generated by this script
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+    summary = {
+        "generator": "tools/reference/make_fixtures.py",
+        "command": "/work/venv/ref/bin/python tools/reference/make_fixtures.py",
+        "versions": versions,
+        "thresholds": {"min_greedy_rel": MIN_GREEDY_REL, "min_router_gap": MIN_ROUTER_GAP},
+        "prompt_seed": PROMPT_SEED,
+        "models": {},
+    }
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sluice-ref-") as tmp:
+        for arch in ARCHS:
+            rejected = []
+            for seed in range(arch["base_seed"], arch["base_seed"] + MAX_SEED_TRIES):
+                work = Path(tmp) / f"{arch['name']}-{seed}"
+                work.mkdir()
+                ok, results = build_arch(arch, seed, prompts, work)
+                if ok:
+                    break
+                bad = {
+                    v: {k: r[k] for k in ("min_greedy_rel", "min_expert_gap", "min_group_gap")}
+                    for v, r in results.items()
+                }
+                print(f"  {arch['name']}: seed {seed} rejected {bad}")
+                rejected.append(seed)
+                shutil.rmtree(work)
+            else:
+                raise SystemExit(f"{arch['name']}: no seed passed in {MAX_SEED_TRIES} tries")
+            for variant, r in results.items():
+                name = f"{arch['name']}-{variant}"
+                final = OUT / name
+                if final.exists():
+                    shutil.rmtree(final)
+                shutil.copytree(r["dir"], final)
+                ref_path = final / "reference.safetensors"
+                save_file(
+                    dict(sorted(r["tensors"].items())),
+                    str(ref_path),
+                    metadata={
+                        "format": "pt",
+                        "generator": "tools/reference/make_fixtures.py",
+                        "transformers": transformers.__version__,
+                        "torch": torch.__version__,
+                        "seed": str(seed),
+                    },
+                )
+                chmod_tree(final)
+                facts = layout_facts(final)
+                files = {
+                    p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+                    for p in sorted(final.iterdir())
+                }
+                summary["models"][name] = {
+                    "architecture": arch["name"],
+                    "model_type": json.loads((final / "config.json").read_text())["model_type"],
+                    "weights": variant,
+                    "compute": "fp32",
+                    "seed": seed,
+                    "seeds_rejected": rejected,
+                    "layout": r["layout"],
+                    "layout_facts": facts,
+                    "moe_layers": r["moe_layers"],
+                    "top_k": r["top_k"],
+                    "min_greedy_margin_rel": r["min_greedy_rel"],
+                    "min_greedy_margin_abs": r["min_greedy_abs"],
+                    "min_router_expert_gap": r["min_expert_gap"],
+                    "min_router_group_gap": r["min_group_gap"],
+                    "routing_decisions_checked": r["decisions"],
+                    "decisions_changed_by_score_bias": (
+                        r["bias_changed"] if arch["router"] == "deepseek" else None
+                    ),
+                    "max_abs_logit": r["max_abs_logit"],
+                    "cached_vs_full_max_abs_diff": r["cached_vs_full"],
+                    "versions": versions,
+                    "files": files,
+                }
+                rows.append((name, seed, r, facts))
+    chmod_tree(OUT)
+    (OUT / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    os.chmod(OUT / "summary.json", 0o644)
+
+    hdr = (
+        f"{'model':<26} {'seed':>5} {'greedy rel':>10} {'greedy abs':>10} {'expert gap':>10} "
+        f"{'group gap':>10} {'max|logit|':>10} {'cache diff':>10} {'shards':>6} {'split':>5}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for name, seed, r, facts in rows:
+        gg = "-" if r["min_group_gap"] is None else f"{r['min_group_gap']:.3g}"
+        print(
+            f"{name:<26} {seed:>5} {r['min_greedy_rel']:>10.3g} {r['min_greedy_abs']:>10.3g} "
+            f"{r['min_expert_gap']:>10.3g} {gg:>10} {r['max_abs_logit']:>10.3g} "
+            f"{r['cached_vs_full']:>10.2g} {facts['shards']:>6} {facts['experts_split_across_shards']:>5}"
+        )
+    total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
+    tree = hashlib.sha256()
+    for p in sorted(OUT.rglob("*")):
+        if p.is_file():
+            tree.update(f"{p.relative_to(OUT)} {sha256_file(p)}\n".encode())
+    print(f"total size {total / 1e6:.2f} MB; tree sha256 {tree.hexdigest()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

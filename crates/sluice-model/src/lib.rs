@@ -1,1 +1,86 @@
-//! sluice-model (under construction).
+//! sluice's mixture-of-experts transformers.
+//!
+//! This crate computes the forward pass — prefill over a chunk of tokens and incremental decode
+//! with a KV cache — for DeepSeek-V3 / Kimi K2 (multi-head latent attention on a compressed
+//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE, and
+//! matches Hugging Face transformers on the fixtures under `testdata/`.
+//!
+//! The router is kept apart from the experts: a layer routes every token of a chunk, then asks
+//! the expert store for the union of the experts chosen and runs each once over all the rows
+//! that chose it. Because every kernel computes a row the same way however many rows share the
+//! call, chunked prefill gives the same bits as token-by-token decode, and the thread count,
+//! memory budget and cache policy never change an output bit.
+
+#![forbid(unsafe_code)]
+
+mod attention;
+pub mod config;
+mod exec;
+mod model;
+mod moe;
+mod rope;
+mod state;
+pub mod weights;
+
+pub use config::{Arch, ModelConfig};
+pub use exec::Exec;
+pub use model::{Logits, Model, ModelOptions};
+pub use rope::Rope;
+pub use state::{Route, State};
+
+use std::path::PathBuf;
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// `config.json` lacks a field or holds a value that is not supported.
+    #[error("{}: `{field}`: {msg}", file.display())]
+    Config {
+        /// The file.
+        file: PathBuf,
+        /// The field (dotted path).
+        field: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A tensor has the wrong shape or dtype for its role.
+    #[error("tensor `{tensor}`: {msg}")]
+    Tensor {
+        /// The tensor.
+        tensor: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    Token {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// The sequence would exceed the positions available.
+    #[error("context full: {positions} positions needed, {max} available")]
+    ContextFull {
+        /// Positions needed.
+        positions: usize,
+        /// Positions available.
+        max: usize,
+    },
+    /// The thread pool could not start.
+    #[error("could not start compute threads: {0}")]
+    Threads(String),
+    /// A checkpoint error.
+    #[error(transparent)]
+    Format(#[from] sluice_format::FormatError),
+    /// An expert-store error.
+    #[error(transparent)]
+    Store(#[from] sluice_store::StoreError),
+    /// A kernel rejected a layout.
+    #[error("kernel: {0}")]
+    Kernel(#[from] sluice_kernels::KernelError),
+    /// An inconsistency that is a bug in sluice.
+    #[error("internal error: {0}")]
+    Internal(String),
+}

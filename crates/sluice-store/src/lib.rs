@@ -1,1 +1,15 @@
-//! sluice-store (under construction).
+//! sluice's expert store.
+//!
+//! Routed experts stay in the checkpoint's own shards and are read in place — O_DIRECT where the
+//! file system allows it, buffered reads that drop their pages otherwise — into aligned buffers
+//! behind an in-memory cache. This crate moves bytes; it never interprets them.
+
+mod aligned;
+mod error;
+mod experts;
+pub mod io;
+
+pub use aligned::AlignedBuf;
+pub use error::StoreError;
+pub use experts::ExpertStore;
+pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};

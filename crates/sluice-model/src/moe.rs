@@ -1,0 +1,211 @@
+//! Feed-forward blocks: dense SwiGLU, and the mixture of experts with its router kept apart from
+//! the experts so they can be resident or streamed.
+
+use std::collections::BTreeMap;
+
+use sluice_kernels::scalar;
+use sluice_store::{Blob, ExpertStore};
+
+use crate::ModelError;
+use crate::config::{ModelConfig, RouterKind};
+use crate::exec::Exec;
+use crate::state::Route;
+use crate::weights::{FfnSpec, MlpSpec};
+
+/// `down(silu(gate x) ⊙ up x)` for `[t, hidden]` rows of `x`.
+pub(crate) fn swiglu(
+    exec: &Exec,
+    spec: &MlpSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let inter = spec.gate.rows;
+    let mut g = vec![0f32; t * inter];
+    let mut u = vec![0f32; t * inter];
+    exec.matmul(&spec.gate.view(blob)?, x, &mut g);
+    exec.matmul(&spec.up.view(blob)?, x, &mut u);
+    let mut a = vec![0f32; t * inter];
+    exec.kernels().silu_mul(&g, &u, &mut a);
+    let mut y = vec![0f32; t * spec.down.rows];
+    exec.matmul(&spec.down.view(blob)?, &a, &mut y);
+    Ok(y)
+}
+
+/// One token's routing: `(expert, weight)` sorted by expert id.
+pub(crate) type Selection = Vec<(u32, f32)>;
+
+/// Routes one token from its router logits.
+pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>) -> Selection {
+    let k = cfg.moe.top_k;
+    let mut sel: Selection = match &cfg.moe.router {
+        RouterKind::Softmax { norm_topk_prob } => {
+            scalar::softmax(logits);
+            let top = scalar::top_k(logits, k);
+            let mut w: Vec<f32> = top.iter().map(|p| p.1).collect();
+            if *norm_topk_prob {
+                let s: f32 = w.iter().sum();
+                for x in &mut w {
+                    *x /= s;
+                }
+            }
+            top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
+        RouterKind::SigmoidGroup {
+            n_group,
+            topk_group,
+            norm_topk_prob,
+            routed_scaling_factor,
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&l| scalar::sigmoid(l)).collect();
+            let choice: Vec<f32> = match bias {
+                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => scores.clone(),
+            };
+            let gs = scores.len() / n_group;
+            let group_scores: Vec<f32> = choice
+                .chunks_exact(gs)
+                .map(|g| {
+                    let t = scalar::top_k(g, 2);
+                    t[0].1 + t[1].1
+                })
+                .collect();
+            let mut keep = vec![false; *n_group];
+            for (g, _) in scalar::top_k(&group_scores, *topk_group) {
+                keep[g] = true;
+            }
+            let masked: Vec<f32> = choice
+                .iter()
+                .enumerate()
+                .map(|(e, &c)| if keep[e / gs] { c } else { f32::NEG_INFINITY })
+                .collect();
+            let top = scalar::top_k(&masked, k);
+            let mut w: Vec<f32> = top.iter().map(|p| scores[p.0]).collect();
+            if *norm_topk_prob {
+                let s: f32 = w.iter().sum::<f32>() + 1e-20;
+                for x in &mut w {
+                    *x /= s;
+                }
+            }
+            for x in &mut w {
+                *x *= routed_scaling_factor;
+            }
+            top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
+    };
+    sel.sort_by_key(|p| p.0);
+    sel
+}
+
+/// The mixture of experts for `t` tokens: route every token, then run each selected expert once
+/// over all the rows that chose it (expert-major, "union" order), fetching experts from the
+/// store in groups it can pin at once. Each row's arithmetic is the same as if it were alone.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn moe(
+    exec: &Exec,
+    cfg: &ModelConfig,
+    layer: usize,
+    spec: &FfnSpec,
+    blob: &Blob,
+    experts: &ExpertStore,
+    expert_specs: &[MlpSpec],
+    x: &[f32],
+    pos0: usize,
+    routes: Option<&mut Vec<Route>>,
+) -> Result<Vec<f32>, ModelError> {
+    let FfnSpec::Moe {
+        router,
+        bias,
+        shared,
+        shared_gate,
+    } = spec
+    else {
+        return Err(ModelError::Internal("moe called on a dense layer".into()));
+    };
+    let h = cfg.hidden;
+    let t = x.len() / h;
+    let ne = cfg.moe.experts;
+    let mut logits = vec![0f32; t * ne];
+    exec.matmul(&router.view(blob)?, x, &mut logits);
+    let bias = bias.map(|b| b.to_f32(blob));
+    let sels: Vec<Selection> = logits
+        .chunks_exact_mut(ne)
+        .map(|l| route(cfg, l, bias.as_deref()))
+        .collect();
+    if let Some(r) = routes {
+        for (i, s) in sels.iter().enumerate() {
+            r.push(Route {
+                pos: pos0 + i,
+                layer,
+                experts: s.iter().map(|p| p.0).collect(),
+                weights: s.iter().map(|p| p.1).collect(),
+            });
+        }
+    }
+
+    // Which (token, slot) pairs each expert serves.
+    let mut users: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
+    for (i, s) in sels.iter().enumerate() {
+        for (slot, &(e, _)) in s.iter().enumerate() {
+            users.entry(e).or_default().push((i, slot));
+        }
+    }
+    let k = cfg.moe.top_k;
+    let mut outs = vec![0f32; t * k * h];
+    let ids: Vec<u32> = users.keys().copied().collect();
+    let group = experts.max_pinned(layer).max(1);
+    for chunk in ids.chunks(group) {
+        let blobs = experts.fetch(layer, chunk)?;
+        for (&e, eb) in chunk.iter().zip(&blobs) {
+            let rows = &users[&e];
+            let mut xe = Vec::with_capacity(rows.len() * h);
+            for &(i, _) in rows {
+                xe.extend_from_slice(&x[i * h..(i + 1) * h]);
+            }
+            let spec = expert_specs
+                .get(e as usize)
+                .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
+            let y = swiglu(exec, spec, eb, &xe, rows.len())?;
+            for (r, &(i, slot)) in rows.iter().enumerate() {
+                outs[(i * k + slot) * h..(i * k + slot + 1) * h]
+                    .copy_from_slice(&y[r * h..(r + 1) * h]);
+            }
+        }
+    }
+
+    // Combine per token in expert-id order: acc += w · y (as transformers' index_add does).
+    let mut out = vec![0f32; t * h];
+    for (i, s) in sels.iter().enumerate() {
+        let acc = &mut out[i * h..(i + 1) * h];
+        for (slot, &(_, w)) in s.iter().enumerate() {
+            let y = &outs[(i * k + slot) * h..(i * k + slot + 1) * h];
+            for (a, &v) in acc.iter_mut().zip(y) {
+                *a += w * v;
+            }
+        }
+    }
+    if let Some(sh) = shared {
+        let y = swiglu(exec, sh, blob, x, t)?;
+        match shared_gate {
+            Some(g) => {
+                let mut gl = vec![0f32; t];
+                exec.matmul(&g.view(blob)?, x, &mut gl);
+                for i in 0..t {
+                    let s = scalar::sigmoid(gl[i]);
+                    for (a, &v) in out[i * h..(i + 1) * h]
+                        .iter_mut()
+                        .zip(&y[i * h..(i + 1) * h])
+                    {
+                        *a += s * v;
+                    }
+                }
+            }
+            None => {
+                for (a, &v) in out.iter_mut().zip(&y) {
+                    *a += v;
+                }
+            }
+        }
+    }
+    Ok(out)
+}

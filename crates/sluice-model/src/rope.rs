@@ -1,0 +1,139 @@
+//! Rotary position embedding tables, including YaRN, computed as transformers computes them.
+
+use crate::config::{RopeConfig, RopeScaling, yarn_get_mscale};
+
+/// Inverse frequencies and the cos/sin factor of a rope configuration.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    inv_freq: Vec<f32>,
+    attention_factor: f32,
+    interleaved: bool,
+}
+
+impl Rope {
+    /// Builds the table for `cfg` (inverse frequencies in f32 as transformers computes them; the
+    /// power uses f64 and rounds once).
+    pub fn new(cfg: &RopeConfig) -> Rope {
+        let dim = cfg.dim;
+        let half = dim / 2;
+        let base = cfg.theta;
+        // pos_freqs[i] = base ** (2i / dim), in f32.
+        let pos_freqs: Vec<f32> = (0..half)
+            .map(|i| base.powf((2 * i) as f64 / dim as f64) as f32)
+            .collect();
+        let (inv_freq, attention_factor) = match &cfg.scaling {
+            RopeScaling::None => (pos_freqs.iter().map(|&p| 1.0 / p).collect(), 1.0f64),
+            RopeScaling::Linear { factor } => (
+                pos_freqs
+                    .iter()
+                    .map(|&p| (1.0 / p) / *factor as f32)
+                    .collect(),
+                1.0,
+            ),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: orig,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+                mscale,
+                mscale_all_dim,
+                truncate,
+            } => {
+                let af = match attention_factor {
+                    Some(a) => *a,
+                    None => match (mscale, mscale_all_dim) {
+                        (Some(m), Some(a)) if *m != 0.0 && *a != 0.0 => {
+                            yarn_get_mscale(*factor, *m) / yarn_get_mscale(*factor, *a)
+                        }
+                        _ => yarn_get_mscale(*factor, 1.0),
+                    },
+                };
+                let corr = |rot: f64| {
+                    (dim as f64 * (orig / (rot * 2.0 * std::f64::consts::PI)).ln())
+                        / (2.0 * base.ln())
+                };
+                let (mut low, mut high) = (corr(*beta_fast), corr(*beta_slow));
+                if *truncate {
+                    low = low.floor();
+                    high = high.ceil();
+                }
+                let low = low.max(0.0) as f32;
+                let mut high = high.min(dim as f64 - 1.0) as f32;
+                if low == high {
+                    high += 0.001;
+                }
+                let f = *factor as f32;
+                let inv = (0..half)
+                    .map(|i| {
+                        let extra = 1.0 / pos_freqs[i];
+                        let inter = 1.0 / (f * pos_freqs[i]);
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extra_factor = 1.0 - ramp;
+                        inter * (1.0 - extra_factor) + extra * extra_factor
+                    })
+                    .collect();
+                (inv, af)
+            }
+        };
+        Rope {
+            inv_freq,
+            attention_factor: attention_factor as f32,
+            interleaved: cfg.interleaved,
+        }
+    }
+
+    /// Number of rotated pairs.
+    pub fn pairs(&self) -> usize {
+        self.inv_freq.len()
+    }
+
+    /// cos and sin of each pair's angle at `pos` (scaled by the YaRN attention factor).
+    pub fn angles(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let a = (pos as f32 * f) as f64;
+            cos[i] = (libm::cos(a) as f32) * self.attention_factor;
+            sin[i] = (libm::sin(a) as f32) * self.attention_factor;
+        }
+    }
+
+    /// Rotates `x` (one head's rotary part) by the angles given.
+    pub fn apply(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        if self.interleaved {
+            sluice_kernels::scalar::rope_interleaved(x, cos, sin)
+        } else {
+            sluice_kernels::scalar::rope_half(x, cos, sin)
+        }
+    }
+}
+
+/// cos/sin for a run of positions, computed once per forward pass and shared by every layer.
+#[derive(Clone, Debug, Default)]
+pub struct Angles {
+    pairs: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Angles {
+    /// Angles for positions `start..start + n`.
+    pub fn new(rope: &Rope, start: usize, n: usize) -> Angles {
+        let p = rope.pairs();
+        let mut cos = vec![0f32; n * p];
+        let mut sin = vec![0f32; n * p];
+        for i in 0..n {
+            rope.angles(
+                start + i,
+                &mut cos[i * p..(i + 1) * p],
+                &mut sin[i * p..(i + 1) * p],
+            );
+        }
+        Angles { pairs: p, cos, sin }
+    }
+
+    /// cos and sin of the `i`-th position.
+    pub fn get(&self, i: usize) -> (&[f32], &[f32]) {
+        let p = self.pairs;
+        (&self.cos[i * p..(i + 1) * p], &self.sin[i * p..(i + 1) * p])
+    }
+}

@@ -1,0 +1,249 @@
+//! The forward pass against Hugging Face transformers on the committed fixtures
+//! (`testdata/models/*`, produced by `tools/reference/make_fixtures.py`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use sluice_format::Dtype;
+use sluice_kernels::{Isa, Kernels};
+use sluice_model::{Logits, Model, ModelOptions};
+
+/// Tensors of a reference file, by name.
+struct Reference {
+    tensors: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
+}
+
+impl Reference {
+    fn open(path: &Path) -> Reference {
+        let (header, _) = sluice_format::safetensors::read_header(path).unwrap();
+        let bytes = std::fs::read(path).unwrap();
+        let tensors = header
+            .tensors
+            .into_iter()
+            .map(|t| {
+                let data = bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec();
+                (t.name, (t.dtype, t.shape, data))
+            })
+            .collect();
+        Reference { tensors }
+    }
+
+    fn get(&self, name: &str) -> &(Dtype, Vec<usize>, Vec<u8>) {
+        self.tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("reference has no `{name}`"))
+    }
+
+    fn f32(&self, name: &str) -> Vec<f32> {
+        let (d, _, b) = self.get(name);
+        assert_eq!(*d, Dtype::F32, "{name}");
+        b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+
+    fn ids(&self, name: &str) -> Vec<u32> {
+        let (d, _, b) = self.get(name);
+        assert_eq!(*d, Dtype::I64, "{name}");
+        b.chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect()
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(name)
+}
+
+fn open(name: &str, threads: usize) -> Model {
+    let opts = ModelOptions {
+        kernels: Kernels::best(),
+        threads,
+    };
+    Model::open(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn argmax(x: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Worst |a − b| and the reference's max |b|.
+fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
+    assert_eq!(got.len(), want.len());
+    let mut worst = 0f32;
+    let mut scale = 0f32;
+    for (&g, &w) in got.iter().zip(want) {
+        assert!(g.is_finite(), "non-finite logit");
+        worst = worst.max((g - w).abs());
+        scale = scale.max(w.abs());
+    }
+    (worst, scale)
+}
+
+const REL_TOL: f32 = 1e-4;
+
+/// Prompt logits and routed experts for the three prompts.
+fn check_prompts(name: &str) {
+    let model = open(name, 1);
+    let r = Reference::open(&fixture(name).join("reference.safetensors"));
+    let vocab = model.config().vocab;
+    for t in [1, 7, 33] {
+        let ids = r.ids(&format!("prompt{t}.ids"));
+        let mut st = model.new_state();
+        st.routes = Some(Vec::new());
+        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
+        assert_eq!(logits.len(), t * vocab);
+        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
+        println!(
+            "{name} prompt{t}: worst |Δlogit| = {worst:.3e} (max|logit| {scale:.2}, ratio {:.2e})",
+            worst / scale
+        );
+        assert!(
+            worst <= REL_TOL * scale,
+            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
+        );
+        // Routed experts, per MoE layer and token.
+        let routes = st.routes.take().unwrap();
+        let mut checked = 0;
+        for l in 0..model.config().layers {
+            let key = format!("prompt{t}.layer{l}.experts");
+            if !r.has(&key) {
+                assert!(
+                    !model.config().is_moe(l),
+                    "{name}: reference lacks routes of MoE layer {l}"
+                );
+                continue;
+            }
+            let want = r.ids(&key);
+            let want_w = r.f32(&format!("prompt{t}.layer{l}.weights"));
+            let k = want.len() / t;
+            for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
+                assert_eq!(
+                    route.experts,
+                    want[i * k..(i + 1) * k],
+                    "{name} prompt{t} layer {l} token {i}"
+                );
+                for (g, w) in route.weights.iter().zip(&want_w[i * k..(i + 1) * k]) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                        "{name} layer {l} token {i}: weight {g} vs {w}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "{name}: no routes compared");
+    }
+}
+
+/// 32 greedy tokens with the KV cache, and the logits each was chosen from.
+fn check_greedy(name: &str) {
+    let model = open(name, 1);
+    let r = Reference::open(&fixture(name).join("reference.safetensors"));
+    let prompt = r.ids("greedy.prompt_ids");
+    let want = r.ids("greedy.ids");
+    let want_logits = r.f32("greedy.step_logits");
+    let vocab = model.config().vocab;
+    let mut st = model.new_state();
+    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
+    let mut got = Vec::new();
+    let mut worst_ratio = 0f32;
+    for step in 0..want.len() {
+        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
+        worst_ratio = worst_ratio.max(worst / scale);
+        assert!(
+            worst <= REL_TOL * scale,
+            "{name} step {step}: worst {worst} > {REL_TOL} × {scale}"
+        );
+        let next = argmax(&logits);
+        got.push(next);
+        // Teacher-forced on the reference token so one near-tie cannot derail the rest.
+        logits = model.forward(&mut st, &[want[step]], Logits::Last).unwrap();
+    }
+    println!("{name} greedy: worst step logit error ratio {worst_ratio:.2e}");
+    assert_eq!(got, want, "{name}: greedy ids differ");
+}
+
+/// Chunked prefill and thread counts change no bit.
+fn check_invariance(name: &str) {
+    let r = Reference::open(&fixture(name).join("reference.safetensors"));
+    let ids = r.ids("prompt33.ids");
+    let base = {
+        let m = open(name, 1);
+        let mut st = m.new_state();
+        m.forward(&mut st, &ids, Logits::All).unwrap()
+    };
+    for threads in [1, 2, 3] {
+        let m = open(name, threads);
+        for chunk in [1, 7, ids.len()] {
+            let mut st = m.new_state();
+            let mut all = Vec::new();
+            for c in ids.chunks(chunk) {
+                all.extend(m.forward(&mut st, c, Logits::All).unwrap());
+            }
+            assert!(
+                all.iter()
+                    .zip(&base)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: threads {threads}, chunk {chunk} changed logits"
+            );
+        }
+    }
+    // Every ISA this CPU has gives the same bits.
+    for isa in Isa::available() {
+        let m = Model::open(
+            fixture(name),
+            ModelOptions {
+                kernels: Kernels::new(isa).unwrap(),
+                threads: 2,
+            },
+        )
+        .unwrap();
+        let mut st = m.new_state();
+        let l = m.forward(&mut st, &ids, Logits::All).unwrap();
+        assert!(
+            l.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: ISA {isa} changed logits"
+        );
+    }
+}
+
+macro_rules! arch_tests {
+    ($($modname:ident => $fixture:literal),* $(,)?) => {$(
+        mod $modname {
+            #[test]
+            fn prompts() { super::check_prompts($fixture) }
+            #[test]
+            fn greedy() { super::check_greedy($fixture) }
+            #[test]
+            fn invariance() { super::check_invariance($fixture) }
+        }
+    )*};
+}
+
+arch_tests! {
+    deepseek_v3_fp32 => "deepseek_v3-fp32",
+    deepseek_v3_bf16 => "deepseek_v3-bf16",
+    deepseek_v3_noqlora_fp32 => "deepseek_v3_noqlora-fp32",
+    deepseek_v3_noqlora_bf16 => "deepseek_v3_noqlora-bf16",
+    qwen3_moe_fp32 => "qwen3_moe-fp32",
+    qwen3_moe_bf16 => "qwen3_moe-bf16",
+    qwen2_moe_fp32 => "qwen2_moe-fp32",
+    qwen2_moe_bf16 => "qwen2_moe-bf16",
+    mixtral_fp32 => "mixtral-fp32",
+    mixtral_bf16 => "mixtral-bf16",
+    olmoe_fp32 => "olmoe-fp32",
+    olmoe_bf16 => "olmoe-bf16",
+}

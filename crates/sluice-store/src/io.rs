@@ -1,0 +1,495 @@
+//! Reading byte ranges of checkpoint shards in place: O_DIRECT where the file system allows it,
+//! buffered reads that drop their pages otherwise.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rustix::fd::OwnedFd;
+use rustix::fs::{Mode, OFlags};
+
+use crate::{AlignedBuf, StoreError};
+
+/// How a shard is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IoMode {
+    /// `O_DIRECT`: no page cache, aligned reads into aligned buffers.
+    Direct,
+    /// Buffered reads whose pages are dropped after use (`posix_fadvise(DONTNEED)`); used where
+    /// O_DIRECT is refused (tmpfs, some overlay file systems) or not wanted.
+    Buffered,
+}
+
+impl IoMode {
+    /// Name as reported in stats: `direct` or `buffered`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Direct => "direct",
+            IoMode::Buffered => "buffered",
+        }
+    }
+}
+
+impl fmt::Display for IoMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A byte range of one shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Piece {
+    /// Shard index.
+    pub shard: u32,
+    /// Absolute offset in the shard.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// One open shard.
+#[derive(Debug)]
+pub struct ShardFile {
+    path: PathBuf,
+    fd: OwnedFd,
+    mode: IoMode,
+    align: usize,
+    len: u64,
+}
+
+/// The default O_DIRECT alignment when the kernel reports none.
+pub const DEFAULT_ALIGN: usize = 4096;
+
+impl ShardFile {
+    /// Opens a shard for reading, with O_DIRECT when `direct` is asked and the file system
+    /// accepts it (probed with a real read), else buffered.
+    pub fn open(path: &Path, direct: bool) -> Result<ShardFile, StoreError> {
+        let err = |e: rustix::io::Errno| StoreError::Io {
+            path: path.to_path_buf(),
+            offset: 0,
+            source: io::Error::from(e),
+        };
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC;
+        let buffered = || rustix::fs::open(path, flags, Mode::empty()).map_err(err);
+        let stat = rustix::fs::statx(
+            rustix::fs::CWD,
+            path,
+            rustix::fs::AtFlags::empty(),
+            rustix::fs::StatxFlags::SIZE | rustix::fs::StatxFlags::DIOALIGN,
+        )
+        .map_err(err)?;
+        let len = stat.stx_size;
+        let reported = if stat.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() != 0 {
+            stat.stx_dio_offset_align.max(stat.stx_dio_mem_align) as usize
+        } else {
+            0
+        };
+        if direct && (cfg!(target_os = "linux")) {
+            // DIOALIGN reports 0 when the file system does not support direct I/O.
+            let align = if reported.is_power_of_two() {
+                reported.max(512)
+            } else {
+                DEFAULT_ALIGN
+            };
+            let supported =
+                stat.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() == 0 || reported != 0;
+            if supported
+                && let Ok(fd) = rustix::fs::open(path, flags | OFlags::DIRECT, Mode::empty())
+            {
+                let f = ShardFile {
+                    path: path.to_path_buf(),
+                    fd,
+                    mode: IoMode::Direct,
+                    align,
+                    len,
+                };
+                // Some file systems accept the flag at open and refuse the read: probe.
+                if len == 0 || f.probe().is_ok() {
+                    return Ok(f);
+                }
+            }
+        }
+        Ok(ShardFile {
+            path: path.to_path_buf(),
+            fd: buffered()?,
+            mode: IoMode::Buffered,
+            align: 1,
+            len,
+        })
+    }
+
+    fn probe(&self) -> io::Result<()> {
+        let mut b = AlignedBuf::zeroed(self.align, self.align).map_err(io::Error::other)?;
+        rustix::io::pread(&self.fd, b.as_mut_slice(), 0)?;
+        Ok(())
+    }
+
+    /// The path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The I/O mode in use.
+    pub fn mode(&self) -> IoMode {
+        self.mode
+    }
+
+    /// The read alignment (1 for buffered reads).
+    pub fn align(&self) -> usize {
+        self.align
+    }
+
+    /// Length when opened.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the file was empty when opened.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The open descriptor.
+    pub fn fd(&self) -> &OwnedFd {
+        &self.fd
+    }
+
+    /// Drops cached pages of a range (buffered mode only; a no-op for O_DIRECT).
+    pub fn drop_pages(&self, offset: u64, len: u64) {
+        if self.mode == IoMode::Buffered {
+            let _ = rustix::fs::fadvise(
+                &self.fd,
+                offset,
+                std::num::NonZeroU64::new(len),
+                rustix::fs::Advice::DontNeed,
+            );
+        }
+    }
+}
+
+/// Where bytes come from. The real implementation is [`ShardSet`]; tests inject faults by
+/// wrapping it.
+pub trait Reader: Send + Sync + fmt::Debug {
+    /// Reads up to `buf.len()` bytes at `offset` of shard `shard`, like `pread`.
+    fn read_at(&self, shard: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize>;
+    /// Alignment that offsets, lengths and buffer addresses must have for this shard.
+    fn align(&self, shard: u32) -> usize;
+    /// The path of a shard, for error messages.
+    fn path(&self, shard: u32) -> &Path;
+    /// The I/O mode of a shard.
+    fn mode(&self, shard: u32) -> IoMode;
+    /// Called after the bytes of a range have been copied out (drops page-cache pages).
+    fn done(&self, _shard: u32, _offset: u64, _len: u64) {}
+}
+
+/// The shards of a checkpoint, open for reading.
+#[derive(Debug)]
+pub struct ShardSet {
+    files: Vec<ShardFile>,
+    bytes_read: AtomicU64,
+}
+
+impl ShardSet {
+    /// Opens every path (O_DIRECT where possible when `direct`).
+    pub fn open<P: AsRef<Path>>(paths: &[P], direct: bool) -> Result<ShardSet, StoreError> {
+        let files = paths
+            .iter()
+            .map(|p| ShardFile::open(p.as_ref(), direct))
+            .collect::<Result<_, _>>()?;
+        Ok(ShardSet {
+            files,
+            bytes_read: AtomicU64::new(0),
+        })
+    }
+
+    /// The open shards.
+    pub fn files(&self) -> &[ShardFile] {
+        &self.files
+    }
+
+    /// The mode most shards use (`direct` if any shard is direct).
+    pub fn mode(&self) -> IoMode {
+        if self.files.iter().any(|f| f.mode == IoMode::Direct) {
+            IoMode::Direct
+        } else {
+            IoMode::Buffered
+        }
+    }
+
+    /// Bytes read from disk so far (including alignment widening).
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+}
+
+impl Reader for ShardSet {
+    fn read_at(&self, shard: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let f = self
+            .files
+            .get(shard as usize)
+            .ok_or_else(|| io::Error::other("no such shard"))?;
+        let n = rustix::io::pread(&f.fd, buf, offset)?;
+        self.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+
+    fn align(&self, shard: u32) -> usize {
+        self.files.get(shard as usize).map_or(1, |f| f.align)
+    }
+
+    fn path(&self, shard: u32) -> &Path {
+        self.files
+            .get(shard as usize)
+            .map_or(Path::new("?"), |f| &f.path)
+    }
+
+    fn mode(&self, shard: u32) -> IoMode {
+        self.files
+            .get(shard as usize)
+            .map_or(IoMode::Buffered, |f| f.mode)
+    }
+
+    fn done(&self, shard: u32, offset: u64, len: u64) {
+        if let Some(f) = self.files.get(shard as usize) {
+            f.drop_pages(offset, len);
+        }
+    }
+}
+
+/// The bytes of several pieces, read together.
+pub struct Blob {
+    buf: AlignedBuf,
+    spans: Vec<(usize, usize)>,
+}
+
+impl fmt::Debug for Blob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Blob({} pieces, {} bytes)",
+            self.spans.len(),
+            self.buf.len()
+        )
+    }
+}
+
+impl Blob {
+    /// The bytes of piece `i`.
+    ///
+    /// # Panics
+    /// When `i` is out of range.
+    pub fn piece(&self, i: usize) -> &[u8] {
+        let (s, l) = self.spans[i];
+        &self.buf.as_slice()[s..s + l]
+    }
+
+    /// Number of pieces.
+    pub fn pieces(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Bytes held in memory (including alignment padding).
+    pub fn footprint(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// A blob built from bytes already in memory (one piece per slice).
+    pub fn from_slices(parts: &[&[u8]]) -> Result<Blob, StoreError> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        let mut buf = AlignedBuf::zeroed(total, 64)?;
+        let mut spans = Vec::with_capacity(parts.len());
+        let mut at = 0;
+        for p in parts {
+            buf.as_mut_slice()[at..at + p.len()].copy_from_slice(p);
+            spans.push((at, p.len()));
+            at += p.len();
+        }
+        Ok(Blob { buf, spans })
+    }
+}
+
+/// One read: a run of pieces contiguous in one shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Run {
+    /// Shard.
+    pub shard: u32,
+    /// Aligned start offset in the shard.
+    pub start: u64,
+    /// Aligned length.
+    pub len: u64,
+    /// Bytes from `start` that carry payload (the rest is alignment padding).
+    pub need: u64,
+    /// Where the run starts in the blob buffer.
+    pub buf_at: usize,
+}
+
+/// The reads needed for a list of pieces: contiguous pieces merge into one read, each widened
+/// to the shard's alignment. Returns the runs, the span of every piece in the buffer, and the
+/// buffer size.
+pub fn plan_reads(reader: &dyn Reader, pieces: &[Piece]) -> (Vec<Run>, Vec<(usize, usize)>, usize) {
+    let mut runs: Vec<Run> = Vec::new();
+    let mut spans = Vec::with_capacity(pieces.len());
+    let mut buf_len = 0usize;
+    let mut i = 0;
+    while i < pieces.len() {
+        let first = pieces[i];
+        let mut end = first.offset + first.len;
+        let mut j = i + 1;
+        while j < pieces.len() && pieces[j].shard == first.shard && pieces[j].offset == end {
+            end += pieces[j].len;
+            j += 1;
+        }
+        let a = reader.align(first.shard).max(1) as u64;
+        let start = first.offset / a * a;
+        let aligned_end = end.div_ceil(a) * a;
+        let buf_at = buf_len.div_ceil(a as usize) * a as usize;
+        for p in &pieces[i..j] {
+            spans.push((buf_at + (p.offset - start) as usize, p.len as usize));
+        }
+        runs.push(Run {
+            shard: first.shard,
+            start,
+            len: aligned_end - start,
+            need: end - start,
+            buf_at,
+        });
+        buf_len = buf_at + (aligned_end - start) as usize;
+        i = j;
+    }
+    (runs, spans, buf_len)
+}
+
+/// Reads pieces into one aligned blob: one read per run of contiguous pieces.
+pub fn read_blob(reader: &dyn Reader, pieces: &[Piece]) -> Result<Blob, StoreError> {
+    let (runs, spans, buf_len) = plan_reads(reader, pieces);
+    let align = runs
+        .iter()
+        .map(|r| reader.align(r.shard))
+        .max()
+        .unwrap_or(1)
+        .max(64);
+    let mut buf = AlignedBuf::zeroed(buf_len, align)?;
+    for run in &runs {
+        read_run(
+            reader,
+            run,
+            &mut buf.as_mut_slice()[run.buf_at..run.buf_at + run.len as usize],
+        )?;
+    }
+    Ok(Blob { buf, spans })
+}
+
+/// Reads one run into `dst` (exactly `run.len` bytes, aligned), checking that every payload byte
+/// arrived; bytes past the end of the file stay zero.
+pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), StoreError> {
+    let need = run.need as usize;
+    let mut got = 0usize;
+    while got < dst.len() {
+        match reader.read_at(run.shard, run.start + got as u64, &mut dst[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(StoreError::Io {
+                    path: reader.path(run.shard).to_path_buf(),
+                    offset: run.start + got as u64,
+                    source: e,
+                });
+            }
+        }
+    }
+    reader.done(run.shard, run.start, run.len);
+    if got < need {
+        return Err(StoreError::ShortRead {
+            path: reader.path(run.shard).to_path_buf(),
+            offset: run.start,
+            wanted: need as u64,
+            got: got as u64,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file_with(bytes: &[u8]) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new_in(std::env::temp_dir()).unwrap();
+        std::fs::write(f.path(), bytes).unwrap();
+        f
+    }
+
+    #[test]
+    fn reads_pieces_in_place() {
+        let data: Vec<u8> = (0..20000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let f = file_with(&data);
+        for direct in [false, true] {
+            let set = ShardSet::open(&[f.path()], direct).unwrap();
+            let pieces = [
+                Piece {
+                    shard: 0,
+                    offset: 5,
+                    len: 100,
+                },
+                Piece {
+                    shard: 0,
+                    offset: 105,
+                    len: 7,
+                },
+                Piece {
+                    shard: 0,
+                    offset: 9000,
+                    len: 10000,
+                },
+                Piece {
+                    shard: 0,
+                    offset: 19999,
+                    len: 1,
+                },
+            ];
+            let b = read_blob(&set, &pieces).unwrap();
+            for (i, p) in pieces.iter().enumerate() {
+                assert_eq!(
+                    b.piece(i),
+                    &data[p.offset as usize..(p.offset + p.len) as usize]
+                );
+            }
+            let (runs, _, _) = plan_reads(&set, &pieces);
+            // The first two pieces are contiguous: one read for them.
+            assert_eq!(runs.len(), 3);
+            for r in &runs {
+                assert_eq!(r.start % set.align(0) as u64, 0);
+                assert_eq!(r.len % set.align(0) as u64, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn short_read_is_an_error() {
+        let f = file_with(&[1u8; 1000]);
+        let set = ShardSet::open(&[f.path()], false).unwrap();
+        std::fs::write(f.path(), [1u8; 10]).unwrap();
+        let e = read_blob(
+            &set,
+            &[Piece {
+                shard: 0,
+                offset: 0,
+                len: 1000,
+            }],
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::ShortRead {
+                    wanted: 1000,
+                    got: 10,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}

@@ -27,6 +27,8 @@
 pub mod decode;
 mod matrix;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use std::fmt;
 use std::ops::Range;
@@ -51,7 +53,7 @@ pub enum KernelError {
 pub enum Isa {
     /// Portable scalar code: the specification.
     Scalar,
-    /// x86-64 AVX2 with FMA.
+    /// x86-64 AVX2 with FMA (and F16C, which every AVX2 CPU has).
     Avx2,
     /// x86-64 AVX-512 (F, BW, VL, DQ).
     Avx512,
@@ -83,6 +85,7 @@ impl Isa {
             Isa::Avx2 => {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
+                    && std::arch::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
@@ -118,7 +121,43 @@ impl fmt::Display for Isa {
     }
 }
 
-/// The kernels for one instruction set. Holding one proves the ISA is available.
+/// Calls the implementation of `$f` for the ISA of a [`Kernels`].
+macro_rules! dispatch {
+    ($k:expr, $f:ident($($arg:expr),*)) => {
+        match $k.isa {
+            Isa::Scalar => scalar_op::$f($($arg),*),
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: a `Kernels` is only built for an available ISA (`Kernels::new`,
+            // `Kernels::best`), and the caller has checked the lengths the kernel relies on.
+            Isa::Avx2 => unsafe { x86::avx2::$f($($arg),*) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            Isa::Avx512 => unsafe { x86::avx512::$f($($arg),*) },
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => scalar_op::$f($($arg),*),
+        }
+    };
+}
+
+/// The scalar specification under the names the dispatch uses.
+mod scalar_op {
+    pub(crate) use crate::scalar::{axpy, dot, matmul, rmsnorm, silu_mul, softmax, sum};
+
+    pub(crate) fn sigmoid(x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = crate::scalar::sigmoid(*v));
+    }
+
+    pub(crate) fn silu(x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = crate::scalar::silu(*v));
+    }
+
+    pub(crate) fn exp(x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = crate::scalar::exp(*v));
+    }
+}
+
+/// The kernels for one instruction set. Holding one proves the ISA is available: it is the
+/// capability token the SIMD paths rely on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernels {
     isa: Isa,
@@ -182,9 +221,11 @@ impl Kernels {
             y.len(),
             rows.len()
         );
-        match self.isa {
-            Isa::Scalar | Isa::Avx2 | Isa::Avx512 => scalar::matmul(m, x, y, rows),
+        if cols == 0 {
+            // No arithmetic: defer to the specification for what is written.
+            return scalar::matmul(m, x, y, rows);
         }
+        dispatch!(self, matmul(m, x, y, rows))
     }
 
     /// `a · b` by the contract.
@@ -193,7 +234,7 @@ impl Kernels {
     /// When the lengths differ.
     pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len(), "dot of unequal lengths");
-        scalar::dot(a, b)
+        dispatch!(self, dot(a, b))
     }
 
     /// `y[i] = fma(a, x[i], y[i])`.
@@ -202,7 +243,7 @@ impl Kernels {
     /// When the lengths differ.
     pub fn axpy(&self, a: f32, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), y.len(), "axpy of unequal lengths");
-        scalar::axpy(a, x, y)
+        dispatch!(self, axpy(a, x, y))
     }
 
     /// RMSNorm (see [`scalar::rmsnorm`]).
@@ -214,12 +255,12 @@ impl Kernels {
             x.len() == w.len() && x.len() == out.len(),
             "rmsnorm of unequal lengths"
         );
-        scalar::rmsnorm(x, w, eps, out)
+        dispatch!(self, rmsnorm(x, w, eps, out))
     }
 
     /// Softmax in place (see [`scalar::softmax`]).
     pub fn softmax(&self, x: &mut [f32]) {
-        scalar::softmax(x)
+        dispatch!(self, softmax(x))
     }
 
     /// `out[i] = silu(gate[i]) × up[i]`.
@@ -231,7 +272,27 @@ impl Kernels {
             gate.len() == up.len() && gate.len() == out.len(),
             "silu_mul of unequal lengths"
         );
-        scalar::silu_mul(gate, up, out)
+        dispatch!(self, silu_mul(gate, up, out))
+    }
+
+    /// Sum of `x` in the contract's lane order (see [`scalar::sum`]).
+    pub fn sum(&self, x: &[f32]) -> f32 {
+        dispatch!(self, sum(x))
+    }
+
+    /// `x[i] = sigmoid(x[i])` (see [`scalar::sigmoid`]).
+    pub fn sigmoid(&self, x: &mut [f32]) {
+        dispatch!(self, sigmoid(x))
+    }
+
+    /// `x[i] = silu(x[i])` (see [`scalar::silu`]).
+    pub fn silu(&self, x: &mut [f32]) {
+        dispatch!(self, silu(x))
+    }
+
+    /// `x[i] = exp(x[i])` (see [`scalar::exp`]).
+    pub fn exp(&self, x: &mut [f32]) {
+        dispatch!(self, exp(x))
     }
 }
 

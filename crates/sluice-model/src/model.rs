@@ -98,6 +98,16 @@ impl Model {
         &self.layout
     }
 
+    /// The instruction set of the kernels in use.
+    pub fn isa(&self) -> sluice_kernels::Isa {
+        self.exec.kernels().isa()
+    }
+
+    /// Compute threads.
+    pub fn threads(&self) -> usize {
+        self.exec.threads()
+    }
+
     /// The expert store.
     pub fn experts(&self) -> &Arc<ExpertStore> {
         &self.experts

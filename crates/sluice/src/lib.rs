@@ -1,1 +1,104 @@
-//! sluice (under construction).
+//! Run mixture-of-experts language models far larger than RAM on one CPU.
+//!
+//! sluice keeps the dense trunk of a model in memory and reads the routed experts from the
+//! checkpoint's own files behind an expert cache. The memory budget is a dial: the same model,
+//! prompt and sampling options give byte-identical output at every budget, cache policy and
+//! thread count — only the speed changes.
+//!
+//! An [`Engine`] is the loaded model (immutable, `Send + Sync`, cheap to clone); a [`Session`]
+//! holds one conversation's KV cache. Several sessions may run on one engine at once.
+//!
+//! ```no_run
+//! use sluice::{Engine, GenerateOptions, Prompt};
+//! let engine = Engine::builder().model("models/demo").threads(2).build()?;
+//! let mut session = engine.session();
+//! let opts = GenerateOptions { max_tokens: 32, ..Default::default() };
+//! for token in session.generate(Prompt::Text("It is a truth universally acknowledged"), &opts)? {
+//!     print!("{}", token?.text);
+//! }
+//! # Ok::<(), sluice::Error>(())
+//! ```
+
+#![forbid(unsafe_code)]
+
+mod chat;
+mod engine;
+pub mod tiktoken;
+mod tokenizer;
+
+pub use chat::{ChatTemplate, Message};
+pub use engine::{
+    Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
+    Memory, Prompt, Session, Token,
+};
+pub use sluice_kernels::Isa;
+pub use sluice_model::{Arch, ModelConfig};
+pub use sluice_sampler::SamplingOptions;
+pub use tokenizer::{StreamDecoder, Tokenizer};
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong, by layer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller asked for something impossible (bad option, missing directory).
+    #[error("{0}")]
+    Usage(String),
+    /// A file could not be read.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The tokenizer failed to load or run.
+    #[error("{}: {msg}", path.display())]
+    Tokenizer {
+        /// Its file.
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
+    /// The chat template failed to compile or render.
+    #[error("{}: chat template: {msg}", path.display())]
+    Template {
+        /// Its file.
+        path: PathBuf,
+        /// What went wrong.
+        msg: String,
+    },
+    /// A sampling option is out of range.
+    #[error(transparent)]
+    Sampler(#[from] sluice_sampler::SamplerError),
+    /// The model failed.
+    #[error(transparent)]
+    Model(#[from] sluice_model::ModelError),
+    /// The checkpoint is malformed.
+    #[error(transparent)]
+    Format(#[from] sluice_format::FormatError),
+    /// The expert store failed.
+    #[error(transparent)]
+    Store(#[from] sluice_store::StoreError),
+}
+
+impl Error {
+    /// Whether the error is the user's input (bad option, malformed model files) rather than a
+    /// failure while running. The CLI exits 2 for these, 1 otherwise.
+    pub fn is_input_error(&self) -> bool {
+        use sluice_model::ModelError as M;
+        match self {
+            Error::Usage(_)
+            | Error::Tokenizer { .. }
+            | Error::Template { .. }
+            | Error::Sampler(_)
+            | Error::Format(_) => true,
+            Error::Model(m) => matches!(
+                m,
+                M::Config { .. } | M::Tensor { .. } | M::Token { .. } | M::Format(_)
+            ),
+            Error::Io { .. } | Error::Store(_) => false,
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Command-line arguments.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Run mixture-of-experts language models far larger than RAM on one CPU.
+#[derive(Parser, Debug)]
+#[command(name = "sluice", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text from a prompt, streaming it to stdout.
+    Run(RunArgs),
+}
+
+/// `sluice run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The prompt text.
+    pub prompt: Option<String>,
+    /// Model directory (a Hugging Face checkpoint); default: the bundled demo model.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The prompt as comma-separated token ids instead of text.
+    #[arg(long, value_name = "IDS")]
+    pub prompt_ids: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Instruction set: auto, scalar, avx2 or avx512.
+    #[arg(long, default_value = "auto")]
+    pub isa: String,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the best one's probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Use the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Print one JSON object with ids, text and stats instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// Write every row of logits (prompt positions, then each step) to a float32 .npy file.
+    #[arg(long, value_name = "FILE.npy")]
+    pub dump_logits: Option<PathBuf>,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+}

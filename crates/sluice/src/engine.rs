@@ -1,0 +1,625 @@
+//! The engine (immutable, shared) and sessions (one per conversation or stream).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use serde::Serialize;
+use sluice_kernels::{Isa, Kernels};
+use sluice_model::{Logits, Model, ModelOptions, State};
+use sluice_sampler::{Sampler, SamplingOptions};
+
+use crate::Error;
+use crate::chat::{ChatTemplate, Message};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// How much memory sluice may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Memory {
+    /// No limit: everything the model reads stays resident.
+    #[default]
+    Unlimited,
+    /// `MemAvailable` minus headroom.
+    Auto,
+    /// At most this many bytes.
+    Bytes(u64),
+}
+
+/// Builds an [`Engine`].
+#[derive(Clone, Debug, Default)]
+pub struct EngineBuilder {
+    model: Option<PathBuf>,
+    memory: Memory,
+    threads: Option<usize>,
+    isa: Option<Isa>,
+}
+
+impl EngineBuilder {
+    /// The model directory (a Hugging Face checkpoint).
+    pub fn model(mut self, dir: impl AsRef<Path>) -> Self {
+        self.model = Some(dir.as_ref().to_path_buf());
+        self
+    }
+
+    /// The memory budget.
+    pub fn memory(mut self, m: Memory) -> Self {
+        self.memory = m;
+        self
+    }
+
+    /// Compute threads (default: the machine's available parallelism).
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    /// Forces an instruction set (default: the best this CPU has).
+    pub fn isa(mut self, isa: Isa) -> Self {
+        self.isa = Some(isa);
+        self
+    }
+
+    /// Loads the model.
+    pub fn build(self) -> Result<Engine, Error> {
+        let dir = self
+            .model
+            .ok_or(Error::Usage("no model directory given".into()))?;
+        if !dir.is_dir() {
+            return Err(Error::Usage(format!(
+                "model directory {} does not exist",
+                dir.display()
+            )));
+        }
+        let kernels = match self.isa {
+            Some(isa) => Kernels::new(isa).map_err(|e| Error::Usage(e.to_string()))?,
+            None => Kernels::best(),
+        };
+        let threads = self
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        if threads == 0 {
+            return Err(Error::Usage("threads must be at least 1".into()));
+        }
+        let model = Model::open(&dir, ModelOptions { kernels, threads })?;
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        let template = ChatTemplate::from_dir(&dir)?;
+        let mut eos = model.config().eos_token_ids.clone();
+        if let Some(g) = sluice_format::Checkpoint::open(&dir)?.generation_config()
+            && let Some(v) = g.get("eos_token_id")
+        {
+            let ids: Vec<u32> = match v {
+                serde_json::Value::Array(a) => a
+                    .iter()
+                    .filter_map(|x| x.as_u64())
+                    .map(|x| x as u32)
+                    .collect(),
+                x => x.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+            };
+            eos.extend(ids);
+        }
+        eos.sort_unstable();
+        eos.dedup();
+        let bos = model.config().bos_token_id;
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                dir,
+                model,
+                tokenizer,
+                template,
+                eos,
+                bos,
+                memory: self.memory,
+                threads,
+                stats: Mutex::new(EngineStats::default()),
+            }),
+        })
+    }
+}
+
+struct Inner {
+    dir: PathBuf,
+    model: Model,
+    tokenizer: Option<Tokenizer>,
+    template: Option<ChatTemplate>,
+    eos: Vec<u32>,
+    bos: Option<u32>,
+    memory: Memory,
+    threads: usize,
+    stats: Mutex<EngineStats>,
+}
+
+/// A loaded model with its tokenizer and chat template. Cheap to clone; `Send + Sync`; any
+/// number of [`Session`]s may run on it at once.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Engine({})", self.inner.dir.display())
+    }
+}
+
+/// Totals over the engine's life.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct EngineStats {
+    /// Generations run.
+    pub generations: u64,
+    /// Prompt tokens processed.
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub decode_tokens: u64,
+}
+
+impl Engine {
+    /// A builder.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.inner.model
+    }
+
+    /// The model directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// The tokenizer, when the model directory has one.
+    pub fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.inner.tokenizer.as_ref()
+    }
+
+    /// The chat template, when the model directory has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.template.as_ref()
+    }
+
+    /// End-of-sequence ids.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.inner.eos
+    }
+
+    /// The memory setting.
+    pub fn memory(&self) -> Memory {
+        self.inner.memory
+    }
+
+    /// Compute threads.
+    pub fn threads(&self) -> usize {
+        self.inner.threads
+    }
+
+    /// The ISA in use.
+    pub fn isa(&self) -> Isa {
+        self.inner.model.isa()
+    }
+
+    /// Totals so far.
+    pub fn stats(&self) -> EngineStats {
+        self.inner
+            .stats
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// A new session (an empty KV cache).
+    pub fn session(&self) -> Session {
+        Session {
+            engine: self.clone(),
+            state: self.inner.model.new_state(),
+            history: Vec::new(),
+        }
+    }
+
+    /// Token ids of a prompt. Text is encoded with the tokenizer (with its BOS when it adds
+    /// one); chat messages go through the chat template first.
+    pub fn encode(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, Error> {
+        match prompt {
+            Prompt::Ids(ids) => Ok(ids.to_vec()),
+            Prompt::Text(t) => {
+                let tok = self.tokenizer().ok_or_else(|| {
+                    Error::Usage(format!(
+                        "{} has no tokenizer: give token ids",
+                        self.dir().display()
+                    ))
+                })?;
+                let mut ids = tok.encode(t, true)?;
+                if let Some(b) = self.inner.bos
+                    && ids.first() != Some(&b)
+                    && tok.encode("", true)?.is_empty()
+                {
+                    ids.insert(0, b);
+                }
+                Ok(ids)
+            }
+            Prompt::Chat(msgs) => {
+                let tpl = self.chat_template().ok_or_else(|| {
+                    Error::Usage(format!(
+                        "{} has no chat template: use a raw prompt",
+                        self.dir().display()
+                    ))
+                })?;
+                let text = tpl.render(msgs, true)?;
+                let tok = self.tokenizer().ok_or_else(|| {
+                    Error::Usage("no tokenizer for the chat template's text".into())
+                })?;
+                // The template writes BOS itself where the model wants one.
+                tok.encode(&text, false)
+            }
+        }
+    }
+}
+
+/// What to generate from.
+#[derive(Clone, Debug)]
+pub enum Prompt<'a> {
+    /// Raw text, tokenised as is.
+    Text(&'a str),
+    /// Token ids.
+    Ids(&'a [u32]),
+    /// Chat messages, rendered with the model's chat template.
+    Chat(&'a [Message]),
+}
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingOptions,
+    /// Strings that end the generation (not included in the text).
+    pub stop: Vec<String>,
+    /// Stop at the model's end-of-sequence tokens.
+    pub stop_at_eos: bool,
+    /// Prompt tokens per prefill chunk.
+    pub prefill_chunk: usize,
+    /// Keep every row of logits (prompt positions and each step) in the result.
+    pub keep_logits: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 128,
+            sampling: SamplingOptions::default(),
+            stop: Vec::new(),
+            stop_at_eos: true,
+            prefill_chunk: 64,
+            keep_logits: false,
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// An end-of-sequence token.
+    Eos,
+    /// A stop string.
+    Stop,
+}
+
+/// One step of a generation: a generated token and the text it completes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Token {
+    /// The token's id; `None` for the last item of a generation when it only releases text
+    /// that was held back (a partial stop string, or bytes of an unfinished character).
+    pub id: Option<u32>,
+    /// The text it completes (whole UTF-8 characters; may be empty).
+    pub text: String,
+}
+
+/// Figures of one generation.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct GenerationStats {
+    /// Prompt tokens processed.
+    pub prefill_tokens: usize,
+    /// Seconds spent on the prompt.
+    pub prefill_seconds: f64,
+    /// Tokens generated.
+    pub decode_tokens: usize,
+    /// Seconds spent generating.
+    pub decode_seconds: f64,
+}
+
+/// A session: a KV cache and the tokens in it. Generations continue from what the session has
+/// seen (a chat keeps its history).
+#[derive(Debug)]
+pub struct Session {
+    engine: Engine,
+    state: State,
+    history: Vec<u32>,
+}
+
+impl Session {
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Tokens in the cache.
+    pub fn history(&self) -> &[u32] {
+        &self.history
+    }
+
+    /// Forgets everything (an empty cache).
+    pub fn reset(&mut self) {
+        self.state = self.engine.inner.model.new_state();
+        self.history.clear();
+    }
+
+    /// Starts a generation. Tokens come from the returned iterator.
+    pub fn generate(
+        &mut self,
+        prompt: Prompt<'_>,
+        opts: &GenerateOptions,
+    ) -> Result<Generation<'_>, Error> {
+        let ids = self.engine.encode(&prompt)?;
+        self.generate_ids(ids, opts)
+    }
+
+    /// Starts a generation from token ids appended to the session's history.
+    pub fn generate_ids(
+        &mut self,
+        ids: Vec<u32>,
+        opts: &GenerateOptions,
+    ) -> Result<Generation<'_>, Error> {
+        if ids.is_empty() && self.history.is_empty() {
+            return Err(Error::Usage("empty prompt".into()));
+        }
+        let sampler = Sampler::new(opts.sampling.clone())?;
+        if opts.prefill_chunk == 0 {
+            return Err(Error::Usage("prefill_chunk must be at least 1".into()));
+        }
+        let model = &self.engine.inner.model;
+        let t0 = Instant::now();
+        let mut prompt_logits = Vec::new();
+        let mut last = Vec::new();
+        let n_chunks = ids.len().div_ceil(opts.prefill_chunk);
+        for (ci, chunk) in ids.chunks(opts.prefill_chunk).enumerate() {
+            let want = if opts.keep_logits {
+                Logits::All
+            } else if ci + 1 == n_chunks {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            let l = model.forward(&mut self.state, chunk, want)?;
+            self.history.extend_from_slice(chunk);
+            if ci + 1 == n_chunks {
+                let v = model.config().vocab;
+                last = l[l.len() - v..].to_vec();
+            }
+            if opts.keep_logits {
+                prompt_logits.extend(l);
+            }
+        }
+        if ids.is_empty() {
+            // Continue from history: recompute the last position's logits.
+            let lastpos = self.history.len() - 1;
+            let tok = self.history[lastpos];
+            self.state.truncate(lastpos, model.config());
+            last = model.forward(&mut self.state, &[tok], Logits::Last)?;
+        }
+        let stats = GenerationStats {
+            prefill_tokens: ids.len(),
+            prefill_seconds: t0.elapsed().as_secs_f64(),
+            ..Default::default()
+        };
+        Ok(Generation {
+            session: self,
+            opts: opts.clone(),
+            sampler,
+            next_logits: Some(last),
+            prompt_ids: ids,
+            prompt_logits,
+            step_logits: Vec::new(),
+            ids: Vec::new(),
+            decoder: StreamDecoder::new(),
+            pending: String::new(),
+            text: String::new(),
+            finish: None,
+            stats,
+        })
+    }
+}
+
+/// A running generation: an iterator of tokens.
+pub struct Generation<'s> {
+    session: &'s mut Session,
+    opts: GenerateOptions,
+    sampler: Sampler,
+    next_logits: Option<Vec<f32>>,
+    prompt_ids: Vec<u32>,
+    prompt_logits: Vec<f32>,
+    step_logits: Vec<f32>,
+    ids: Vec<u32>,
+    decoder: StreamDecoder,
+    pending: String,
+    text: String,
+    finish: Option<FinishReason>,
+    stats: GenerationStats,
+}
+
+impl std::fmt::Debug for Generation<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Generation({} tokens)", self.ids.len())
+    }
+}
+
+impl Generation<'_> {
+    /// The prompt's token ids.
+    pub fn prompt_ids(&self) -> &[u32] {
+        &self.prompt_ids
+    }
+
+    /// Generated ids so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Generated text so far (up to any stop string).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// Why it ended, once it has.
+    pub fn finish_reason(&self) -> Option<FinishReason> {
+        self.finish
+    }
+
+    /// Figures so far.
+    pub fn stats(&self) -> &GenerationStats {
+        &self.stats
+    }
+
+    /// Logits of every prompt position then of every step, `[rows, vocab]` (with
+    /// `keep_logits`).
+    pub fn logits(&self) -> Vec<f32> {
+        let mut v = self.prompt_logits.clone();
+        v.extend_from_slice(&self.step_logits);
+        v
+    }
+
+    /// Runs to the end, returning the text.
+    pub fn run(&mut self) -> Result<String, Error> {
+        for t in self.by_ref() {
+            t?;
+        }
+        Ok(self.text.clone())
+    }
+
+    fn step(&mut self) -> Result<Option<Token>, Error> {
+        if self.finish.is_some() {
+            return Ok(None);
+        }
+        if self.ids.len() >= self.opts.max_tokens {
+            return Ok(self.finish_with(FinishReason::Length));
+        }
+        let Some(mut logits) = self.next_logits.take() else {
+            return Ok(None);
+        };
+        let t0 = Instant::now();
+        if self.opts.keep_logits {
+            self.step_logits.extend_from_slice(&logits);
+        }
+        let id = self.sampler.sample(&mut logits, &self.session.history);
+        let engine = self.session.engine.clone();
+        if self.opts.stop_at_eos && engine.eos_ids().contains(&id) {
+            self.stats.decode_seconds += t0.elapsed().as_secs_f64();
+            return Ok(self.finish_with(FinishReason::Eos));
+        }
+        self.ids.push(id);
+        self.stats.decode_tokens += 1;
+        // Compute the next position's logits unless this was the last token.
+        if self.ids.len() < self.opts.max_tokens {
+            let l = engine
+                .inner
+                .model
+                .forward(&mut self.session.state, &[id], Logits::Last)?;
+            self.next_logits = Some(l);
+        }
+        self.session.history.push(id);
+        let mut delta = match engine.tokenizer() {
+            Some(tok) => self.decoder.push(tok, id)?,
+            None => String::new(),
+        };
+        delta = self.apply_stops(delta);
+        self.stats.decode_seconds += t0.elapsed().as_secs_f64();
+        Ok(Some(Token {
+            id: Some(id),
+            text: delta,
+        }))
+    }
+
+    /// Holds back text that could begin a stop string; ends the generation at one.
+    fn apply_stops(&mut self, delta: String) -> String {
+        if self.opts.stop.is_empty() {
+            self.text.push_str(&delta);
+            return delta;
+        }
+        self.pending.push_str(&delta);
+        if let Some((at, _)) = self
+            .opts
+            .stop
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()).map(|i| (i, s)))
+            .min_by_key(|p| p.0)
+        {
+            let out = self.pending[..at].to_owned();
+            self.pending.clear();
+            self.text.push_str(&out);
+            self.finish = Some(FinishReason::Stop);
+            self.next_logits = None;
+            return out;
+        }
+        // Emit everything that cannot be the start of a stop string.
+        let mut keep = 0;
+        for s in &self.opts.stop {
+            for k in (1..s.len().min(self.pending.len() + 1)).rev() {
+                if self.pending.is_char_boundary(self.pending.len() - k)
+                    && s.starts_with(&self.pending[self.pending.len() - k..])
+                {
+                    keep = keep.max(k);
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_owned();
+        self.pending.drain(..cut);
+        self.text.push_str(&out);
+        out
+    }
+
+    fn finish_with(&mut self, r: FinishReason) -> Option<Token> {
+        self.finish = Some(r);
+        self.next_logits = None;
+        // Release held-back text (an incomplete character or a partial stop string).
+        let mut tail = String::new();
+        if let Some(tok) = self.session.engine.tokenizer() {
+            tail = self.decoder.flush(tok).unwrap_or_default();
+        }
+        let rest = std::mem::take(&mut self.pending) + &tail;
+        self.text.push_str(&rest);
+        let engine = self.session.engine.clone();
+        if let Ok(mut s) = engine.inner.stats.lock() {
+            s.generations += 1;
+            s.prefill_tokens += self.stats.prefill_tokens as u64;
+            s.decode_tokens += self.stats.decode_tokens as u64;
+        }
+        if rest.is_empty() {
+            None
+        } else {
+            Some(Token {
+                id: None,
+                text: rest,
+            })
+        }
+    }
+}
+
+impl Iterator for Generation<'_> {
+    type Item = Result<Token, Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        match self.step() {
+            Ok(Some(t)) => Some(Ok(t)),
+            Ok(None) => None,
+            Err(e) => {
+                self.finish = Some(FinishReason::Length);
+                self.next_logits = None;
+                Some(Err(e))
+            }
+        }
+    }
+}

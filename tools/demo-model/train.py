@@ -143,7 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("data", type=Path)
     ap.add_argument("work", type=Path)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)

@@ -2,15 +2,41 @@
 //!
 //! Every number sluice computes goes through this crate: products of packed weight matrices
 //! with f32 activations ([`Kernels::matmul`]), and the row ops of a transformer (RMSNorm,
-//! softmax, SwiGLU, RoPE, top-k). Because sluice promises byte-identical output at every memory
-//! budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and every
-//! implementation meets it bit for bit: the scalar code is the specification; the AVX2+FMA and
-//! AVX-512 paths return exactly its bits.
+//! softmax, SwiGLU, sigmoid, RoPE, top-k). Because sluice promises byte-identical output at
+//! every memory budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and
+//! every implementation meets it bit for bit: the scalar code is the specification; the
+//! AVX2+FMA and AVX-512 paths return exactly its bits.
+//!
+//! # Dispatch
 //!
 //! The instruction set is chosen once, at run time ([`Isa::best`]), and carried as a value: a
-//! [`Kernels`] can only be made for an ISA this CPU has, and any available ISA can be forced
-//! (tests, benches and the CLI do). Kernels are single-threaded over a range of output rows; the
-//! caller splits rows across threads, so the thread count cannot change a bit.
+//! [`Kernels`] can only be made for an ISA this CPU has ([`Kernels::new`] checks
+//! [`Isa::is_available`]), so holding one is the capability the SIMD code relies on, and any
+//! available ISA can be forced (tests, benches and the CLI do). Every method checks its slice
+//! lengths, then calls the implementation of its ISA: the scalar functions of [`scalar`], or
+//! (on x86-64 only) `#[target_feature]` functions compiled for AVX2+FMA+F16C or AVX-512
+//! F/BW/VL/DQ. Nothing is compiled for the build machine's CPU (no `target-cpu=native`).
+//! Kernels are single-threaded over a range of output rows; the caller splits rows across
+//! threads, so the thread count cannot change a bit.
+//!
+//! # How the SIMD paths keep the contract
+//!
+//! - The 16 lanes of the contract are one zmm (AVX-512) or two ymm (AVX2); each lane
+//!   accumulates its columns in order with one fused multiply-add each, from `+0.0`, the last
+//!   block padded with weights and activations that are `+0.0` exactly as the scalar code pads
+//!   them; the 16 lane sums go through the same pairwise tree.
+//! - A decoder may put a block's 16 columns in any fixed lane order (the nibble formats use the
+//!   order a variable shift of a broadcast word gives); the activations are permuted the same
+//!   way and the lane sums put back in column order before the tree.
+//! - Several output rows and activation rows share loads and decoding, never an accumulator:
+//!   a result does not depend on the row range, the batch, or the tile the pair fell in.
+//! - Codes and scales decode exactly (the decoders are checked against torch,
+//!   compressed-tensors and transformers in the tests), and `exp` is written as the same IEEE
+//!   operations in vector form.
+//!
+//! The one thing not reproduced is the payload of a NaN: where a result is NaN it is NaN on every
+//! path, but which operand's payload (and sign) survives depends on instruction operand order
+//! that the compiler chooses.
 //!
 //! ```
 //! use sluice_kernels::{Codes, Isa, Kernels, Matrix};

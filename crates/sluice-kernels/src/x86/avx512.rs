@@ -278,7 +278,16 @@ impl Codec<V512> for E4m3 {
 }
 
 /// Shift of 32-bit lane `p` that brings column `8 (p & 1) + (p >> 1)` to the low nibble.
-const NIBBLE_SHIFTS: [u32; 16] = [0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28];
+///
+/// Kept in writable memory so that the compiler reads it rather than folding the two zero
+/// shifts into a merge-masked shift, which costs a register copy per decode.
+#[repr(C, align(64))]
+struct Opaque(std::cell::UnsafeCell<[u32; 16]>);
+// SAFETY: the cell is never written; it only hides the constant from the optimiser.
+unsafe impl Sync for Opaque {}
+static NIBBLE_SHIFTS: Opaque = Opaque(std::cell::UnsafeCell::new([
+    0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28,
+]));
 
 /// The 16 nibbles of the 8 bytes at `p` as lane indices in the [`NIBBLE`] layout (only the low
 /// 4 bits of each lane are meaningful).
@@ -287,7 +296,7 @@ unsafe fn nibbles(p: *const u8) -> __m512i {
     // SAFETY: AVX-512F is available; `p` is valid for 8 bytes (caller's contract).
     unsafe {
         let v = _mm512_set1_epi64(p.cast::<i64>().read_unaligned());
-        _mm512_srlv_epi32(v, _mm512_loadu_si512(NIBBLE_SHIFTS.as_ptr().cast()))
+        _mm512_srlv_epi32(v, _mm512_loadu_si512(NIBBLE_SHIFTS.0.get().cast()))
     }
 }
 

@@ -477,9 +477,14 @@ impl Job<'_, '_> {
                 std::ptr::null()
             },
         };
+        // One activation row: its blocks are 16 apart (a constant the loop can use).
+        let g = Geom {
+            xstride: LANES,
+            ..self.geom
+        };
         // SAFETY: rows and tails come from the validated matrix, the activations from the
         // padded buffer, scales from `sbuf`: `tile`'s contract.
-        let out = unsafe { tile::<V, C, R, 1>(t, [self.xp.as_ptr()], self.geom) };
+        let out = unsafe { tile::<V, C, R, 1>(t, [self.xp.as_ptr()], g) };
         self.write(r0, 0, &out);
     }
 

@@ -37,6 +37,22 @@ pub struct RunArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Memory budget for everything sluice allocates: bytes (`123`, `512MiB`, `8GiB`, `1.5G`),
+    /// `auto` (available memory minus headroom) or `unlimited`.
+    #[arg(long, default_value = "unlimited", value_name = "SIZE|auto")]
+    pub memory: String,
+    /// Expert-cache eviction policy: s3fifo, lru, fifo or sieve.
+    #[arg(long, default_value = "s3fifo")]
+    pub policy: String,
+    /// Lookahead prefetch of the next layer's experts: on or off.
+    #[arg(long, default_value = "on")]
+    pub prefetch: String,
+    /// Positions the KV cache is planned for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Write every expert request (step layer expert) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
     /// Instruction set: auto, scalar, avx2 or avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use sluice::{Engine, Error, GenerateOptions, Isa, Prompt, SamplingOptions};
+use sluice::{Engine, Error, GenerateOptions, Isa, Memory, Prompt, SamplingOptions};
 
 use args::{Cli, Command, RunArgs};
 
@@ -86,9 +86,77 @@ fn model_dir(given: Option<PathBuf>) -> Result<PathBuf, Failure> {
     ))
 }
 
-fn engine(model: Option<PathBuf>, threads: Option<usize>, isa: &str) -> Result<Engine, Failure> {
-    let dir = model_dir(model)?;
-    let mut b = Engine::builder().model(&dir);
+/// Parses a size: `123`, `512MiB`, `8GiB`, `1.5G`, `64K` (binary multiples).
+fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().ok()?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => return None,
+    };
+    let bytes = v * mult as f64;
+    (v.is_finite() && v >= 0.0 && bytes < u64::MAX as f64).then_some(bytes as u64)
+}
+
+fn memory(s: &str) -> Result<Memory, Failure> {
+    match s {
+        "auto" => Ok(Memory::Auto),
+        "unlimited" | "none" => Ok(Memory::Unlimited),
+        _ => parse_size(s).map(Memory::Bytes).ok_or_else(|| {
+            usage(format!(
+                "--memory `{s}`: expected a size like 512MiB, 8GiB, 1.5G, or auto"
+            ))
+        }),
+    }
+}
+
+fn on_off(flag: &str, s: &str) -> Result<bool, Failure> {
+    match s {
+        "on" | "true" | "yes" => Ok(true),
+        "off" | "false" | "no" => Ok(false),
+        _ => Err(usage(format!("{flag} `{s}`: expected on or off"))),
+    }
+}
+
+/// Engine settings shared by the subcommands.
+struct EngineArgs<'a> {
+    model: Option<PathBuf>,
+    threads: Option<usize>,
+    isa: &'a str,
+    memory: &'a str,
+    policy: &'a str,
+    prefetch: &'a str,
+    context: usize,
+    prefill_chunk: usize,
+    trace: bool,
+}
+
+fn engine(a: EngineArgs<'_>) -> Result<Engine, Failure> {
+    let dir = model_dir(a.model)?;
+    if !sluice::POLICIES.contains(&a.policy) {
+        return Err(usage(format!(
+            "--policy `{}`: expected one of {}",
+            a.policy,
+            sluice::POLICIES.join(", ")
+        )));
+    }
+    let mut b = Engine::builder()
+        .model(&dir)
+        .memory(memory(a.memory)?)
+        .policy(a.policy)
+        .prefetch(on_off("--prefetch", a.prefetch)?)
+        .context(a.context)
+        .prefill_chunk(a.prefill_chunk)
+        .trace(a.trace);
+    let (threads, isa) = (a.threads, a.isa);
     if let Some(t) = threads {
         b = b.threads(t);
     }
@@ -114,7 +182,17 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
 }
 
 fn run(a: RunArgs) -> Result<(), Failure> {
-    let engine = engine(a.model.clone(), a.threads, &a.isa)?;
+    let engine = engine(EngineArgs {
+        model: a.model.clone(),
+        threads: a.threads,
+        isa: &a.isa,
+        memory: &a.memory,
+        policy: &a.policy,
+        prefetch: &a.prefetch,
+        context: a.context,
+        prefill_chunk: a.prefill_chunk,
+        trace: a.trace.is_some(),
+    })?;
     let sampling = SamplingOptions {
         temperature: a.temperature,
         top_k: a.top_k,
@@ -165,13 +243,19 @@ fn run(a: RunArgs) -> Result<(), Failure> {
             let _ = out.flush();
         }
     }
-    let stats = generation.stats().clone();
+    let stats = generation.stats();
     if let Some(path) = &a.dump_logits {
         let logits = generation.logits();
         let vocab = engine.model().config().vocab;
         npy::write_f32(path, &logits, logits.len() / vocab, vocab).map_err(|e| Failure {
             code: 1,
             msg: format!("{}: {e}", path.display()),
+        })?;
+    }
+    if let Some(path) = &a.trace {
+        sluice::write_trace(path, &engine.take_trace()).map_err(|e| Failure {
+            code: 1,
+            msg: e.to_string(),
         })?;
     }
     let decode_tps = if stats.decode_seconds > 0.0 {
@@ -185,27 +269,34 @@ fn run(a: RunArgs) -> Result<(), Failure> {
             "ids": generation.ids(),
             "text": generation.text(),
             "finish_reason": generation.finish_reason(),
-            "stats": {
-                "prefill_tokens": stats.prefill_tokens,
-                "prefill_seconds": stats.prefill_seconds,
-                "decode_tokens": stats.decode_tokens,
-                "decode_seconds": stats.decode_seconds,
-                "threads": engine.threads(),
-                "isa": engine.isa().name(),
-            }
+            "stats": stats,
         });
         let _ = writeln!(out, "{v}");
     } else {
         let _ = writeln!(out);
+        let hit = if stats.expert_requests == 0 {
+            100.0
+        } else {
+            100.0 * stats.expert_hits as f64 / stats.expert_requests as f64
+        };
         eprintln!(
-            "[{} prompt tokens in {:.2}s, {} generated in {:.2}s ({:.1} tokens/s), {} threads, {}]",
+            "[prefill {} tokens in {:.2}s | decode {} tokens in {:.2}s, {:.2} tokens/s | experts: {:.1}% hits, {} read ({} I/O) | peak RSS {}, budget {} | {} threads, {}]",
             stats.prefill_tokens,
             stats.prefill_seconds,
             stats.decode_tokens,
             stats.decode_seconds,
             decode_tps,
-            engine.threads(),
-            engine.isa()
+            hit,
+            sluice::fmt_bytes(stats.expert_bytes_read),
+            stats.io_mode,
+            sluice::fmt_bytes(stats.peak_rss_bytes),
+            if stats.memory_budget_bytes == 0 {
+                "unlimited".to_owned()
+            } else {
+                sluice::fmt_bytes(stats.memory_budget_bytes)
+            },
+            stats.threads,
+            stats.isa,
         );
     }
     Ok(())

@@ -18,13 +18,16 @@ pub mod config;
 mod exec;
 mod model;
 mod moe;
+pub mod plan;
 mod rope;
 mod state;
+pub mod synth;
 pub mod weights;
 
 pub use config::{Arch, ModelConfig};
 pub use exec::Exec;
-pub use model::{Logits, Model, ModelOptions};
+pub use model::{Logits, Model, ModelOptions, PolicyChoice, PolicyFactory};
+pub use plan::MemoryPlan;
 pub use rope::Rope;
 pub use state::{Route, State};
 

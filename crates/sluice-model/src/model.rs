@@ -5,13 +5,16 @@ use std::sync::Arc;
 
 use sluice_format::Checkpoint;
 use sluice_kernels::{Kernels, scalar};
-use sluice_store::{Blob, ExpertStore, ShardSet, read_blob};
+use sluice_store::{
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Policy, Reader, ShardSet, read_blob,
+};
 
 use crate::ModelError;
 use crate::attention::attention;
 use crate::config::ModelConfig;
 use crate::exec::Exec;
 use crate::moe::{moe, swiglu};
+use crate::plan::MemoryPlan;
 use crate::rope::{Angles, Rope};
 use crate::state::State;
 use crate::weights::{FfnSpec, WeightLayout};
@@ -34,6 +37,22 @@ pub struct ModelOptions {
     pub kernels: Kernels,
     /// Compute threads.
     pub threads: usize,
+    /// Memory budget in bytes for everything sluice allocates (None: unlimited).
+    pub memory: Option<u64>,
+    /// Expert-cache eviction policy.
+    pub policy: PolicyChoice,
+    /// Lookahead prefetch of the next layer's predicted experts.
+    pub prefetch: bool,
+    /// Reader threads for expert reads.
+    pub readers: usize,
+    /// Read shards with O_DIRECT where the file system allows it.
+    pub direct_io: bool,
+    /// Record every expert request for offline replay.
+    pub record_trace: bool,
+    /// Positions the KV cache is planned for (capped by the model's maximum).
+    pub context: usize,
+    /// Prompt tokens per prefill chunk the scratch is planned for.
+    pub chunk: usize,
 }
 
 impl Default for ModelOptions {
@@ -41,6 +60,51 @@ impl Default for ModelOptions {
         ModelOptions {
             kernels: Kernels::best(),
             threads: 1,
+            memory: None,
+            policy: PolicyChoice::default(),
+            prefetch: true,
+            readers: 4,
+            direct_io: true,
+            record_trace: false,
+            context: 4096,
+            chunk: 64,
+        }
+    }
+}
+
+/// Makes a policy for a cache of about `n` experts.
+pub type PolicyFactory = Arc<dyn Fn(usize) -> Box<dyn Policy> + Send + Sync>;
+
+/// Which eviction policy the expert cache uses.
+#[derive(Clone)]
+pub enum PolicyChoice {
+    /// One that ships, by name: `s3fifo` (the default), `lru`, `fifo`, `sieve`.
+    Named(String),
+    /// A policy of your own, made for a cache of about `n` experts.
+    Custom(PolicyFactory),
+}
+
+impl Default for PolicyChoice {
+    fn default() -> Self {
+        PolicyChoice::Named("s3fifo".into())
+    }
+}
+
+impl std::fmt::Debug for PolicyChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyChoice::Named(n) => write!(f, "{n}"),
+            PolicyChoice::Custom(_) => write!(f, "custom"),
+        }
+    }
+}
+
+impl PolicyChoice {
+    /// The policy for a cache of about `n` experts.
+    pub fn make(&self, n: usize) -> Result<Box<dyn Policy>, ModelError> {
+        match self {
+            PolicyChoice::Named(name) => Ok(sluice_store::policy::by_name(name, n)?),
+            PolicyChoice::Custom(f) => Ok(f(n)),
         }
     }
 }
@@ -56,6 +120,9 @@ pub struct Model {
     layers: Vec<Arc<Blob>>,
     head: Arc<Blob>,
     experts: Arc<ExpertStore>,
+    plan: MemoryPlan,
+    prefetch: bool,
+    io_mode: IoMode,
 }
 
 impl Model {
@@ -65,7 +132,42 @@ impl Model {
         let cfg = ModelConfig::from_json(ck.config(), &ck.dir().join("config.json"))?;
         let layout = WeightLayout::new(&ck, &cfg)?;
         let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
-        let reader: Arc<ShardSet> = Arc::new(ShardSet::open(&paths, false)?);
+        let shards = Arc::new(ShardSet::open(&paths, opts.direct_io)?);
+        let mode = shards.mode();
+        Model::with_reader(cfg, layout, shards, mode, opts)
+    }
+
+    /// Builds a model whose bytes come from `reader` (tests inject faults this way).
+    pub fn with_reader(
+        cfg: ModelConfig,
+        layout: WeightLayout,
+        reader: Arc<dyn Reader>,
+        io_mode: IoMode,
+        opts: ModelOptions,
+    ) -> Result<Model, ModelError> {
+        let context = opts.context.min(cfg.max_positions).max(1);
+        // The plan comes first: nothing large is allocated for a budget that cannot work.
+        let plan = MemoryPlan::new(
+            &cfg,
+            &layout,
+            reader.as_ref(),
+            opts.memory,
+            context,
+            opts.chunk.max(1),
+        )?;
+        let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
+        let policy = opts.policy.make(slots)?;
+        let store_cfg = ExpertStoreConfig {
+            capacity: plan.expert_cache,
+            policy,
+            readers: opts.readers,
+            record_trace: opts.record_trace,
+        };
+        let experts = Arc::new(ExpertStore::new(
+            Arc::clone(&reader),
+            layout.experts.clone(),
+            store_cfg,
+        )?);
         let embed = Arc::new(read_blob(reader.as_ref(), &layout.embed.pieces)?);
         let layers = layout
             .layers
@@ -73,9 +175,10 @@ impl Model {
             .map(|p| read_blob(reader.as_ref(), &p.pieces).map(Arc::new))
             .collect::<Result<_, _>>()?;
         let head = Arc::new(read_blob(reader.as_ref(), &layout.head.pieces)?);
-        let experts = Arc::new(ExpertStore::new(reader, layout.experts.clone()));
         let exec = Exec::new(opts.kernels, opts.threads)?;
         let rope = Rope::new(&cfg.rope);
+        // Prefetch is pointless when every expert fits.
+        let prefetch = opts.prefetch && plan.expert_cache < plan.all_expert_bytes;
         Ok(Model {
             cfg,
             layout,
@@ -85,7 +188,25 @@ impl Model {
             layers,
             head,
             experts,
+            plan,
+            prefetch,
+            io_mode,
         })
+    }
+
+    /// The memory plan in force.
+    pub fn plan(&self) -> &MemoryPlan {
+        &self.plan
+    }
+
+    /// How shards are read.
+    pub fn io_mode(&self) -> IoMode {
+        self.io_mode
+    }
+
+    /// Whether lookahead prefetch runs.
+    pub fn prefetch(&self) -> bool {
+        self.prefetch
     }
 
     /// The configuration.
@@ -194,8 +315,18 @@ impl Model {
                     &mut x[i * h..(i + 1) * h],
                 );
             }
+            let next = if self.prefetch {
+                self.predict(l + 1, &hs)?
+            } else {
+                None
+            };
             let f = match &spec.ffn {
-                FfnSpec::Dense(m) => swiglu(&self.exec, m, blob, &x, t)?,
+                FfnSpec::Dense(m) => {
+                    if let Some((nl, ids)) = &next {
+                        self.experts.prefetch(*nl, ids);
+                    }
+                    swiglu(&self.exec, m, blob, &x, t)?
+                }
                 moe_spec @ FfnSpec::Moe { .. } => moe(
                     &self.exec,
                     cfg,
@@ -207,6 +338,7 @@ impl Model {
                     &x,
                     pos0,
                     state.routes.as_mut(),
+                    next.as_ref(),
                 )?,
             };
             for (s, v) in hs.iter_mut().zip(&f) {
@@ -235,5 +367,36 @@ impl Model {
         self.exec
             .matmul(&head.lm_head.view(&self.head)?, &xn, &mut logits);
         Ok(logits)
+    }
+
+    /// Lookahead: the experts layer `l`'s router would pick from the current residual stream
+    /// (`[t, hidden]`), as a hint for prefetch. `None` when `l` has no routed experts.
+    fn predict(&self, l: usize, hs: &[f32]) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
+        if l >= self.cfg.layers || !self.cfg.is_moe(l) {
+            return Ok(None);
+        }
+        let blob = &self.layers[l];
+        let spec = &self.layout.layer_specs[l];
+        let FfnSpec::Moe { router, bias, .. } = &spec.ffn else {
+            return Ok(None);
+        };
+        let h = self.cfg.hidden;
+        let w = spec.post_norm.to_f32(blob);
+        let mut xn = vec![0f32; hs.len()];
+        for (x, o) in hs.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
+            self.exec.kernels().rmsnorm(x, &w, self.cfg.eps, o);
+        }
+        let ne = self.cfg.moe.experts;
+        let mut logits = vec![0f32; (hs.len() / h) * ne];
+        self.exec.matmul(&router.view(blob)?, &xn, &mut logits);
+        let bias = bias.map(|b| b.to_f32(blob));
+        let mut ids: Vec<u32> = logits
+            .chunks_exact_mut(ne)
+            .flat_map(|lg| crate::moe::route(&self.cfg, lg, bias.as_deref()))
+            .map(|p| p.0)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(Some((l, ids)))
     }
 }

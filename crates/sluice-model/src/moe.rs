@@ -112,6 +112,7 @@ pub(crate) fn moe(
     x: &[f32],
     pos0: usize,
     routes: Option<&mut Vec<Route>>,
+    prefetch_next: Option<&(usize, Vec<u32>)>,
 ) -> Result<Vec<f32>, ModelError> {
     let FfnSpec::Moe {
         router,
@@ -154,8 +155,14 @@ pub(crate) fn moe(
     let mut outs = vec![0f32; t * k * h];
     let ids: Vec<u32> = users.keys().copied().collect();
     let group = experts.max_pinned(layer).max(1);
+    let mut prefetch_next = prefetch_next;
     for chunk in ids.chunks(group) {
         let blobs = experts.fetch(layer, chunk)?;
+        // Once this layer's first experts are pinned, start reading the next layer's predicted
+        // experts so the reads overlap this layer's compute.
+        if let Some((nl, next)) = prefetch_next.take() {
+            experts.prefetch(*nl, next);
+        }
         for (&e, eb) in chunk.iter().zip(&blobs) {
             let rows = &users[&e];
             let mut xe = Vec::with_capacity(rows.len() * h);

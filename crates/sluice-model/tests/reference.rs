@@ -65,6 +65,7 @@ fn open(name: &str, threads: usize) -> Model {
     let opts = ModelOptions {
         kernels: Kernels::best(),
         threads,
+        ..Default::default()
     };
     Model::open(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
@@ -208,6 +209,7 @@ fn check_invariance(name: &str) {
             ModelOptions {
                 kernels: Kernels::new(isa).unwrap(),
                 threads: 2,
+                ..Default::default()
             },
         )
         .unwrap();

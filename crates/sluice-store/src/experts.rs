@@ -1,66 +1,554 @@
-//! The expert store: routed experts read in place from the shards behind an in-memory cache.
+//! The expert store: routed experts read in place from the shards, behind a byte-budgeted cache
+//! with a pluggable eviction policy, pins, single-flight reads, a reader pool and prefetch.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::StoreError;
-use crate::io::{Blob, Piece, Reader, read_blob};
+use crate::io::{Blob, Piece, Reader, plan_reads, read_blob};
+use crate::policy::{FixedMap, Key, Policy};
+use crate::pool::ReaderPool;
+use crate::trace::TraceEvent;
 
-/// Serves the bytes of routed experts by (layer, expert id).
-#[derive(Debug)]
-pub struct ExpertStore {
-    reader: Arc<dyn Reader>,
-    specs: Vec<Vec<Vec<Piece>>>,
-    cache: Mutex<HashMap<(usize, u32), Arc<Blob>>>,
+/// How to build an [`ExpertStore`].
+pub struct ExpertStoreConfig {
+    /// Bytes the cache may hold (buffers of resident and in-flight experts).
+    pub capacity: u64,
+    /// Eviction policy.
+    pub policy: Box<dyn Policy>,
+    /// Reader threads (0 reads on the caller's thread).
+    pub readers: usize,
+    /// Record every request for offline replay.
+    pub record_trace: bool,
 }
 
-impl ExpertStore {
-    /// A store over `reader` where `specs[layer][expert]` lists the pieces of one expert (layers
-    /// without routed experts have an empty list).
-    pub fn new(reader: Arc<dyn Reader>, specs: Vec<Vec<Vec<Piece>>>) -> ExpertStore {
-        ExpertStore {
-            reader,
-            specs,
-            cache: Mutex::new(HashMap::new()),
+impl std::fmt::Debug for ExpertStoreConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ExpertStoreConfig({} bytes, {}, {} readers)",
+            self.capacity,
+            self.policy.name(),
+            self.readers
+        )
+    }
+}
+
+/// Counters of an expert store.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExpertStats {
+    /// Experts asked for.
+    pub requests: u64,
+    /// Requests served from memory (resident or brought in by a prefetch).
+    pub hits: u64,
+    /// Hits on experts that were resident before this forward step began.
+    pub resident_hits: u64,
+    /// Hits on experts a prefetch read during the same step.
+    pub prefetch_hits: u64,
+    /// Requests that had to be read.
+    pub misses: u64,
+    /// Expert reads issued (demand and prefetch).
+    pub reads: u64,
+    /// Bytes read from disk for experts (including alignment widening).
+    pub bytes_read: u64,
+    /// Seconds the model waited on expert reads.
+    pub wait_seconds: f64,
+    /// Prefetch reads issued.
+    pub prefetch_reads: u64,
+    /// Experts predicted by prefetch that the real router then chose.
+    pub prefetch_predicted: u64,
+    /// Requests made in layers where a prediction had been made (the recall denominator).
+    pub prefetch_checked: u64,
+    /// Experts evicted.
+    pub evictions: u64,
+}
+
+impl ExpertStats {
+    /// Hits ÷ requests.
+    pub fn hit_rate(&self) -> f64 {
+        if self.requests == 0 {
+            0.0
+        } else {
+            self.hits as f64 / self.requests as f64
         }
     }
 
-    /// The pieces of one expert.
-    pub fn spec(&self, layer: usize, expert: u32) -> Result<&[Piece], StoreError> {
-        self.specs
-            .get(layer)
-            .and_then(|l| l.get(expert as usize))
-            .map(Vec::as_slice)
-            .ok_or(StoreError::NoSuchExpert { layer, expert })
-    }
-
-    /// How many experts of `layer` can be pinned at once (the model fetches at most this many
-    /// per call).
-    pub fn max_pinned(&self, _layer: usize) -> usize {
-        usize::MAX
-    }
-
-    /// The bytes of the given experts of a layer, in the order asked. The returned handles pin
-    /// the bytes in memory until dropped.
-    pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<Blob>>, StoreError> {
-        let mut out = Vec::with_capacity(experts.len());
-        for &e in experts {
-            let spec = self.spec(layer, e)?;
-            if let Some(b) = self.cache.lock().map_err(|_| poisoned())?.get(&(layer, e)) {
-                out.push(Arc::clone(b));
-                continue;
-            }
-            let b = Arc::new(read_blob(self.reader.as_ref(), spec)?);
-            self.cache
-                .lock()
-                .map_err(|_| poisoned())?
-                .insert((layer, e), Arc::clone(&b));
-            out.push(b);
+    /// Fraction of the real router's choices that prefetch had predicted.
+    pub fn prefetch_recall(&self) -> f64 {
+        if self.prefetch_checked == 0 {
+            0.0
+        } else {
+            self.prefetch_predicted as f64 / self.prefetch_checked as f64
         }
-        Ok(out)
+    }
+
+    /// Bytes read ÷ seconds waited, in GB/s (0 when nothing was waited for).
+    pub fn read_gbps(&self) -> f64 {
+        if self.wait_seconds == 0.0 {
+            0.0
+        } else {
+            self.bytes_read as f64 / self.wait_seconds / 1e9
+        }
+    }
+}
+
+enum Entry {
+    Ready {
+        blob: Arc<Blob>,
+        bytes: u64,
+        prefetched_step: Option<u64>,
+    },
+    Loading,
+}
+
+struct Inner {
+    entries: FixedMap<Key, Entry>,
+    policy: Box<dyn Policy>,
+    used: u64,
+    stats: ExpertStats,
+    step: u64,
+    /// Per layer: the step of the last prediction and the experts predicted.
+    predicted: FixedMap<u32, (u64, Vec<u32>)>,
+    trace: Option<Vec<TraceEvent>>,
+}
+
+struct Shared {
+    reader: Arc<dyn Reader>,
+    specs: Vec<Vec<Vec<Piece>>>,
+    /// Buffer bytes of each expert once read (payload plus alignment).
+    footprints: Vec<Vec<u64>>,
+    capacity: u64,
+    inner: Mutex<Inner>,
+    cond: Condvar,
+}
+
+/// Serves the bytes of routed experts by (layer, expert id).
+///
+/// The handles returned by [`fetch`](ExpertStore::fetch) pin the bytes: a pinned expert is never
+/// evicted. Memory held never exceeds the capacity: a request waits for other requests to release
+/// pins rather than overrun it.
+pub struct ExpertStore {
+    shared: Arc<Shared>,
+    pool: ReaderPool,
+    max_footprint: u64,
+}
+
+impl std::fmt::Debug for ExpertStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ExpertStore({} bytes)", self.shared.capacity)
     }
 }
 
 fn poisoned() -> StoreError {
     StoreError::Shared("expert cache lock poisoned by a panic in another thread".into())
+}
+
+impl ExpertStore {
+    /// A store over `reader` where `specs[layer][expert]` lists the pieces of one expert (layers
+    /// without routed experts have an empty list).
+    ///
+    /// Fails when the capacity cannot hold the largest expert of any layer.
+    pub fn new(
+        reader: Arc<dyn Reader>,
+        specs: Vec<Vec<Vec<Piece>>>,
+        cfg: ExpertStoreConfig,
+    ) -> Result<ExpertStore, StoreError> {
+        let footprints: Vec<Vec<u64>> = specs
+            .iter()
+            .map(|layer| {
+                layer
+                    .iter()
+                    .map(|pieces| plan_reads(reader.as_ref(), pieces).2 as u64)
+                    .collect()
+            })
+            .collect();
+        let max_footprint = footprints.iter().flatten().copied().max().unwrap_or(0);
+        if cfg.capacity < max_footprint {
+            return Err(StoreError::BudgetTooSmall {
+                budget: cfg.capacity,
+                minimum: max_footprint,
+                what: "the expert cache cannot hold one expert".into(),
+            });
+        }
+        let inner = Inner {
+            entries: FixedMap::default(),
+            policy: cfg.policy,
+            used: 0,
+            stats: ExpertStats::default(),
+            step: 0,
+            predicted: FixedMap::default(),
+            trace: cfg.record_trace.then(Vec::new),
+        };
+        let shared = Arc::new(Shared {
+            reader,
+            specs,
+            footprints,
+            capacity: cfg.capacity,
+            inner: Mutex::new(inner),
+            cond: Condvar::new(),
+        });
+        Ok(ExpertStore {
+            shared,
+            pool: ReaderPool::new(cfg.readers),
+            max_footprint,
+        })
+    }
+
+    /// A store that keeps every expert it reads (capacity for all of them), LRU-ordered.
+    pub fn unbounded(
+        reader: Arc<dyn Reader>,
+        specs: Vec<Vec<Vec<Piece>>>,
+    ) -> Result<ExpertStore, StoreError> {
+        let cfg = ExpertStoreConfig {
+            capacity: u64::MAX,
+            policy: Box::new(crate::policy::Lru::default()),
+            readers: 0,
+            record_trace: false,
+        };
+        ExpertStore::new(reader, specs, cfg)
+    }
+
+    /// The pieces of one expert.
+    pub fn spec(&self, layer: usize, expert: u32) -> Result<&[Piece], StoreError> {
+        self.shared.spec(layer, expert)
+    }
+
+    /// Bytes of the cache.
+    pub fn capacity(&self) -> u64 {
+        self.shared.capacity
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        self.shared.inner.lock().map(|i| i.used).unwrap_or(0)
+    }
+
+    /// The largest expert's buffer size.
+    pub fn max_footprint(&self) -> u64 {
+        self.max_footprint
+    }
+
+    /// The policy's name.
+    pub fn policy_name(&self) -> String {
+        self.shared
+            .inner
+            .lock()
+            .map(|i| i.policy.name().to_owned())
+            .unwrap_or_default()
+    }
+
+    /// How many experts of `layer` can be pinned at once (the model fetches at most this many
+    /// per call).
+    pub fn max_pinned(&self, layer: usize) -> usize {
+        let f = self
+            .shared
+            .footprints
+            .get(layer)
+            .and_then(|l| l.iter().max())
+            .copied()
+            .unwrap_or(0)
+            .max(1);
+        usize::try_from(self.shared.capacity / f)
+            .unwrap_or(usize::MAX)
+            .max(1)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> ExpertStats {
+        self.shared
+            .inner
+            .lock()
+            .map(|i| i.stats.clone())
+            .unwrap_or_default()
+    }
+
+    /// Marks the start of a forward step (a prefill chunk or one decoded token): hits on experts a
+    /// prefetch reads from now on count as prefetch hits, not resident hits.
+    pub fn begin_step(&self) {
+        if let Ok(mut i) = self.shared.inner.lock() {
+            i.step += 1;
+        }
+    }
+
+    /// Takes the recorded trace (empty unless recording was asked for).
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        self.shared
+            .inner
+            .lock()
+            .ok()
+            .and_then(|mut i| i.trace.as_mut().map(std::mem::take))
+            .unwrap_or_default()
+    }
+
+    /// The bytes of the given experts of a layer, in the order asked. The handles pin the bytes
+    /// until dropped. Misses are read in parallel, in file-offset order; an expert another
+    /// request is already reading is waited for, not read twice.
+    pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<Blob>>, StoreError> {
+        let sh = &self.shared;
+        for &e in experts {
+            sh.spec(layer, e)?;
+        }
+        let keys: Vec<Key> = experts.iter().map(|&e| Key::new(layer, e)).collect();
+        let t0 = Instant::now();
+        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        let (held, misses) = loop {
+            if keys
+                .iter()
+                .any(|k| matches!(g.entries.get(k), Some(Entry::Loading)))
+            {
+                g = sh.cond.wait(g).map_err(|_| poisoned())?;
+                continue;
+            }
+            let mut misses: Vec<Key> = keys
+                .iter()
+                .copied()
+                .filter(|k| !g.entries.contains_key(k))
+                .collect();
+            misses.sort();
+            misses.dedup();
+            let need: u64 = misses.iter().map(|k| sh.footprint(*k)).sum();
+            if need > sh.capacity {
+                return Err(StoreError::BudgetTooSmall {
+                    budget: sh.capacity,
+                    minimum: need,
+                    what: format!("{} experts of layer {layer} at once", misses.len()),
+                });
+            }
+            if !sh.make_room(&mut g, need, &keys) {
+                g = sh.cond.wait(g).map_err(|_| poisoned())?;
+                continue;
+            }
+            // Admitted: account the request and pin the hits.
+            let step = g.step;
+            let mut held: FixedMap<Key, Arc<Blob>> = FixedMap::default();
+            let predicted = g
+                .predicted
+                .get(&(layer as u32))
+                .filter(|p| p.0 == step)
+                .map(|p| p.1.clone());
+            for &k in &keys {
+                let inner = &mut *g;
+                inner.stats.requests += 1;
+                if let Some(t) = inner.trace.as_mut() {
+                    t.push(TraceEvent {
+                        step,
+                        layer: k.layer,
+                        expert: k.expert,
+                    });
+                }
+                if let Some(p) = &predicted {
+                    inner.stats.prefetch_checked += 1;
+                    if p.contains(&k.expert) {
+                        inner.stats.prefetch_predicted += 1;
+                    }
+                }
+                match inner.entries.get(&k) {
+                    Some(Entry::Ready {
+                        blob,
+                        prefetched_step,
+                        ..
+                    }) => {
+                        inner.stats.hits += 1;
+                        if *prefetched_step == Some(step) {
+                            inner.stats.prefetch_hits += 1;
+                        } else {
+                            inner.stats.resident_hits += 1;
+                        }
+                        held.insert(k, Arc::clone(blob));
+                        inner.policy.hit(k);
+                    }
+                    _ => inner.stats.misses += 1,
+                }
+            }
+            for &k in &misses {
+                let bytes = sh.footprint(k);
+                g.entries.insert(k, Entry::Loading);
+                g.used += bytes;
+                g.stats.reads += 1;
+            }
+            break (held, misses);
+        };
+        drop(g);
+
+        // Read the misses, in file order, on the reader pool.
+        let mut order = misses.clone();
+        order.sort_by_key(|k| {
+            sh.specs[k.layer as usize][k.expert as usize]
+                .first()
+                .map(|p| (p.shard, p.offset))
+        });
+        let results = self.pool.run(order.iter().map(|&k| {
+            let sh = Arc::clone(&self.shared);
+            move || {
+                read_blob(
+                    sh.reader.as_ref(),
+                    &sh.specs[k.layer as usize][k.expert as usize],
+                )
+            }
+        }));
+        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        let mut first_err = None;
+        let mut held = held;
+        for (k, r) in order.iter().zip(results) {
+            let bytes = sh.footprint(*k);
+            let r = r.unwrap_or_else(|| {
+                Err(StoreError::Shared(format!(
+                    "reading expert {k:?}: reader thread panicked"
+                )))
+            });
+            match r {
+                Ok(blob) => {
+                    let blob = Arc::new(blob);
+                    g.stats.bytes_read += blob.footprint() as u64;
+                    held.insert(*k, Arc::clone(&blob));
+                    g.entries.insert(
+                        *k,
+                        Entry::Ready {
+                            blob,
+                            bytes,
+                            prefetched_step: None,
+                        },
+                    );
+                    g.policy.insert(*k);
+                }
+                Err(e) => {
+                    g.entries.remove(k);
+                    g.used -= bytes;
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        g.stats.wait_seconds += t0.elapsed().as_secs_f64();
+        drop(g);
+        sh.cond.notify_all();
+        if let Some(e) = first_err {
+            return Err(e);
+        }
+        keys.iter()
+            .map(|k| {
+                held.get(k).cloned().ok_or_else(|| {
+                    StoreError::Shared(format!("expert {k:?} vanished while pinned"))
+                })
+            })
+            .collect()
+    }
+
+    /// Starts reading experts predicted for `layer` in the background, without pinning them and
+    /// only into room that does not need a pinned expert evicted. A hint: it never changes what
+    /// a later [`fetch`](ExpertStore::fetch) returns.
+    pub fn prefetch(&self, layer: usize, experts: &[u32]) {
+        let sh = &self.shared;
+        let Ok(mut g) = sh.inner.lock() else { return };
+        let step = g.step;
+        g.predicted.insert(layer as u32, (step, experts.to_vec()));
+        let mut jobs = Vec::new();
+        for &e in experts {
+            let k = Key::new(layer, e);
+            if sh.spec(layer, e).is_err() || g.entries.contains_key(&k) {
+                continue;
+            }
+            let bytes = sh.footprint(k);
+            if !sh.make_room(&mut g, bytes, &[k]) {
+                break;
+            }
+            g.entries.insert(k, Entry::Loading);
+            g.used += bytes;
+            g.stats.reads += 1;
+            g.stats.prefetch_reads += 1;
+            jobs.push(k);
+        }
+        drop(g);
+        jobs.sort_by_key(|k| {
+            sh.specs[k.layer as usize][k.expert as usize]
+                .first()
+                .map(|p| (p.shard, p.offset))
+        });
+        for k in jobs {
+            let sh = Arc::clone(&self.shared);
+            self.pool.spawn(move || {
+                let r = read_blob(
+                    sh.reader.as_ref(),
+                    &sh.specs[k.layer as usize][k.expert as usize],
+                );
+                if let Ok(mut g) = sh.inner.lock() {
+                    let bytes = sh.footprint(k);
+                    match r {
+                        Ok(blob) => {
+                            g.stats.bytes_read += blob.footprint() as u64;
+                            let step = g.step;
+                            g.entries.insert(
+                                k,
+                                Entry::Ready {
+                                    blob: Arc::new(blob),
+                                    bytes,
+                                    prefetched_step: Some(step),
+                                },
+                            );
+                            g.policy.insert(k);
+                        }
+                        // A failed prefetch leaves nothing behind; a later fetch reads again and
+                        // reports the error.
+                        Err(_) => {
+                            g.entries.remove(&k);
+                            g.used -= bytes;
+                        }
+                    }
+                }
+                sh.cond.notify_all();
+            });
+        }
+    }
+
+    /// Drops every unpinned expert (memory returns to the allocator).
+    pub fn clear(&self) {
+        let Ok(mut g) = self.shared.inner.lock() else {
+            return;
+        };
+        let keys: Vec<Key> = g
+            .entries
+            .iter()
+            .filter(|(_, e)| matches!(e, Entry::Ready { blob, .. } if Arc::strong_count(blob) == 1))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            if let Some(Entry::Ready { bytes, .. }) = g.entries.remove(&k) {
+                g.used -= bytes;
+                g.policy.remove(k);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn spec(&self, layer: usize, expert: u32) -> Result<&[Piece], StoreError> {
+        self.specs
+            .get(layer)
+            .and_then(|l| l.get(expert as usize))
+            .filter(|p| !p.is_empty())
+            .map(Vec::as_slice)
+            .ok_or(StoreError::NoSuchExpert { layer, expert })
+    }
+
+    fn footprint(&self, k: Key) -> u64 {
+        self.footprints[k.layer as usize][k.expert as usize]
+    }
+
+    /// Evicts unpinned experts (never one of `keep`) until `need` more bytes fit. False when
+    /// pinned or in-flight experts leave too little room.
+    fn make_room(&self, g: &mut MutexGuard<'_, Inner>, need: u64, keep: &[Key]) -> bool {
+        while g.used + need > self.capacity {
+            let inner = &mut **g;
+            let entries = &inner.entries;
+            let victim = inner.policy.victim(&mut |k| {
+                !keep.contains(&k) && matches!(entries.get(&k), Some(Entry::Ready { blob, .. }) if Arc::strong_count(blob) == 1)
+            });
+            let Some(v) = victim else { return false };
+            if let Some(Entry::Ready { bytes, .. }) = inner.entries.remove(&v) {
+                inner.used -= bytes;
+            }
+            inner.policy.remove(v);
+            inner.stats.evictions += 1;
+        }
+        true
+    }
 }

@@ -8,8 +8,13 @@ mod aligned;
 mod error;
 mod experts;
 pub mod io;
+pub mod policy;
+mod pool;
+pub mod trace;
 
 pub use aligned::AlignedBuf;
 pub use error::StoreError;
-pub use experts::ExpertStore;
+pub use experts::{ExpertStats, ExpertStore, ExpertStoreConfig};
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
+pub use policy::{Key, POLICIES, Policy};
+pub use trace::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};

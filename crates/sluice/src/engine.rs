@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 use sluice_kernels::{Isa, Kernels};
-use sluice_model::{Logits, Model, ModelOptions, State};
+use sluice_model::{Logits, MemoryPlan, Model, ModelOptions, PolicyChoice, State};
 use sluice_sampler::{Sampler, SamplingOptions};
+use sluice_store::{ExpertStats, TraceEvent};
 
 use crate::Error;
 use crate::chat::{ChatTemplate, Message};
@@ -26,12 +27,50 @@ pub enum Memory {
 }
 
 /// Builds an [`Engine`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct EngineBuilder {
     model: Option<PathBuf>,
     memory: Memory,
     threads: Option<usize>,
     isa: Option<Isa>,
+    policy: PolicyChoice,
+    prefetch: bool,
+    direct_io: bool,
+    trace: bool,
+    context: usize,
+    prefill_chunk: usize,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        EngineBuilder {
+            model: None,
+            memory: Memory::Unlimited,
+            threads: None,
+            isa: None,
+            policy: PolicyChoice::default(),
+            prefetch: true,
+            direct_io: true,
+            trace: false,
+            context: 4096,
+            prefill_chunk: 64,
+        }
+    }
+}
+
+/// Headroom `Memory::Auto` leaves for the rest of the system: 10% of what is available, at
+/// least 512 MiB.
+fn auto_budget() -> Result<u64, Error> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .map_err(|e| Error::Usage(format!("--memory auto needs /proc/meminfo: {e}")))?;
+    let kb = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .ok_or_else(|| Error::Usage("--memory auto: no MemAvailable in /proc/meminfo".into()))?;
+    let avail = kb * 1024;
+    Ok(avail.saturating_sub((avail / 10).max(512 << 20)))
 }
 
 impl EngineBuilder {
@@ -59,6 +98,53 @@ impl EngineBuilder {
         self
     }
 
+    /// The expert-cache eviction policy by name: `s3fifo` (default), `lru`, `fifo`, `sieve`.
+    pub fn policy(mut self, name: &str) -> Self {
+        self.policy = PolicyChoice::Named(name.to_owned());
+        self
+    }
+
+    /// A policy of your own through the public [`Policy`](crate::Policy) trait; `make(n)` builds
+    /// one for a cache of about `n` experts.
+    pub fn custom_policy(
+        mut self,
+        make: impl Fn(usize) -> Box<dyn crate::Policy> + Send + Sync + 'static,
+    ) -> Self {
+        self.policy = PolicyChoice::Custom(Arc::new(make));
+        self
+    }
+
+    /// Lookahead prefetch of the next layer's predicted experts (default on). A hint only: the
+    /// output never changes.
+    pub fn prefetch(mut self, on: bool) -> Self {
+        self.prefetch = on;
+        self
+    }
+
+    /// Read with O_DIRECT where the file system allows it (default on).
+    pub fn direct_io(mut self, on: bool) -> Self {
+        self.direct_io = on;
+        self
+    }
+
+    /// Record every expert request (see [`Engine::take_trace`]).
+    pub fn trace(mut self, on: bool) -> Self {
+        self.trace = on;
+        self
+    }
+
+    /// Positions the KV cache is planned for (default 4096, capped by the model's maximum).
+    pub fn context(mut self, n: usize) -> Self {
+        self.context = n;
+        self
+    }
+
+    /// Prompt tokens per prefill chunk (default 64); scratch memory is planned for it.
+    pub fn prefill_chunk(mut self, n: usize) -> Self {
+        self.prefill_chunk = n;
+        self
+    }
+
     /// Loads the model.
     pub fn build(self) -> Result<Engine, Error> {
         let dir = self
@@ -80,11 +166,37 @@ impl EngineBuilder {
         if threads == 0 {
             return Err(Error::Usage("threads must be at least 1".into()));
         }
-        let model = Model::open(&dir, ModelOptions { kernels, threads })?;
+        if self.prefill_chunk == 0 {
+            return Err(Error::Usage("prefill chunk must be at least 1".into()));
+        }
+        let memory = match self.memory {
+            Memory::Unlimited => None,
+            Memory::Auto => Some(auto_budget()?),
+            Memory::Bytes(b) => Some(b),
+        };
+        let opts = ModelOptions {
+            kernels,
+            threads,
+            memory,
+            policy: self.policy.clone(),
+            prefetch: self.prefetch,
+            readers: 4,
+            direct_io: self.direct_io,
+            record_trace: self.trace,
+            context: self.context,
+            chunk: self.prefill_chunk,
+        };
+        let model = Model::open(&dir, opts)?;
         let tokenizer = Tokenizer::from_dir(&dir)?;
         let template = ChatTemplate::from_dir(&dir)?;
         let mut eos = model.config().eos_token_ids.clone();
-        if let Some(g) = sluice_format::Checkpoint::open(&dir)?.generation_config()
+        let gen_path = dir.join("generation_config.json");
+        let gen_cfg = if gen_path.exists() {
+            Some(sluice_format::read_json(&gen_path, 16 << 20)?)
+        } else {
+            None
+        };
+        if let Some(g) = &gen_cfg
             && let Some(v) = g.get("eos_token_id")
         {
             let ids: Vec<u32> = match v {
@@ -109,6 +221,8 @@ impl EngineBuilder {
                 eos,
                 bos,
                 memory: self.memory,
+                budget: memory,
+                prefill_chunk: self.prefill_chunk,
                 threads,
                 stats: Mutex::new(EngineStats::default()),
             }),
@@ -124,6 +238,8 @@ struct Inner {
     eos: Vec<u32>,
     bos: Option<u32>,
     memory: Memory,
+    budget: Option<u64>,
+    prefill_chunk: usize,
     threads: usize,
     stats: Mutex<EngineStats>,
 }
@@ -196,6 +312,31 @@ impl Engine {
     /// The ISA in use.
     pub fn isa(&self) -> Isa {
         self.inner.model.isa()
+    }
+
+    /// The expert store's counters since the engine started.
+    pub fn expert_stats(&self) -> ExpertStats {
+        self.inner.model.experts().stats()
+    }
+
+    /// The memory plan in force.
+    pub fn plan(&self) -> &MemoryPlan {
+        self.inner.model.plan()
+    }
+
+    /// The budget in bytes (None: unlimited).
+    pub fn budget(&self) -> Option<u64> {
+        self.inner.budget
+    }
+
+    /// The prefill chunk size.
+    pub fn prefill_chunk(&self) -> usize {
+        self.inner.prefill_chunk
+    }
+
+    /// Takes the expert requests recorded so far (with [`EngineBuilder::trace`]).
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        self.inner.model.experts().take_trace()
     }
 
     /// Totals so far.
@@ -318,7 +459,8 @@ pub struct Token {
     pub text: String,
 }
 
-/// Figures of one generation.
+/// Figures of one generation. Expert and I/O counters are the engine's counters over the
+/// generation's span (with concurrent sessions they include the others' work).
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct GenerationStats {
     /// Prompt tokens processed.
@@ -329,6 +471,46 @@ pub struct GenerationStats {
     pub decode_tokens: usize,
     /// Seconds spent generating.
     pub decode_seconds: f64,
+    /// Routed experts asked for.
+    pub expert_requests: u64,
+    /// Of those, found in memory.
+    pub expert_hits: u64,
+    /// Of the hits, experts resident before the step that used them (not brought in by that
+    /// step's prefetch).
+    pub expert_resident_hits: u64,
+    /// Bytes of experts read from disk.
+    pub expert_bytes_read: u64,
+    /// Bytes of trunk read from disk while generating.
+    pub trunk_bytes_read: u64,
+    /// Seconds spent waiting on expert reads.
+    pub io_seconds: f64,
+    /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
+    pub prefetch_recall: f64,
+    /// `direct` or `buffered`.
+    pub io_mode: String,
+    /// Peak resident memory of the process so far.
+    pub peak_rss_bytes: u64,
+    /// The memory budget (0: unlimited).
+    pub memory_budget_bytes: u64,
+    /// Expert-cache policy.
+    pub policy: String,
+    /// Compute threads.
+    pub threads: usize,
+    /// Instruction set.
+    pub isa: String,
+}
+
+/// Peak resident set size of this process (`VmHWM`), 0 where unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A session: a KV cache and the tokens in it. Generations continue from what the session has
@@ -382,6 +564,7 @@ impl Session {
         }
         let model = &self.engine.inner.model;
         let t0 = Instant::now();
+        let expert0 = model.experts().stats();
         let mut prompt_logits = Vec::new();
         let mut last = Vec::new();
         let n_chunks = ids.len().div_ceil(opts.prefill_chunk);
@@ -413,6 +596,11 @@ impl Session {
         let stats = GenerationStats {
             prefill_tokens: ids.len(),
             prefill_seconds: t0.elapsed().as_secs_f64(),
+            io_mode: model.io_mode().name().to_owned(),
+            memory_budget_bytes: self.engine.inner.budget.unwrap_or(0),
+            policy: model.experts().policy_name(),
+            threads: model.threads(),
+            isa: model.isa().name().to_owned(),
             ..Default::default()
         };
         Ok(Generation {
@@ -429,6 +617,7 @@ impl Session {
             text: String::new(),
             finish: None,
             stats,
+            expert0,
         })
     }
 }
@@ -448,6 +637,7 @@ pub struct Generation<'s> {
     text: String,
     finish: Option<FinishReason>,
     stats: GenerationStats,
+    expert0: ExpertStats,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -478,8 +668,23 @@ impl Generation<'_> {
     }
 
     /// Figures so far.
-    pub fn stats(&self) -> &GenerationStats {
-        &self.stats
+    pub fn stats(&self) -> GenerationStats {
+        let mut s = self.stats.clone();
+        let now = self.session.engine.expert_stats();
+        let e0 = &self.expert0;
+        s.expert_requests = now.requests - e0.requests;
+        s.expert_hits = now.hits - e0.hits;
+        s.expert_resident_hits = now.resident_hits - e0.resident_hits;
+        s.expert_bytes_read = now.bytes_read - e0.bytes_read;
+        s.io_seconds = now.wait_seconds - e0.wait_seconds;
+        let checked = now.prefetch_checked - e0.prefetch_checked;
+        s.prefetch_recall = if checked == 0 {
+            0.0
+        } else {
+            (now.prefetch_predicted - e0.prefetch_predicted) as f64 / checked as f64
+        };
+        s.peak_rss_bytes = peak_rss_bytes();
+        s
     }
 
     /// Logits of every prompt position then of every step, `[rows, vocab]` (with

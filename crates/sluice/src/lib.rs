@@ -29,11 +29,15 @@ mod tokenizer;
 pub use chat::{ChatTemplate, Message};
 pub use engine::{
     Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
-    Memory, Prompt, Session, Token,
+    Memory, Prompt, Session, Token, peak_rss_bytes,
 };
 pub use sluice_kernels::Isa;
 pub use sluice_model::{Arch, ModelConfig};
+pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
 pub use sluice_sampler::SamplingOptions;
+pub use sluice_store::{
+    ExpertStats, IoMode, Key as ExpertKey, POLICIES, Policy, TraceEvent, read_trace, write_trace,
+};
 pub use tokenizer::{StreamDecoder, Tokenizer};
 
 use std::path::PathBuf;
@@ -88,17 +92,20 @@ impl Error {
     /// failure while running. The CLI exits 2 for these, 1 otherwise.
     pub fn is_input_error(&self) -> bool {
         use sluice_model::ModelError as M;
+        use sluice_store::StoreError as S;
+        let store_input = |s: &S| matches!(s, S::BudgetTooSmall { .. } | S::UnknownPolicy(_));
         match self {
             Error::Usage(_)
             | Error::Tokenizer { .. }
             | Error::Template { .. }
             | Error::Sampler(_)
             | Error::Format(_) => true,
+            Error::Model(M::Store(s)) | Error::Store(s) => store_input(s),
             Error::Model(m) => matches!(
                 m,
                 M::Config { .. } | M::Tensor { .. } | M::Token { .. } | M::Format(_)
             ),
-            Error::Io { .. } | Error::Store(_) => false,
+            Error::Io { .. } => false,
         }
     }
 }

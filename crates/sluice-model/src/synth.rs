@@ -1,0 +1,412 @@
+//! Synthetic checkpoints: DeepSeek-V3-shaped models of any size written straight to disk in
+//! Hugging Face layout (sharded like real releases), with router weights that make some experts
+//! hotter than others. For tests and benchmarks; no Python needed.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::{Value, json};
+use sluice_format::Dtype;
+use sluice_kernels::decode::f32_to_bf16;
+
+/// The shape of a synthetic DeepSeek-V3 model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SynthSpec {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Layers.
+    pub layers: usize,
+    /// Leading dense layers.
+    pub first_dense: usize,
+    /// Dense intermediate size.
+    pub dense_inter: usize,
+    /// Routed experts per MoE layer.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Expert intermediate size.
+    pub moe_inter: usize,
+    /// Shared experts.
+    pub shared: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Query low rank (0: none).
+    pub q_lora: usize,
+    /// Latent KV rank.
+    pub kv_lora: usize,
+    /// Non-rotary head dim.
+    pub nope: usize,
+    /// Rotary head dim.
+    pub rope: usize,
+    /// Value head dim.
+    pub v_head: usize,
+    /// Layers per shard (1: one layer per shard, as releases do).
+    pub layers_per_shard: usize,
+    /// How much hotter popular experts are: 0 gives a flat router; 1 a strong Zipf-like skew.
+    pub skew: f32,
+    /// Seed of every value.
+    pub seed: u64,
+}
+
+impl Default for SynthSpec {
+    /// A small model (~40 MB): hidden 256, 4 layers, 64 experts top-6.
+    fn default() -> Self {
+        SynthSpec {
+            vocab: 1024,
+            hidden: 256,
+            layers: 4,
+            first_dense: 1,
+            dense_inter: 512,
+            experts: 64,
+            top_k: 6,
+            moe_inter: 128,
+            shared: 1,
+            heads: 4,
+            q_lora: 64,
+            kv_lora: 64,
+            nope: 32,
+            rope: 16,
+            v_head: 32,
+            layers_per_shard: 1,
+            skew: 0.5,
+            seed: 1,
+        }
+    }
+}
+
+/// A tensor to write: name, shape, generator.
+struct Planned {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    fill: Fill,
+}
+
+#[derive(Clone, Copy)]
+enum Fill {
+    /// Uniform in ±scale, bf16.
+    Uniform(f32),
+    /// All ones (norm weights), bf16.
+    Ones,
+    /// The selection bias: a fixed Zipf-like profile of strength `skew`, F32.
+    Bias(f32),
+}
+
+/// A fast deterministic generator (splitmix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+fn name_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+impl SynthSpec {
+    /// The model's `config.json`.
+    pub fn config(&self) -> Value {
+        json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "intermediate_size": self.dense_inter,
+            "moe_intermediate_size": self.moe_inter,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.heads,
+            "n_shared_experts": self.shared,
+            "n_routed_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "first_k_dense_replace": self.first_dense,
+            "n_group": 1,
+            "topk_group": 1,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": 2.5,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+            "q_lora_rank": if self.q_lora == 0 { Value::Null } else { json!(self.q_lora) },
+            "kv_lora_rank": self.kv_lora,
+            "qk_nope_head_dim": self.nope,
+            "qk_rope_head_dim": self.rope,
+            "v_head_dim": self.v_head,
+            "hidden_act": "silu",
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": false,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "dtype": "bfloat16"
+        })
+    }
+
+    fn plan(&self) -> Vec<Vec<Planned>> {
+        let h = self.hidden;
+        let u = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
+        let t = |name: String, shape: Vec<usize>, fill: Fill| Planned {
+            name,
+            dtype: if matches!(fill, Fill::Bias(_)) {
+                Dtype::F32
+            } else {
+                Dtype::BF16
+            },
+            shape,
+            fill,
+        };
+        let mut groups: Vec<Vec<Planned>> = Vec::new();
+        let qk = self.nope + self.rope;
+        for l in 0..self.layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            let mut g = Vec::new();
+            if l == 0 {
+                g.push(t(
+                    "model.embed_tokens.weight".into(),
+                    vec![self.vocab, h],
+                    Fill::Uniform(1.0),
+                ));
+            }
+            g.push(t(p("input_layernorm.weight"), vec![h], Fill::Ones));
+            g.push(t(p("post_attention_layernorm.weight"), vec![h], Fill::Ones));
+            if self.q_lora > 0 {
+                g.push(t(
+                    p("self_attn.q_a_proj.weight"),
+                    vec![self.q_lora, h],
+                    u(h),
+                ));
+                g.push(t(
+                    p("self_attn.q_a_layernorm.weight"),
+                    vec![self.q_lora],
+                    Fill::Ones,
+                ));
+                g.push(t(
+                    p("self_attn.q_b_proj.weight"),
+                    vec![self.heads * qk, self.q_lora],
+                    u(self.q_lora),
+                ));
+            } else {
+                g.push(t(
+                    p("self_attn.q_proj.weight"),
+                    vec![self.heads * qk, h],
+                    u(h),
+                ));
+            }
+            g.push(t(
+                p("self_attn.kv_a_proj_with_mqa.weight"),
+                vec![self.kv_lora + self.rope, h],
+                u(h),
+            ));
+            g.push(t(
+                p("self_attn.kv_a_layernorm.weight"),
+                vec![self.kv_lora],
+                Fill::Ones,
+            ));
+            g.push(t(
+                p("self_attn.kv_b_proj.weight"),
+                vec![self.heads * (self.nope + self.v_head), self.kv_lora],
+                u(self.kv_lora),
+            ));
+            g.push(t(
+                p("self_attn.o_proj.weight"),
+                vec![h, self.heads * self.v_head],
+                u(self.heads * self.v_head),
+            ));
+            if l < self.first_dense {
+                for (n, s) in [
+                    ("gate_proj", vec![self.dense_inter, h]),
+                    ("up_proj", vec![self.dense_inter, h]),
+                    ("down_proj", vec![h, self.dense_inter]),
+                ] {
+                    let fan = s[1];
+                    g.push(t(p(&format!("mlp.{n}.weight")), s, u(fan)));
+                }
+            } else {
+                g.push(t(p("mlp.gate.weight"), vec![self.experts, h], u(h)));
+                g.push(t(
+                    p("mlp.gate.e_score_correction_bias"),
+                    vec![self.experts],
+                    Fill::Bias(self.skew),
+                ));
+                let si = self.moe_inter * self.shared;
+                if si > 0 {
+                    for (n, s) in [
+                        ("gate_proj", vec![si, h]),
+                        ("up_proj", vec![si, h]),
+                        ("down_proj", vec![h, si]),
+                    ] {
+                        let fan = s[1];
+                        g.push(t(p(&format!("mlp.shared_experts.{n}.weight")), s, u(fan)));
+                    }
+                }
+                // Experts in the order safetensors writers sort names: 0, 1, 10, 11, ..., 2, ...
+                let mut ids: Vec<usize> = (0..self.experts).collect();
+                ids.sort_by_key(|e| e.to_string());
+                for e in ids {
+                    for (n, s) in [
+                        ("down_proj", vec![h, self.moe_inter]),
+                        ("gate_proj", vec![self.moe_inter, h]),
+                        ("up_proj", vec![self.moe_inter, h]),
+                    ] {
+                        let fan = s[1];
+                        g.push(t(p(&format!("mlp.experts.{e}.{n}.weight")), s, u(fan)));
+                    }
+                }
+            }
+            if l + 1 == self.layers {
+                g.push(t("model.norm.weight".into(), vec![h], Fill::Ones));
+                g.push(t("lm_head.weight".into(), vec![self.vocab, h], u(h)));
+            }
+            groups.push(g);
+        }
+        groups
+    }
+
+    /// Total bytes of the weights.
+    pub fn bytes(&self) -> u64 {
+        self.plan()
+            .iter()
+            .flatten()
+            .map(|t| (t.shape.iter().product::<usize>() * t.dtype.size()) as u64)
+            .sum()
+    }
+
+    /// Writes the checkpoint into `dir` (created if needed; existing files of the same names
+    /// are replaced).
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        let per = self.layers_per_shard.max(1);
+        let groups = self.plan();
+        let n_shards = groups.len().div_ceil(per);
+        let mut weight_map = serde_json::Map::new();
+        let mut total = 0u64;
+        for (si, chunk) in groups.chunks(per).enumerate() {
+            let name = format!("model-{:05}-of-{:05}.safetensors", si + 1, n_shards);
+            let tensors: Vec<&Planned> = chunk.iter().flatten().collect();
+            let mut header = serde_json::Map::new();
+            header.insert("__metadata__".into(), json!({"format": "pt"}));
+            let mut off = 0usize;
+            for t in &tensors {
+                let len = t.shape.iter().product::<usize>() * t.dtype.size();
+                header.insert(t.name.clone(), json!({"dtype": t.dtype.safetensors_name(), "shape": t.shape, "data_offsets": [off, off + len]}));
+                off += len;
+                weight_map.insert(t.name.clone(), json!(name));
+            }
+            total += off as u64;
+            let mut hb = Value::Object(header).to_string().into_bytes();
+            while !hb.len().is_multiple_of(8) {
+                hb.push(b' ');
+            }
+            let mut f = BufWriter::with_capacity(1 << 20, std::fs::File::create(dir.join(&name))?);
+            f.write_all(&(hb.len() as u64).to_le_bytes())?;
+            f.write_all(&hb)?;
+            let mut buf = Vec::with_capacity(1 << 20);
+            for t in &tensors {
+                let n: usize = t.shape.iter().product();
+                let mut rng = Rng(name_seed(self.seed, &t.name));
+                match t.fill {
+                    Fill::Ones => {
+                        for _ in 0..n {
+                            buf.extend_from_slice(&0x3f80u16.to_le_bytes());
+                            flush_if_full(&mut f, &mut buf)?;
+                        }
+                    }
+                    Fill::Uniform(a) => {
+                        let mut i = 0;
+                        while i < n {
+                            let r = rng.next();
+                            for k in 0..4.min(n - i) {
+                                let v = ((r >> (16 * k)) & 0xffff) as f32 * (2.0 / 65536.0) - 1.0;
+                                buf.extend_from_slice(&f32_to_bf16(v * a).to_le_bytes());
+                            }
+                            i += 4;
+                            flush_if_full(&mut f, &mut buf)?;
+                        }
+                    }
+                    Fill::Bias(skew) => {
+                        // A permuted Zipf-like profile: expert of rank r gets skew × 1/(1 + r/4).
+                        let mut order: Vec<usize> = (0..n).collect();
+                        for i in (1..n).rev() {
+                            let j = (rng.next() % (i as u64 + 1)) as usize;
+                            order.swap(i, j);
+                        }
+                        let mut v = vec![0f32; n];
+                        for (rank, &e) in order.iter().enumerate() {
+                            v[e] = skew / (1.0 + rank as f32 / 4.0);
+                        }
+                        for x in v {
+                            buf.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                }
+            }
+            f.write_all(&buf)?;
+            f.flush()?;
+        }
+        let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            serde_json::to_vec_pretty(&index)?,
+        )?;
+        std::fs::write(
+            dir.join("config.json"),
+            serde_json::to_vec_pretty(&self.config())?,
+        )?;
+        Ok(())
+    }
+}
+
+fn flush_if_full(f: &mut impl Write, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    if buf.len() >= 1 << 20 {
+        f.write_all(buf)?;
+        buf.clear();
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_a_loadable_checkpoint() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = SynthSpec {
+            hidden: 64,
+            experts: 8,
+            top_k: 2,
+            moe_inter: 32,
+            vocab: 128,
+            dense_inter: 64,
+            ..Default::default()
+        };
+        spec.write(d.path()).unwrap();
+        let ck = sluice_format::Checkpoint::open(d.path()).unwrap();
+        assert_eq!(ck.shards().len(), 4);
+        let total: u64 = ck.tensors().iter().map(|t| t.len).sum();
+        assert_eq!(total, spec.bytes());
+        let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
+        let mut st = m.new_state();
+        let l = m.forward(&mut st, &[1, 2, 3], crate::Logits::Last).unwrap();
+        assert!(l.iter().all(|x| x.is_finite()));
+        // Deterministic: the same spec writes the same bytes.
+        let d2 = tempfile::tempdir().unwrap();
+        spec.write(d2.path()).unwrap();
+        for s in ck.shards() {
+            assert_eq!(
+                std::fs::read(&s.path).unwrap(),
+                std::fs::read(d2.path().join(&s.name)).unwrap()
+            );
+        }
+    }
+}

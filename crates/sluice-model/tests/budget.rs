@@ -1,0 +1,218 @@
+//! Memory is a dial: every budget from the minimum to all-resident, every policy, prefetch on
+//! and off, and 1–3 threads give bit-identical logits and ids.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use sluice_model::synth::SynthSpec;
+use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
+use sluice_store::POLICIES;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(name)
+}
+
+/// A synthetic DeepSeek-V3-shaped model whose routed experts are far larger than the caches
+/// the test gives them.
+fn synthetic() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::Builder::new()
+            .prefix("sluice-synth-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        SynthSpec {
+            skew: 0.3,
+            ..Default::default()
+        }
+        .write(d.path())
+        .unwrap();
+        d
+    })
+    .path()
+}
+
+struct Run {
+    ids: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+const PROMPT: [u32; 7] = [3, 17, 92, 5, 64, 33, 8];
+
+/// Prefill in chunks of 3, then 6 greedy steps; every row of logits kept.
+fn generate(m: &Model) -> Run {
+    let mut st = m.new_state();
+    let mut logits = Vec::new();
+    for c in PROMPT.chunks(3) {
+        logits.extend(m.forward(&mut st, c, Logits::All).unwrap());
+    }
+    let v = m.config().vocab;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let last = &logits[logits.len() - v..];
+        let next = last
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > last[b] { i } else { b }) as u32;
+        ids.push(next);
+        logits.extend(m.forward(&mut st, &[next], Logits::Last).unwrap());
+    }
+    Run { ids, logits }
+}
+
+fn opts(memory: Option<u64>, policy: &str, prefetch: bool, threads: usize) -> ModelOptions {
+    ModelOptions {
+        memory,
+        policy: PolicyChoice::Named(policy.into()),
+        prefetch,
+        threads,
+        context: 64,
+        chunk: 8,
+        ..Default::default()
+    }
+}
+
+struct Baseline {
+    run: Run,
+    minimum: u64,
+    fixed: u64,
+    all_experts: u64,
+}
+
+fn baseline(dir: &Path) -> Baseline {
+    let m = Model::open(dir, opts(None, "lru", false, 1)).unwrap();
+    let p = m.plan().clone();
+    Baseline {
+        run: generate(&m),
+        minimum: p.minimum,
+        fixed: p.trunk + p.kv_cache + p.scratch,
+        all_experts: p.all_expert_bytes,
+    }
+}
+
+fn check(
+    dir: &Path,
+    base: &Baseline,
+    memory: u64,
+    policy: &str,
+    prefetch: bool,
+    threads: usize,
+) -> Result<(), TestCaseError> {
+    let m = Model::open(dir, opts(Some(memory), policy, prefetch, threads)).unwrap();
+    let r = generate(&m);
+    let s = m.experts().stats();
+    prop_assert_eq!(
+        &r.ids,
+        &base.run.ids,
+        "ids differ at budget {}, {}, prefetch {}, {} threads",
+        memory,
+        policy,
+        prefetch,
+        threads
+    );
+    prop_assert!(
+        r.logits
+            .iter()
+            .zip(&base.run.logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "logits differ at budget {}, {}, prefetch {}, {} threads",
+        memory,
+        policy,
+        prefetch,
+        threads
+    );
+    prop_assert_eq!(s.requests, s.hits + s.misses);
+    prop_assert!(m.experts().used() <= m.experts().capacity());
+    Ok(())
+}
+
+fn cases() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(16),
+        ..ProptestConfig::default()
+    }
+}
+
+macro_rules! fixture_budget_test {
+    ($name:ident, $fixture:literal) => {
+        proptest! {
+            #![proptest_config(cases())]
+            #[test]
+            fn $name(frac in 0.0f64..=1.0, policy in 0usize..4, prefetch: bool, threads in 1usize..=3) {
+                static BASE: OnceLock<Baseline> = OnceLock::new();
+                let dir = fixture($fixture);
+                let base = BASE.get_or_init(|| baseline(&dir));
+                // From the minimum to all experts resident.
+                let span = (base.fixed + base.all_experts).saturating_sub(base.minimum);
+                let memory = base.minimum + (span as f64 * frac) as u64;
+                check(&dir, base, memory, POLICIES[policy], prefetch, threads)?;
+            }
+        }
+    };
+}
+
+fixture_budget_test!(deepseek_v3_release_layout, "deepseek_v3-fp32");
+fixture_budget_test!(qwen3_moe_scattered_layout, "qwen3_moe-bf16");
+fixture_budget_test!(mixtral, "mixtral-fp32");
+
+proptest! {
+    #![proptest_config(cases())]
+    #[test]
+    fn synthetic_experts_ten_times_the_cache(frac in 0.0f64..=1.0, policy in 0usize..4, prefetch: bool, threads in 1usize..=3) {
+        static BASE: OnceLock<Baseline> = OnceLock::new();
+        let dir = synthetic();
+        let base = BASE.get_or_init(|| baseline(dir));
+        // Caches of at most a tenth of the experts.
+        let top = base.fixed + base.all_experts / 10;
+        prop_assume!(top > base.minimum);
+        let memory = base.minimum + ((top - base.minimum) as f64 * frac) as u64;
+        check(dir, base, memory, POLICIES[policy], prefetch, threads)?;
+    }
+}
+
+#[test]
+fn the_budget_is_refused_below_the_minimum_with_the_figure() {
+    let base = baseline(&fixture("deepseek_v3-fp32"));
+    let e = Model::open(
+        fixture("deepseek_v3-fp32"),
+        opts(Some(base.minimum - 1), "s3fifo", true, 1),
+    )
+    .unwrap_err();
+    let msg = e.to_string();
+    assert!(msg.contains(&base.minimum.to_string()), "{msg}");
+    assert!(
+        Model::open(
+            fixture("deepseek_v3-fp32"),
+            opts(Some(base.minimum), "s3fifo", true, 1)
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn small_caches_stream_and_prefetch_predicts() {
+    let dir = synthetic();
+    let base = baseline(dir);
+    let m = Model::open(
+        dir,
+        opts(
+            Some(base.minimum + base.all_experts / 20),
+            "s3fifo",
+            true,
+            2,
+        ),
+    )
+    .unwrap();
+    generate(&m);
+    let s = m.experts().stats();
+    assert!(s.misses > 0 && s.bytes_read > 0, "{s:?}");
+    assert!(s.prefetch_reads > 0, "{s:?}");
+    assert!(s.prefetch_checked > 0 && s.prefetch_recall() > 0.0, "{s:?}");
+    assert!(m.experts().used() <= m.experts().capacity());
+}

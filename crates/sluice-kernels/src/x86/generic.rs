@@ -428,7 +428,7 @@ struct Job<'a, 'm> {
 /// Rows decoded together for several activation rows.
 const RD: usize = 8;
 /// Blocks of columns per range for several activation rows (rounded to whole groups).
-const KC: usize = 8;
+const KC: usize = 16;
 
 impl Job<'_, '_> {
     /// The padded tails and decoded scales of rows `r0 .. r0 + R`, the scales in `sbuf` slots

@@ -349,7 +349,7 @@ impl Codec<V512> for I8 {
 /// Output rows per tile for one activation row.
 const R1: usize = 4;
 /// Output rows (dense, quantized) × activation rows per tile for several activation rows.
-const RQ: usize = 2;
+const RQ: usize = 4;
 const RB: usize = 4;
 const BB: usize = 4;
 

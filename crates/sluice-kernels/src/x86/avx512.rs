@@ -4,9 +4,9 @@
 //! - F32: a plain load. BF16: zero-extend to 32 bits and shift left by 16. F16: `vcvtph2ps`.
 //! - E4M3: the normal formula `bits = (|b| << 20) + (120 << 23)`; subnormals (exponent 0)
 //!   corrected by one exact fma, `2·f − 2⁻⁶ = m·2⁻⁹`; `0x7f` → NaN; the sign bit or-ed in.
-//! - INT4 / E2M1: the 8 bytes of a block broadcast to every 64-bit lane and shifted right by
-//!   `4 (p >> 1)` per 32-bit lane `p`, so the low nibble of lane `p` is column
-//!   `8 (p & 1) + (p >> 1)` ([`NIBBLE`] layout); `vpermps` looks the 16 values up.
+//! - INT4 / E2M1: the 8 bytes of a block broadcast to every 64-bit lane `q` and rotated right
+//!   by `4q`, so the low nibble of 32-bit lane `p` is column `8 (p & 1) + (p >> 1)`
+//!   ([`NIBBLE`] layout); `vpermps` looks the 16 values up.
 //! - I8: sign-extend and convert.
 
 use std::arch::x86_64::*;
@@ -277,17 +277,11 @@ impl Codec<V512> for E4m3 {
     }
 }
 
-/// Shift of 32-bit lane `p` that brings column `8 (p & 1) + (p >> 1)` to the low nibble.
-///
-/// Kept in writable memory so that the compiler reads it rather than folding the two zero
-/// shifts into a merge-masked shift, which costs a register copy per decode.
-#[repr(C, align(64))]
-struct Opaque(std::cell::UnsafeCell<[u32; 16]>);
-// SAFETY: the cell is never written; it only hides the constant from the optimiser.
-unsafe impl Sync for Opaque {}
-static NIBBLE_SHIFTS: Opaque = Opaque(std::cell::UnsafeCell::new([
-    0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28,
-]));
+/// Right rotation of 64-bit lane `q` that brings column `q` to the low nibble of 32-bit lane
+/// `2q` and column `q + 8` to the low nibble of lane `2q + 1` (the [`NIBBLE`] layout). A
+/// rotation, not a shift: the compiler turns a shift by a constant zero into a merge-masked
+/// shift that costs a register copy per decode, and leaves rotations alone.
+const NIBBLE_ROTATIONS: [u64; 8] = [0, 4, 8, 12, 16, 20, 24, 28];
 
 /// The 16 nibbles of the 8 bytes at `p` as lane indices in the [`NIBBLE`] layout (only the low
 /// 4 bits of each lane are meaningful).
@@ -296,7 +290,7 @@ unsafe fn nibbles(p: *const u8) -> __m512i {
     // SAFETY: AVX-512F is available; `p` is valid for 8 bytes (caller's contract).
     unsafe {
         let v = _mm512_set1_epi64(p.cast::<i64>().read_unaligned());
-        _mm512_srlv_epi32(v, _mm512_loadu_si512(NIBBLE_SHIFTS.0.get().cast()))
+        _mm512_rorv_epi64(v, _mm512_loadu_si512(NIBBLE_ROTATIONS.as_ptr().cast()))
     }
 }
 

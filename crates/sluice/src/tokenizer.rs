@@ -1,6 +1,11 @@
-//! Tokenizers: `tokenizer.json` through the `tokenizers` crate, and streaming decode that never
-//! emits broken UTF-8.
+//! Tokenizers: `tokenizer.json` through the `tokenizers` crate, Kimi's `tiktoken.model` through
+//! [`crate::tiktoken`], and streaming decode that never emits broken UTF-8.
+//!
+//! Both paths give the ids their Python reference gives (the `tokenizers` package for
+//! `tokenizer.json`; `tiktoken` driven as Kimi's `TikTokenTokenizer` drives it for
+//! `tiktoken.model`); `tests/tokenizers.rs` checks this against fixtures made by those packages.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::Error;
@@ -9,6 +14,9 @@ use crate::Error;
 pub struct Tokenizer {
     inner: Inner,
     path: PathBuf,
+    /// Ids of `<0xNN>` tokens when the decoder has a `ByteFallback` step: a run of them decodes
+    /// as one group, so the stream decoder holds them until the run ends.
+    byte_fallback: HashSet<u32>,
 }
 
 enum Inner {
@@ -20,6 +28,22 @@ impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Tokenizer({})", self.path.display())
     }
+}
+
+fn has_byte_fallback(d: &tokenizers::DecoderWrapper) -> bool {
+    use tokenizers::DecoderWrapper as D;
+    match d {
+        D::ByteFallback(_) => true,
+        D::Sequence(s) => s.get_decoders().iter().any(has_byte_fallback),
+        _ => false,
+    }
+}
+
+fn is_byte_token(s: &str) -> bool {
+    s.len() == 6
+        && s.starts_with("<0x")
+        && s.ends_with('>')
+        && u8::from_str_radix(&s[3..5], 16).is_ok()
 }
 
 impl Tokenizer {
@@ -36,6 +60,7 @@ impl Tokenizer {
             return Ok(Some(Tokenizer {
                 inner: Inner::Tiktoken(Box::new(t)),
                 path: tt,
+                byte_fallback: HashSet::new(),
             }));
         }
         Ok(None)
@@ -47,9 +72,19 @@ impl Tokenizer {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
+        let byte_fallback = if t.get_decoder().is_some_and(has_byte_fallback) {
+            t.get_vocab(true)
+                .into_iter()
+                .filter(|(s, _)| is_byte_token(s))
+                .map(|(_, id)| id)
+                .collect()
+        } else {
+            HashSet::new()
+        };
         Ok(Tokenizer {
             inner: Inner::Hf(Box::new(t)),
             path: path.to_path_buf(),
+            byte_fallback,
         })
     }
 
@@ -66,7 +101,8 @@ impl Tokenizer {
     }
 
     /// Encodes text. Special tokens written in the text are recognised; `add_special` adds what
-    /// the tokenizer's post-processor adds (a BOS, typically).
+    /// a `tokenizer.json`'s post-processor adds (a BOS, typically). Kimi's `tiktoken.model`
+    /// tokenizer adds nothing either way.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, Error> {
         match &self.inner {
             Inner::Hf(t) => Ok(t
@@ -78,7 +114,8 @@ impl Tokenizer {
         }
     }
 
-    /// Decodes ids to text, keeping special tokens (lossy where ids end mid-character).
+    /// Decodes ids to text, keeping special tokens. Bytes that do not form valid UTF-8 (ids
+    /// that end mid-character) become U+FFFD, as Python's decoders do.
     pub fn decode(&self, ids: &[u32]) -> Result<String, Error> {
         match &self.inner {
             Inner::Hf(t) => t.decode(ids, false).map_err(|e| self.err(e)),
@@ -101,13 +138,21 @@ impl Tokenizer {
             Inner::Tiktoken(t) => t.vocab_size(),
         }
     }
+
+    /// Whether the stream decoder must hold this id back until a different kind of id follows.
+    fn holds(&self, id: u32) -> bool {
+        self.byte_fallback.contains(&id)
+    }
 }
 
 /// Turns a stream of token ids into text deltas that are always whole UTF-8 characters.
 ///
-/// Each step decodes a small window of recent ids and emits only what is new and complete; an
-/// id that ends mid-character is held until the character completes. The concatenated deltas
-/// equal the decode of all ids.
+/// Each step decodes a small window of recent ids (the previous emitted group, for decoders
+/// that treat the first token of a decode specially, and the new ones) and emits only what is
+/// new and complete. An id that ends mid-character is held until the character completes, as
+/// is a run of byte-fallback tokens (`<0xNN>`), which decoders turn into text as one group. The
+/// concatenation of all deltas and [`StreamDecoder::flush`] equals [`Tokenizer::decode`] of all
+/// the ids, and a delta holds U+FFFD only where that full decode does.
 #[derive(Debug, Default, Clone)]
 pub struct StreamDecoder {
     ids: Vec<u32>,
@@ -124,6 +169,9 @@ impl StreamDecoder {
     /// Adds one id; returns the text it completes (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String, Error> {
         self.ids.push(id);
+        if tok.holds(id) {
+            return Ok(String::new());
+        }
         let prefix_text = tok.decode(&self.ids[self.prefix..self.read])?;
         let new_text = tok.decode(&self.ids[self.prefix..])?;
         if new_text.len() > prefix_text.len()
@@ -131,7 +179,9 @@ impl StreamDecoder {
             && new_text.starts_with(&prefix_text)
         {
             let delta = new_text[prefix_text.len()..].to_owned();
-            self.prefix = self.read;
+            // Ids before the window are final; keep only what the next step needs.
+            self.ids.drain(..self.prefix);
+            self.prefix = self.read - self.prefix;
             self.read = self.ids.len();
             Ok(delta)
         } else {
@@ -139,15 +189,25 @@ impl StreamDecoder {
         }
     }
 
-    /// Whatever is still held back (an incomplete character at the very end), lossily.
+    /// Whatever is still held back (an incomplete character at the very end), lossily, and
+    /// starts afresh.
     pub fn flush(&mut self, tok: &Tokenizer) -> Result<String, Error> {
         let prefix_text = tok.decode(&self.ids[self.prefix..self.read])?;
         let new_text = tok.decode(&self.ids[self.prefix..])?;
-        self.prefix = self.ids.len();
-        self.read = self.ids.len();
-        Ok(new_text
-            .strip_prefix(&prefix_text)
-            .map(str::to_owned)
-            .unwrap_or_default())
+        self.ids.clear();
+        self.prefix = 0;
+        self.read = 0;
+        Ok(match new_text.strip_prefix(&prefix_text) {
+            Some(rest) => rest.to_owned(),
+            // The decoder rewrote text already emitted; emit what follows the common prefix.
+            None => {
+                let common = prefix_text
+                    .char_indices()
+                    .zip(new_text.chars())
+                    .find(|((_, a), b)| a != b)
+                    .map_or(prefix_text.len().min(new_text.len()), |((i, _), _)| i);
+                new_text[common..].to_owned()
+            }
+        })
     }
 }

@@ -275,6 +275,46 @@ fn accuracy_against_f64() {
     }
 }
 
+/// Degenerate shapes: no activation rows, no output rows, no columns. Nothing to compute, and
+/// every ISA leaves `y` as the specification does.
+#[test]
+fn empty_shapes() {
+    let mut rng = Rng(5);
+    for codes in ALL_CODES {
+        for (rows, cols, batch, range) in [
+            (3, 32, 0, 0..3),
+            (3, 32, 2, 1..1),
+            (3, 0, 2, 0..3),
+            (0, 16, 1, 0..0),
+        ] {
+            let case = Case::new(
+                &mut rng,
+                codes,
+                rows,
+                cols,
+                1,
+                ScaleType::BF16,
+                16,
+                1,
+                Mode::Tame,
+            );
+            let m = case.matrix();
+            let x = vec![1.0f32; batch * cols];
+            let mut want = vec![7.0f32; batch * range.len()];
+            spec().matmul(&m, &x, &mut want, range.clone());
+            for k in simd_kernels() {
+                let mut got = vec![7.0f32; batch * range.len()];
+                k.matmul(&m, &x, &mut got, range.clone());
+                assert_same(
+                    &format!("{:?} {codes:?} {rows}x{cols} b{batch}", k.isa()),
+                    &got,
+                    &want,
+                );
+            }
+        }
+    }
+}
+
 /// The dispatch picks an ISA the CPU has, and this machine's expected ISAs are really tested.
 #[test]
 fn isas_under_test() {

@@ -671,6 +671,9 @@ pub(crate) unsafe fn matmul<
     }
     let batch = y.len() / nr;
     assert!(x.len() == batch * cols && y.len() == batch * nr && rows.end <= m.rows());
+    if batch == 0 {
+        return;
+    }
     let xp = prepare_x(&C::LAYOUT, x, cols, batch);
     let nblocks = cols.div_ceil(LANES);
     let (gcols, ngroups) = match m.scales() {

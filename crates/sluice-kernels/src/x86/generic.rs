@@ -4,12 +4,18 @@
 //!
 //! # Matrix products
 //!
-//! Output rows are taken `R` at a time and activation rows `B` at a time; each (row,
-//! activation) pair owns its own 16-lane accumulator (and, for quantized codes, its own group
-//! accumulator), fed in column order exactly as [`scalar::dot_row`] does. A weight block is
-//! decoded once per tile and used for all `B` activations; the activations are loaded once per
-//! block and used for all `R` rows. Sharing loads never shares arithmetic, so the result of a
-//! pair does not depend on `R`, `B`, the row range or the batch.
+//! Each (output row, activation row) pair owns its own 16-lane accumulator (and, for quantized
+//! codes, its own group accumulator), fed in column order exactly as [`scalar::dot_row`] does.
+//! Two paths share that arithmetic:
+//!
+//! - one activation row (decode): `R1` rows at a time, each block decoded as it streams in and
+//!   multiplied with activations loaded once for all `R1` rows, the next tile prefetched;
+//! - several (prefill): [`RD`] rows decoded once into f32, then tiles of `RB` (or `RQ`) rows ×
+//!   `BB` activation rows over [`KC`]-block column ranges, each pair's accumulator parked in
+//!   memory between ranges.
+//!
+//! Sharing loads and decoding never shares arithmetic, so the result of a pair does not depend
+//! on the path, the tile, the row range or the batch (the tests check exactly that).
 //!
 //! Tails follow the contract: the activations are copied once per call into a buffer padded
 //! with `+0.0` to a multiple of 16 columns (and permuted into the decoder's lane layout), and
@@ -25,7 +31,7 @@ use crate::scalar::{self, LANES};
 /// Lane layout where lane `p` holds column `p` of the block.
 pub(crate) const NATURAL: [u8; LANES] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
 /// Lane layout of the nibble decoders: lane `p` holds column `8 (p & 1) + (p >> 1)`, which is
-/// what a variable shift of a broadcast 64-bit word yields.
+/// what shifting a broadcast 64-bit word right by `4 (p >> 1)` per 32-bit lane yields.
 pub(crate) const NIBBLE: [u8; LANES] = [0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15];
 /// Lane layout of 16-bit codes split into even and odd columns of 32-bit words: lanes 0–7
 /// hold columns 0, 2, …, 14 and lanes 8–15 columns 1, 3, …, 15.

@@ -4,8 +4,9 @@
 //! Decoders (all exact):
 //! - F32: two loads. BF16: one 32-byte load of 16 codes; `word << 16` gives the even columns
 //!   and `word & 0xffff0000` the odd ones ([`EVEN_ODD`] layout). F16: `vcvtph2ps`.
-//! - E4M3: as on AVX-512 (normal formula, one exact fma for subnormals, NaN, sign), with
-//!   blends in place of mask registers.
+//! - E4M3: the byte rearranged into the f16 with the same bits shifted (`(b + s·128) << 7`),
+//!   which is the value divided by 2⁸ (E4M3 subnormals land on f16 subnormals), converted by
+//!   `vcvtph2ps` and multiplied by 2⁸, both exact; `0x7f` made an f16 NaN first.
 //! - INT4: the 8 bytes of a block, xor `0x88…` (so that a nibble read as a signed 4-bit number
 //!   is `code − 8`), broadcast; per 32-bit lane a variable left shift brings the lane's nibble
 //!   to bits 28–31 and an arithmetic right shift by 28 sign-extends it ([`NIBBLE`] layout).
@@ -269,23 +270,6 @@ impl Codec<V256> for F16 {
     }
 }
 
-/// Eight E4M3 codes (zero-extended to 32 bits) to f32; see the module doc.
-#[inline(always)]
-unsafe fn e4m3x8(d: __m256i) -> __m256 {
-    // SAFETY: AVX2 and FMA are available (caller's contract).
-    unsafe {
-        let a = _mm256_and_si256(_mm256_slli_epi32::<20>(d), _mm256_set1_epi32(0x07f0_0000));
-        let f = _mm256_castsi256_ps(_mm256_add_epi32(a, _mm256_set1_epi32(0x3c00_0000)));
-        let s = _mm256_fmadd_ps(f, _mm256_set1_ps(2.0), _mm256_set1_ps(-1.0 / 64.0));
-        let sub = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x0080_0000), a);
-        let f = _mm256_blendv_ps(f, s, _mm256_castsi256_ps(sub));
-        let nan = _mm256_cmpeq_epi32(a, _mm256_set1_epi32(0x07f0_0000));
-        let f = _mm256_blendv_ps(f, _mm256_set1_ps(f32::NAN), _mm256_castsi256_ps(nan));
-        let sign = _mm256_and_si256(_mm256_slli_epi32::<24>(d), _mm256_set1_epi32(i32::MIN));
-        _mm256_or_ps(f, _mm256_castsi256_ps(sign))
-    }
-}
-
 impl Codec<V256> for E4m3 {
     const BLOCK_BYTES: usize = 16;
     const LAYOUT: [u8; 16] = NATURAL;
@@ -293,11 +277,22 @@ impl Codec<V256> for E4m3 {
     const QUANT: bool = true;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> V256 {
-        // SAFETY: AVX2 and FMA are available; `p` is valid for 16 bytes.
+        // SAFETY: AVX2, FMA and F16C are available; `p` is valid for 16 bytes.
         unsafe {
-            let lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
-            let hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.add(8).cast()));
-            V256(e4m3x8(lo), e4m3x8(hi))
+            let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
+            // b = s·128 + |b| → f16 bits s·2¹⁵ + |b|·2⁷ = ((b + s·128) << 7): the E4M3 value
+            // divided by 2⁸, exact in f16 (E4M3 subnormals land on f16 subnormals).
+            let t = _mm256_add_epi16(w, _mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+            let mut h = _mm256_slli_epi16::<7>(t);
+            // |b| = 0x7f is NaN: turn s | 0x3f80 into the f16 quiet NaN s | 0x7e00, which
+            // converts to the f32 NaN the table holds (s | 0x7fc00000).
+            let seven_f = _mm256_set1_epi16(0x7f);
+            let nan = _mm256_cmpeq_epi16(_mm256_and_si256(w, seven_f), seven_f);
+            h = _mm256_xor_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x4180)));
+            let k = _mm256_set1_ps(256.0);
+            let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+            let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
+            V256(_mm256_mul_ps(lo, k), _mm256_mul_ps(hi, k))
         }
     }
 }

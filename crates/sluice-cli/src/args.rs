@@ -15,9 +15,49 @@ pub struct Cli {
 
 /// Subcommands.
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Run(RunArgs),
+    /// Write a synthetic DeepSeek-V3-shaped checkpoint (for tests and benchmarks).
+    Synth(SynthArgs),
+}
+
+/// `sluice synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Output directory (must not exist, or be empty).
+    pub out: PathBuf,
+    /// Hidden size.
+    #[arg(long, default_value_t = 1024)]
+    pub hidden: usize,
+    /// Layers (the first is dense).
+    #[arg(long, default_value_t = 8)]
+    pub layers: usize,
+    /// Routed experts per MoE layer.
+    #[arg(long, default_value_t = 64)]
+    pub experts: usize,
+    /// Experts per token.
+    #[arg(long, default_value_t = 6)]
+    pub top_k: usize,
+    /// Expert intermediate size.
+    #[arg(long, default_value_t = 512)]
+    pub moe_inter: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 8192)]
+    pub vocab: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Router skew: 0 is flat, 1 strongly favours a few experts.
+    #[arg(long, default_value_t = 0.5)]
+    pub skew: f32,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Layers per shard file.
+    #[arg(long, default_value_t = 1)]
+    pub layers_per_shard: usize,
 }
 
 /// `sluice run`.

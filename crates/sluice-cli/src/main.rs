@@ -58,6 +58,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(a) => run(a),
+        Command::Synth(a) => synth(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -66,6 +67,61 @@ fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
+}
+
+fn synth(a: args::SynthArgs) -> Result<(), Failure> {
+    if a.out.exists() && std::fs::read_dir(&a.out).map_or(true, |mut d| d.next().is_some()) {
+        return Err(usage(format!(
+            "{}: exists and is not empty; nothing was written",
+            a.out.display()
+        )));
+    }
+    if a.layers < 2
+        || a.experts == 0
+        || a.top_k == 0
+        || a.top_k > a.experts
+        || a.heads == 0
+        || !a.hidden.is_multiple_of(a.heads)
+    {
+        return Err(usage(
+            "synth: need --layers ≥ 2, 0 < --top-k ≤ --experts, and --hidden divisible by --heads",
+        ));
+    }
+    let head = a.hidden / a.heads;
+    let spec = sluice::SynthSpec {
+        vocab: a.vocab,
+        hidden: a.hidden,
+        layers: a.layers,
+        first_dense: 1,
+        dense_inter: a.moe_inter * 2,
+        experts: a.experts,
+        top_k: a.top_k,
+        moe_inter: a.moe_inter,
+        shared: 1,
+        heads: a.heads,
+        q_lora: a.hidden / 2,
+        kv_lora: a.hidden / 4,
+        nope: head,
+        rope: (head / 2).max(2) & !1,
+        v_head: head,
+        layers_per_shard: a.layers_per_shard,
+        skew: a.skew,
+        seed: a.seed,
+    };
+    let t0 = std::time::Instant::now();
+    spec.write(&a.out).map_err(|e| Failure {
+        code: 1,
+        msg: format!("{}: {e}", a.out.display()),
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "wrote {} in {:.1}s ({:.2} GB/s) to {}",
+        sluice::fmt_bytes(spec.bytes()),
+        secs,
+        spec.bytes() as f64 / secs / 1e9,
+        a.out.display()
+    );
+    Ok(())
 }
 
 /// The model directory: the one given, else the demo model bundled in the repository.

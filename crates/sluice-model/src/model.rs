@@ -240,8 +240,27 @@ impl Model {
     }
 
     /// Runs `tokens` through the model after the positions already in `state`, appending to its
-    /// cache. Returns the logits asked for, `[rows, vocab]` row-major.
+    /// cache. Returns the logits asked for, `[rows, vocab]` row-major. On error the state is left
+    /// as it was before the call.
     pub fn forward(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let pos0 = state.pos;
+        let routes0 = state.routes.as_ref().map(Vec::len);
+        let r = self.forward_inner(state, tokens, want);
+        if r.is_err() {
+            state.rollback(pos0, &self.cfg);
+            if let (Some(r), Some(n)) = (state.routes.as_mut(), routes0) {
+                r.truncate(n);
+            }
+        }
+        r
+    }
+
+    fn forward_inner(
         &self,
         state: &mut State,
         tokens: &[u32],
@@ -260,12 +279,13 @@ impl Model {
             });
         }
         let pos0 = state.pos;
-        if pos0 + t > cfg.max_positions {
+        if pos0 + t > self.plan.context {
             return Err(ModelError::ContextFull {
                 positions: pos0 + t,
-                max: cfg.max_positions,
+                max: self.plan.context,
             });
         }
+        self.experts.begin_step();
 
         // Embeddings.
         let emb = self.layout.embed_spec.view(&self.embed)?;

@@ -75,6 +75,12 @@ impl State {
         if pos >= self.pos {
             return;
         }
+        self.rollback(pos, cfg);
+    }
+
+    /// Cuts every layer's cache back to `pos` positions (after a forward pass that failed
+    /// part-way, some layers hold positions others do not).
+    pub(crate) fn rollback(&mut self, pos: usize, cfg: &ModelConfig) {
         for l in &mut self.layers {
             match (l, &cfg.attention) {
                 (LayerCache::Gqa { k, v }, AttentionConfig::Gqa { head_dim, .. }) => {

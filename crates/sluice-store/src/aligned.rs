@@ -1,20 +1,34 @@
-//! Zero-initialised heap buffers with a chosen alignment (for O_DIRECT).
+//! Zero-initialised buffers with a chosen alignment (for O_DIRECT).
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 
 use crate::StoreError;
 
-/// A heap buffer whose start is aligned to `align` bytes, zeroed at allocation.
-///
-/// Large buffers come from `calloc`-like zeroed pages, so untouched bytes cost no resident memory.
-pub struct AlignedBuf {
-    ptr: NonNull<u8>,
-    len: usize,
-    layout: Option<Layout>,
+/// Buffers at least this large are memory maps of their own.
+pub const MAP_THRESHOLD: usize = 64 << 10;
+
+enum Storage {
+    /// A zero-length buffer: a dangling, aligned pointer.
+    Empty(NonNull<u8>),
+    /// From the global allocator.
+    Heap(NonNull<u8>, Layout),
+    /// An anonymous memory map.
+    Map(memmap2::MmapMut),
 }
 
-// SAFETY: the buffer owns its allocation exclusively; `&AlignedBuf` only gives `&[u8]`.
+/// A buffer whose start is aligned to `align` bytes, zeroed at allocation.
+///
+/// Buffers of [`MAP_THRESHOLD`] bytes or more are anonymous memory maps: page-aligned, zero
+/// pages that cost nothing until written, and returned to the operating system the moment they
+/// are dropped. (Through the allocator, freed expert buffers linger in per-thread arenas and the
+/// process's resident memory drifts far above its budget.)
+pub struct AlignedBuf {
+    storage: Storage,
+    len: usize,
+}
+
+// SAFETY: the buffer owns its memory exclusively; `&AlignedBuf` only gives `&[u8]`.
 unsafe impl Send for AlignedBuf {}
 // SAFETY: shared access is read-only.
 unsafe impl Sync for AlignedBuf {}
@@ -22,25 +36,33 @@ unsafe impl Sync for AlignedBuf {}
 impl AlignedBuf {
     /// Allocates `len` zero bytes aligned to `align` (a power of two).
     pub fn zeroed(len: usize, align: usize) -> Result<AlignedBuf, StoreError> {
-        let layout = Layout::from_size_align(len, align.max(1))
-            .map_err(|_| StoreError::Alloc { bytes: len as u64 })?;
+        let err = || StoreError::Alloc { bytes: len as u64 };
+        let align = align.max(1);
+        if !align.is_power_of_two() {
+            return Err(err());
+        }
         if len == 0 {
             // A dangling but aligned pointer is valid for a zero-length slice.
-            let ptr =
-                NonNull::new(align.max(1) as *mut u8).ok_or(StoreError::Alloc { bytes: 0 })?;
+            let ptr = NonNull::new(align as *mut u8).ok_or_else(err)?;
             return Ok(AlignedBuf {
-                ptr,
+                storage: Storage::Empty(ptr),
                 len: 0,
-                layout: None,
             });
         }
+        if len >= MAP_THRESHOLD && align <= rustix::param::page_size() {
+            let map = memmap2::MmapMut::map_anon(len).map_err(|_| err())?;
+            return Ok(AlignedBuf {
+                storage: Storage::Map(map),
+                len,
+            });
+        }
+        let layout = Layout::from_size_align(len, align).map_err(|_| err())?;
         // SAFETY: `layout` has a non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(raw).ok_or(StoreError::Alloc { bytes: len as u64 })?;
+        let ptr = NonNull::new(raw).ok_or_else(err)?;
         Ok(AlignedBuf {
-            ptr,
+            storage: Storage::Heap(ptr, layout),
             len,
-            layout: Some(layout),
         })
     }
 
@@ -56,29 +78,45 @@ impl AlignedBuf {
 
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: `ptr` is valid for `len` initialised (zeroed or written) bytes for our lifetime.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        match &self.storage {
+            Storage::Map(m) => m,
+            // SAFETY: the pointer is valid for `len` initialised (zeroed or written) bytes for as
+            // long as `self` lives (zero bytes for `Empty`).
+            Storage::Heap(p, _) | Storage::Empty(p) => unsafe {
+                std::slice::from_raw_parts(p.as_ptr(), self.len)
+            },
+        }
     }
 
     /// The bytes, mutably.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        match &mut self.storage {
+            Storage::Map(m) => m,
+            // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access.
+            Storage::Heap(p, _) | Storage::Empty(p) => unsafe {
+                std::slice::from_raw_parts_mut(p.as_ptr(), self.len)
+            },
+        }
     }
 }
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if let Some(layout) = self.layout {
+        if let Storage::Heap(p, layout) = self.storage {
             // SAFETY: allocated in `zeroed` with exactly this layout and not freed before.
-            unsafe { dealloc(self.ptr.as_ptr(), layout) }
+            unsafe { dealloc(p.as_ptr(), layout) }
         }
     }
 }
 
 impl std::fmt::Debug for AlignedBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AlignedBuf({} bytes at {:p})", self.len, self.ptr)
+        write!(
+            f,
+            "AlignedBuf({} bytes at {:p})",
+            self.len,
+            self.as_slice().as_ptr()
+        )
     }
 }
 
@@ -88,7 +126,15 @@ mod tests {
 
     #[test]
     fn aligned_and_zeroed() {
-        for (len, align) in [(0, 4096), (1, 4096), (8192, 4096), (100, 512), (3, 1)] {
+        for (len, align) in [
+            (0, 4096),
+            (1, 4096),
+            (8192, 4096),
+            (100, 512),
+            (3, 1),
+            (1 << 20, 4096),
+            (MAP_THRESHOLD, 64),
+        ] {
             let mut b = AlignedBuf::zeroed(len, align).unwrap();
             assert_eq!(b.as_slice().as_ptr() as usize % align, 0);
             assert_eq!(b.len(), len);

@@ -48,6 +48,20 @@ pub struct Piece {
     pub len: u64,
 }
 
+/// Whether `path` lives in memory (tmpfs, ramfs): there is no page cache to bypass, so
+/// O_DIRECT buys nothing (recent kernels accept it on tmpfs anyway) and buffered reads are used.
+fn in_memory_fs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::statfs(path).is_ok_and(|s| {
+        // `f_type`'s integer type differs between platforms.
+        #[allow(clippy::unnecessary_cast)]
+        let t = s.f_type as i64;
+
+        t == TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
+}
+
 /// One open shard.
 #[derive(Debug)]
 pub struct ShardFile {
@@ -95,6 +109,7 @@ impl ShardFile {
             let supported =
                 stat.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() == 0 || reported != 0;
             if supported
+                && !in_memory_fs(path)
                 && let Ok(fd) = rustix::fs::open(path, flags | OFlags::DIRECT, Mode::empty())
             {
                 let f = ShardFile {
@@ -155,15 +170,15 @@ impl ShardFile {
         &self.fd
     }
 
-    /// Drops cached pages of a range (buffered mode only; a no-op for O_DIRECT).
+    /// Drops cached pages of a range, widened to whole pages (buffered mode only; a no-op for
+    /// O_DIRECT).
     pub fn drop_pages(&self, offset: u64, len: u64) {
         if self.mode == IoMode::Buffered {
-            let _ = rustix::fs::fadvise(
-                &self.fd,
-                offset,
-                std::num::NonZeroU64::new(len),
-                rustix::fs::Advice::DontNeed,
-            );
+            let page = rustix::param::page_size() as u64;
+            let start = offset / page * page;
+            let end = (offset + len).div_ceil(page) * page;
+            let len = std::num::NonZeroU64::new(end - start);
+            let _ = rustix::fs::fadvise(&self.fd, start, len, rustix::fs::Advice::DontNeed);
         }
     }
 }
@@ -409,6 +424,35 @@ pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), St
         });
     }
     Ok(())
+}
+
+/// Pages of a file that are in the page cache, and all its pages (Linux `mincore`).
+///
+/// Used to prove that O_DIRECT reads (and buffered reads that drop their pages) leave nothing
+/// cached.
+pub fn page_cache_residency(path: &Path) -> io::Result<(usize, usize)> {
+    let f = std::fs::File::open(path)?;
+    let len = f.metadata()?.len() as usize;
+    if len == 0 {
+        return Ok((0, 0));
+    }
+    // SAFETY: the mapping is never read or written, only handed to mincore, so a concurrent
+    // change to the file cannot fault this process.
+    let map = unsafe { memmap2::Mmap::map(&f)? };
+    let page = rustix::param::page_size();
+    let mut vec = vec![0u8; len.div_ceil(page)];
+    // SAFETY: `map` is a live mapping of `len` bytes starting at a page boundary, and `vec`
+    // holds one byte per page of it, as mincore requires.
+    let r = unsafe { libc::mincore(map.as_ptr() as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((vec.iter().filter(|&&b| b & 1 != 0).count(), vec.len()))
+}
+
+/// Whether a file descriptor was opened with O_DIRECT.
+pub fn has_direct_flag(fd: &OwnedFd) -> io::Result<bool> {
+    Ok(rustix::fs::fcntl_getfl(fd)?.contains(OFlags::DIRECT))
 }
 
 #[cfg(test)]

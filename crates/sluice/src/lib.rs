@@ -32,8 +32,10 @@ pub use engine::{
     Memory, Prompt, Session, Token, peak_rss_bytes,
 };
 pub use sluice_kernels::Isa;
+pub use sluice_model::synth::SynthSpec;
 pub use sluice_model::{Arch, ModelConfig};
 pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
+
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
     ExpertStats, IoMode, Key as ExpertKey, POLICIES, Policy, TraceEvent, read_trace, write_trace,

@@ -1,0 +1,235 @@
+//! The `sluice` binary end to end, spawned as a process: exit codes, `--json` keys,
+//! `--dump-logits` shape, one-line errors, and peak RSS under a budget.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+}
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(name)
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(o: &Output) -> serde_json::Value {
+    assert!(o.status.success(), "failed: {}", stderr(o));
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
+}
+
+/// A synthetic model with ~300 MB of experts and a trunk of a few MB.
+fn synthetic() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let d = tempfile::Builder::new()
+            .prefix("sluice-cli-synth-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
+        let out = d.path().join("m");
+        let o = run(&[
+            "synth",
+            out.to_str().unwrap(),
+            "--hidden",
+            "512",
+            "--moe-inter",
+            "512",
+            "--layers",
+            "4",
+            "--vocab",
+            "2048",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        d
+    })
+    .path()
+}
+
+#[test]
+fn json_has_the_documented_keys() {
+    let m = fixture("deepseek_v3-fp32");
+    let v = json(&run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]));
+    assert_eq!(v["prompt_ids"], serde_json::json!([1, 2, 3]));
+    assert_eq!(v["ids"].as_array().unwrap().len(), 5);
+    assert!(v["text"].is_string());
+    for k in [
+        "prefill_tokens",
+        "prefill_seconds",
+        "decode_tokens",
+        "decode_seconds",
+        "expert_requests",
+        "expert_hits",
+        "expert_resident_hits",
+        "expert_bytes_read",
+        "trunk_bytes_read",
+        "io_seconds",
+        "io_mode",
+        "peak_rss_bytes",
+        "memory_budget_bytes",
+        "policy",
+        "threads",
+        "isa",
+    ] {
+        assert!(
+            !v["stats"][k].is_null(),
+            "stats lacks `{k}`: {}",
+            v["stats"]
+        );
+    }
+    assert_eq!(v["stats"]["decode_tokens"], 5);
+}
+
+#[test]
+fn dump_logits_shape() {
+    let m = fixture("qwen3_moe-fp32");
+    let d = tempfile::tempdir().unwrap();
+    for (max, rows) in [(0, 4), (3, 7)] {
+        let f = d.path().join(format!("l{max}.npy"));
+        let o = run(&[
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            "7,8,9,10",
+            "--max-tokens",
+            &max.to_string(),
+            "--json",
+            "--dump-logits",
+            f.to_str().unwrap(),
+        ]);
+        json(&o);
+        let b = std::fs::read(&f).unwrap();
+        let hl = u16::from_le_bytes([b[8], b[9]]) as usize;
+        let header = std::str::from_utf8(&b[10..10 + hl]).unwrap();
+        assert!(
+            header.contains(&format!("'shape': ({rows}, 512)")),
+            "{header}"
+        );
+        assert_eq!(b.len(), 10 + hl + rows * 512 * 4);
+    }
+}
+
+#[test]
+fn user_mistakes_exit_2_with_one_line() {
+    let m = fixture("deepseek_v3-fp32");
+    let m = m.to_str().unwrap();
+    for args in [
+        vec!["run", "--model", "/nonexistent/dir", "--prompt-ids", "1"],
+        vec![
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1",
+            "--memory",
+            "12 parsecs",
+        ],
+        vec!["run", "--model", m, "--prompt-ids", "1", "--memory", "1KiB"],
+        vec!["run", "--model", m, "--prompt-ids", "1", "--policy", "arc"],
+        vec![
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1",
+            "--prefetch",
+            "maybe",
+        ],
+        vec!["run", "--model", m, "--prompt-ids", "1,x"],
+        vec!["run", "--model", m, "--prompt-ids", "999999"],
+        vec!["run", "--model", m, "--prompt-ids", "1", "--isa", "neon"],
+        vec!["run", "--model", m, "--prompt-ids", "1", "--top-p", "0"],
+        vec!["run", "--model", m, "--no-such-flag"],
+        vec!["run", "--model", m],
+    ] {
+        let o = run(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.starts_with("error: "), "{args:?}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+        assert!(!e.contains("panicked"), "{args:?}: {e}");
+    }
+    // The budget error states the minimum.
+    let e = stderr(&run(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1",
+        "--memory",
+        "1KiB",
+    ]));
+    assert!(e.contains("at least"), "{e}");
+}
+
+#[test]
+fn synth_refuses_to_overwrite() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::write(d.path().join("keep.txt"), "mine").unwrap();
+    let o = run(&["synth", d.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_to_string(d.path().join("keep.txt")).unwrap(),
+        "mine"
+    );
+}
+
+#[test]
+fn a_budget_far_below_the_model_streams_the_same_ids_within_its_rss() {
+    let m = synthetic().join("m");
+    let m = m.to_str().unwrap();
+    let args = |memory: &str| {
+        vec![
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "5,6,7,8,9,10,11,12",
+            "--max-tokens",
+            "12",
+            "--json",
+            "--memory",
+            memory,
+            "--context",
+            "256",
+            "--threads",
+            "2",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>()
+    };
+    let full = json(&bin().args(args("unlimited")).output().unwrap());
+    let budget: u64 = 48 << 20;
+    let small = json(&bin().args(args("48MiB")).output().unwrap());
+    assert_eq!(full["ids"], small["ids"]);
+    let s = &small["stats"];
+    assert!(s["expert_bytes_read"].as_u64().unwrap() > 0);
+    assert_eq!(s["memory_budget_bytes"].as_u64().unwrap(), budget);
+    let rss = s["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        rss > 0 && rss <= budget + (64 << 20),
+        "peak RSS {rss} over budget {budget} + 64 MiB"
+    );
+    assert!(s["expert_hits"].as_u64().unwrap() <= s["expert_requests"].as_u64().unwrap());
+}

@@ -1,0 +1,295 @@
+//! O_DIRECT on a real file system leaves nothing in the page cache; tmpfs falls back to buffered
+//! reads; faults (I/O errors, short reads, a shard truncated while open) end a request with a
+//! typed error and leave the store serving the next one.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+
+use sluice_store::io::{has_direct_flag, page_cache_residency};
+use sluice_store::policy::by_name;
+use sluice_store::{ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, StoreError};
+
+const EXPERT: u64 = 3 * 40_000 + 17;
+
+/// A shard with 16 "experts" of three adjacent pieces each, not aligned to anything.
+fn write_shard(dir: &Path) -> (PathBuf, Vec<Vec<Vec<Piece>>>) {
+    let path = dir.join("shard.bin");
+    let bytes: Vec<u8> = (0..(100 + 16 * EXPERT))
+        .map(|i| (i * 131 % 251) as u8)
+        .collect();
+    std::fs::write(&path, &bytes).unwrap();
+    // Write back and drop the pages so that the page cache starts empty.
+    let f = std::fs::File::open(&path).unwrap();
+    f.sync_all().unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    let experts = (0..16u64)
+        .map(|e| {
+            let base = 100 + e * EXPERT;
+            vec![
+                Piece {
+                    shard: 0,
+                    offset: base,
+                    len: 40_000,
+                },
+                Piece {
+                    shard: 0,
+                    offset: base + 40_000,
+                    len: 40_000,
+                },
+                Piece {
+                    shard: 0,
+                    offset: base + 80_000,
+                    len: 40_017,
+                },
+            ]
+        })
+        .collect();
+    (path, vec![experts])
+}
+
+fn config(capacity: u64) -> ExpertStoreConfig {
+    ExpertStoreConfig {
+        capacity,
+        policy: by_name("s3fifo", 4).unwrap(),
+        readers: 2,
+        record_trace: false,
+    }
+}
+
+fn expected(path: &Path, p: &Piece) -> Vec<u8> {
+    let b = std::fs::read(path).unwrap();
+    b[p.offset as usize..(p.offset + p.len) as usize].to_vec()
+}
+
+#[test]
+fn direct_reads_leave_no_pages_cached() {
+    // CARGO_TARGET_TMPDIR lives under target/, on the build's real file system.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+    assert_eq!(
+        shards.mode(),
+        IoMode::Direct,
+        "O_DIRECT refused on {}",
+        dir.path().display()
+    );
+    assert!(has_direct_flag(shards.files()[0].fd()).unwrap());
+    let store = ExpertStore::new(shards, specs.clone(), config(1 << 20)).unwrap();
+    for e in 0..16 {
+        let b = store.fetch(0, &[e]).unwrap();
+        for (i, p) in specs[0][e as usize].iter().enumerate() {
+            assert_eq!(
+                b[0].piece(i),
+                &expected(&path, p)[..],
+                "expert {e} piece {i}"
+            );
+        }
+    }
+    // `expected` read the file through the page cache; drop that, read everything again with
+    // O_DIRECT, and look.
+    let f = std::fs::File::open(&path).unwrap();
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).unwrap();
+    store.clear();
+    for e in 0..16 {
+        store.fetch(0, &[e]).unwrap();
+    }
+    let (cached, total) = page_cache_residency(&path).unwrap();
+    assert!(total > 400);
+    assert_eq!(
+        cached, 0,
+        "{cached} of {total} pages in the page cache after O_DIRECT reads"
+    );
+    let s = store.stats();
+    assert_eq!(s.requests, s.hits + s.misses);
+    assert!(s.bytes_read >= 16 * EXPERT);
+}
+
+#[test]
+fn buffered_reads_drop_their_pages() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    assert_eq!(shards.mode(), IoMode::Buffered);
+    assert!(!has_direct_flag(shards.files()[0].fd()).unwrap());
+    let store = ExpertStore::new(shards, specs, config(1 << 20)).unwrap();
+    for e in 0..16 {
+        store.fetch(0, &[e]).unwrap();
+    }
+    let (cached, total) = page_cache_residency(&path).unwrap();
+    // Pages the kernel still holds in its per-CPU LRU batches (up to 15 per CPU) escape one
+    // DONTNEED; everything else is gone.
+    let slack = 16 * std::thread::available_parallelism().map_or(2, |n| n.get());
+    assert!(cached <= slack, "{cached} of {total} pages still cached");
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn tmpfs_falls_back_to_buffered() {
+    let shm = Path::new("/dev/shm");
+    assert!(shm.is_dir(), "this Linux machine has no /dev/shm tmpfs");
+    // Recent kernels accept O_DIRECT on tmpfs; sluice reads it buffered on purpose (no page cache
+    // to bypass).
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+    assert_eq!(shards.mode(), IoMode::Buffered, "tmpfs accepted O_DIRECT");
+    let store = ExpertStore::new(shards, specs.clone(), config(1 << 20)).unwrap();
+    let b = store.fetch(0, &[5, 9]).unwrap();
+    assert_eq!(b[1].piece(2), &expected(&path, &specs[0][9][2])[..]);
+}
+
+/// A reader that fails on demand.
+#[derive(Debug)]
+struct Faulty {
+    inner: ShardSet,
+    /// Fail reads that touch this offset.
+    poison: AtomicU64,
+    /// 1: the next read returns half of what is asked; 2: the next read is end-of-file.
+    short: AtomicU8,
+}
+
+impl Reader for Faulty {
+    fn read_at(&self, shard: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let p = self.poison.load(Ordering::SeqCst);
+        if offset <= p && p < offset + buf.len() as u64 {
+            return Err(io::Error::other("injected I/O error"));
+        }
+        match self.short.load(Ordering::SeqCst) {
+            1 => {
+                let half = buf.len() / 2;
+                self.short.store(2, Ordering::SeqCst);
+                return self.inner.read_at(shard, offset, &mut buf[..half]);
+            }
+            2 => {
+                self.short.store(0, Ordering::SeqCst);
+                return Ok(0);
+            }
+            _ => {}
+        }
+        self.inner.read_at(shard, offset, buf)
+    }
+    fn align(&self, shard: u32) -> usize {
+        self.inner.align(shard)
+    }
+    fn path(&self, shard: u32) -> &Path {
+        self.inner.path(shard)
+    }
+    fn mode(&self, shard: u32) -> IoMode {
+        Reader::mode(&self.inner, shard)
+    }
+}
+
+#[test]
+fn injected_errors_end_the_request_and_the_store_recovers() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let faulty = Arc::new(Faulty {
+        inner: ShardSet::open(&[&path], false).unwrap(),
+        poison: AtomicU64::new(u64::MAX),
+        short: AtomicU8::new(0),
+    });
+    let store = ExpertStore::new(faulty.clone(), specs.clone(), config(1 << 20)).unwrap();
+
+    faulty
+        .poison
+        .store(specs[0][3][1].offset + 5, Ordering::SeqCst);
+    match store.fetch(0, &[2, 3, 4]) {
+        Err(StoreError::Io {
+            path: p, source, ..
+        }) => {
+            assert_eq!(p, path);
+            assert!(source.to_string().contains("injected"), "{source}");
+        }
+        other => panic!("expected an I/O error, got {other:?}"),
+    }
+    // Nothing half-read stays behind; other experts are served; the fault clears and 3 reads.
+    assert!(store.fetch(0, &[2, 4]).is_ok());
+    faulty.poison.store(u64::MAX, Ordering::SeqCst);
+    let b = store.fetch(0, &[3]).unwrap();
+    assert_eq!(b[0].piece(1), &expected(&path, &specs[0][3][1])[..]);
+
+    // A short read (half, then end of file) is an error too, never garbage.
+    faulty.short.store(1, Ordering::SeqCst);
+    store.clear();
+    let r = store.fetch(0, &[7]);
+    assert!(matches!(r, Err(StoreError::ShortRead { .. })), "{r:?}");
+    assert!(store.fetch(0, &[7]).is_ok());
+    assert!(store.used() <= store.capacity());
+}
+
+#[test]
+fn a_shard_truncated_while_open_is_a_short_read() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    for direct in [true, false] {
+        let store = ExpertStore::new(
+            Arc::new(ShardSet::open(&[&path], direct).unwrap()),
+            specs.clone(),
+            config(1 << 20),
+        )
+        .unwrap();
+        store.fetch(0, &[0]).unwrap();
+        let full = std::fs::read(&path).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(100 + 10 * EXPERT)
+            .unwrap();
+        let r = store.fetch(0, &[12]);
+        assert!(
+            matches!(&r, Err(StoreError::ShortRead { path: p, .. }) if *p == path),
+            "{r:?}"
+        );
+        // Still serves what exists.
+        assert!(store.fetch(0, &[1]).is_ok());
+        std::fs::write(&path, &full).unwrap();
+    }
+}
+
+#[test]
+fn capacity_below_one_expert_is_refused() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let r = ExpertStore::new(
+        Arc::new(ShardSet::open(&[&path], false).unwrap()),
+        specs,
+        config(1000),
+    );
+    assert!(matches!(r, Err(StoreError::BudgetTooSmall { .. })));
+}
+
+#[test]
+fn concurrent_fetches_share_reads_and_hold_the_budget() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+    let store =
+        Arc::new(ExpertStore::new(shards, specs.clone(), config(5 * (EXPERT + 8192))).unwrap());
+    std::thread::scope(|s| {
+        for t in 0..6u32 {
+            let store = &store;
+            let specs = &specs;
+            let path = &path;
+            s.spawn(move || {
+                for i in 0..40u32 {
+                    let ids = [(t + i) % 16, (t * 3 + i * 7) % 16];
+                    let ids: Vec<u32> = if ids[0] == ids[1] {
+                        vec![ids[0]]
+                    } else {
+                        ids.to_vec()
+                    };
+                    let b = store.fetch(0, &ids).unwrap();
+                    assert!(store.used() <= store.capacity());
+                    let p = &specs[0][ids[0] as usize][0];
+                    assert_eq!(&b[0].piece(0)[..64], &expected(path, p)[..64]);
+                }
+            });
+        }
+    });
+    let s = store.stats();
+    assert_eq!(s.requests, s.hits + s.misses);
+    assert!(s.evictions > 0);
+}

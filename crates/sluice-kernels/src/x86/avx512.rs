@@ -2,8 +2,9 @@
 //!
 //! Decoders (all exact):
 //! - F32: a plain load. BF16: zero-extend to 32 bits and shift left by 16. F16: `vcvtph2ps`.
-//! - E4M3: the normal formula `bits = (|b| << 20) + (120 << 23)`; subnormals (exponent 0)
-//!   corrected by one exact fma, `2·f − 2⁻⁶ = m·2⁻⁹`; `0x7f` → NaN; the sign bit or-ed in.
+//! - E4M3: the byte rearranged into the f16 with the same bits shifted (`(b + s·128) << 7`),
+//!   which is the value divided by 2⁸ (E4M3 subnormals land on f16 subnormals), converted by
+//!   `vcvtph2ps` and multiplied by 2⁸, both exact; `0x7f` → NaN.
 //! - INT4 / E2M1: the 8 bytes of a block broadcast to every 64-bit lane `q` and rotated right
 //!   by `4q`, so the low nibble of 32-bit lane `p` is column `8 (p & 1) + (p >> 1)`
 //!   ([`NIBBLE`] layout); `vpermps` looks the 16 values up.
@@ -254,23 +255,21 @@ impl Codec<V512> for E4m3 {
     const QUANT: bool = true;
     #[inline(always)]
     unsafe fn decode(p: *const u8) -> V512 {
-        // SAFETY: AVX-512F is available; `p` is valid for 16 bytes.
+        // SAFETY: AVX-512 F/BW/VL and F16C are available; `p` is valid for 16 bytes.
         unsafe {
-            let d = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
-            // |b| << 20: exponent in bits 23–26, mantissa in bits 20–22.
-            let a = _mm512_and_si512(_mm512_slli_epi32::<20>(d), _mm512_set1_epi32(0x07f0_0000));
-            // Normal: 2^(e − 7) (1 + m/8) is the f32 with exponent field e + 120.
-            let mut f = _mm512_castsi512_ps(_mm512_add_epi32(a, _mm512_set1_epi32(0x3c00_0000)));
-            // Exponent 0: the formula gave 2⁻⁷ + m·2⁻¹⁰; 2f − 2⁻⁶ = m·2⁻⁹ exactly.
-            let sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x0080_0000));
-            f = _mm512_mask_fmadd_ps(f, sub, _mm512_set1_ps(2.0), _mm512_set1_ps(-1.0 / 64.0));
-            let nan = _mm512_cmpeq_epi32_mask(a, _mm512_set1_epi32(0x07f0_0000));
-            f = _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(f32::NAN));
-            // f | (sign bit of the byte, moved to bit 31).
-            let s = _mm512_slli_epi32::<24>(d);
-            V512(_mm512_castsi512_ps(_mm512_ternarylogic_epi32::<0xf8>(
+            let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast()));
+            // b = s·128 + |b| → f16 bits s·2¹⁵ + |b|·2⁷ = ((b + s·128) << 7): the E4M3 value
+            // divided by 2⁸, exact in f16 (E4M3 subnormals land on f16 subnormals).
+            let t = _mm256_add_epi16(w, _mm256_and_si256(w, _mm256_set1_epi16(0x80)));
+            let h = _mm256_slli_epi16::<7>(t);
+            let f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0));
+            // |b| = 0x7f is NaN: the table's s | 0x7fc00000.
+            let seven_f = _mm256_set1_epi16(0x7f);
+            let nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(w, seven_f), seven_f);
+            V512(_mm512_castsi512_ps(_mm512_mask_ternarylogic_epi32::<0xec>(
                 _mm512_castps_si512(f),
-                s,
+                nan,
+                _mm512_set1_epi32(f32::NAN.to_bits() as i32),
                 _mm512_set1_epi32(i32::MIN),
             )))
         }

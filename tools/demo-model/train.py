@@ -143,7 +143,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("data", type=Path)
     ap.add_argument("work", type=Path)
-    ap.add_argument("--steps", type=int, default=1200)
+    ap.add_argument("--steps", type=int, default=900)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -156,6 +156,7 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=200)
     ap.add_argument("--eval-windows", type=int, default=64)
     ap.add_argument("--final-eval-windows", type=int, default=512)
+    ap.add_argument("--train-eval-windows", type=int, default=128)
     ap.add_argument("--save-every", type=int, default=50)
     ap.add_argument("--bench", type=int, default=0, help="time this many steps and exit")
     ap.add_argument("--experts-impl", default="eager")
@@ -262,9 +263,10 @@ def main() -> int:
     # Final: held-out loss, and expert load measured over held-out windows (no bias update there).
     tap.reset()
     held_loss = evaluate(model, held, args.final_eval_windows)
-    train_loss_eval = evaluate(model, train, args.final_eval_windows)
+    held_counts = {li: c.clone() for li, c in tap.counts.items()}
+    train_loss_eval = evaluate(model, train, args.train_eval_windows)
     load = {}
-    for li, c in tap.counts.items():
+    for li, c in held_counts.items():
         frac = c / c.sum()
         bias = tap.gates[li].e_score_correction_bias
         load[f"layer{li}"] = dict(fraction=[round(float(v), 4) for v in frac],

@@ -159,7 +159,8 @@ def main() -> int:
     export(data, work, out)
     facts = reference(out, work)
     smp = samples(out)
-    files = {p.name: dict(bytes=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(out.iterdir())}
+    files = {p.name: dict(bytes=p.stat().st_size, sha256=sha256_file(p)) for p in sorted(out.iterdir())
+             if p.name != "README.md"}  # the model card is written by hand, after the export
     dtypes = {}
     for k, v in header(out / "model.safetensors").items():
         if k != "__metadata__":

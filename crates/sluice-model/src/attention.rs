@@ -1,12 +1,13 @@
-//! Attention: grouped-query (with the Qwen3 / OLMoE query-key norms) and DeepSeek's multi-head
-//! latent attention computed on the compressed cache by weight absorption.
+//! Attention: grouped-query (with the Qwen3 / OLMoE query-key norms, sliding windows and
+//! GPT-OSS's attention sinks) and DeepSeek's multi-head latent attention computed on the
+//! compressed cache by weight absorption.
 
-use sluice_kernels::{Codes, Matrix, scalar};
+use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
 use crate::ModelError;
 use crate::config::{AttentionConfig, ModelConfig, QkNorm};
-use crate::exec::Exec;
+use crate::exec::{Exec, decode_row};
 use crate::rope::{Angles, Rope};
 use crate::state::LayerCache;
 use crate::weights::{AttnSpec, VecSpec};
@@ -75,6 +76,8 @@ pub(crate) fn attention(
                 qkv_bias,
                 o_bias,
                 qk_norm,
+                sinks,
+                window,
             },
             AttentionConfig::Gqa {
                 heads,
@@ -82,7 +85,6 @@ pub(crate) fn attention(
                 head_dim: hd,
                 qk_norm: norm_kind,
                 clip_qkv,
-                sliding_window,
                 ..
             },
             LayerCache::Gqa { k: kc, v: vc },
@@ -127,27 +129,33 @@ pub(crate) fn attention(
             }
             let group = heads / kvh;
             let scale = cfg.softmax_scale;
+            let sinks = sinks.map(|s| s.to_f32(blob));
+            let sinks = sinks.as_deref();
             let mut out = vec![0f32; t * heads * hd];
             let (kc, vc) = (&*kc, &*vc);
             let qs = &qs;
             exec.for_each_chunk(&mut out, hd, |idx, o| {
                 let (i, head) = (idx / heads, idx % heads);
                 let p = pos0 + i;
-                let lo = sliding_window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
                 let n = p + 1 - lo;
                 let g = head / group;
                 let kmat = &kc[g][lo * hd..(p + 1) * hd];
                 let qh = &qs[(i * heads + head) * hd..(i * heads + head + 1) * hd];
-                let mut scores = vec![0f32; n];
+                // With a sink, one more logit joins the softmax and is dropped after it.
+                let mut scores = vec![0f32; n + usize::from(sinks.is_some())];
                 // Shapes are consistent by construction.
                 if let Ok(m) = f32_matrix(kmat, n, hd) {
-                    exec.kernels().matmul(&m, qh, &mut scores, 0..n);
+                    exec.kernels().matmul(&m, qh, &mut scores[..n], 0..n);
                 }
-                for s in &mut scores {
+                for s in &mut scores[..n] {
                     *s *= scale;
                 }
+                if let Some(sk) = sinks {
+                    scores[n] = sk[head];
+                }
                 exec.kernels().softmax(&mut scores);
-                weighted_sum(exec, &scores, &vc[g][lo * hd..(p + 1) * hd], hd, o);
+                weighted_sum(exec, &scores[..n], &vc[g][lo * hd..(p + 1) * hd], hd, o);
             });
             let mut y = vec![0f32; t * h];
             exec.matmul(&o.view(blob)?, &out, &mut y);
@@ -266,15 +274,12 @@ pub(crate) fn attention(
 }
 
 /// `out = Σ_i x[i] · m[rows.start + i, :]` (a transposed product over a row range), accumulated
-/// row by row with fma.
+/// row by row with fma; packed rows are decoded with their scales (FP8 `kv_b_proj`).
 fn absorb(exec: &Exec, m: &Matrix<'_>, rows: std::ops::Range<usize>, x: &[f32], out: &mut [f32]) {
     out.fill(0.0);
     let mut row = vec![0f32; m.cols()];
     for (i, r) in rows.enumerate() {
-        let bytes = m.row(r);
-        for (j, w) in row.iter_mut().enumerate() {
-            *w = scalar::code(m.codes(), bytes, j);
-        }
+        decode_row(m, r, 0..m.cols(), &mut row);
         exec.kernels().axpy(x[i], &row, out);
     }
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::ModelError;
+use crate::quant::{self, Quantization};
 
 /// The architectures sluice implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -24,11 +25,14 @@ pub enum Arch {
     Mixtral,
     /// OLMoE (`olmoe`).
     Olmoe,
+    /// GPT-OSS (`gpt_oss`).
+    GptOss,
 }
 
 impl Arch {
     /// The `model_type` strings accepted, for error messages.
-    pub const KNOWN: &'static str = "deepseek_v3, kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe";
+    pub const KNOWN: &'static str =
+        "deepseek_v3, kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss";
 
     /// Name as in `model_type`.
     pub fn name(self) -> &'static str {
@@ -38,6 +42,7 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2_moe",
             Arch::Mixtral => "mixtral",
             Arch::Olmoe => "olmoe",
+            Arch::GptOss => "gpt_oss",
         }
     }
 }
@@ -118,6 +123,10 @@ pub enum AttentionConfig {
         clip_qkv: Option<f32>,
         /// Sliding window: a query at position q sees keys k with q − W < k ≤ q.
         sliding_window: Option<usize>,
+        /// Which layers use the sliding window (`None`: all of them, when there is one).
+        sliding_layers: Option<Vec<bool>>,
+        /// A learned per-head sink logit joins each softmax and is dropped after it (GPT-OSS).
+        sinks: bool,
     },
     /// Multi-head latent attention (DeepSeek-V2/V3).
     Mla {
@@ -138,6 +147,24 @@ pub enum AttentionConfig {
     },
 }
 
+impl AttentionConfig {
+    /// The sliding window of layer `l`, if it has one.
+    pub fn window(&self, l: usize) -> Option<usize> {
+        match self {
+            AttentionConfig::Gqa {
+                sliding_window,
+                sliding_layers,
+                ..
+            } => sliding_window.filter(|_| {
+                sliding_layers
+                    .as_ref()
+                    .is_none_or(|s| s.get(l).copied().unwrap_or(false))
+            }),
+            AttentionConfig::Mla { .. } => None,
+        }
+    }
+}
+
 /// How a router turns logits into expert choices.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RouterKind {
@@ -156,6 +183,24 @@ pub enum RouterKind {
         norm_topk_prob: bool,
         /// Factor on the routed weights.
         routed_scaling_factor: f32,
+    },
+    /// Top-k of the logits (the router's bias added first), then a softmax over the k chosen
+    /// (GPT-OSS).
+    TopKSoftmax,
+}
+
+/// What a routed expert computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `down(silu(gate x) ⊙ up x)`.
+    SwiGlu,
+    /// GPT-OSS: gate and up interleaved in one projection with biases; `g = min(gate, limit)`,
+    /// `u = clamp(up, −limit, limit)`, `down((u + 1) · g · σ(alpha · g)) + bias`.
+    ClampedSwiGlu {
+        /// Sigmoid gain (`swiglu_alpha`).
+        alpha: f32,
+        /// Clamp (`swiglu_limit`).
+        limit: f32,
     },
 }
 
@@ -181,6 +226,8 @@ pub struct MoeConfig {
     pub router: RouterKind,
     /// Shared expert, if any.
     pub shared: Option<SharedExpert>,
+    /// What each routed expert computes.
+    pub activation: ExpertActivation,
 }
 
 /// The feed-forward block of a layer.
@@ -226,6 +273,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// End-of-sequence tokens, if configured.
     pub eos_token_ids: Vec<u32>,
+    /// How weights are stored (`quantization_config`).
+    pub quant: Quantization,
 }
 
 /// A JSON object with the file it came from, for error messages.
@@ -356,6 +405,7 @@ impl ModelConfig {
             "qwen2_moe" => Arch::Qwen2Moe,
             "mixtral" => Arch::Mixtral,
             "olmoe" => Arch::Olmoe,
+            "gpt_oss" => Arch::GptOss,
             other => {
                 return Err(c.err(
                     "model_type",
@@ -363,13 +413,10 @@ impl ModelConfig {
                 ));
             }
         };
-        if let Some(q) = c.get("quantization_config") {
-            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("?");
-            return Err(c.err(
-                "quantization_config.quant_method",
-                format!("`{method}` checkpoints are not supported yet"),
-            ));
-        }
+        let quant = match c.get("quantization_config") {
+            Some(q) => quant::read(q, file, arch == Arch::GptOss)?,
+            None => Quantization::None,
+        };
         c.expect_str("hidden_act", "silu", &["silu"])?;
         let vocab = c.pos_usize("vocab_size")?;
         let hidden = c.pos_usize("hidden_size")?;
@@ -444,6 +491,11 @@ impl ModelConfig {
                     // transformers default: qkv_bias = true.
                     Arch::Qwen2Moe => (c.bool_or("qkv_bias", true)?, false),
                     Arch::Mixtral => (false, false),
+                    // transformers default: attention_bias = true.
+                    Arch::GptOss => {
+                        let b = c.bool_or("attention_bias", true)?;
+                        (b, b)
+                    }
                     _ => {
                         let b = c.bool_or("attention_bias", false)?;
                         (b, b)
@@ -459,8 +511,21 @@ impl ModelConfig {
                 } else {
                     None
                 };
+                let mut sliding_layers = None;
                 let sliding_window = match arch {
                     Arch::Mixtral => c.opt_usize("sliding_window")?,
+                    Arch::GptOss => {
+                        let kinds = read_layer_types(&c, layers)?;
+                        let w = c.opt_usize("sliding_window")?;
+                        if w.is_none() && kinds.iter().any(|&s| s) {
+                            return Err(c.err(
+                                "sliding_window",
+                                "missing, and layer_types has sliding_attention layers",
+                            ));
+                        }
+                        sliding_layers = Some(kinds);
+                        w
+                    }
                     Arch::Qwen2Moe | Arch::Qwen3Moe => {
                         if c.bool_or("use_sliding_window", false)? {
                             return Err(c.err(
@@ -484,6 +549,8 @@ impl ModelConfig {
                     qk_norm,
                     clip_qkv,
                     sliding_window,
+                    sliding_layers,
+                    sinks: arch == Arch::GptOss,
                 };
                 (att, head_dim, false, head_dim)
             }
@@ -516,6 +583,7 @@ impl ModelConfig {
             moe,
             bos_token_id,
             eos_token_ids,
+            quant,
         })
     }
 
@@ -681,6 +749,15 @@ fn read_moe(
             c.pos_usize("num_experts")?,
             c.pos_usize("intermediate_size")?,
         ),
+        // transformers maps `num_experts` to `num_local_experts`.
+        Arch::GptOss => {
+            let n = if c.get("num_local_experts").is_some() {
+                c.pos_usize("num_local_experts")?
+            } else {
+                c.pos_usize("num_experts")?
+            };
+            (n, c.pos_usize("intermediate_size")?)
+        }
     };
     if top_k > experts {
         return Err(c.err(
@@ -725,6 +802,7 @@ fn read_moe(
                 routed_scaling_factor: c.f64("routed_scaling_factor")? as f32,
             }
         }
+        Arch::GptOss => RouterKind::TopKSoftmax,
         // Mixtral always renormalises.
         Arch::Mixtral => RouterKind::Softmax {
             norm_topk_prob: true,
@@ -812,6 +890,18 @@ fn read_moe(
         }
         _ => vec![MlpKind::Moe; layers],
     };
+    let activation = match arch {
+        Arch::GptOss => {
+            // transformers defaults (GPT-OSS releases set only the limit).
+            let alpha = c.opt_f64("swiglu_alpha")?.unwrap_or(1.702) as f32;
+            let limit = c.opt_f64("swiglu_limit")?.unwrap_or(7.0) as f32;
+            if limit <= 0.0 {
+                return Err(c.err("swiglu_limit", "must be positive"));
+            }
+            ExpertActivation::ClampedSwiGlu { alpha, limit }
+        }
+        _ => ExpertActivation::SwiGlu,
+    };
     Ok((
         MoeConfig {
             experts,
@@ -819,9 +909,39 @@ fn read_moe(
             intermediate,
             router,
             shared,
+            activation,
         },
         mlp,
     ))
+}
+
+/// GPT-OSS `layer_types`: true for `sliding_attention`. transformers' default when absent:
+/// even layers slide, odd layers are full.
+fn read_layer_types(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+    match c.get("layer_types") {
+        None => Ok((0..layers).map(|l| l % 2 == 0).collect()),
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(c.err(
+                    "layer_types",
+                    format!("{} entries for {layers} layers", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|x| match x.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(c.err(
+                        "layer_types",
+                        format!(
+                            "`{x}` is not supported (supported: sliding_attention, full_attention)"
+                        ),
+                    )),
+                })
+                .collect()
+        }
+        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    }
 }
 
 /// The path of `config.json` in a model directory.
@@ -915,6 +1035,70 @@ mod tests {
         assert_eq!(field_of(parse(&v).unwrap_err()), "hidden_size");
         let mut v = ds();
         v["quantization_config"] = json!({"quant_method": "gptq"});
+        assert_eq!(
+            field_of(parse(&v).unwrap_err()),
+            "quantization_config.quant_method"
+        );
+    }
+
+    fn gpt_oss() -> Value {
+        json!({
+            "model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
+            "rms_norm_eps": 1e-5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "max_position_embeddings": 256, "hidden_act": "silu", "num_local_experts": 8,
+            "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 8,
+            "swiglu_limit": 7.0, "rope_theta": 150000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": false,
+                             "original_max_position_embeddings": 64},
+            "quantization_config": {"quant_method": "mxfp4",
+                "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
+        })
+    }
+
+    #[test]
+    fn gpt_oss_reads() {
+        let c = parse(&gpt_oss()).unwrap();
+        assert_eq!(c.arch, Arch::GptOss);
+        assert_eq!(c.moe.router, RouterKind::TopKSoftmax);
+        assert_eq!(
+            c.moe.activation,
+            ExpertActivation::ClampedSwiGlu {
+                alpha: 1.702,
+                limit: 7.0
+            }
+        );
+        assert_eq!(c.quant.method(), "mxfp4");
+        // transformers' default layer_types: even layers slide.
+        assert_eq!(
+            (0..4).map(|l| c.attention.window(l)).collect::<Vec<_>>(),
+            [Some(8), None, Some(8), None]
+        );
+        let AttentionConfig::Gqa {
+            qkv_bias,
+            o_bias,
+            sinks,
+            ..
+        } = c.attention
+        else {
+            panic!()
+        };
+        assert!(qkv_bias && o_bias && sinks);
+        assert!(!c.rope.interleaved);
+        assert!((c.softmax_scale - 0.25).abs() < 1e-7);
+        let mut v = gpt_oss();
+        v["layer_types"] = json!(["full_attention", "sliding_attention", "full_attention"]);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+        let mut v = gpt_oss();
+        v["layer_types"] = json!([
+            "full_attention",
+            "chunked_attention",
+            "full_attention",
+            "full_attention"
+        ]);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+        let mut v = gpt_oss();
+        v["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
         assert_eq!(
             field_of(parse(&v).unwrap_err()),
             "quantization_config.quant_method"

@@ -1,7 +1,9 @@
 //! Running kernels across threads. Threads own whole output rows, so the thread count never
 //! changes a bit.
 
-use sluice_kernels::{Kernels, Matrix};
+use std::ops::Range;
+
+use sluice_kernels::{Kernels, Matrix, scalar};
 
 use crate::ModelError;
 
@@ -95,6 +97,60 @@ impl Exec {
         }
     }
 
+    /// `y = x · W` for a matrix stored `[in, out]` (the `x @ W` layout): `x` is `[b, in]` and
+    /// `y` is `[b, out]`, with `in = m.rows()`, `out = m.cols()`.
+    ///
+    /// Each output is accumulated over the input features in order, `acc = fma(x[i], W[i, o],
+    /// acc)` from `+0.0` (the kernels' [`axpy`](Kernels::axpy), which every ISA computes
+    /// alike), with `W[i, o]` decoded exactly as [`decode_row`] does. Threads own ranges of
+    /// output columns, so neither the thread count nor the batch changes a bit.
+    pub fn matmul_xw(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
+        let (n_in, n_out) = (m.rows(), m.cols());
+        let batch = x.len().checked_div(n_in).unwrap_or(0);
+        debug_assert_eq!(y.len(), batch * n_out);
+        let k = &self.kernels;
+        let columns = |cols: Range<usize>| -> Vec<f32> {
+            let w = cols.len();
+            let mut part = vec![0f32; batch * w];
+            let mut row = vec![0f32; w];
+            for i in 0..n_in {
+                decode_row(m, i, cols.clone(), &mut row);
+                for b in 0..batch {
+                    k.axpy(x[b * n_in + i], &row, &mut part[b * w..(b + 1) * w]);
+                }
+            }
+            part
+        };
+        let Some(pool) = self
+            .pool
+            .as_ref()
+            .filter(|_| n_out >= 2 * MIN_ROWS_PER_TASK)
+        else {
+            y.copy_from_slice(&columns(0..n_out));
+            return;
+        };
+        let tasks = (self.threads * 2).min(n_out / MIN_ROWS_PER_TASK).max(1);
+        let chunk = n_out.div_ceil(tasks);
+        use rayon::prelude::*;
+        let parts: Vec<(usize, Vec<f32>)> = pool.install(|| {
+            (0..n_out.div_ceil(chunk))
+                .into_par_iter()
+                .map(|t| {
+                    let start = t * chunk;
+                    let end = (start + chunk).min(n_out);
+                    (start, columns(start..end))
+                })
+                .collect()
+        });
+        for (start, part) in parts {
+            let w = part.len() / batch.max(1);
+            for b in 0..batch {
+                y[b * n_out + start..b * n_out + start + w]
+                    .copy_from_slice(&part[b * w..(b + 1) * w]);
+            }
+        }
+    }
+
     /// Runs `f(i, chunk)` for every `chunk`-sized piece of `out`, across the pool.
     pub fn for_each_chunk<F>(&self, out: &mut [f32], chunk: usize, f: F)
     where
@@ -110,6 +166,26 @@ impl Exec {
                 });
             }
             _ => out.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c)),
+        }
+    }
+}
+
+/// Columns `cols` of row `r` of `m` as f32: the stored value, times its group's scale for packed
+/// codings (`code × scale`, one rounding).
+pub(crate) fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
+    let bytes = m.row(r);
+    match m.scales() {
+        None => {
+            for (o, j) in out.iter_mut().zip(cols) {
+                *o = scalar::code(m.codes(), bytes, j);
+            }
+        }
+        Some(s) => {
+            let srow = m.scale_row(r);
+            for (o, j) in out.iter_mut().zip(cols) {
+                let sc = sluice_kernels::decode::scale_at(s.ty, srow, j / s.group_cols);
+                *o = scalar::code(m.codes(), bytes, j) * sc;
+            }
         }
     }
 }

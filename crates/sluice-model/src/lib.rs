@@ -2,8 +2,14 @@
 //!
 //! This crate computes the forward pass — prefill over a chunk of tokens and incremental decode
 //! with a KV cache — for DeepSeek-V3 / Kimi K2 (multi-head latent attention on a compressed
-//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral and OLMoE, and
+//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and
+//! GPT-OSS (attention sinks, alternating sliding-window layers, clamped SwiGLU experts), and
 //! matches Hugging Face transformers on the fixtures under `testdata/`.
+//!
+//! Checkpoints load as released: FP8 E4M3 with block scales (DeepSeek-V3, Kimi K2),
+//! compressed-tensors pack-quantized INT4 (Kimi K2 Thinking, K2.5) and MXFP4 (Kimi K3,
+//! GPT-OSS), read from `quantization_config` (see [`quant`]). Packed weights stay packed from
+//! the file to the kernels: a cached expert holds exactly its bytes on disk.
 //!
 //! The router is kept apart from the experts: a layer routes every token of a chunk, then asks
 //! the expert store for the union of the experts chosen and runs each once over all the rows
@@ -19,6 +25,7 @@ mod exec;
 mod model;
 mod moe;
 pub mod plan;
+pub mod quant;
 mod rope;
 mod state;
 pub mod synth;
@@ -28,6 +35,7 @@ pub use config::{Arch, ModelConfig};
 pub use exec::Exec;
 pub use model::{Logits, Model, ModelOptions, PolicyChoice, PolicyFactory};
 pub use plan::MemoryPlan;
+pub use quant::Quantization;
 pub use rope::Rope;
 pub use state::{Route, State};
 

@@ -1,5 +1,6 @@
 //! Feed-forward blocks: dense SwiGLU, and the mixture of experts with its router kept apart from
-//! the experts so they can be resident or streamed.
+//! the experts so they can be resident or streamed. Experts are either SwiGLU blocks or GPT-OSS's
+//! clamped SwiGLU with fused, biased projections.
 
 use std::collections::BTreeMap;
 
@@ -7,10 +8,37 @@ use sluice_kernels::scalar;
 use sluice_store::{Blob, ExpertStore};
 
 use crate::ModelError;
-use crate::config::{ModelConfig, RouterKind};
+use crate::config::{ExpertActivation, ModelConfig, RouterKind};
 use crate::exec::Exec;
 use crate::state::Route;
-use crate::weights::{FfnSpec, MlpSpec};
+use crate::weights::{ExpertSpec, FfnSpec, GptOssExpertSpec, MatSpec, MlpSpec, VecSpec};
+
+/// `y = x · Wᵀ` for the matrix of `spec` in `blob` (`x` is `[t, cols]`, `y` is `[t, rows]`),
+/// whichever way it is stored.
+fn linear(
+    exec: &Exec,
+    spec: &MatSpec,
+    blob: &Blob,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<(), ModelError> {
+    let m = spec.view(blob)?;
+    if spec.transposed {
+        exec.matmul_xw(&m, x, y);
+    } else {
+        exec.matmul(&m, x, y);
+    }
+    Ok(())
+}
+
+fn add_bias(y: &mut [f32], bias: &VecSpec, blob: &Blob) {
+    let b = bias.to_f32(blob);
+    for row in y.chunks_exact_mut(b.len()) {
+        for (a, &v) in row.iter_mut().zip(&b) {
+            *a += v;
+        }
+    }
+}
 
 /// `down(silu(gate x) ⊙ up x)` for `[t, hidden]` rows of `x`.
 pub(crate) fn swiglu(
@@ -23,19 +51,71 @@ pub(crate) fn swiglu(
     let inter = spec.gate.rows;
     let mut g = vec![0f32; t * inter];
     let mut u = vec![0f32; t * inter];
-    exec.matmul(&spec.gate.view(blob)?, x, &mut g);
-    exec.matmul(&spec.up.view(blob)?, x, &mut u);
+    linear(exec, &spec.gate, blob, x, &mut g)?;
+    linear(exec, &spec.up, blob, x, &mut u)?;
     let mut a = vec![0f32; t * inter];
     exec.kernels().silu_mul(&g, &u, &mut a);
     let mut y = vec![0f32; t * spec.down.rows];
-    exec.matmul(&spec.down.view(blob)?, &a, &mut y);
+    linear(exec, &spec.down, blob, &a, &mut y)?;
     Ok(y)
+}
+
+/// A GPT-OSS expert for `[t, hidden]` rows of `x` (transformers' `GptOssExperts`):
+/// `gu = W_gu x + b_gu`, gate = even entries, up = odd entries; `g = min(gate, limit)`,
+/// `u = clamp(up, −limit, limit)`; `h = (u + 1) · g · σ(alpha · g)`; `y = W_d h + b_d`.
+fn gpt_oss_expert(
+    exec: &Exec,
+    spec: &GptOssExpertSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+    alpha: f32,
+    limit: f32,
+) -> Result<Vec<f32>, ModelError> {
+    let inter = spec.down.cols;
+    let mut gu = vec![0f32; t * 2 * inter];
+    linear(exec, &spec.gate_up, blob, x, &mut gu)?;
+    add_bias(&mut gu, &spec.gate_up_bias, blob);
+    let act: Vec<f32> = gu
+        .chunks_exact(2)
+        .map(|p| {
+            let g = p[0].min(limit);
+            let u = p[1].clamp(-limit, limit);
+            let glu = g * scalar::sigmoid(g * alpha);
+            (u + 1.0) * glu
+        })
+        .collect();
+    let mut y = vec![0f32; t * spec.down.rows];
+    linear(exec, &spec.down, blob, &act, &mut y)?;
+    add_bias(&mut y, &spec.down_bias, blob);
+    Ok(y)
+}
+
+/// One routed expert over `[t, hidden]` rows.
+pub(crate) fn expert(
+    exec: &Exec,
+    cfg: &ModelConfig,
+    spec: &ExpertSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+) -> Result<Vec<f32>, ModelError> {
+    match (spec, cfg.moe.activation) {
+        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => swiglu(exec, m, blob, x, t),
+        (ExpertSpec::GptOss(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
+            gpt_oss_expert(exec, g, blob, x, t, alpha, limit)
+        }
+        _ => Err(ModelError::Internal(
+            "expert spec does not match the configured activation".into(),
+        )),
+    }
 }
 
 /// One token's routing: `(expert, weight)` sorted by expert id.
 pub(crate) type Selection = Vec<(u32, f32)>;
 
-/// Routes one token from its router logits.
+/// Routes one token from its router logits. `bias` is DeepSeek's selection-only score bias, or
+/// GPT-OSS's router bias (added to the logits).
 pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>) -> Selection {
     let k = cfg.moe.top_k;
     let mut sel: Selection = match &cfg.moe.router {
@@ -92,6 +172,17 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
             }
             top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
         }
+        RouterKind::TopKSoftmax => {
+            if let Some(b) = bias {
+                for (l, &b) in logits.iter_mut().zip(b) {
+                    *l += b;
+                }
+            }
+            let top = scalar::top_k(logits, k);
+            let mut w: Vec<f32> = top.iter().map(|p| p.1).collect();
+            scalar::softmax(&mut w);
+            top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
     };
     sel.sort_by_key(|p| p.0);
     sel
@@ -108,7 +199,7 @@ pub(crate) fn moe(
     spec: &FfnSpec,
     blob: &Blob,
     experts: &ExpertStore,
-    expert_specs: &[MlpSpec],
+    expert_specs: &[ExpertSpec],
     x: &[f32],
     pos0: usize,
     routes: Option<&mut Vec<Route>>,
@@ -172,7 +263,7 @@ pub(crate) fn moe(
             let spec = expert_specs
                 .get(e as usize)
                 .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
-            let y = swiglu(exec, spec, eb, &xe, rows.len())?;
+            let y = expert(exec, cfg, spec, eb, &xe, rows.len())?;
             for (r, &(i, slot)) in rows.iter().enumerate() {
                 outs[(i * k + slot) * h..(i * k + slot + 1) * h]
                     .copy_from_slice(&y[r * h..(r + 1) * h]);

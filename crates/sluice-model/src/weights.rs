@@ -7,11 +7,25 @@
 use std::collections::HashMap;
 
 use sluice_format::{Checkpoint, Dtype, TensorInfo};
-use sluice_kernels::{Codes, Matrix};
+use sluice_kernels::{Codes, Matrix, ScaleType, Scales};
 use sluice_store::{Blob, Piece};
 
 use crate::ModelError;
 use crate::config::{Arch, AttentionConfig, MlpKind, ModelConfig, QkNorm};
+use crate::quant::{CtScheme, Matcher, Quantization, Stored};
+
+/// Group scales of a packed matrix: another piece of the same blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleSpec {
+    /// Piece holding the scales, row-major `[ceil(rows / group_rows), ceil(cols / group_cols)]`.
+    pub piece: usize,
+    /// Their element type.
+    pub ty: ScaleType,
+    /// Rows per scale (1 for per-row groups, 128 for FP8 blocks).
+    pub group_rows: usize,
+    /// Columns per scale.
+    pub group_cols: usize,
+}
 
 /// How to view one piece of a blob as a weight matrix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,17 +38,49 @@ pub struct MatSpec {
     pub rows: usize,
     /// Input features.
     pub cols: usize,
+    /// Scales, for packed codings (FP8, INT4, MXFP4).
+    pub scales: Option<ScaleSpec>,
+    /// Stored `[cols, rows]` (the `x @ W` layout of GPT-OSS's fused BF16 experts) rather than
+    /// `[rows, cols]`.
+    pub transposed: bool,
 }
 
 impl MatSpec {
-    /// The matrix in `blob`.
+    /// A dense `[rows, cols]` matrix in piece `piece`.
+    pub fn dense(piece: usize, codes: Codes, rows: usize, cols: usize) -> MatSpec {
+        MatSpec {
+            piece,
+            codes,
+            rows,
+            cols,
+            scales: None,
+            transposed: false,
+        }
+    }
+
+    /// The matrix in `blob`, as stored (`[cols, rows]` when [`transposed`](Self::transposed)).
     pub fn view<'a>(&self, blob: &'a Blob) -> Result<Matrix<'a>, ModelError> {
-        Ok(Matrix::dense(
-            self.codes,
-            blob.piece(self.piece),
-            self.rows,
-            self.cols,
-        )?)
+        let (r, c) = if self.transposed {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        };
+        let data = blob.piece(self.piece);
+        Ok(match self.scales {
+            None => Matrix::dense(self.codes, data, r, c)?,
+            Some(s) => Matrix::quantized(
+                self.codes,
+                data,
+                r,
+                c,
+                Scales {
+                    data: blob.piece(s.piece),
+                    ty: s.ty,
+                    group_cols: s.group_cols,
+                    group_rows: s.group_rows,
+                },
+            )?,
+        })
     }
 }
 
@@ -74,27 +120,38 @@ pub struct PartLayout {
 
 impl PartLayout {
     /// Gathers the named tensors, sorted by (shard, offset) so adjacent tensors merge into one read.
-    pub fn new<'c>(ck: &'c Checkpoint, names: &[String]) -> Result<PartLayout, ModelError> {
-        let mut infos: Vec<&'c TensorInfo> = names
+    pub fn new(ck: &Checkpoint, names: &[String]) -> Result<PartLayout, ModelError> {
+        let items = names
             .iter()
-            .map(|n| ck.tensor(n))
-            .collect::<Result<_, _>>()?;
-        infos.sort_by_key(|t| (t.shard, t.offset));
-        infos.dedup_by_key(|t| (t.shard, t.offset, t.len));
-        let pieces = infos
-            .iter()
-            .map(|t| Piece {
-                shard: t.shard as u32,
-                offset: t.offset,
-                len: t.len,
+            .map(|n| {
+                ck.tensor(n).map(|t| {
+                    (
+                        n.clone(),
+                        Piece {
+                            shard: t.shard as u32,
+                            offset: t.offset,
+                            len: t.len,
+                        },
+                    )
+                })
             })
-            .collect();
-        let index = infos
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.name.clone(), i))
-            .collect();
-        Ok(PartLayout { pieces, index })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PartLayout::from_ranges(items))
+    }
+
+    /// Gathers labelled byte ranges (whole tensors or slices of them), sorted by (shard, offset);
+    /// a range given twice is read once.
+    pub fn from_ranges(mut items: Vec<(String, Piece)>) -> PartLayout {
+        items.sort_by_key(|(_, p)| (p.shard, p.offset, p.len));
+        let mut pieces: Vec<Piece> = Vec::with_capacity(items.len());
+        let mut index = HashMap::with_capacity(items.len());
+        for (name, p) in items {
+            if pieces.last() != Some(&p) {
+                pieces.push(p);
+            }
+            index.insert(name, pieces.len() - 1);
+        }
+        PartLayout { pieces, index }
     }
 
     fn piece(&self, name: &str) -> usize {
@@ -120,7 +177,50 @@ fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {
     }
 }
 
-/// Checks a matrix tensor's shape and dtype and records its spec.
+fn tensor_err(tensor: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Tensor {
+        tensor: tensor.to_owned(),
+        msg: msg.into(),
+    }
+}
+
+fn check_shape(t: &TensorInfo, want: &[usize], why: &str) -> Result<(), ModelError> {
+    if t.shape != want {
+        return Err(tensor_err(
+            &t.name,
+            format!("shape {:?}, expected {want:?}{why}", t.shape),
+        ));
+    }
+    Ok(())
+}
+
+fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Result<(), ModelError> {
+    if !allowed.contains(&t.dtype) {
+        let names: Vec<&str> = allowed.iter().map(|d| d.safetensors_name()).collect();
+        return Err(tensor_err(
+            &t.name,
+            format!(
+                "dtype {} for {role}, expected {}",
+                t.dtype,
+                names.join(" or ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The scale type of a scale tensor's dtype.
+fn scale_type(t: &TensorInfo, allowed: &[Dtype]) -> Result<ScaleType, ModelError> {
+    check_dtype(t, allowed, "scales")?;
+    Ok(match t.dtype {
+        Dtype::F32 => ScaleType::F32,
+        Dtype::BF16 => ScaleType::BF16,
+        Dtype::F16 => ScaleType::F16,
+        _ => ScaleType::E8M0, // U8 / F8_E8M0: biased exponents
+    })
+}
+
+/// Checks a plain matrix tensor's shape and dtype and records its spec.
 fn mat(
     ck: &Checkpoint,
     part: &PartLayout,
@@ -129,40 +229,369 @@ fn mat(
     cols: usize,
 ) -> Result<MatSpec, ModelError> {
     let t = ck.tensor(name)?;
-    if t.shape != [rows, cols] {
-        return Err(ModelError::Tensor {
-            tensor: name.to_owned(),
-            msg: format!("shape {:?}, expected [{rows}, {cols}]", t.shape),
-        });
-    }
-    Ok(MatSpec {
-        piece: part.piece(name),
-        codes: codes_of(t)?,
-        rows,
-        cols,
-    })
+    check_shape(t, &[rows, cols], "")?;
+    Ok(MatSpec::dense(part.piece(name), codes_of(t)?, rows, cols))
 }
 
 /// Checks a vector tensor's shape and dtype and records its spec.
 fn vec(ck: &Checkpoint, part: &PartLayout, name: &str, len: usize) -> Result<VecSpec, ModelError> {
     let t = ck.tensor(name)?;
-    if t.shape != [len] {
-        return Err(ModelError::Tensor {
-            tensor: name.to_owned(),
-            msg: format!("shape {:?}, expected [{len}]", t.shape),
-        });
-    }
-    if !matches!(t.dtype, Dtype::F32 | Dtype::BF16 | Dtype::F16) {
-        return Err(ModelError::Tensor {
-            tensor: name.to_owned(),
-            msg: format!("dtype {} is not supported for a vector", t.dtype),
-        });
-    }
+    check_shape(t, &[len], "")?;
+    check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
     Ok(VecSpec {
         piece: part.piece(name),
         dtype: t.dtype,
         len,
     })
+}
+
+/// A linear layer's weight as the checkpoint stores it.
+#[derive(Clone, Debug)]
+enum Linear {
+    /// `weight` in F32, BF16 or F16.
+    Plain { weight: String },
+    /// `weight` in FP8 E4M3 with `weight_scale_inv` per block.
+    Fp8 {
+        weight: String,
+        scale: String,
+        block: (usize, usize),
+    },
+    /// compressed-tensors pack-quantized INT4: `weight_packed`, `weight_scale`, `weight_shape`.
+    Int4 {
+        packed: String,
+        scale: String,
+        shape: String,
+        group: usize,
+    },
+    /// compressed-tensors MXFP4: `weight_packed`, `weight_scale`.
+    Mxfp4 { packed: String, scale: String },
+}
+
+impl Linear {
+    /// The tensors read into the blob. INT4's `weight_shape` is checked at load, not kept.
+    fn names(&self) -> Vec<String> {
+        match self {
+            Linear::Plain { weight } => vec![weight.clone()],
+            Linear::Fp8 { weight, scale, .. } => vec![weight.clone(), scale.clone()],
+            Linear::Int4 { packed, scale, .. } | Linear::Mxfp4 { packed, scale } => {
+                vec![packed.clone(), scale.clone()]
+            }
+        }
+    }
+}
+
+/// Reads `weight_shape` (I64 as compressed-tensors writes it, or I32) of a packed weight.
+fn read_weight_shape(ck: &Checkpoint, name: &str) -> Result<Vec<i64>, ModelError> {
+    let t = ck.tensor(name)?;
+    check_dtype(t, &[Dtype::I64, Dtype::I32], "weight_shape")?;
+    check_shape(t, &[2], "")?;
+    let bytes = ck.read(t)?;
+    Ok(match t.dtype {
+        Dtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+            .collect(),
+    })
+}
+
+/// What the weight builder needs: the checkpoint and how its weights are quantized.
+struct Ctx<'a> {
+    ck: &'a Checkpoint,
+    cfg: &'a ModelConfig,
+    m: Matcher<'a>,
+}
+
+impl<'a> Ctx<'a> {
+    /// How the linear layer `module` (its weight is `{module}.weight` when plain) is stored,
+    /// as the quantization config and the checkpoint say together.
+    fn linear(&self, module: &str) -> Result<Linear, ModelError> {
+        let ck = self.ck;
+        let weight = format!("{module}.weight");
+        match self.m.linear(module, true)? {
+            Stored::ByDtype => {
+                let t = ck.tensor(&weight)?;
+                if t.dtype != Dtype::F8E4M3 {
+                    return Ok(Linear::Plain { weight });
+                }
+                let Quantization::Fp8 {
+                    block_rows,
+                    block_cols,
+                } = self.cfg.quant
+                else {
+                    return Err(tensor_err(
+                        &weight,
+                        "F8_E4M3 weight, but config.json has no quantization_config with \
+                         quant_method fp8 (the block size is unknown)",
+                    ));
+                };
+                let scale = format!("{module}.weight_scale_inv");
+                if ck.get(&scale).is_none() {
+                    return Err(tensor_err(
+                        &scale,
+                        format!("missing: `{weight}` is F8_E4M3 and needs its block scales"),
+                    ));
+                }
+                Ok(Linear::Fp8 {
+                    weight,
+                    scale,
+                    block: (block_rows, block_cols),
+                })
+            }
+            Stored::Plain => {
+                let packed = format!("{module}.weight_packed");
+                if ck.get(&weight).is_none() && ck.get(&packed).is_some() {
+                    return Err(tensor_err(
+                        &weight,
+                        format!(
+                            "missing: the checkpoint stores `{packed}`, but quantization_config \
+                             does not target `{module}` (it is ignored or in no group)"
+                        ),
+                    ));
+                }
+                Ok(Linear::Plain { weight })
+            }
+            Stored::Packed(g) => {
+                let packed = format!("{module}.weight_packed");
+                let scale = format!("{module}.weight_scale");
+                let fmt = match g.scheme {
+                    CtScheme::PackInt4 { .. } => "pack-quantized",
+                    CtScheme::Mxfp4 => "mxfp4-pack-quantized",
+                };
+                for n in [&packed, &scale] {
+                    if ck.get(n).is_none() {
+                        return Err(tensor_err(
+                            n,
+                            format!(
+                                "missing: quantization_config group `{}` ({fmt}) targets `{module}`",
+                                g.name
+                            ),
+                        ));
+                    }
+                }
+                Ok(match g.scheme {
+                    CtScheme::PackInt4 { group } => {
+                        let shape = format!("{module}.weight_shape");
+                        if ck.get(&shape).is_none() {
+                            return Err(tensor_err(
+                                &shape,
+                                format!(
+                                    "missing: quantization_config group `{}` ({fmt}) targets \
+                                     `{module}`",
+                                    g.name
+                                ),
+                            ));
+                        }
+                        Linear::Int4 {
+                            packed,
+                            scale,
+                            shape,
+                            group,
+                        }
+                    }
+                    CtScheme::Mxfp4 => Linear::Mxfp4 { packed, scale },
+                })
+            }
+        }
+    }
+
+    /// Checks a linear layer's tensors against the `[rows, cols]` the model needs and records
+    /// its spec in `part`.
+    fn spec(
+        &self,
+        part: &PartLayout,
+        lin: &Linear,
+        rows: usize,
+        cols: usize,
+    ) -> Result<MatSpec, ModelError> {
+        let ck = self.ck;
+        match lin {
+            Linear::Plain { weight } => mat(ck, part, weight, rows, cols),
+            Linear::Fp8 {
+                weight,
+                scale,
+                block: (br, bc),
+            } => {
+                let t = ck.tensor(weight)?;
+                check_shape(t, &[rows, cols], "")?;
+                let s = ck.tensor(scale)?;
+                let ty = scale_type(s, &[Dtype::F32, Dtype::BF16, Dtype::F16, Dtype::F8E8M0])?;
+                check_shape(
+                    s,
+                    &[rows.div_ceil(*br), cols.div_ceil(*bc)],
+                    &format!(
+                        ": one scale per {br}x{bc} block of the [{rows}, {cols}] weight, \
+                         the grid rounded up"
+                    ),
+                )?;
+                Ok(MatSpec {
+                    piece: part.piece(weight),
+                    codes: Codes::E4M3,
+                    rows,
+                    cols,
+                    scales: Some(ScaleSpec {
+                        piece: part.piece(scale),
+                        ty,
+                        group_rows: *br,
+                        group_cols: *bc,
+                    }),
+                    transposed: false,
+                })
+            }
+            Linear::Int4 {
+                packed,
+                scale,
+                shape,
+                group,
+            } => {
+                let ws = read_weight_shape(ck, shape)?;
+                if ws != [rows as i64, cols as i64] {
+                    return Err(tensor_err(
+                        shape,
+                        format!("says {ws:?}, but the model needs [{rows}, {cols}]"),
+                    ));
+                }
+                let p = ck.tensor(packed)?;
+                check_dtype(p, &[Dtype::I32], "pack-quantized INT4 codes")?;
+                if !cols.is_multiple_of(8) {
+                    return Err(tensor_err(
+                        packed,
+                        format!("{cols} columns are not a whole number of int32 words of 8 codes"),
+                    ));
+                }
+                check_shape(
+                    p,
+                    &[rows, cols / 8],
+                    &format!(" (weight_shape [{rows}, {cols}], eight 4-bit codes per int32)"),
+                )?;
+                let s = ck.tensor(scale)?;
+                let ty = scale_type(s, &[Dtype::BF16, Dtype::F16, Dtype::F32])?;
+                check_shape(
+                    s,
+                    &[rows, cols.div_ceil(*group)],
+                    &format!(": one scale per {group} columns of [{rows}, {cols}]"),
+                )?;
+                Ok(MatSpec {
+                    piece: part.piece(packed),
+                    codes: Codes::Int4,
+                    rows,
+                    cols,
+                    scales: Some(ScaleSpec {
+                        piece: part.piece(scale),
+                        ty,
+                        group_rows: 1,
+                        group_cols: *group,
+                    }),
+                    transposed: false,
+                })
+            }
+            Linear::Mxfp4 { packed, scale } => {
+                let p = ck.tensor(packed)?;
+                check_dtype(p, &[Dtype::U8], "MXFP4 codes")?;
+                if !cols.is_multiple_of(2) {
+                    return Err(tensor_err(packed, format!("{cols} columns are odd")));
+                }
+                check_shape(p, &[rows, cols / 2], " (two E2M1 codes per byte)")?;
+                let s = ck.tensor(scale)?;
+                let ty = scale_type(s, &[Dtype::U8, Dtype::F8E8M0])?;
+                check_shape(
+                    s,
+                    &[rows, cols.div_ceil(32)],
+                    &format!(": one E8M0 scale per 32 columns of [{rows}, {cols}]"),
+                )?;
+                Ok(MatSpec {
+                    piece: part.piece(packed),
+                    codes: Codes::E2M1,
+                    rows,
+                    cols,
+                    scales: Some(ScaleSpec {
+                        piece: part.piece(scale),
+                        ty,
+                        group_rows: 1,
+                        group_cols: 32,
+                    }),
+                    transposed: false,
+                })
+            }
+        }
+    }
+}
+
+/// The tensors of one part, collected before their specs are made.
+struct PartBuilder<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    names: Vec<String>,
+    lins: HashMap<String, Linear>,
+}
+
+impl<'c, 'a> PartBuilder<'c, 'a> {
+    fn new(ctx: &'c Ctx<'a>) -> Self {
+        PartBuilder {
+            ctx,
+            names: Vec::new(),
+            lins: HashMap::new(),
+        }
+    }
+
+    /// A plain tensor (norm, bias, router, embedding).
+    fn tensor(&mut self, name: String) {
+        self.names.push(name);
+    }
+
+    /// A linear layer, by module name.
+    fn linear(&mut self, module: String) -> Result<(), ModelError> {
+        let l = self.ctx.linear(&module)?;
+        self.names.extend(l.names());
+        self.lins.insert(module, l);
+        Ok(())
+    }
+
+    fn finish(self) -> Result<Part, ModelError> {
+        Ok(Part {
+            layout: PartLayout::new(self.ctx.ck, &self.names)?,
+            lins: self.lins,
+        })
+    }
+}
+
+/// A part's layout and the linear layers in it.
+struct Part {
+    layout: PartLayout,
+    lins: HashMap<String, Linear>,
+}
+
+impl Part {
+    fn mat(
+        &self,
+        ctx: &Ctx<'_>,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<MatSpec, ModelError> {
+        let lin = self
+            .lins
+            .get(module)
+            .ok_or_else(|| ModelError::Internal(format!("{module} was not collected")))?;
+        ctx.spec(&self.layout, lin, rows, cols)
+    }
+
+    fn mlp(
+        &self,
+        ctx: &Ctx<'_>,
+        prefix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<MlpSpec, ModelError> {
+        let [g, u, d] = mlp_modules(prefix);
+        Ok(MlpSpec {
+            gate: self.mat(ctx, &g, inter, hidden)?,
+            up: self.mat(ctx, &u, inter, hidden)?,
+            down: self.mat(ctx, &d, hidden, inter)?,
+        })
+    }
 }
 
 /// A SwiGLU block: down(silu(gate x) ⊙ up x).
@@ -174,6 +603,28 @@ pub struct MlpSpec {
     pub up: MatSpec,
     /// Down projection.
     pub down: MatSpec,
+}
+
+/// A GPT-OSS expert: `gate_up` interleaves gate (even rows) and up (odd rows), both with biases.
+#[derive(Clone, Copy, Debug)]
+pub struct GptOssExpertSpec {
+    /// Fused gate/up projection, `[2 × intermediate, hidden]`.
+    pub gate_up: MatSpec,
+    /// Its bias.
+    pub gate_up_bias: VecSpec,
+    /// Down projection, `[hidden, intermediate]`.
+    pub down: MatSpec,
+    /// Its bias.
+    pub down_bias: VecSpec,
+}
+
+/// What one routed expert holds, as specs into its blob.
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertSpec {
+    /// Separate gate, up and down matrices.
+    SwiGlu(MlpSpec),
+    /// GPT-OSS's fused projections with biases.
+    GptOss(GptOssExpertSpec),
 }
 
 /// Attention weights of a layer.
@@ -195,6 +646,10 @@ pub enum AttnSpec {
         o_bias: Option<VecSpec>,
         /// Query and key norm weights.
         qk_norm: Option<[VecSpec; 2]>,
+        /// Per-head sink logits (GPT-OSS).
+        sinks: Option<VecSpec>,
+        /// This layer's sliding window, if it has one.
+        window: Option<usize>,
     },
     /// Multi-head latent attention.
     Mla {
@@ -224,7 +679,8 @@ pub enum FfnSpec {
     Moe {
         /// Router weight [experts, hidden].
         router: MatSpec,
-        /// Selection bias (DeepSeek `e_score_correction_bias`).
+        /// DeepSeek's selection-only `e_score_correction_bias`, or GPT-OSS's router bias (added
+        /// to the logits).
         bias: Option<VecSpec>,
         /// Shared expert.
         shared: Option<MlpSpec>,
@@ -270,10 +726,11 @@ pub struct WeightLayout {
     pub head: PartLayout,
     /// Head spec.
     pub head_spec: HeadSpec,
-    /// Per MoE layer, per expert: pieces.
+    /// Per MoE layer, per expert: pieces (an expert's bytes exactly as stored: packed codes and
+    /// their scales stay packed).
     pub experts: Vec<Vec<Vec<Piece>>>,
     /// Per MoE layer, per expert: specs into the expert's blob.
-    pub expert_specs: Vec<Vec<MlpSpec>>,
+    pub expert_specs: Vec<Vec<ExpertSpec>>,
 }
 
 /// Tensor names of an architecture.
@@ -295,37 +752,191 @@ impl Names {
         self.layer(l, &format!("{block}.{rest}"))
     }
 
+    /// Module names of expert `e`'s gate, up and down projections.
     fn expert(&self, l: usize, e: usize) -> [String; 3] {
         if self.arch == Arch::Mixtral {
-            ["w1", "w3", "w2"].map(|w| self.moe(l, &format!("experts.{e}.{w}.weight")))
+            ["w1", "w3", "w2"].map(|w| self.moe(l, &format!("experts.{e}.{w}")))
         } else {
-            ["gate_proj", "up_proj", "down_proj"]
-                .map(|w| self.moe(l, &format!("experts.{e}.{w}.weight")))
+            ["gate_proj", "up_proj", "down_proj"].map(|w| self.moe(l, &format!("experts.{e}.{w}")))
+        }
+    }
+
+    /// The router's weight (and GPT-OSS's bias).
+    fn router(&self, l: usize) -> (String, Option<String>) {
+        if self.arch == Arch::GptOss {
+            (
+                self.moe(l, "router.weight"),
+                Some(self.moe(l, "router.bias")),
+            )
+        } else {
+            (self.moe(l, "gate.weight"), None)
         }
     }
 }
 
-fn mlp_names(prefix: &str) -> [String; 3] {
-    ["gate_proj", "up_proj", "down_proj"].map(|w| format!("{prefix}.{w}.weight"))
+fn mlp_modules(prefix: &str) -> [String; 3] {
+    ["gate_proj", "up_proj", "down_proj"].map(|w| format!("{prefix}.{w}"))
 }
 
-fn mlp_spec(
-    ck: &Checkpoint,
-    part: &PartLayout,
-    n: &[String; 3],
-    hidden: usize,
-    inter: usize,
-) -> Result<MlpSpec, ModelError> {
-    Ok(MlpSpec {
-        gate: mat(ck, part, &n[0], inter, hidden)?,
-        up: mat(ck, part, &n[1], inter, hidden)?,
-        down: mat(ck, part, &n[2], hidden, inter)?,
-    })
+/// The byte range of entry `i` of the `n` along a tensor's first dimension.
+fn slice(t: &TensorInfo, i: usize, n: usize) -> Piece {
+    let per = t.len / n as u64;
+    Piece {
+        shard: t.shard as u32,
+        offset: t.offset + i as u64 * per,
+        len: per,
+    }
+}
+
+/// GPT-OSS's fused experts of layer `l`, cut into one blob per expert: each expert's slice of a
+/// fused tensor is a contiguous byte range.
+fn gpt_oss_experts(
+    ctx: &Ctx<'_>,
+    names: &Names,
+    l: usize,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let ck = ctx.ck;
+    let cfg = ctx.cfg;
+    let (n, h, inter) = (cfg.moe.experts, cfg.hidden, cfg.moe.intermediate);
+    let base = names.moe(l, "experts");
+    let mxfp4 = ctx.m.gpt_oss_mxfp4(&base);
+    // (tensor stem, output features, input features)
+    let projs = [("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)];
+    struct Fused<'t> {
+        stem: &'static str,
+        rows: usize,
+        cols: usize,
+        weight: &'t TensorInfo,
+        scales: Option<(&'t TensorInfo, ScaleType)>,
+        bias: &'t TensorInfo,
+    }
+    let mut fused = Vec::with_capacity(2);
+    for (stem, rows, cols) in projs {
+        let name = format!("{base}.{stem}");
+        let (weight, scales) = if mxfp4 {
+            let bn = format!("{name}_blocks");
+            let sn = format!("{name}_scales");
+            for t in [&bn, &sn] {
+                if ck.get(t).is_none() {
+                    return Err(tensor_err(
+                        t,
+                        format!(
+                            "missing: quantization_config (quant_method mxfp4) converts `{base}` \
+                             to MXFP4 blocks and scales"
+                        ),
+                    ));
+                }
+            }
+            let b = ck.tensor(&bn)?;
+            if !cols.is_multiple_of(32) {
+                return Err(tensor_err(
+                    &bn,
+                    format!("{cols} input features are not whole blocks of 32"),
+                ));
+            }
+            check_dtype(b, &[Dtype::U8], "MXFP4 blocks")?;
+            check_shape(
+                b,
+                &[n, rows, cols / 32, 16],
+                " ([experts, out, in / 32, 16]: 32 E2M1 codes in 16 bytes per block)",
+            )?;
+            let s = ck.tensor(&sn)?;
+            let ty = scale_type(s, &[Dtype::U8, Dtype::F8E8M0])?;
+            check_shape(s, &[n, rows, cols / 32], ": one E8M0 scale per block of 32")?;
+            (b, Some((s, ty)))
+        } else {
+            let Some(w) = ck.get(&name) else {
+                let blocks = format!("{name}_blocks");
+                return Err(tensor_err(
+                    &name,
+                    if ck.get(&blocks).is_some() {
+                        format!(
+                            "missing: the checkpoint stores `{blocks}`; reading it needs \
+                             quantization_config with quant_method mxfp4 that converts `{base}`"
+                        )
+                    } else {
+                        "missing".to_owned()
+                    },
+                ));
+            };
+            codes_of(w)?;
+            check_shape(
+                w,
+                &[n, cols, rows],
+                " ([experts, in, out]: the x @ W layout)",
+            )?;
+            (w, None)
+        };
+        let bias = ck.tensor(&format!("{name}_bias"))?;
+        check_dtype(bias, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a bias")?;
+        check_shape(bias, &[n, rows], "")?;
+        fused.push(Fused {
+            stem,
+            rows,
+            cols,
+            weight,
+            scales,
+            bias,
+        });
+    }
+    let mut pieces = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for e in 0..n {
+        let mut items = Vec::with_capacity(6);
+        for f in &fused {
+            items.push((f.stem.to_owned(), slice(f.weight, e, n)));
+            items.push((format!("{}.bias", f.stem), slice(f.bias, e, n)));
+            if let Some((s, _)) = f.scales {
+                items.push((format!("{}.scales", f.stem), slice(s, e, n)));
+            }
+        }
+        let part = PartLayout::from_ranges(items);
+        let spec = |f: &Fused<'_>| -> Result<(MatSpec, VecSpec), ModelError> {
+            let m = MatSpec {
+                piece: part.piece(f.stem),
+                codes: match f.scales {
+                    Some(_) => Codes::E2M1,
+                    None => codes_of(f.weight)?,
+                },
+                rows: f.rows,
+                cols: f.cols,
+                scales: f.scales.map(|(_, ty)| ScaleSpec {
+                    piece: part.piece(&format!("{}.scales", f.stem)),
+                    ty,
+                    group_rows: 1,
+                    group_cols: 32,
+                }),
+                transposed: f.scales.is_none(),
+            };
+            let b = VecSpec {
+                piece: part.piece(&format!("{}.bias", f.stem)),
+                dtype: f.bias.dtype,
+                len: f.rows,
+            };
+            Ok((m, b))
+        };
+        let (gate_up, gate_up_bias) = spec(&fused[0])?;
+        let (down, down_bias) = spec(&fused[1])?;
+        specs.push(ExpertSpec::GptOss(GptOssExpertSpec {
+            gate_up,
+            gate_up_bias,
+            down,
+            down_bias,
+        }));
+        pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
 }
 
 impl WeightLayout {
-    /// Finds and checks every tensor the model needs.
+    /// Finds and checks every tensor the model needs, packed ones against the model's
+    /// `quantization_config`.
     pub fn new(ck: &Checkpoint, cfg: &ModelConfig) -> Result<WeightLayout, ModelError> {
+        let ctx = Ctx {
+            ck,
+            cfg,
+            m: Matcher::new(&cfg.quant),
+        };
         let names = Names { arch: cfg.arch };
         let h = cfg.hidden;
 
@@ -338,87 +949,97 @@ impl WeightLayout {
         let mut experts = Vec::with_capacity(cfg.layers);
         let mut expert_specs = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
-            let mut want: Vec<String> = vec![
-                names.layer(l, "input_layernorm.weight"),
-                names.layer(l, "post_attention_layernorm.weight"),
-            ];
-            let opt = |name: String, want: &mut Vec<String>| -> Option<String> {
-                ck.get(&name).map(|_| {
-                    want.push(name.clone());
-                    name
-                })
-            };
-            // Attention tensor names.
+            let mut pb = PartBuilder::new(&ctx);
+            pb.tensor(names.layer(l, "input_layernorm.weight"));
+            pb.tensor(names.layer(l, "post_attention_layernorm.weight"));
+            let a = |p: &str| names.layer(l, &format!("self_attn.{p}"));
+            // Attention tensors.
             match &cfg.attention {
                 AttentionConfig::Gqa {
                     qkv_bias,
                     o_bias,
                     qk_norm,
+                    sinks,
                     ..
                 } => {
                     for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                        want.push(names.layer(l, &format!("self_attn.{p}.weight")));
+                        pb.linear(a(p))?;
                     }
                     if *qkv_bias {
                         for p in ["q_proj", "k_proj", "v_proj"] {
-                            want.push(names.layer(l, &format!("self_attn.{p}.bias")));
+                            pb.tensor(a(&format!("{p}.bias")));
                         }
                     }
                     if *o_bias {
-                        want.push(names.layer(l, "self_attn.o_proj.bias"));
+                        pb.tensor(a("o_proj.bias"));
                     }
                     if *qk_norm != QkNorm::None {
-                        want.push(names.layer(l, "self_attn.q_norm.weight"));
-                        want.push(names.layer(l, "self_attn.k_norm.weight"));
+                        pb.tensor(a("q_norm.weight"));
+                        pb.tensor(a("k_norm.weight"));
+                    }
+                    if *sinks {
+                        pb.tensor(a("sinks"));
                     }
                 }
                 AttentionConfig::Mla {
                     q_lora_rank, bias, ..
                 } => {
                     if q_lora_rank.is_some() {
-                        for p in ["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"] {
-                            want.push(names.layer(l, &format!("self_attn.{p}")));
-                        }
+                        pb.linear(a("q_a_proj"))?;
+                        pb.tensor(a("q_a_layernorm.weight"));
+                        pb.linear(a("q_b_proj"))?;
                     } else {
-                        want.push(names.layer(l, "self_attn.q_proj.weight"));
+                        pb.linear(a("q_proj"))?;
                     }
-                    for p in [
-                        "kv_a_proj_with_mqa.weight",
-                        "kv_a_layernorm.weight",
-                        "kv_b_proj.weight",
-                        "o_proj.weight",
-                    ] {
-                        want.push(names.layer(l, &format!("self_attn.{p}")));
-                    }
+                    pb.linear(a("kv_a_proj_with_mqa"))?;
+                    pb.tensor(a("kv_a_layernorm.weight"));
+                    pb.linear(a("kv_b_proj"))?;
+                    pb.linear(a("o_proj"))?;
                     if *bias {
                         for p in ["q_a_proj.bias", "kv_a_proj_with_mqa.bias", "o_proj.bias"] {
-                            let _ = opt(names.layer(l, &format!("self_attn.{p}")), &mut want);
+                            if ck.get(&a(p)).is_some() {
+                                pb.tensor(a(p));
+                            }
                         }
                     }
                 }
             }
-            // Feed-forward tensor names.
+            // Feed-forward tensors.
             let moe = cfg.is_moe(l);
-            if moe {
-                want.push(names.moe(l, "gate.weight"));
-                if cfg.arch == Arch::DeepseekV3 {
-                    want.push(names.moe(l, "gate.e_score_correction_bias"));
-                }
-                if let Some(sh) = &cfg.moe.shared {
-                    let prefix = if sh.gated {
+            let shared_prefix = |gated: bool| {
+                names.moe(
+                    l,
+                    if gated {
                         "shared_expert"
                     } else {
                         "shared_experts"
-                    };
-                    want.extend(mlp_names(&names.moe(l, prefix)));
+                    },
+                )
+            };
+            if moe {
+                let (rw, rb) = names.router(l);
+                pb.tensor(rw);
+                if let Some(rb) = rb {
+                    pb.tensor(rb);
+                }
+                if cfg.arch == Arch::DeepseekV3 {
+                    pb.tensor(names.moe(l, "gate.e_score_correction_bias"));
+                }
+                if let Some(sh) = &cfg.moe.shared {
+                    for m in mlp_modules(&shared_prefix(sh.gated)) {
+                        pb.linear(m)?;
+                    }
                     if sh.gated {
-                        want.push(names.moe(l, "shared_expert_gate.weight"));
+                        pb.linear(names.moe(l, "shared_expert_gate"))?;
                     }
                 }
             } else {
-                want.extend(mlp_names(&names.layer(l, "mlp")));
+                for m in mlp_modules(&names.layer(l, "mlp")) {
+                    pb.linear(m)?;
+                }
             }
-            let part = PartLayout::new(ck, &want)?;
+            let part = pb.finish()?;
+            let pl = &part.layout;
 
             let attn = match &cfg.attention {
                 AttentionConfig::Gqa {
@@ -428,40 +1049,46 @@ impl WeightLayout {
                     qkv_bias,
                     o_bias,
                     qk_norm,
+                    sinks,
                     ..
                 } => {
                     let (qd, kd) = (heads * head_dim, kv_heads * head_dim);
-                    let a = |p: &str| names.layer(l, &format!("self_attn.{p}"));
                     AttnSpec::Gqa {
-                        q: mat(ck, &part, &a("q_proj.weight"), qd, h)?,
-                        k: mat(ck, &part, &a("k_proj.weight"), kd, h)?,
-                        v: mat(ck, &part, &a("v_proj.weight"), kd, h)?,
-                        o: mat(ck, &part, &a("o_proj.weight"), h, qd)?,
+                        q: part.mat(&ctx, &a("q_proj"), qd, h)?,
+                        k: part.mat(&ctx, &a("k_proj"), kd, h)?,
+                        v: part.mat(&ctx, &a("v_proj"), kd, h)?,
+                        o: part.mat(&ctx, &a("o_proj"), h, qd)?,
                         qkv_bias: if *qkv_bias {
                             Some([
-                                vec(ck, &part, &a("q_proj.bias"), qd)?,
-                                vec(ck, &part, &a("k_proj.bias"), kd)?,
-                                vec(ck, &part, &a("v_proj.bias"), kd)?,
+                                vec(ck, pl, &a("q_proj.bias"), qd)?,
+                                vec(ck, pl, &a("k_proj.bias"), kd)?,
+                                vec(ck, pl, &a("v_proj.bias"), kd)?,
                             ])
                         } else {
                             None
                         },
                         o_bias: if *o_bias {
-                            Some(vec(ck, &part, &a("o_proj.bias"), h)?)
+                            Some(vec(ck, pl, &a("o_proj.bias"), h)?)
                         } else {
                             None
                         },
                         qk_norm: match qk_norm {
                             QkNorm::None => None,
                             QkNorm::PerHead => Some([
-                                vec(ck, &part, &a("q_norm.weight"), *head_dim)?,
-                                vec(ck, &part, &a("k_norm.weight"), *head_dim)?,
+                                vec(ck, pl, &a("q_norm.weight"), *head_dim)?,
+                                vec(ck, pl, &a("k_norm.weight"), *head_dim)?,
                             ]),
                             QkNorm::Full => Some([
-                                vec(ck, &part, &a("q_norm.weight"), qd)?,
-                                vec(ck, &part, &a("k_norm.weight"), kd)?,
+                                vec(ck, pl, &a("q_norm.weight"), qd)?,
+                                vec(ck, pl, &a("k_norm.weight"), kd)?,
                             ]),
                         },
+                        sinks: if *sinks {
+                            Some(vec(ck, pl, &a("sinks"), *heads)?)
+                        } else {
+                            None
+                        },
+                        window: cfg.attention.window(l),
                     }
                 }
                 AttentionConfig::Mla {
@@ -473,22 +1100,21 @@ impl WeightLayout {
                     v_head_dim,
                     bias,
                 } => {
-                    let a = |p: &str| names.layer(l, &format!("self_attn.{p}"));
                     let qk = qk_nope_head_dim + qk_rope_head_dim;
                     let (q_a, q_b) = match q_lora_rank {
                         Some(r) => (
                             Some((
-                                mat(ck, &part, &a("q_a_proj.weight"), *r, h)?,
-                                vec(ck, &part, &a("q_a_layernorm.weight"), *r)?,
+                                part.mat(&ctx, &a("q_a_proj"), *r, h)?,
+                                vec(ck, pl, &a("q_a_layernorm.weight"), *r)?,
                             )),
-                            mat(ck, &part, &a("q_b_proj.weight"), heads * qk, *r)?,
+                            part.mat(&ctx, &a("q_b_proj"), heads * qk, *r)?,
                         ),
-                        None => (None, mat(ck, &part, &a("q_proj.weight"), heads * qk, h)?),
+                        None => (None, part.mat(&ctx, &a("q_proj"), heads * qk, h)?),
                     };
                     let bias = if *bias {
                         let b = |name: &str, n: usize| -> Result<Option<VecSpec>, ModelError> {
                             if ck.get(&a(name)).is_some() {
-                                vec(ck, &part, &a(name), n).map(Some)
+                                vec(ck, pl, &a(name), n).map(Some)
                             } else {
                                 Ok(None)
                             }
@@ -507,22 +1133,20 @@ impl WeightLayout {
                     AttnSpec::Mla {
                         q_a,
                         q_b,
-                        kv_a: mat(
-                            ck,
-                            &part,
-                            &a("kv_a_proj_with_mqa.weight"),
+                        kv_a: part.mat(
+                            &ctx,
+                            &a("kv_a_proj_with_mqa"),
                             kv_lora_rank + qk_rope_head_dim,
                             h,
                         )?,
-                        kv_a_norm: vec(ck, &part, &a("kv_a_layernorm.weight"), *kv_lora_rank)?,
-                        kv_b: mat(
-                            ck,
-                            &part,
-                            &a("kv_b_proj.weight"),
+                        kv_a_norm: vec(ck, pl, &a("kv_a_layernorm.weight"), *kv_lora_rank)?,
+                        kv_b: part.mat(
+                            &ctx,
+                            &a("kv_b_proj"),
                             heads * (qk_nope_head_dim + v_head_dim),
                             *kv_lora_rank,
                         )?,
-                        o: mat(ck, &part, &a("o_proj.weight"), h, heads * v_head_dim)?,
+                        o: part.mat(&ctx, &a("o_proj"), h, heads * v_head_dim)?,
                         bias,
                     }
                 }
@@ -532,43 +1156,30 @@ impl WeightLayout {
                 let m = &cfg.moe;
                 let shared = match &m.shared {
                     Some(sh) => {
-                        let prefix = if sh.gated {
-                            "shared_expert"
-                        } else {
-                            "shared_experts"
-                        };
-                        Some(mlp_spec(
-                            ck,
-                            &part,
-                            &mlp_names(&names.moe(l, prefix)),
-                            h,
-                            sh.intermediate,
-                        )?)
+                        Some(part.mlp(&ctx, &shared_prefix(sh.gated), h, sh.intermediate)?)
                     }
                     None => None,
                 };
                 let shared_gate = match &m.shared {
-                    Some(sh) if sh.gated => Some(mat(
+                    Some(sh) if sh.gated => {
+                        Some(part.mat(&ctx, &names.moe(l, "shared_expert_gate"), 1, h)?)
+                    }
+                    _ => None,
+                };
+                let (rw, rb) = names.router(l);
+                let bias = match (cfg.arch, rb) {
+                    (Arch::DeepseekV3, _) => Some(vec(
                         ck,
-                        &part,
-                        &names.moe(l, "shared_expert_gate.weight"),
-                        1,
-                        h,
+                        pl,
+                        &names.moe(l, "gate.e_score_correction_bias"),
+                        m.experts,
                     )?),
+                    (_, Some(rb)) => Some(vec(ck, pl, &rb, m.experts)?),
                     _ => None,
                 };
                 FfnSpec::Moe {
-                    router: mat(ck, &part, &names.moe(l, "gate.weight"), m.experts, h)?,
-                    bias: if cfg.arch == Arch::DeepseekV3 {
-                        Some(vec(
-                            ck,
-                            &part,
-                            &names.moe(l, "gate.e_score_correction_bias"),
-                            m.experts,
-                        )?)
-                    } else {
-                        None
-                    },
+                    router: mat(ck, pl, &rw, m.experts, h)?,
+                    bias,
                     shared,
                     shared_gate,
                 }
@@ -576,20 +1187,14 @@ impl WeightLayout {
                 let MlpKind::Dense { intermediate } = cfg.mlp[l] else {
                     unreachable!("checked by is_moe")
                 };
-                FfnSpec::Dense(mlp_spec(
-                    ck,
-                    &part,
-                    &mlp_names(&names.layer(l, "mlp")),
-                    h,
-                    intermediate,
-                )?)
+                FfnSpec::Dense(part.mlp(&ctx, &names.layer(l, "mlp"), h, intermediate)?)
             };
 
             let spec = LayerSpec {
-                input_norm: vec(ck, &part, &names.layer(l, "input_layernorm.weight"), h)?,
+                input_norm: vec(ck, pl, &names.layer(l, "input_layernorm.weight"), h)?,
                 post_norm: vec(
                     ck,
-                    &part,
+                    pl,
                     &names.layer(l, "post_attention_layernorm.weight"),
                     h,
                 )?,
@@ -600,36 +1205,57 @@ impl WeightLayout {
             // Routed experts: one blob each.
             let (mut lp, mut ls) = (Vec::new(), Vec::new());
             if moe {
-                for e in 0..cfg.moe.experts {
-                    let n = names.expert(l, e);
-                    let p = PartLayout::new(ck, &n)?;
-                    ls.push(mlp_spec(ck, &p, &n, h, cfg.moe.intermediate)?);
-                    lp.push(p.pieces);
+                if cfg.arch == Arch::GptOss {
+                    (lp, ls) = gpt_oss_experts(&ctx, &names, l)?;
+                } else {
+                    for e in 0..cfg.moe.experts {
+                        let mut eb = PartBuilder::new(&ctx);
+                        let mods = names.expert(l, e);
+                        for m in &mods {
+                            eb.linear(m.clone())?;
+                        }
+                        let p = eb.finish()?;
+                        let inter = cfg.moe.intermediate;
+                        ls.push(ExpertSpec::SwiGlu(MlpSpec {
+                            gate: p.mat(&ctx, &mods[0], inter, h)?,
+                            up: p.mat(&ctx, &mods[1], inter, h)?,
+                            down: p.mat(&ctx, &mods[2], h, inter)?,
+                        }));
+                        lp.push(p.layout.pieces);
+                    }
                 }
             }
-            layers.push(part);
+            layers.push(part.layout);
             layer_specs.push(spec);
             experts.push(lp);
             expert_specs.push(ls);
         }
 
-        let lm_name = if cfg.tie_embeddings {
-            embed_name.clone()
+        let lm_module = if cfg.tie_embeddings {
+            None
         } else {
-            "lm_head.weight".to_owned()
+            Some("lm_head".to_owned())
         };
-        let head_names = vec!["model.norm.weight".to_owned(), lm_name.clone()];
-        let head = PartLayout::new(ck, &head_names)?;
+        let mut hb = PartBuilder::new(&ctx);
+        hb.tensor("model.norm.weight".to_owned());
+        match &lm_module {
+            Some(m) => hb.linear(m.clone())?,
+            None => hb.tensor(embed_name.clone()),
+        }
+        let head = hb.finish()?;
         let head_spec = HeadSpec {
-            norm: vec(ck, &head, "model.norm.weight", h)?,
-            lm_head: mat(ck, &head, &lm_name, cfg.vocab, h)?,
+            norm: vec(ck, &head.layout, "model.norm.weight", h)?,
+            lm_head: match &lm_module {
+                Some(m) => head.mat(&ctx, m, cfg.vocab, h)?,
+                None => mat(ck, &head.layout, &embed_name, cfg.vocab, h)?,
+            },
         };
         Ok(WeightLayout {
             embed,
             embed_spec,
             layers,
             layer_specs,
-            head,
+            head: head.layout,
             head_spec,
             experts,
             expert_specs,
@@ -646,5 +1272,24 @@ impl WeightLayout {
     /// Bytes of all routed experts.
     pub fn expert_bytes(&self) -> u64 {
         self.experts.iter().flatten().flatten().map(|p| p.len).sum()
+    }
+
+    /// Bytes on disk of expert `e` of layer `layer` (0 when there is none): what the expert
+    /// cache holds for it, before read alignment. Packed experts stay packed.
+    pub fn bytes_of_expert(&self, layer: usize, e: usize) -> u64 {
+        self.experts
+            .get(layer)
+            .and_then(|l| l.get(e))
+            .map_or(0, |p| p.iter().map(|p| p.len).sum())
+    }
+
+    /// Bytes on disk of the largest routed expert.
+    pub fn bytes_per_expert(&self) -> u64 {
+        self.experts
+            .iter()
+            .flatten()
+            .map(|p| p.iter().map(|p| p.len).sum())
+            .max()
+            .unwrap_or(0)
     }
 }

@@ -182,6 +182,19 @@ impl<'a> Q<'a> {
         }
     }
 
+    /// A field that must be absent, null, `{}` or declare the `dense` format (what
+    /// llm-compressor writes when nothing of the kind was applied).
+    fn absent_or_empty(&self, field: &str, what: &str) -> Result<(), ModelError> {
+        match self.get(field) {
+            Some(Value::Object(o))
+                if o.is_empty() || o.get("format").and_then(Value::as_str) == Some("dense") =>
+            {
+                Ok(())
+            }
+            _ => self.absent(field, what),
+        }
+    }
+
     fn strings(&self, field: &str) -> Result<Vec<String>, ModelError> {
         match self.get(field) {
             None => Ok(Vec::new()),
@@ -198,8 +211,8 @@ impl<'a> Q<'a> {
     }
 }
 
-/// Reads `quantization_config` (`v` is its value) for a model whose `model_type` is
-/// `model_type`. `gpt_oss` says whether the architecture stores fused GPT-OSS experts.
+/// Reads `quantization_config` (`v` is its value; `file` names it in errors). `gpt_oss` says
+/// whether the architecture is GPT-OSS, the only one whose experts `mxfp4` describes.
 pub(crate) fn read(v: &Value, file: &Path, gpt_oss: bool) -> Result<Quantization, ModelError> {
     let q = Q {
         v,
@@ -284,8 +297,8 @@ pub(crate) fn read(v: &Value, file: &Path, gpt_oss: bool) -> Result<Quantization
 fn read_compressed_tensors(q: &Q<'_>) -> Result<Quantization, ModelError> {
     q.one_of("quantization_status", Some("compressed"), &["compressed"])?;
     q.absent("kv_cache_scheme", "a quantized KV cache")?;
-    q.absent("sparsity_config", "sparsity compression")?;
-    q.absent("transform_config", "a weight transform")?;
+    q.absent_or_empty("sparsity_config", "sparsity compression")?;
+    q.absent_or_empty("transform_config", "a weight transform")?;
     let formats = ["pack-quantized", "mxfp4-pack-quantized"];
     let top_format = q.get("format");
     let groups_q = q.sub("config_groups")?;
@@ -619,6 +632,14 @@ mod tests {
         assert_eq!(
             field(parse(&v, false).unwrap_err()),
             "quantization_config.ignore"
+        );
+        let mut v = k2_thinking();
+        v["sparsity_config"] = json!({});
+        parse(&v, false).unwrap();
+        v["sparsity_config"] = json!({"format": "sparse-24-bitmask"});
+        assert_eq!(
+            field(parse(&v, false).unwrap_err()),
+            "quantization_config.sparsity_config"
         );
         let mut v = k2_thinking();
         v["quant_method"] = json!("gptq");

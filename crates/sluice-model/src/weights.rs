@@ -1283,6 +1283,22 @@ impl WeightLayout {
             .map_or(0, |p| p.iter().map(|p| p.len).sum())
     }
 
+    /// Routed-expert bytes on disk one token needs when nothing is cached: the `top_k` largest
+    /// experts of every MoE layer.
+    pub fn expert_bytes_per_token(&self, top_k: usize) -> u64 {
+        self.experts
+            .iter()
+            .map(|layer| {
+                let mut sizes: Vec<u64> = layer
+                    .iter()
+                    .map(|p| p.iter().map(|p| p.len).sum())
+                    .collect();
+                sizes.sort_unstable_by(|a, b| b.cmp(a));
+                sizes.iter().take(top_k).sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Bytes on disk of the largest routed expert.
     pub fn bytes_per_expert(&self) -> u64 {
         self.experts

@@ -325,13 +325,20 @@ fn a_packed_expert_is_read_and_cached_at_its_size_on_disk() {
         let blob = m.experts().fetch(layer, &[e as u32]).unwrap().remove(0);
         let after = m.experts().stats();
         let read = after.bytes_read - before.bytes_read;
+        let moe_layers = (0..cfg.layers).filter(|&l| cfg.is_moe(l)).count() as u64;
+        let per_token = m.layout().expert_bytes_per_token(cfg.moe.top_k);
+        assert_eq!(
+            per_token,
+            want * cfg.moe.top_k as u64 * moe_layers,
+            "{name}"
+        );
         println!(
             "{name}: expert {layer}.{e}: {payload} B on disk in {} pieces, {runs} reads, \
-             {read} B read ({} I/O, alignment {align}), {} B cached; per token {} B",
+             {read} B read ({} I/O, alignment {align}), {} B cached; one token, nothing \
+             cached: {per_token} B on disk",
             pieces.len(),
             m.io_mode(),
             blob.footprint(),
-            m.plan().per_token_expert_bytes,
         );
         assert_eq!(read, widened, "{name}: bytes read");
         assert!(

@@ -12,16 +12,26 @@ use sluice_store::{POLICIES, TraceEvent, belady, policy::by_name, simulate};
 
 /// Records the expert requests of a greedy generation of up to 128 tokens after a 16-token
 /// prompt (fewer where the model's context is shorter).
-
 fn record(dir: &Path) -> (Vec<TraceEvent>, usize) {
-    let m = Model::open(dir, ModelOptions { record_trace: true, context: 256, ..Default::default() }).expect("model");
+    let m = Model::open(
+        dir,
+        ModelOptions {
+            record_trace: true,
+            context: 256,
+            ..Default::default()
+        },
+    )
+    .expect("model");
     let vocab = m.config().vocab as u32;
     let mut st = m.new_state();
     let prompt: Vec<u32> = (0..16).map(|i| (i * 37 + 11) % vocab).collect();
     let mut l = m.forward(&mut st, &prompt, Logits::Last).expect("prefill");
     let steps = 128.min(m.plan().context - prompt.len());
     for _ in 0..steps {
-        let next = l.iter().enumerate().fold(0, |b, (i, &x)| if x > l[b] { i } else { b }) as u32;
+        let next = l
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > l[b] { i } else { b }) as u32;
         l = m.forward(&mut st, &[next], Logits::Last).expect("decode");
     }
     let experts: usize = m.layout().experts.iter().map(Vec::len).sum();
@@ -37,7 +47,9 @@ fn zipf(n: u32, steps: u64) -> Vec<TraceEvent> {
         for layer in 0..8 {
             let mut chosen = std::collections::BTreeSet::new();
             while chosen.len() < 4 {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 let u = (x >> 11) as f64 / (1u64 << 53) as f64 * h;
                 let (mut acc, mut e) = (0.0, n - 1);
                 for i in 0..n {
@@ -50,7 +62,11 @@ fn zipf(n: u32, steps: u64) -> Vec<TraceEvent> {
                 // A different popularity order per layer.
                 chosen.insert((e * 7 + layer * 13) % n);
             }
-            out.extend(chosen.into_iter().map(|expert| TraceEvent { step, layer, expert }));
+            out.extend(chosen.into_iter().map(|expert| TraceEvent {
+                step,
+                layer,
+                expert,
+            }));
         }
     }
     out
@@ -65,7 +81,11 @@ fn table(name: &str, trace: &[TraceEvent], experts: usize) {
     println!();
     for pct in [5, 10, 25, 50] {
         let cap = (experts * pct / 100).max(8);
-        print!("{:>7}% {:>7.1}%", pct, 100.0 * belady(trace, cap).hit_rate());
+        print!(
+            "{:>7}% {:>7.1}%",
+            pct,
+            100.0 * belady(trace, cap).hit_rate()
+        );
         for p in POLICIES {
             let r = simulate(by_name(p, cap).expect("policy").as_mut(), trace, cap);
             print!(" {:>7.1}%", 100.0 * r.hit_rate());
@@ -82,16 +102,37 @@ fn main() {
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
-    for f in ["deepseek_v3-fp32", "qwen3_moe-fp32", "mixtral-fp32", "olmoe-fp32"] {
+    for f in [
+        "deepseek_v3-fp32",
+        "qwen3_moe-fp32",
+        "mixtral-fp32",
+        "olmoe-fp32",
+    ] {
         let (t, n) = record(&root.join(f));
         table(&format!("fixture {f} (random weights)"), &t, n);
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     for skew in [0.0f32, 0.5, 1.0] {
         let dir = tmp.path().join(format!("skew{skew}"));
-        SynthSpec { skew, layers: 6, experts: 64, top_k: 6, ..Default::default() }.write(&dir).expect("synth");
+        SynthSpec {
+            skew,
+            layers: 6,
+            experts: 64,
+            top_k: 6,
+            ..Default::default()
+        }
+        .write(&dir)
+        .expect("synth");
         let (t, n) = record(&dir);
-        table(&format!("synthetic DeepSeek-V3 shape, 64 experts top-6, skew {skew}"), &t, n);
+        table(
+            &format!("synthetic DeepSeek-V3 shape, 64 experts top-6, skew {skew}"),
+            &t,
+            n,
+        );
     }
-    table("Zipf(1) stream, 8 layers x 256 experts, top-4", &zipf(256, 2000), 8 * 256);
+    table(
+        "Zipf(1) stream, 8 layers x 256 experts, top-4",
+        &zipf(256, 2000),
+        8 * 256,
+    );
 }

@@ -21,6 +21,41 @@ pub enum Command {
     Run(RunArgs),
     /// Write a synthetic DeepSeek-V3-shaped checkpoint (for tests and benchmarks).
     Synth(SynthArgs),
+    /// Show a model's sizes and how a memory budget would be spent on it.
+    Inspect(InspectArgs),
+    /// Pack a checkpoint's trunk into one file, layer by layer (experts stay in the shards).
+    Pack(PackArgs),
+}
+
+/// `sluice pack`.
+#[derive(Args, Debug)]
+pub struct PackArgs {
+    /// The Hugging Face checkpoint directory.
+    pub src: PathBuf,
+    /// The pack directory to write (outside the checkpoint directory).
+    pub out: PathBuf,
+    /// Replace an existing pack (only once the new one is complete).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `sluice inspect`.
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    /// Model directory.
+    pub model: PathBuf,
+    /// Memory budget to plan: a size (`8GiB`), `auto` or `unlimited`.
+    #[arg(long, default_value = "unlimited", value_name = "SIZE|auto")]
+    pub memory: String,
+    /// Positions the KV cache is planned for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `sluice synth`.
@@ -93,6 +128,9 @@ pub struct RunArgs {
     /// Write every expert request (step layer expert) to this file.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// For a pack directory: skip verifying the packed trunk's checksums (faster loading).
+    #[arg(long)]
+    pub no_verify: bool,
     /// Instruction set: auto, scalar, avx2 or avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,

@@ -59,6 +59,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Synth(a) => synth(a),
+        Command::Inspect(a) => inspect(a),
+        Command::Pack(a) => pack(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -67,6 +69,105 @@ fn main() -> ExitCode {
             ExitCode::from(f.code)
         }
     }
+}
+
+fn pack(a: args::PackArgs) -> Result<(), Failure> {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message("packing trunk");
+    let r = sluice::pack::pack(&a.src, &a.out, a.force, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    let r = r?;
+    eprintln!(
+        "packed {} of trunk in {} runs to {} in {:.1}s ({:.2} GB/s); experts stay in {}",
+        sluice::fmt_bytes(r.trunk_bytes),
+        r.parts,
+        r.out.display(),
+        r.seconds,
+        r.trunk_bytes as f64 / r.seconds.max(1e-9) / 1e9,
+        a.src.display()
+    );
+    Ok(())
+}
+
+fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
+    let i = sluice::inspect(&a.model, memory(&a.memory)?, a.context, a.prefill_chunk)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&i).unwrap_or_default());
+        return Ok(());
+    }
+    let b = sluice::fmt_bytes;
+    let p = &i.plan;
+    println!(
+        "{} ({}, {} shards, {} I/O)",
+        i.dir, i.model_type, i.shards, i.io_mode
+    );
+    println!(
+        "  {} layers ({} with experts), hidden {}, vocab {}, {} experts top-{}, {} attention",
+        i.layers, i.moe_layers, i.hidden, i.vocab, i.experts, i.top_k, i.attention
+    );
+    println!("  checkpoint        {}", b(i.checkpoint_bytes));
+    println!("  trunk             {}", b(i.trunk_bytes));
+    println!(
+        "  routed experts    {} ({} each; {} per token at top-{} when nothing is cached)",
+        b(i.expert_bytes),
+        b(i.bytes_per_expert),
+        b(i.expert_bytes_per_token),
+        i.top_k
+    );
+    println!(
+        "  KV cache          {} per position",
+        b(i.kv_bytes_per_position)
+    );
+    println!(
+        "plan for {}:",
+        if p.budget == 0 {
+            "an unlimited budget".to_owned()
+        } else {
+            format!("a budget of {}", b(p.budget))
+        }
+    );
+    println!("  minimum budget    {}", b(p.minimum));
+    println!(
+        "  trunk pinned      {} ({} of {} layers, embeddings {})",
+        b(p.trunk_pinned),
+        p.layers_pinned,
+        i.layers,
+        if p.embed_pinned {
+            "pinned"
+        } else {
+            "read per token"
+        }
+    );
+    if p.ring_slots > 0 {
+        println!(
+            "  layer ring        {} slot(s) of {}",
+            p.ring_slots,
+            b(p.ring_slot_bytes)
+        );
+    }
+    println!(
+        "  KV cache          {} for {} positions",
+        b(p.kv_cache),
+        p.context
+    );
+    println!("  scratch           {}", b(p.scratch));
+    println!(
+        "  expert cache      {} ({} experts, {:.1}% of all)",
+        b(p.expert_cache),
+        p.expert_cache_experts,
+        100.0 * p.expert_cache as f64 / i.expert_bytes.max(1) as f64
+    );
+    Ok(())
 }
 
 fn synth(a: args::SynthArgs) -> Result<(), Failure> {
@@ -193,6 +294,7 @@ struct EngineArgs<'a> {
     context: usize,
     prefill_chunk: usize,
     trace: bool,
+    verify: bool,
 }
 
 fn engine(a: EngineArgs<'_>) -> Result<Engine, Failure> {
@@ -211,7 +313,11 @@ fn engine(a: EngineArgs<'_>) -> Result<Engine, Failure> {
         .prefetch(on_off("--prefetch", a.prefetch)?)
         .context(a.context)
         .prefill_chunk(a.prefill_chunk)
-        .trace(a.trace);
+        .trace(a.trace)
+        .verify_pack(a.verify);
+    if !a.verify && dir.join("sluice-trunk.json").exists() {
+        eprintln!("note: --no-verify: the packed trunk's checksums are not checked");
+    }
     let (threads, isa) = (a.threads, a.isa);
     if let Some(t) = threads {
         b = b.threads(t);
@@ -248,6 +354,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         context: a.context,
         prefill_chunk: a.prefill_chunk,
         trace: a.trace.is_some(),
+        verify: !a.no_verify,
     })?;
     let sampling = SamplingOptions {
         temperature: a.temperature,

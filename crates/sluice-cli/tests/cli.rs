@@ -233,3 +233,136 @@ fn a_budget_far_below_the_model_streams_the_same_ids_within_its_rss() {
     );
     assert!(s["expert_hits"].as_u64().unwrap() <= s["expert_requests"].as_u64().unwrap());
 }
+
+#[test]
+fn an_interrupted_pack_leaves_the_output_untouched_and_a_rerun_succeeds() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let src = tmp.path().join("src");
+    // ~400 MB of trunk so the copy takes long enough to be killed half-way.
+    sluice::SynthSpec {
+        vocab: 2048,
+        hidden: 1024,
+        layers: 32,
+        dense_inter: 1024,
+        experts: 4,
+        top_k: 2,
+        moe_inter: 64,
+        shared: 4,
+        heads: 16,
+        q_lora: 512,
+        kv_lora: 256,
+        nope: 64,
+        rope: 32,
+        v_head: 64,
+        ..Default::default()
+    }
+    .write(&src)
+    .unwrap();
+    let out = tmp.path().join("packed");
+    let partial = tmp.path().join(".packed.sluice-partial");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["pack", src.to_str().unwrap(), out.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let mut killed = false;
+    while t0.elapsed() < std::time::Duration::from_secs(60) {
+        let written = std::fs::metadata(partial.join("trunk.bin"))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        if written > 32 << 20 {
+            child.kill().unwrap();
+            killed = true;
+            break;
+        }
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    child.wait().unwrap();
+    assert!(killed, "the pack finished before it could be interrupted");
+    assert!(!out.exists(), "an interrupted pack left {}", out.display());
+    assert!(partial.exists());
+    // A rerun clears the partial directory and completes.
+    let o = run(&["pack", src.to_str().unwrap(), out.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!partial.exists());
+    let v = json(&run(&[
+        "run",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+        "--json",
+    ]));
+    assert_eq!(v["ids"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn a_trunk_four_times_the_budget_streams_within_its_rss() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().join("m");
+    sluice::SynthSpec {
+        vocab: 2048,
+        hidden: 1024,
+        layers: 16,
+        first_dense: 1,
+        dense_inter: 1024,
+        experts: 8,
+        top_k: 2,
+        moe_inter: 256,
+        shared: 4,
+        heads: 16,
+        q_lora: 512,
+        kv_lora: 256,
+        nope: 64,
+        rope: 32,
+        v_head: 64,
+        layers_per_shard: 1,
+        skew: 0.3,
+        seed: 7,
+    }
+    .write(&dir)
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    let info = json(&run(&["inspect", d, "--json", "--context", "256"]));
+    let trunk = info["trunk_bytes"].as_u64().unwrap();
+    let budget = info["plan"]["minimum"].as_u64().unwrap() + (8 << 20);
+    assert!(
+        trunk >= 4 * budget,
+        "trunk {trunk} is not 4x the budget {budget}"
+    );
+    let args = |memory: String| {
+        vec![
+            "run",
+            "--model",
+            d,
+            "--prompt-ids",
+            "5,6,7,8",
+            "--max-tokens",
+            "6",
+            "--json",
+            "--context",
+            "256",
+            "--memory",
+        ]
+        .into_iter()
+        .map(String::from)
+        .chain([memory])
+        .collect::<Vec<_>>()
+    };
+    let full = json(&bin().args(args("unlimited".into())).output().unwrap());
+    let small = json(&bin().args(args(budget.to_string())).output().unwrap());
+    assert_eq!(full["ids"], small["ids"]);
+    let s = &small["stats"];
+    assert!(s["trunk_bytes_read"].as_u64().unwrap() > trunk, "{s}");
+    let rss = s["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        rss <= budget + (64 << 20),
+        "peak RSS {rss} over budget {budget} + 64 MiB"
+    );
+}

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::packed::{MANIFEST, Manifest};
 use crate::safetensors::read_header;
 use crate::{Dtype, FormatError};
 
@@ -77,6 +78,7 @@ pub struct Checkpoint {
     shards: Vec<Shard>,
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
+    packed: Option<Manifest>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
@@ -114,9 +116,98 @@ pub fn read_json(path: &Path, cap: u64) -> Result<Value, FormatError> {
 }
 
 impl Checkpoint {
-    /// Opens and validates the checkpoint in `dir`.
+    /// Opens and validates the checkpoint in `dir`: a Hugging Face directory, or a pack
+    /// directory written by `sluice pack` (its manifest names the source; the trunk's tensors
+    /// then come from the packed trunk file, routed experts from the source's shards).
     pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint, FormatError> {
-        let dir = dir.as_ref().to_path_buf();
+        let dir = dir.as_ref();
+        if dir.join(MANIFEST).is_file() {
+            return Checkpoint::open_packed(dir);
+        }
+        Checkpoint::open_hf(dir)
+    }
+
+    fn open_packed(dir: &Path) -> Result<Checkpoint, FormatError> {
+        let manifest = Manifest::read(dir)?;
+        let mpath = dir.join(MANIFEST);
+        let bad = |msg: String| FormatError::Manifest {
+            path: mpath.clone(),
+            msg,
+        };
+        let mut ck = Checkpoint::open_hf(&manifest.source_dir())?;
+        // The source must be what was packed.
+        let names: Vec<(&str, u64)> = ck.shards.iter().map(|s| (s.name.as_str(), s.len)).collect();
+        let packed: Vec<(&str, u64)> = manifest
+            .source_shards
+            .iter()
+            .map(|s| (s.name.as_str(), s.len))
+            .collect();
+        if names != packed {
+            return Err(bad(format!(
+                "the source {} has changed since it was packed (shards or their sizes differ); pack it again",
+                manifest.source
+            )));
+        }
+        let tpath = dir.join(&manifest.file);
+        let file = File::open(&tpath).map_err(io_err(&tpath))?;
+        let len = file.metadata().map_err(io_err(&tpath))?.len();
+        if len != manifest.file_len {
+            return Err(FormatError::Manifest {
+                path: tpath,
+                msg: format!(
+                    "{len} bytes, the manifest says {} (truncated or replaced?)",
+                    manifest.file_len
+                ),
+            });
+        }
+        let si = ck.shards.len();
+        for p in &manifest.parts {
+            for t in &p.tensors {
+                let Some(&i) = ck.by_name.get(&t.name) else {
+                    return Err(bad(format!(
+                        "tensor `{}` of part `{}` is not in the source",
+                        t.name, p.name
+                    )));
+                };
+                let orig = &mut ck.tensors[i];
+                if orig.dtype.safetensors_name() != t.dtype || orig.shape != t.shape {
+                    return Err(bad(format!(
+                        "tensor `{}` differs from the source's",
+                        t.name
+                    )));
+                }
+                orig.shard = si;
+                orig.offset = t.offset;
+                orig.len = t.len;
+            }
+        }
+        ck.shards.push(Shard {
+            path: tpath,
+            name: manifest.file.clone(),
+            len,
+            metadata: BTreeMap::new(),
+            file,
+        });
+        // The pack directory holds its own copies of the small files.
+        ck.config = read_json(&dir.join("config.json"), MAX_CONFIG_LEN)?;
+        let gen_path = dir.join("generation_config.json");
+        ck.generation_config = if gen_path.exists() {
+            Some(read_json(&gen_path, MAX_CONFIG_LEN)?)
+        } else {
+            None
+        };
+        ck.dir = dir.to_path_buf();
+        ck.packed = Some(manifest);
+        Ok(ck)
+    }
+
+    /// The pack manifest, when this is a pack directory.
+    pub fn packed(&self) -> Option<&Manifest> {
+        self.packed.as_ref()
+    }
+
+    fn open_hf(dir: &Path) -> Result<Checkpoint, FormatError> {
+        let dir = dir.to_path_buf();
         match std::fs::metadata(&dir) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
@@ -234,6 +325,7 @@ impl Checkpoint {
             shards,
             tensors,
             by_name,
+            packed: None,
         })
     }
 

@@ -198,6 +198,26 @@ pub enum FormatError {
         /// What is wrong.
         msg: String,
     },
+    /// A pack manifest is malformed or does not match what it describes.
+    #[error("{}: {msg}", path.display())]
+    Manifest {
+        /// The manifest or trunk file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A packed trunk run does not match its checksum.
+    #[error("{}: {part}: checksum mismatch (stored {expected}, computed {actual}): the packed trunk is corrupt; pack it again", path.display())]
+    Checksum {
+        /// The trunk file.
+        path: PathBuf,
+        /// The run (`layer.N`, `embed`, `head`).
+        part: String,
+        /// The manifest's checksum.
+        expected: String,
+        /// The checksum of the bytes read.
+        actual: String,
+    },
     /// No tensor of that name exists in the checkpoint.
     #[error("{}: no tensor `{tensor}` in the checkpoint", dir.display())]
     TensorNotFound {

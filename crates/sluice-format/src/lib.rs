@@ -24,6 +24,7 @@
 mod checkpoint;
 mod dtype;
 mod error;
+pub mod packed;
 pub mod safetensors;
 
 pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, Shard, TensorInfo, read_json};

@@ -2,11 +2,13 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::Checkpoint;
 use sluice_kernels::{Kernels, scalar};
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Policy, Reader, ShardSet, read_blob,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, StoreError,
+    TrunkStore, Verifier, read_blob,
 };
 
 use crate::ModelError;
@@ -31,7 +33,7 @@ pub enum Logits {
 }
 
 /// How to build a model.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ModelOptions {
     /// Kernels (their ISA).
     pub kernels: Kernels,
@@ -53,6 +55,66 @@ pub struct ModelOptions {
     pub context: usize,
     /// Prompt tokens per prefill chunk the scratch is planned for.
     pub chunk: usize,
+    /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
+    /// numbered: layers `0..layers`, the head `layers`, the embedding table `layers + 1`.
+    pub verify: Option<Verifier>,
+    /// For a pack directory: verify the packed trunk's checksums (at load, and on every read of
+    /// a streamed layer).
+    pub verify_pack: bool,
+}
+
+/// A verifier that checks parts read from a packed trunk against the manifest's checksums.
+pub fn pack_verifier(
+    m: &sluice_format::packed::Manifest,
+    trunk_file: &Path,
+    layers: usize,
+) -> Verifier {
+    let sums: Vec<(String, String)> = (0..layers + 2)
+        .map(|i| {
+            let name = if i < layers {
+                format!("layer.{i}")
+            } else if i == layers {
+                "head".to_owned()
+            } else {
+                "embed".to_owned()
+            };
+            let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
+            (name, sum)
+        })
+        .collect();
+    let path = trunk_file.to_path_buf();
+    Arc::new(move |i, blob| {
+        let Some((name, want)) = sums.get(i) else {
+            return Ok(());
+        };
+        let got = sluice_format::packed::xxh3_hex((0..blob.pieces()).map(|k| blob.piece(k)));
+        if &got != want {
+            return Err(StoreError::Corrupt(format!(
+                "{}: {name}: checksum mismatch (stored {want}, computed {got}): the packed trunk is corrupt; pack it again",
+                path.display()
+            )));
+        }
+        Ok(())
+    })
+}
+
+impl std::fmt::Debug for ModelOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelOptions")
+            .field("isa", &self.kernels.isa())
+            .field("threads", &self.threads)
+            .field("memory", &self.memory)
+            .field("policy", &self.policy)
+            .field("prefetch", &self.prefetch)
+            .field("readers", &self.readers)
+            .field("direct_io", &self.direct_io)
+            .field("record_trace", &self.record_trace)
+            .field("context", &self.context)
+            .field("chunk", &self.chunk)
+            .field("verify", &self.verify.is_some())
+            .field("verify_pack", &self.verify_pack)
+            .finish()
+    }
 }
 
 impl Default for ModelOptions {
@@ -68,6 +130,8 @@ impl Default for ModelOptions {
             record_trace: false,
             context: 4096,
             chunk: 64,
+            verify: None,
+            verify_pack: true,
         }
     }
 }
@@ -116,9 +180,12 @@ pub struct Model {
     layout: WeightLayout,
     exec: Exec,
     rope: Rope,
-    embed: Arc<Blob>,
-    layers: Vec<Arc<Blob>>,
-    head: Arc<Blob>,
+    /// The embedding table when pinned; otherwise rows are read per token.
+    embed: Option<Arc<Blob>>,
+    /// Parts 0..layers are the layers, part `layers` the head.
+    trunk: TrunkStore,
+    reader: Arc<dyn Reader>,
+    embed_bytes_read: AtomicU64,
     experts: Arc<ExpertStore>,
     plan: MemoryPlan,
     prefetch: bool,
@@ -134,6 +201,13 @@ impl Model {
         let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
         let shards = Arc::new(ShardSet::open(&paths, opts.direct_io)?);
         let mode = shards.mode();
+        let mut opts = opts;
+        if let Some(m) = ck.packed()
+            && opts.verify_pack
+            && opts.verify.is_none()
+        {
+            opts.verify = Some(pack_verifier(m, &ck.dir().join(&m.file), cfg.layers));
+        }
         Model::with_reader(cfg, layout, shards, mode, opts)
     }
 
@@ -168,13 +242,37 @@ impl Model {
             layout.experts.clone(),
             store_cfg,
         )?);
-        let embed = Arc::new(read_blob(reader.as_ref(), &layout.embed.pieces)?);
-        let layers = layout
-            .layers
-            .iter()
-            .map(|p| read_blob(reader.as_ref(), &p.pieces).map(Arc::new))
-            .collect::<Result<_, _>>()?;
-        let head = Arc::new(read_blob(reader.as_ref(), &layout.head.pieces)?);
+        let embed = if plan.embed.1 {
+            Some(Arc::new(read_blob(reader.as_ref(), &layout.embed.pieces)?))
+        } else {
+            None
+        };
+        let mut parts: Vec<Vec<Piece>> = layout.layers.iter().map(|p| p.pieces.clone()).collect();
+        parts.push(layout.head.pieces.clone());
+        let mut pin: Vec<bool> = plan.layers.iter().map(|l| l.1).collect();
+        pin.push(true);
+        if let Some(v) = &opts.verify {
+            // Streamed parts and the embedding table are checked once at load as well as on
+            // every read (pinned parts are checked as they are read, just below).
+            if let Some(e) = &embed {
+                v(cfg.layers + 1, e)?;
+            } else {
+                v(
+                    cfg.layers + 1,
+                    &read_blob(reader.as_ref(), &layout.embed.pieces)?,
+                )?;
+            }
+            for (i, _) in plan.layers.iter().enumerate().filter(|(_, l)| !l.1) {
+                v(i, &read_blob(reader.as_ref(), &parts[i])?)?;
+            }
+        }
+        let trunk = TrunkStore::new(
+            Arc::clone(&reader),
+            parts,
+            &pin,
+            plan.ring_slots,
+            opts.verify.clone(),
+        )?;
         let exec = Exec::new(opts.kernels, opts.threads)?;
         let rope = Rope::new(&cfg.rope);
         // Prefetch is pointless when every expert fits.
@@ -185,8 +283,9 @@ impl Model {
             exec,
             rope,
             embed,
-            layers,
-            head,
+            trunk,
+            reader,
+            embed_bytes_read: AtomicU64::new(0),
             experts,
             plan,
             prefetch,
@@ -232,6 +331,55 @@ impl Model {
     /// The expert store.
     pub fn experts(&self) -> &Arc<ExpertStore> {
         &self.experts
+    }
+
+    /// The trunk store.
+    pub fn trunk(&self) -> &TrunkStore {
+        &self.trunk
+    }
+
+    /// Bytes of trunk read from disk after loading (streamed layers and embedding rows).
+    pub fn trunk_bytes_read(&self) -> u64 {
+        self.trunk.stats().bytes_read + self.embed_bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// The embeddings of `tokens`, `[t, hidden]`: from the pinned table, or read row by row.
+    fn embed_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let spec = &self.layout.embed_spec;
+        let h = self.cfg.hidden;
+        let mut hs = vec![0f32; tokens.len() * h];
+        let decode = |row: &[u8], out: &mut [f32]| {
+            for (j, v) in out.iter_mut().enumerate() {
+                *v = scalar::code(spec.codes, row, j);
+            }
+        };
+        match &self.embed {
+            Some(b) => {
+                let m = spec.view(b)?;
+                for (i, &id) in tokens.iter().enumerate() {
+                    decode(m.row(id as usize), &mut hs[i * h..(i + 1) * h]);
+                }
+            }
+            None => {
+                let base = self.layout.embed.pieces[0];
+                let rb = (spec.cols * spec.codes.row_bytes(1).unwrap_or(4)) as u64;
+                let pieces: Vec<Piece> = tokens
+                    .iter()
+                    .map(|&id| Piece {
+                        shard: base.shard,
+                        offset: base.offset + id as u64 * rb,
+                        len: rb,
+                    })
+                    .collect();
+                let blob = read_blob(self.reader.as_ref(), &pieces)?;
+                self.embed_bytes_read
+                    .fetch_add(blob.footprint() as u64, Ordering::Relaxed);
+                for i in 0..tokens.len() {
+                    decode(blob.piece(i), &mut hs[i * h..(i + 1) * h]);
+                }
+            }
+        }
+        Ok(hs)
     }
 
     /// A fresh sequence state.
@@ -287,21 +435,17 @@ impl Model {
         }
         self.experts.begin_step();
 
-        // Embeddings.
-        let emb = self.layout.embed_spec.view(&self.embed)?;
-        let mut hs = vec![0f32; t * h];
-        for (i, &id) in tokens.iter().enumerate() {
-            let row = emb.row(id as usize);
-            for (j, v) in hs[i * h..(i + 1) * h].iter_mut().enumerate() {
-                *v = scalar::code(emb.codes(), row, j);
-            }
-        }
+        let mut hs = self.embed_rows(tokens)?;
 
         let angles = Angles::new(&self.rope, pos0, t);
         let k = self.exec.kernels();
         let mut x = vec![0f32; t * h];
         for l in 0..cfg.layers {
-            let blob = &self.layers[l];
+            let part = self.trunk.part(l)?;
+            // Stream the next layer (or layer 0 for the next step) while this one computes.
+            self.trunk
+                .prefetch(if l + 1 < cfg.layers { l + 1 } else { 0 });
+            let blob: &Blob = &part;
             let spec = &self.layout.layer_specs[l];
             let w = spec.input_norm.to_f32(blob);
             for i in 0..t {
@@ -373,7 +517,8 @@ impl Model {
             Logits::None => return Ok(Vec::new()),
         };
         let head = &self.layout.head_spec;
-        let w = head.norm.to_f32(&self.head);
+        let head_blob = self.trunk.part(cfg.layers)?;
+        let w = head.norm.to_f32(&head_blob);
         let mut xn = vec![0f32; rows.len() * h];
         for (o, i) in rows.clone().enumerate() {
             k.rmsnorm(
@@ -385,7 +530,7 @@ impl Model {
         }
         let mut logits = vec![0f32; rows.len() * cfg.vocab];
         self.exec
-            .matmul(&head.lm_head.view(&self.head)?, &xn, &mut logits);
+            .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
         Ok(logits)
     }
 
@@ -395,7 +540,11 @@ impl Model {
         if l >= self.cfg.layers || !self.cfg.is_moe(l) {
             return Ok(None);
         }
-        let blob = &self.layers[l];
+        // Only when the layer is in memory already: never wait on (or hold) a ring slot here.
+        let Some(part) = self.trunk.try_part(l) else {
+            return Ok(None);
+        };
+        let blob: &Blob = &part;
         let spec = &self.layout.layer_specs[l];
         let FfnSpec::Moe { router, bias, .. } = &spec.ffn else {
             return Ok(None);

@@ -7,14 +7,28 @@ use sluice_store::{Piece, Reader, StoreError};
 use crate::config::{AttentionConfig, ModelConfig};
 use crate::weights::WeightLayout;
 
-/// What the budget must hold besides the expert cache, and what is left for it.
+/// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
+/// whole layers largest first, then the embedding table — streaming whatever does not fit
+/// through a ring of one or two slots; the expert cache takes the rest.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
     /// The budget (`u64::MAX` when unlimited).
     pub budget: u64,
-    /// Trunk bytes held resident (embeddings, attention, norms, routers, shared experts, dense
-    /// layers, lm_head).
+    /// Bytes of the whole trunk (embeddings, attention, norms, routers, shared experts, dense
+    /// layers, final norm, lm_head) as buffers.
     pub trunk: u64,
+    /// Trunk bytes pinned in memory.
+    pub trunk_pinned: u64,
+    /// Per layer: its trunk part's bytes and whether it is pinned.
+    pub layers: Vec<(u64, bool)>,
+    /// Bytes of the head part (always pinned).
+    pub head: u64,
+    /// Bytes of the embedding table and whether it is pinned (otherwise rows are read per token).
+    pub embed: (u64, bool),
+    /// Slots of the streaming ring (0 when every layer is pinned).
+    pub ring_slots: usize,
+    /// Bytes of one ring slot (the largest streamed part).
+    pub ring_slot_bytes: u64,
     /// KV cache reserved for `context` positions.
     pub kv_cache: u64,
     /// Positions the KV reservation covers.
@@ -29,7 +43,7 @@ pub struct MemoryPlan {
     pub per_token_expert_bytes: u64,
     /// All routed experts.
     pub all_expert_bytes: u64,
-    /// The smallest budget that works.
+    /// The smallest budget that works (one ring slot, nothing else pinned but the head).
     pub minimum: u64,
 }
 
@@ -89,7 +103,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
 }
 
 impl MemoryPlan {
-    /// Splits `budget` (None: unlimited) for a model whose experts `reader` will read.
+    /// Splits `budget` (None: unlimited) for a model whose bytes `reader` will read.
     pub fn new(
         cfg: &ModelConfig,
         layout: &WeightLayout,
@@ -110,33 +124,104 @@ impl MemoryPlan {
             per_token_expert_bytes =
                 per_token_expert_bytes.max(sizes.iter().take(cfg.moe.top_k).sum());
         }
-        let trunk = layout.trunk_bytes();
+        let layer_bytes: Vec<u64> = layout.layers.iter().map(|p| footprint(&p.pieces)).collect();
+        let head = footprint(&layout.head.pieces);
+        let embed = footprint(&layout.embed.pieces);
+        let all_layers: u64 = layer_bytes.iter().sum();
+        let trunk = all_layers + head + embed;
         let kv_cache = kv_bytes_per_position(cfg) * context as u64;
-        let scratch = scratch_bytes(cfg, chunk);
-        let fixed = trunk + kv_cache + scratch;
-        let minimum = fixed + per_token_expert_bytes;
+        // Embedding rows read on demand need a buffer per token of the chunk (plus alignment).
+        let row_buf = (chunk as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
+        let scratch = scratch_bytes(cfg, chunk) + row_buf;
+        let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
+        let fixed = kv_cache + scratch + head;
+        let minimum = fixed + max_layer + per_token_expert_bytes;
         let budget_v = budget.unwrap_or(u64::MAX);
         if budget_v < minimum {
             return Err(StoreError::BudgetTooSmall {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "trunk {} + KV cache for {context} positions {} + scratch {} + one token's routed experts {}",
-                    fmt_bytes(trunk),
+                    "KV cache for {context} positions {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
                     fmt_bytes(kv_cache),
                     fmt_bytes(scratch),
+                    fmt_bytes(head),
+                    fmt_bytes(max_layer),
                     fmt_bytes(per_token_expert_bytes)
                 ),
             });
         }
-        let expert_cache = if budget.is_none() {
-            all_expert_bytes.max(expert_bytes)
+        let all_experts = all_expert_bytes.max(expert_bytes);
+        // Room for the trunk beyond the head, once one token's experts are set aside.
+        let room = budget_v - fixed - per_token_expert_bytes;
+        let mut pinned = vec![false; layer_bytes.len()];
+        let (ring_slots, ring_slot_bytes, embed_pinned);
+        if room >= all_layers + embed {
+            pinned.iter_mut().for_each(|p| *p = true);
+            ring_slots = 0;
+            ring_slot_bytes = 0;
+            embed_pinned = true;
+        } else if room >= all_layers {
+            pinned.iter_mut().for_each(|p| *p = true);
+            ring_slots = 0;
+            ring_slot_bytes = 0;
+            embed_pinned = false;
         } else {
-            (budget_v - fixed).min(all_expert_bytes.max(expert_bytes))
+            embed_pinned = false;
+            // Two slots (the next layer streams while this one computes) when they fit beside
+            // the largest layer, else one.
+            ring_slots = if room >= 2 * max_layer { 2 } else { 1 };
+            // Pin whole layers, largest first, while the rest still fits in the ring.
+            let mut order: Vec<usize> = (0..layer_bytes.len()).collect();
+            order.sort_by_key(|&l| (std::cmp::Reverse(layer_bytes[l]), l));
+            let mut used = 0u64;
+            let mut skipped_max = 0u64;
+            for (k, &l) in order.iter().enumerate() {
+                // The ring must hold the largest layer left unpinned.
+                let slot = skipped_max.max(
+                    order[k + 1..]
+                        .iter()
+                        .map(|&m| layer_bytes[m])
+                        .max()
+                        .unwrap_or(0),
+                );
+                if slot > 0 && used + layer_bytes[l] + ring_slots as u64 * slot <= room {
+                    pinned[l] = true;
+                    used += layer_bytes[l];
+                } else {
+                    skipped_max = skipped_max.max(layer_bytes[l]);
+                }
+            }
+
+            ring_slot_bytes = (0..layer_bytes.len())
+                .filter(|&l| !pinned[l])
+                .map(|l| layer_bytes[l])
+                .max()
+                .unwrap_or(0);
+        }
+        let trunk_pinned = head
+            + layer_bytes
+                .iter()
+                .zip(&pinned)
+                .filter(|(_, p)| **p)
+                .map(|(b, _)| b)
+                .sum::<u64>()
+            + if embed_pinned { embed } else { 0 };
+        let ring_bytes = ring_slots as u64 * ring_slot_bytes;
+        let expert_cache = if budget.is_none() {
+            all_experts
+        } else {
+            (budget_v - kv_cache - scratch - trunk_pinned - ring_bytes).min(all_experts)
         };
         Ok(MemoryPlan {
             budget: budget_v,
             trunk,
+            trunk_pinned,
+            layers: layer_bytes.into_iter().zip(pinned).collect(),
+            head,
+            embed: (embed, embed_pinned),
+            ring_slots,
+            ring_slot_bytes,
             kv_cache,
             context,
             scratch,
@@ -146,6 +231,11 @@ impl MemoryPlan {
             all_expert_bytes,
             minimum,
         })
+    }
+
+    /// Whether the whole trunk is in memory.
+    pub fn trunk_resident(&self) -> bool {
+        self.ring_slots == 0
     }
 }
 

@@ -163,6 +163,13 @@ impl PartLayout {
     pub fn bytes(&self) -> u64 {
         self.pieces.iter().map(|p| p.len).sum()
     }
+
+    /// Tensor names in piece order.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<(&str, usize)> = self.index.iter().map(|(n, &i)| (n.as_str(), i)).collect();
+        v.sort_by_key(|p| p.1);
+        v.into_iter().map(|p| p.0).collect()
+    }
 }
 
 fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {

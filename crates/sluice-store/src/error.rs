@@ -55,6 +55,9 @@ pub enum StoreError {
         /// Expert.
         expert: u32,
     },
+    /// Bytes read do not match their checksum.
+    #[error("{0}")]
+    Corrupt(String),
     /// A cache policy name that is not known.
     #[error("unknown cache policy `{0}` (known: s3fifo, lru, fifo, sieve)")]
     UnknownPolicy(String),

@@ -11,6 +11,7 @@ pub mod io;
 pub mod policy;
 mod pool;
 pub mod trace;
+mod trunk;
 
 pub use aligned::AlignedBuf;
 pub use error::StoreError;
@@ -18,3 +19,4 @@ pub use experts::{ExpertStats, ExpertStore, ExpertStoreConfig};
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
 pub use policy::{Key, POLICIES, Policy};
 pub use trace::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};
+pub use trunk::{TrunkStats, TrunkStore, Verifier, part_footprint};

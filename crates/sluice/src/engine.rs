@@ -37,6 +37,7 @@ pub struct EngineBuilder {
     prefetch: bool,
     direct_io: bool,
     trace: bool,
+    verify_pack: bool,
     context: usize,
     prefill_chunk: usize,
 }
@@ -52,10 +53,20 @@ impl Default for EngineBuilder {
             prefetch: true,
             direct_io: true,
             trace: false,
+            verify_pack: true,
             context: 4096,
             prefill_chunk: 64,
         }
     }
+}
+
+/// The budget in bytes a [`Memory`] setting means (None: unlimited).
+pub fn resolve_memory(m: Memory) -> Result<Option<u64>, Error> {
+    Ok(match m {
+        Memory::Unlimited => None,
+        Memory::Auto => Some(auto_budget()?),
+        Memory::Bytes(b) => Some(b),
+    })
 }
 
 /// Headroom `Memory::Auto` leaves for the rest of the system: 10% of what is available, at
@@ -127,6 +138,13 @@ impl EngineBuilder {
         self
     }
 
+    /// For a pack directory: verify the packed trunk's checksums (default on; off loads faster
+    /// and says so).
+    pub fn verify_pack(mut self, on: bool) -> Self {
+        self.verify_pack = on;
+        self
+    }
+
     /// Record every expert request (see [`Engine::take_trace`]).
     pub fn trace(mut self, on: bool) -> Self {
         self.trace = on;
@@ -169,11 +187,7 @@ impl EngineBuilder {
         if self.prefill_chunk == 0 {
             return Err(Error::Usage("prefill chunk must be at least 1".into()));
         }
-        let memory = match self.memory {
-            Memory::Unlimited => None,
-            Memory::Auto => Some(auto_budget()?),
-            Memory::Bytes(b) => Some(b),
-        };
+        let memory = resolve_memory(self.memory)?;
         let opts = ModelOptions {
             kernels,
             threads,
@@ -185,6 +199,8 @@ impl EngineBuilder {
             record_trace: self.trace,
             context: self.context,
             chunk: self.prefill_chunk,
+            verify: None,
+            verify_pack: self.verify_pack,
         };
         let model = Model::open(&dir, opts)?;
         let tokenizer = Tokenizer::from_dir(&dir)?;
@@ -565,6 +581,7 @@ impl Session {
         let model = &self.engine.inner.model;
         let t0 = Instant::now();
         let expert0 = model.experts().stats();
+        let trunk0 = model.trunk_bytes_read();
         let mut prompt_logits = Vec::new();
         let mut last = Vec::new();
         let n_chunks = ids.len().div_ceil(opts.prefill_chunk);
@@ -618,6 +635,7 @@ impl Session {
             finish: None,
             stats,
             expert0,
+            trunk0,
         })
     }
 }
@@ -638,6 +656,7 @@ pub struct Generation<'s> {
     finish: Option<FinishReason>,
     stats: GenerationStats,
     expert0: ExpertStats,
+    trunk0: u64,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -672,6 +691,7 @@ impl Generation<'_> {
         let mut s = self.stats.clone();
         let now = self.session.engine.expert_stats();
         let e0 = &self.expert0;
+        s.trunk_bytes_read = self.session.engine.inner.model.trunk_bytes_read() - self.trunk0;
         s.expert_requests = now.requests - e0.requests;
         s.expert_hits = now.hits - e0.hits;
         s.expert_resident_hits = now.resident_hits - e0.resident_hits;

@@ -23,6 +23,8 @@
 
 mod chat;
 mod engine;
+mod inspect;
+pub mod pack;
 pub mod tiktoken;
 mod tokenizer;
 
@@ -31,6 +33,7 @@ pub use engine::{
     Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
     Memory, Prompt, Session, Token, peak_rss_bytes,
 };
+pub use inspect::{Inspection, PlanSummary, inspect};
 pub use sluice_kernels::Isa;
 pub use sluice_model::synth::SynthSpec;
 pub use sluice_model::{Arch, ModelConfig};

@@ -1,0 +1,150 @@
+//! What a model is and how a budget would be spent on it — without loading it.
+
+use std::path::Path;
+
+use serde::Serialize;
+use sluice_format::Checkpoint;
+use sluice_model::config::{AttentionConfig, MlpKind};
+use sluice_model::plan::kv_bytes_per_position;
+use sluice_model::weights::WeightLayout;
+use sluice_model::{MemoryPlan, ModelConfig};
+use sluice_store::ShardSet;
+
+use crate::Error;
+use crate::engine::{Memory, resolve_memory};
+
+/// A model's figures and the plan a budget gives it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Inspection {
+    /// The model directory.
+    pub dir: String,
+    /// `model_type`.
+    pub model_type: String,
+    /// Layers.
+    pub layers: usize,
+    /// Layers with routed experts.
+    pub moe_layers: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Vocabulary.
+    pub vocab: usize,
+    /// Routed experts per MoE layer.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Attention kind: `mla` or `gqa`.
+    pub attention: String,
+    /// Shards.
+    pub shards: usize,
+    /// Bytes of all tensors on disk.
+    pub checkpoint_bytes: u64,
+    /// Trunk bytes (every tensor but the routed experts).
+    pub trunk_bytes: u64,
+    /// Routed-expert bytes.
+    pub expert_bytes: u64,
+    /// Bytes of one routed expert (the largest, as read).
+    pub bytes_per_expert: u64,
+    /// Routed-expert bytes one token reads when nothing is cached (top-k in every MoE layer).
+    pub expert_bytes_per_token: u64,
+    /// KV-cache bytes per position.
+    pub kv_bytes_per_position: u64,
+    /// `direct` or `buffered`.
+    pub io_mode: String,
+    /// The plan.
+    pub plan: PlanSummary,
+}
+
+/// The memory plan, flattened for printing.
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanSummary {
+    /// Budget in bytes (0: unlimited).
+    pub budget: u64,
+    /// Smallest budget that works.
+    pub minimum: u64,
+    /// Trunk bytes pinned.
+    pub trunk_pinned: u64,
+    /// Layers pinned, of all layers.
+    pub layers_pinned: usize,
+    /// The embedding table is pinned (else read a row per token).
+    pub embed_pinned: bool,
+    /// Ring slots for streamed layers.
+    pub ring_slots: usize,
+    /// Bytes per ring slot.
+    pub ring_slot_bytes: u64,
+    /// KV cache reserved.
+    pub kv_cache: u64,
+    /// Positions it covers.
+    pub context: usize,
+    /// Scratch.
+    pub scratch: u64,
+    /// Expert cache.
+    pub expert_cache: u64,
+    /// Experts the cache holds.
+    pub expert_cache_experts: u64,
+}
+
+/// Inspects a model directory and plans `memory` for it (`context` positions, prefill chunks of
+/// `chunk`).
+pub fn inspect(
+    dir: &Path,
+    memory: Memory,
+    context: usize,
+    chunk: usize,
+) -> Result<Inspection, Error> {
+    if !dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "model directory {} does not exist",
+            dir.display()
+        )));
+    }
+    let ck = Checkpoint::open(dir)?;
+    let cfg = ModelConfig::from_json(ck.config(), &dir.join("config.json"))?;
+    let layout = WeightLayout::new(&ck, &cfg)?;
+    let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
+    let shards = ShardSet::open(&paths, true)?;
+    let budget = resolve_memory(memory)?;
+    let context = context.min(cfg.max_positions).max(1);
+    let plan = MemoryPlan::new(&cfg, &layout, &shards, budget, context, chunk.max(1))?;
+    let moe_layers = cfg.mlp.iter().filter(|m| matches!(m, MlpKind::Moe)).count();
+    Ok(Inspection {
+        dir: dir.display().to_string(),
+        model_type: ck
+            .config()
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?")
+            .to_owned(),
+        layers: cfg.layers,
+        moe_layers,
+        hidden: cfg.hidden,
+        vocab: cfg.vocab,
+        experts: cfg.moe.experts,
+        top_k: cfg.moe.top_k,
+        attention: match cfg.attention {
+            AttentionConfig::Mla { .. } => "mla".into(),
+            AttentionConfig::Gqa { .. } => "gqa".into(),
+        },
+        shards: ck.shards().len(),
+        checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
+        trunk_bytes: layout.trunk_bytes(),
+        expert_bytes: layout.expert_bytes(),
+        bytes_per_expert: plan.expert_bytes,
+        expert_bytes_per_token: plan.expert_bytes * (cfg.moe.top_k * moe_layers) as u64,
+        kv_bytes_per_position: kv_bytes_per_position(&cfg),
+        io_mode: shards.mode().name().to_owned(),
+        plan: PlanSummary {
+            budget: budget.unwrap_or(0),
+            minimum: plan.minimum,
+            trunk_pinned: plan.trunk_pinned,
+            layers_pinned: plan.layers.iter().filter(|l| l.1).count(),
+            embed_pinned: plan.embed.1,
+            ring_slots: plan.ring_slots,
+            ring_slot_bytes: plan.ring_slot_bytes,
+            kv_cache: plan.kv_cache,
+            context: plan.context,
+            scratch: plan.scratch,
+            expert_cache: plan.expert_cache,
+            expert_cache_experts: plan.expert_cache / plan.expert_bytes.max(1),
+        },
+    })
+}

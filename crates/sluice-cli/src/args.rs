@@ -19,6 +19,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt, streaming it to stdout.
     Run(RunArgs),
+    /// Chat interactively; the conversation and its KV cache carry over between turns.
+    Chat(ChatArgs),
     /// Write a synthetic DeepSeek-V3-shaped checkpoint (for tests and benchmarks).
     Synth(SynthArgs),
     /// Show a model's sizes and how a memory budget would be spent on it.
@@ -95,20 +97,12 @@ pub struct SynthArgs {
     pub layers_per_shard: usize,
 }
 
-/// `sluice run`.
-#[derive(Args, Debug)]
-pub struct RunArgs {
-    /// The prompt text.
-    pub prompt: Option<String>,
-    /// Model directory (a Hugging Face checkpoint); default: the bundled demo model.
+/// Where the model is and how it runs (shared by `run` and `chat`).
+#[derive(Args, Debug, Clone)]
+pub struct EngineOpts {
+    /// Model directory (a Hugging Face checkpoint or a pack); default: the bundled demo model.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// The prompt as comma-separated token ids instead of text.
-    #[arg(long, value_name = "IDS")]
-    pub prompt_ids: Option<String>,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
-    pub max_tokens: usize,
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -122,36 +116,61 @@ pub struct RunArgs {
     /// Lookahead prefetch of the next layer's experts: on or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,
-    /// Positions the KV cache is planned for.
-    #[arg(long, default_value_t = 4096)]
-    pub context: usize,
-    /// Write every expert request (step layer expert) to this file.
-    #[arg(long, value_name = "FILE")]
-    pub trace: Option<PathBuf>,
-    /// For a pack directory: skip verifying the packed trunk's checksums (faster loading).
-    #[arg(long)]
-    pub no_verify: bool,
     /// Instruction set: auto, scalar, avx2 or avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
+    /// Positions the KV cache is planned for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+    /// For a pack directory: skip verifying the packed trunk's checksums (faster loading).
+    #[arg(long)]
+    pub no_verify: bool,
+}
+
+/// Sampling; unset options take the model's `generation_config.json` defaults (greedy when it
+/// has none).
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
+    #[arg(long)]
+    pub temperature: Option<f32>,
     /// Keep only the k most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    #[arg(long)]
+    pub top_k: Option<usize>,
     /// Nucleus sampling mass (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f32,
+    #[arg(long)]
+    pub top_p: Option<f32>,
     /// Drop tokens below this fraction of the best one's probability (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f32,
+    #[arg(long)]
+    pub min_p: Option<f32>,
     /// Repetition penalty (1 = off).
-    #[arg(long, default_value_t = 1.0)]
-    pub repetition_penalty: f32,
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// `sluice run`.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The prompt text.
+    pub prompt: Option<String>,
+    #[command(flatten)]
+    /// Engine options.
+    pub engine: EngineOpts,
+    #[command(flatten)]
+    /// Sampling options.
+    pub sampling: SamplingArgs,
+    /// The prompt as comma-separated token ids instead of text.
+    #[arg(long, value_name = "IDS")]
+    pub prompt_ids: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
     /// Stop when this string is generated (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
@@ -164,7 +183,24 @@ pub struct RunArgs {
     /// Write every row of logits (prompt positions, then each step) to a float32 .npy file.
     #[arg(long, value_name = "FILE.npy")]
     pub dump_logits: Option<PathBuf>,
-    /// Prompt tokens per prefill chunk.
-    #[arg(long, default_value_t = 64)]
-    pub prefill_chunk: usize,
+    /// Write every expert request (step layer expert) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+}
+
+/// `sluice chat`.
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    /// Engine options.
+    pub engine: EngineOpts,
+    #[command(flatten)]
+    /// Sampling options.
+    pub sampling: SamplingArgs,
+    /// A system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
 }

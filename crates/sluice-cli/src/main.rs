@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod live;
 mod npy;
 
 use std::io::Write;
@@ -58,6 +59,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run(a) => run(a),
+        Command::Chat(a) => chat(a),
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),
         Command::Pack(a) => pack(a),
@@ -283,23 +285,9 @@ fn on_off(flag: &str, s: &str) -> Result<bool, Failure> {
     }
 }
 
-/// Engine settings shared by the subcommands.
-struct EngineArgs<'a> {
-    model: Option<PathBuf>,
-    threads: Option<usize>,
-    isa: &'a str,
-    memory: &'a str,
-    policy: &'a str,
-    prefetch: &'a str,
-    context: usize,
-    prefill_chunk: usize,
-    trace: bool,
-    verify: bool,
-}
-
-fn engine(a: EngineArgs<'_>) -> Result<Engine, Failure> {
-    let dir = model_dir(a.model)?;
-    if !sluice::POLICIES.contains(&a.policy) {
+fn engine(a: &args::EngineOpts, trace: bool) -> Result<Engine, Failure> {
+    let dir = model_dir(a.model.clone())?;
+    if !sluice::POLICIES.contains(&a.policy.as_str()) {
         return Err(usage(format!(
             "--policy `{}`: expected one of {}",
             a.policy,
@@ -308,29 +296,51 @@ fn engine(a: EngineArgs<'_>) -> Result<Engine, Failure> {
     }
     let mut b = Engine::builder()
         .model(&dir)
-        .memory(memory(a.memory)?)
-        .policy(a.policy)
-        .prefetch(on_off("--prefetch", a.prefetch)?)
+        .memory(memory(&a.memory)?)
+        .policy(&a.policy)
+        .prefetch(on_off("--prefetch", &a.prefetch)?)
         .context(a.context)
         .prefill_chunk(a.prefill_chunk)
-        .trace(a.trace)
-        .verify_pack(a.verify);
-    if !a.verify && dir.join("sluice-trunk.json").exists() {
+        .trace(trace)
+        .verify_pack(!a.no_verify);
+    if a.no_verify && dir.join("sluice-trunk.json").exists() {
         eprintln!("note: --no-verify: the packed trunk's checksums are not checked");
     }
-    let (threads, isa) = (a.threads, a.isa);
-    if let Some(t) = threads {
+    if let Some(t) = a.threads {
         b = b.threads(t);
     }
-    if isa != "auto" {
-        let i = Isa::from_name(isa).ok_or_else(|| {
+    if a.isa != "auto" {
+        let i = Isa::from_name(&a.isa).ok_or_else(|| {
             usage(format!(
-                "--isa `{isa}`: expected auto, scalar, avx2 or avx512"
+                "--isa `{}`: expected auto, scalar, avx2 or avx512",
+                a.isa
             ))
         })?;
         b = b.isa(i);
     }
     Ok(b.build()?)
+}
+
+/// The model's sampling defaults with the flags given on top.
+fn sampling(engine: &Engine, a: &args::SamplingArgs) -> SamplingOptions {
+    let mut s = engine.default_sampling().clone();
+    if let Some(t) = a.temperature {
+        s.temperature = t;
+    }
+    if let Some(k) = a.top_k {
+        s.top_k = k;
+    }
+    if let Some(p) = a.top_p {
+        s.top_p = p;
+    }
+    if let Some(m) = a.min_p {
+        s.min_p = m;
+    }
+    if let Some(r) = a.repetition_penalty {
+        s.repetition_penalty = r;
+    }
+    s.seed = a.seed;
+    s
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
@@ -344,33 +354,13 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
 }
 
 fn run(a: RunArgs) -> Result<(), Failure> {
-    let engine = engine(EngineArgs {
-        model: a.model.clone(),
-        threads: a.threads,
-        isa: &a.isa,
-        memory: &a.memory,
-        policy: &a.policy,
-        prefetch: &a.prefetch,
-        context: a.context,
-        prefill_chunk: a.prefill_chunk,
-        trace: a.trace.is_some(),
-        verify: !a.no_verify,
-    })?;
-    let sampling = SamplingOptions {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        seed: a.seed,
-        ..Default::default()
-    };
+    let engine = engine(&a.engine, a.trace.is_some())?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
-        sampling,
+        sampling: sampling(&engine, &a.sampling),
         stop: a.stop.clone(),
         keep_logits: a.dump_logits.is_some(),
-        prefill_chunk: a.prefill_chunk,
+        prefill_chunk: a.engine.prefill_chunk,
         ..Default::default()
     };
     let ids;
@@ -388,22 +378,22 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         (Some(_), Some(_)) => return Err(usage("give either a PROMPT or --prompt-ids, not both")),
         (None, None) => return Err(usage("no prompt: give a PROMPT or --prompt-ids")),
     };
-    let prompt_echo = prompt.clone();
+    let echo = match &prompt {
+        // A raw text prompt is echoed so the continuation reads on from it.
+        Prompt::Text(p) => Some(p.to_string()),
+        _ => None,
+    };
     let mut session = engine.session();
     let mut generation = session.generate(prompt, &opts)?;
-    let mut out = std::io::stdout().lock();
-    // A raw text prompt is echoed so the continuation reads on from it.
-    if !a.json
-        && let (Prompt::Text(p), false) = (&prompt_echo, a.prompt.is_none())
-    {
-        let _ = write!(out, "{p}");
-        let _ = out.flush();
+    let mut live = (!a.json).then(|| live::Live::new(&engine));
+    if let (Some(l), Some(p)) = (live.as_mut(), echo) {
+        l.text(&p);
     }
-    for t in generation.by_ref() {
+    while let Some(t) = generation.next() {
         let t = t?;
-        if !a.json {
-            let _ = write!(out, "{}", t.text);
-            let _ = out.flush();
+        if let Some(l) = live.as_mut() {
+            l.text(&t.text);
+            l.tick(&generation.stats());
         }
     }
     let stats = generation.stats();
@@ -421,46 +411,91 @@ fn run(a: RunArgs) -> Result<(), Failure> {
             msg: e.to_string(),
         })?;
     }
-    let decode_tps = if stats.decode_seconds > 0.0 {
-        stats.decode_tokens as f64 / stats.decode_seconds
-    } else {
-        0.0
+    match live {
+        Some(l) => l.finish(&stats),
+        None => {
+            let v = serde_json::json!({
+                "prompt_ids": generation.prompt_ids(),
+                "ids": generation.ids(),
+                "text": generation.text(),
+                "finish_reason": generation.finish_reason(),
+                "stats": stats,
+            });
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{v}");
+        }
+    }
+    Ok(())
+}
+
+fn chat(a: args::ChatArgs) -> Result<(), Failure> {
+    use std::io::BufRead;
+    let engine = engine(&a.engine, false)?;
+    if engine.tokenizer().is_none() {
+        return Err(usage(format!(
+            "{} has no tokenizer; chat needs text",
+            engine.dir().display()
+        )));
+    }
+    let opts = GenerateOptions {
+        max_tokens: a.max_tokens,
+        sampling: sampling(&engine, &a.sampling),
+        prefill_chunk: a.engine.prefill_chunk,
+        ..Default::default()
     };
-    if a.json {
-        let v = serde_json::json!({
-            "prompt_ids": generation.prompt_ids(),
-            "ids": generation.ids(),
-            "text": generation.text(),
-            "finish_reason": generation.finish_reason(),
-            "stats": stats,
-        });
-        let _ = writeln!(out, "{v}");
-    } else {
-        let _ = writeln!(out);
-        let hit = if stats.expert_requests == 0 {
-            100.0
+    let templated = engine.chat_template().is_some();
+    let mut messages: Vec<sluice::Message> = a
+        .system
+        .iter()
+        .map(|s| sluice::Message::new("system", s.clone()))
+        .collect();
+    let mut session = engine.session();
+    let mut transcript = String::new();
+    eprintln!(
+        "{}: type a message and press Enter; an empty line or end of input quits.{}",
+        engine.dir().display(),
+        if templated {
+            ""
         } else {
-            100.0 * stats.expert_hits as f64 / stats.expert_requests as f64
-        };
-        eprintln!(
-            "[prefill {} tokens in {:.2}s | decode {} tokens in {:.2}s, {:.2} tokens/s | experts: {:.1}% hits, {} read ({} I/O) | peak RSS {}, budget {} | {} threads, {}]",
-            stats.prefill_tokens,
-            stats.prefill_seconds,
-            stats.decode_tokens,
-            stats.decode_seconds,
-            decode_tps,
-            hit,
-            sluice::fmt_bytes(stats.expert_bytes_read),
-            stats.io_mode,
-            sluice::fmt_bytes(stats.peak_rss_bytes),
-            if stats.memory_budget_bytes == 0 {
-                "unlimited".to_owned()
+            " (no chat template: the conversation continues as plain text)"
+        }
+    );
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        eprint!("> ");
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|e| Failure {
+            code: 1,
+            msg: format!("stdin: {e}"),
+        })?;
+        if line.trim().is_empty() {
+            break;
+        }
+        let mut live = live::Live::new(&engine);
+        let text = {
+            let mut g = if templated {
+                messages.push(sluice::Message::new("user", line));
+                session.generate_full(Prompt::Chat(&messages), &opts)?
             } else {
-                sluice::fmt_bytes(stats.memory_budget_bytes)
-            },
-            stats.threads,
-            stats.isa,
-        );
+                transcript.push_str(&line);
+                transcript.push('\n');
+                session.generate_full(Prompt::Text(&transcript), &opts)?
+            };
+            while let Some(t) = g.next() {
+                let t = t?;
+                live.text(&t.text);
+                live.tick(&g.stats());
+            }
+            live.finish(&g.stats());
+            g.text().to_owned()
+        };
+        if templated {
+            messages.push(sluice::Message::new("assistant", text));
+        } else {
+            transcript.push_str(&text);
+            transcript.push('\n');
+        }
     }
     Ok(())
 }

@@ -366,3 +366,38 @@ fn a_trunk_four_times_the_budget_streams_within_its_rss() {
         "peak RSS {rss} over budget {budget} + 64 MiB"
     );
 }
+
+#[test]
+fn run_defaults_to_the_demo_model_and_chat_reads_stdin() {
+    use std::io::Write as _;
+    let o = bin()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["run", "It is a truth", "--max-tokens", "8", "--json"])
+        .output()
+        .unwrap();
+    let v = json(&o);
+    assert_eq!(v["ids"].as_array().unwrap().len(), 8);
+    assert!(v["text"].as_str().unwrap().len() > 8);
+    let mut child = bin()
+        .args(["chat", "--max-tokens", "6"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Elizabeth smiled.\nShe left.\n\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Two replies, one line each.
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).lines().count(),
+        2,
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}

@@ -228,6 +228,7 @@ impl EngineBuilder {
         eos.sort_unstable();
         eos.dedup();
         let bos = model.config().bos_token_id;
+        let sampling = gen_cfg.as_ref().map(sampling_defaults).unwrap_or_default();
         Ok(Engine {
             inner: Arc::new(Inner {
                 dir,
@@ -236,6 +237,7 @@ impl EngineBuilder {
                 template,
                 eos,
                 bos,
+                sampling,
                 memory: self.memory,
                 budget: memory,
                 prefill_chunk: self.prefill_chunk,
@@ -253,6 +255,7 @@ struct Inner {
     template: Option<ChatTemplate>,
     eos: Vec<u32>,
     bos: Option<u32>,
+    sampling: SamplingOptions,
     memory: Memory,
     budget: Option<u64>,
     prefill_chunk: usize,
@@ -308,6 +311,12 @@ impl Engine {
     /// The chat template, when the model directory has one.
     pub fn chat_template(&self) -> Option<&ChatTemplate> {
         self.inner.template.as_ref()
+    }
+
+    /// Sampling defaults from the model's `generation_config.json` (`do_sample`, `temperature`,
+    /// `top_k`, `top_p`, `repetition_penalty`); greedy when it says nothing.
+    pub fn default_sampling(&self) -> &SamplingOptions {
+        &self.inner.sampling
     }
 
     /// End-of-sequence ids.
@@ -555,7 +564,8 @@ impl Session {
         self.history.clear();
     }
 
-    /// Starts a generation. Tokens come from the returned iterator.
+    /// Starts a generation from `prompt` appended to what the session has seen. Tokens come
+    /// from the returned iterator.
     pub fn generate(
         &mut self,
         prompt: Prompt<'_>,
@@ -563,6 +573,33 @@ impl Session {
     ) -> Result<Generation<'_>, Error> {
         let ids = self.engine.encode(&prompt)?;
         self.generate_ids(ids, opts)
+    }
+
+    /// Starts a generation from `prompt` taken as the *whole* context (typically a chat
+    /// rendered with every turn so far). The session keeps the KV cache of the longest prefix it
+    /// shares with what it has seen and processes only the rest; the result is the same as on a
+    /// fresh session.
+    pub fn generate_full(
+        &mut self,
+        prompt: Prompt<'_>,
+        opts: &GenerateOptions,
+    ) -> Result<Generation<'_>, Error> {
+        let ids = self.engine.encode(&prompt)?;
+        let mut keep = self
+            .history
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
+        // Keep only positions the cache holds (the last sampled token of a generation is not fed
+        // until the next call), and feed at least one token to get the next logits.
+        keep = keep.min(self.state.pos());
+        if keep == ids.len() {
+            keep = keep.saturating_sub(1);
+        }
+        self.state.truncate(keep, self.engine.inner.model.config());
+        self.history.truncate(keep);
+        self.generate_ids(ids[keep..].to_vec(), opts)
     }
 
     /// Starts a generation from token ids appended to the session's history.
@@ -579,13 +616,25 @@ impl Session {
             return Err(Error::Usage("prefill_chunk must be at least 1".into()));
         }
         let model = &self.engine.inner.model;
+        // The last token of the previous generation was sampled but not fed: it goes first.
+        let fed = self.state.pos();
+        let mut feed: Vec<u32> = self.history[fed..].to_vec();
+        self.history.truncate(fed);
+        feed.extend_from_slice(&ids);
+        if feed.is_empty() {
+            // Nothing new: recompute the last position's logits.
+            let last = fed - 1;
+            feed.push(self.history[last]);
+            self.state.truncate(last, model.config());
+            self.history.truncate(last);
+        }
         let t0 = Instant::now();
         let expert0 = model.experts().stats();
         let trunk0 = model.trunk_bytes_read();
         let mut prompt_logits = Vec::new();
         let mut last = Vec::new();
-        let n_chunks = ids.len().div_ceil(opts.prefill_chunk);
-        for (ci, chunk) in ids.chunks(opts.prefill_chunk).enumerate() {
+        let n_chunks = feed.len().div_ceil(opts.prefill_chunk);
+        for (ci, chunk) in feed.chunks(opts.prefill_chunk).enumerate() {
             let want = if opts.keep_logits {
                 Logits::All
             } else if ci + 1 == n_chunks {
@@ -603,15 +652,8 @@ impl Session {
                 prompt_logits.extend(l);
             }
         }
-        if ids.is_empty() {
-            // Continue from history: recompute the last position's logits.
-            let lastpos = self.history.len() - 1;
-            let tok = self.history[lastpos];
-            self.state.truncate(lastpos, model.config());
-            last = model.forward(&mut self.state, &[tok], Logits::Last)?;
-        }
         let stats = GenerationStats {
-            prefill_tokens: ids.len(),
+            prefill_tokens: feed.len(),
             prefill_seconds: t0.elapsed().as_secs_f64(),
             io_mode: model.io_mode().name().to_owned(),
             memory_budget_bytes: self.engine.inner.budget.unwrap_or(0),
@@ -847,4 +889,24 @@ impl Iterator for Generation<'_> {
             }
         }
     }
+}
+
+/// Sampling defaults as transformers reads them from `generation_config.json`: sampling only
+/// when `do_sample` is true; otherwise greedy.
+fn sampling_defaults(g: &serde_json::Value) -> SamplingOptions {
+    let mut s = SamplingOptions::default();
+    let f = |k: &str| g.get(k).and_then(serde_json::Value::as_f64);
+    if g.get("do_sample").and_then(serde_json::Value::as_bool) == Some(true) {
+        s.temperature = f("temperature").unwrap_or(1.0) as f32;
+        s.top_p = f("top_p").unwrap_or(1.0) as f32;
+        // transformers' default top_k is 50 when sampling.
+        s.top_k = f("top_k").unwrap_or(50.0) as usize;
+        if let Some(m) = f("min_p") {
+            s.min_p = m as f32;
+        }
+    }
+    if let Some(r) = f("repetition_penalty") {
+        s.repetition_penalty = r as f32;
+    }
+    s
 }

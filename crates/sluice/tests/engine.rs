@@ -1,0 +1,163 @@
+//! The public API: sessions on one engine in parallel threads give exactly what they give run
+//! one after another; a chat reuses its cache; stop strings and end-of-sequence end a generation.
+
+use std::path::{Path, PathBuf};
+
+use sluice::{Engine, FinishReason, GenerateOptions, Memory, Message, Prompt, SamplingOptions};
+
+fn demo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
+}
+
+fn opts(seed: u64, max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: SamplingOptions {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed,
+            ..Default::default()
+        },
+        stop_at_eos: false,
+        ..Default::default()
+    }
+}
+
+const PROMPTS: [&str; 4] = [
+    "It is a truth universally acknowledged",
+    "The weather",
+    "Mr. Darcy said",
+    "In the morning",
+];
+
+#[test]
+fn eight_concurrent_sessions_match_sequential_runs() {
+    // A budget well below the model: the sessions share (and fight over) the expert cache.
+    let engine = Engine::builder()
+        .model(demo())
+        .memory(Memory::Bytes(14 << 20))
+        .threads(2)
+        .build()
+        .unwrap();
+    let job = |i: usize| {
+        let mut s = engine.session();
+        let mut g = s
+            .generate(Prompt::Text(PROMPTS[i % 4]), &opts(i as u64, 200))
+            .unwrap();
+        let text = g.run().unwrap();
+        (g.ids().to_vec(), text)
+    };
+    let sequential: Vec<_> = (0..8).map(job).collect();
+    let before = engine.expert_stats();
+    let parallel: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8).map(|i| s.spawn(move || job(i))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sequential, parallel);
+    for (ids, _) in &parallel {
+        assert_eq!(ids.len(), 200);
+    }
+    // Requests are hits plus misses, across all sessions.
+    let s = engine.expert_stats();
+    assert_eq!(s.requests, s.hits + s.misses);
+    assert!(s.requests > before.requests);
+    assert_eq!(engine.stats().generations, 16);
+}
+
+#[test]
+fn chat_turns_reuse_the_cache_and_match_a_fresh_session() {
+    let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
+    let o = opts(3, 12);
+    let mut s = engine.session();
+    let t1 = "Elizabeth walked to the window.\n".to_owned();
+    let a1 = s
+        .generate_full(Prompt::Text(&t1), &o)
+        .unwrap()
+        .run()
+        .unwrap();
+    let t2 = format!("{t1}{a1}\nShe said nothing.\n");
+    let before = s.history().len();
+    let mut g = s.generate_full(Prompt::Text(&t2), &o).unwrap();
+    let a2 = g.run().unwrap();
+    // Only what was new went through the model.
+    assert!(g.stats().prefill_tokens < engine.encode(&Prompt::Text(&t2)).unwrap().len());
+    assert!(before > 0);
+    let fresh = engine
+        .session()
+        .generate_full(Prompt::Text(&t2), &o)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert_eq!(a2, fresh);
+}
+
+#[test]
+fn stop_strings_and_lengths() {
+    let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
+    let greedy = GenerateOptions {
+        max_tokens: 40,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let mut s = engine.session();
+    let full = s
+        .generate(
+            Prompt::Text("It is a truth universally acknowledged"),
+            &greedy,
+        )
+        .unwrap()
+        .run()
+        .unwrap();
+    // The greedy text repeats ", and the most uniformous"; stop at its second occurrence.
+    let stop = "most";
+    let first = full.find(stop).unwrap();
+    let with_stop = GenerateOptions {
+        stop: vec![stop.into()],
+        ..greedy.clone()
+    };
+    let mut s = engine.session();
+    let mut g = s
+        .generate(
+            Prompt::Text("It is a truth universally acknowledged"),
+            &with_stop,
+        )
+        .unwrap();
+    let mut streamed = String::new();
+    for t in g.by_ref() {
+        streamed.push_str(&t.unwrap().text);
+    }
+    assert_eq!(g.finish_reason(), Some(FinishReason::Stop));
+    assert_eq!(g.text(), &full[..first]);
+    assert_eq!(
+        streamed,
+        g.text(),
+        "streamed deltas must add up to the text and never include the stop string"
+    );
+    let mut s = engine.session();
+    let mut g = s
+        .generate(
+            Prompt::Text("x"),
+            &GenerateOptions {
+                max_tokens: 3,
+                ..greedy
+            },
+        )
+        .unwrap();
+    g.run().unwrap();
+    assert_eq!(g.finish_reason(), Some(FinishReason::Length));
+    assert_eq!(g.ids().len(), 3);
+}
+
+#[test]
+fn chat_needs_a_template_and_says_so() {
+    let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
+    let e = engine
+        .session()
+        .generate(
+            Prompt::Chat(&[Message::new("user", "hi")]),
+            &GenerateOptions::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("chat template"), "{e}");
+    assert!(e.is_input_error());
+}

@@ -174,6 +174,9 @@ pub struct RunArgs {
     /// Stop when this string is generated (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Keep generating past end-of-sequence tokens (for benchmarks).
+    #[arg(long)]
+    pub ignore_eos: bool,
     /// Use the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,

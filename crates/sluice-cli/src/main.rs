@@ -359,9 +359,9 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         max_tokens: a.max_tokens,
         sampling: sampling(&engine, &a.sampling),
         stop: a.stop.clone(),
+        stop_at_eos: !a.ignore_eos,
         keep_logits: a.dump_logits.is_some(),
         prefill_chunk: a.engine.prefill_chunk,
-        ..Default::default()
     };
     let ids;
     let messages;

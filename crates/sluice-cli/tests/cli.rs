@@ -401,3 +401,55 @@ fn run_defaults_to_the_demo_model_and_chat_reads_stdin() {
         String::from_utf8_lossy(&o.stdout)
     );
 }
+
+#[test]
+fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmp.path().join("m");
+    sluice::SynthSpec {
+        skew: 0.3,
+        ..Default::default()
+    }
+    .write(&dir)
+    .unwrap();
+    let d = dir.to_str().unwrap();
+    let info = json(&run(&["inspect", d, "--json", "--context", "1100"]));
+    let budget = info["plan"]["minimum"].as_u64().unwrap() + (4 << 20);
+    assert!(budget < info["checkpoint_bytes"].as_u64().unwrap() / 2);
+    let o = run(&[
+        "run",
+        "--model",
+        d,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "1000",
+        "--ignore-eos",
+        "--json",
+        "--context",
+        "1100",
+        "--memory",
+        &budget.to_string(),
+    ]);
+    let v = json(&o);
+    assert_eq!(v["ids"].as_array().unwrap().len(), 1000);
+    let rss = v["stats"]["peak_rss_bytes"].as_u64().unwrap();
+    assert!(
+        rss <= budget + (64 << 20),
+        "peak RSS {rss} over budget {budget} + 64 MiB"
+    );
+    // Past the planned context: a clear error, not an OOM.
+    let o = run(&[
+        "run",
+        "--model",
+        d,
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--context",
+        "8",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
+}

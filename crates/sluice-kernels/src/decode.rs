@@ -99,6 +99,23 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
     }
 }
 
+/// The index of the first NaN or infinity among stored values of `dtype` in `bytes` (F32, BF16
+/// and F16; other types hold no such values and give `None`).
+pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
+    match dtype {
+        crate::Codes::F32 => bytes.chunks_exact(4).position(|c| {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+        }),
+        crate::Codes::BF16 => bytes
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+        crate::Codes::F16 => bytes
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+        _ => None,
+    }
+}
+
 /// Scale `g` of a row of scales, as f32 (exact for every scale type).
 #[inline(always)]
 pub fn scale_at(ty: ScaleType, row: &[u8], g: usize) -> f32 {

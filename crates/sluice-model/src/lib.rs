@@ -79,6 +79,14 @@ pub enum ModelError {
         /// Positions available.
         max: usize,
     },
+    /// A layer produced NaN or infinite values (NaN/Inf weights in it or in its experts).
+    #[error(
+        "layer {layer} produced NaN or infinite values: the checkpoint's weights for this layer or its experts are corrupt"
+    )]
+    NonFinite {
+        /// The layer.
+        layer: usize,
+    },
     /// The thread pool could not start.
     #[error("could not start compute threads: {0}")]
     Threads(String),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::Checkpoint;
-use sluice_kernels::{Kernels, scalar};
+use sluice_kernels::{Codes, Kernels, scalar};
 use sluice_store::{
     Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, StoreError,
     TrunkStore, Verifier, read_blob,
@@ -208,7 +208,46 @@ impl Model {
         {
             opts.verify = Some(pack_verifier(m, &ck.dir().join(&m.file), cfg.layers));
         }
-        Model::with_reader(cfg, layout, shards, mode, opts)
+        let model = Model::with_reader(cfg, layout, shards, mode, opts)?;
+        model.check_finite(&ck)?;
+        Ok(model)
+    }
+
+    /// Refuses a model whose resident trunk holds NaN or infinite weights, naming the tensor
+    /// (streamed layers and experts are caught when they are used: see `forward`).
+    fn check_finite(&self, ck: &Checkpoint) -> Result<(), ModelError> {
+        let parts = self
+            .layout
+            .layers
+            .iter()
+            .chain(std::iter::once(&self.layout.head));
+        for (i, part) in parts.enumerate() {
+            let Some(blob) = self.trunk.try_part(i) else {
+                continue;
+            };
+            for name in part.names() {
+                let (Some(t), Some(piece)) = (ck.get(name), part.piece_of(name)) else {
+                    continue;
+                };
+                let codes = match t.dtype {
+                    sluice_format::Dtype::F32 => Codes::F32,
+                    sluice_format::Dtype::BF16 => Codes::BF16,
+                    sluice_format::Dtype::F16 => Codes::F16,
+                    _ => continue,
+                };
+                if let Some(at) = sluice_kernels::decode::first_non_finite(codes, blob.piece(piece))
+                {
+                    return Err(ModelError::Tensor {
+                        tensor: name.to_owned(),
+                        msg: format!(
+                            "{}: element {at} is NaN or infinite",
+                            ck.shards()[t.shard].path.display()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Builds a model whose bytes come from `reader` (tests inject faults this way).
@@ -507,6 +546,11 @@ impl Model {
             };
             for (s, v) in hs.iter_mut().zip(&f) {
                 *s += v;
+            }
+            // NaN or infinite weights in a streamed layer or an expert end the request here
+            // rather than producing garbage tokens.
+            if hs.iter().any(|v| !v.is_finite()) {
+                return Err(ModelError::NonFinite { layer: l });
             }
         }
         state.pos += t;

@@ -164,6 +164,11 @@ impl PartLayout {
         self.pieces.iter().map(|p| p.len).sum()
     }
 
+    /// The piece holding the named range, if it is in this part.
+    pub fn piece_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
     /// Tensor names in piece order.
     pub fn names(&self) -> Vec<&str> {
         let mut v: Vec<(&str, usize)> = self.index.iter().map(|(n, &i)| (n.as_str(), i)).collect();

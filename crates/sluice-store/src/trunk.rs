@@ -36,7 +36,6 @@ enum Slot {
 struct Ring {
     slots: Vec<Slot>,
     stats: TrunkStats,
-    error: Option<(usize, String)>,
 }
 
 struct Shared {
@@ -102,7 +101,6 @@ impl TrunkStore {
         let ring = Ring {
             slots: (0..ring_slots).map(|_| Slot::Empty).collect(),
             stats: TrunkStats::default(),
-            error: None,
         };
         // One reader thread streams the next part while the current one computes.
         let pool = ReaderPool::new(usize::from(ring_slots > 1));
@@ -158,12 +156,6 @@ impl TrunkStore {
         r.stats.requests += 1;
         let mut counted_hit = false;
         loop {
-            if matches!(&r.error, Some((p, _)) if *p == i)
-                && let Some((_, e)) = r.error.take()
-            {
-                return Err(StoreError::Shared(e));
-            }
-
             if let Some(b) = r.slots.iter().find_map(|s| match s {
                 Slot::Ready(p, b) if *p == i => Some(Arc::clone(b)),
                 _ => None,
@@ -253,10 +245,9 @@ impl TrunkStore {
                         r.stats.bytes_read += b.footprint() as u64;
                         r.slots[slot] = Slot::Ready(i, Arc::new(b));
                     }
-                    Err(e) => {
-                        r.slots[slot] = Slot::Empty;
-                        r.error = Some((i, e.to_string()));
-                    }
+                    // A failed prefetch leaves the slot empty: the demand read tries again
+                    // and reports its own error.
+                    Err(_) => r.slots[slot] = Slot::Empty,
                 }
             }
             sh.cond.notify_all();

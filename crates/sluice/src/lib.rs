@@ -98,7 +98,12 @@ impl Error {
     pub fn is_input_error(&self) -> bool {
         use sluice_model::ModelError as M;
         use sluice_store::StoreError as S;
-        let store_input = |s: &S| matches!(s, S::BudgetTooSmall { .. } | S::UnknownPolicy(_));
+        let store_input = |s: &S| {
+            matches!(
+                s,
+                S::BudgetTooSmall { .. } | S::UnknownPolicy(_) | S::Corrupt(_)
+            )
+        };
         match self {
             Error::Usage(_)
             | Error::Tokenizer { .. }
@@ -108,7 +113,12 @@ impl Error {
             Error::Model(M::Store(s)) | Error::Store(s) => store_input(s),
             Error::Model(m) => matches!(
                 m,
-                M::Config { .. } | M::Tensor { .. } | M::Token { .. } | M::Format(_)
+                M::Config { .. }
+                    | M::Tensor { .. }
+                    | M::Token { .. }
+                    | M::Format(_)
+                    | M::ContextFull { .. }
+                    | M::NonFinite { .. }
             ),
             Error::Io { .. } => false,
         }

@@ -161,3 +161,87 @@ fn chat_needs_a_template_and_says_so() {
     assert!(e.to_string().contains("chat template"), "{e}");
     assert!(e.is_input_error());
 }
+
+#[test]
+fn a_shard_truncated_while_running_ends_that_request_and_the_engine_recovers() {
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for e in std::fs::read_dir(demo()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, tmp.path().join(p.file_name().unwrap())).unwrap();
+    }
+    // A budget of half the model: experts are read during generation.
+    let engine = Engine::builder()
+        .model(tmp.path())
+        .memory(Memory::Bytes(10 << 20))
+        .threads(2)
+        .build()
+        .unwrap();
+    let o = opts(11, 24);
+    let first = engine
+        .session()
+        .generate(Prompt::Text("The weather"), &o)
+        .unwrap()
+        .run()
+        .unwrap();
+
+    let shard = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&shard)
+        .unwrap()
+        .set_len(bytes.len() as u64 / 3)
+        .unwrap();
+    let mut s = engine.session();
+    // The prompt itself may already need a missing expert; otherwise a later step does.
+    let e = match s.generate(Prompt::Text("The weather"), &o) {
+        Err(e) => e,
+        Ok(mut g) => {
+            let mut tokens = 0;
+            let mut failed = None;
+            for t in g.by_ref() {
+                match t {
+                    Ok(_) => tokens += 1,
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            assert!(tokens < 24);
+            assert!(g.next().is_none(), "nothing after the error");
+            failed.expect("a truncated shard must end the request with an error")
+        }
+    };
+    assert!(e.to_string().contains("model.safetensors"), "{e}");
+    assert!(
+        !e.is_input_error(),
+        "a read failure is a runtime error (exit 1)"
+    );
+
+    std::fs::write(&shard, &bytes).unwrap();
+    let again = engine
+        .session()
+        .generate(Prompt::Text("The weather"), &o)
+        .unwrap()
+        .run()
+        .unwrap();
+    assert_eq!(again, first);
+}
+
+#[test]
+fn a_prompt_beyond_the_planned_context_is_a_clear_error() {
+    let engine = Engine::builder()
+        .model(demo())
+        .context(16)
+        .threads(1)
+        .build()
+        .unwrap();
+    let long: Vec<u32> = (0..40).collect();
+    let e = engine
+        .session()
+        .generate(Prompt::Ids(&long), &GenerateOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("context full"), "{e}");
+    assert!(e.is_input_error());
+}

@@ -1,0 +1,72 @@
+//! The determinism matrix: one hash over all logits of a fixed generation, the same across 12
+//! budgets × every policy × prefetch on/off × 1 and 2 threads × every ISA this CPU has.
+
+use std::path::Path;
+
+use sluice_kernels::{Isa, Kernels};
+use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
+use sluice_store::POLICIES;
+
+fn hash_generation(dir: &Path, opts: ModelOptions) -> String {
+    let m = Model::open(dir, opts).unwrap();
+    let mut st = m.new_state();
+    let mut logits = m
+        .forward(&mut st, &[7, 300, 12, 45, 9, 401, 88], Logits::All)
+        .unwrap();
+    let v = m.config().vocab;
+    for _ in 0..6 {
+        let last = &logits[logits.len() - v..];
+        let next = last
+            .iter()
+            .enumerate()
+            .fold(0, |b, (i, &x)| if x > last[b] { i } else { b }) as u32;
+        logits.extend(m.forward(&mut st, &[next], Logits::Last).unwrap());
+    }
+    let bytes: Vec<u8> = logits.iter().flat_map(|x| x.to_le_bytes()).collect();
+    sluice_format::packed::xxh3_hex([&bytes[..]])
+}
+
+#[test]
+fn one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v3-fp32");
+    let base = ModelOptions {
+        context: 64,
+        chunk: 8,
+        ..Default::default()
+    };
+    let probe = Model::open(&dir, base.clone()).unwrap();
+    let p = probe.plan().clone();
+    let top = p.trunk + p.kv_cache + p.scratch + p.all_expert_bytes;
+    // 12 budgets from the minimum (layers streamed) to everything resident.
+    let budgets: Vec<u64> = (0..12)
+        .map(|i| p.minimum + (top - p.minimum) * i / 11)
+        .collect();
+    let want = hash_generation(&dir, base.clone());
+    let mut runs = 0;
+    for &memory in &budgets {
+        for policy in POLICIES {
+            for prefetch in [false, true] {
+                for threads in [1, 2] {
+                    for isa in Isa::available() {
+                        let o = ModelOptions {
+                            memory: Some(memory),
+                            policy: PolicyChoice::Named(policy.into()),
+                            prefetch,
+                            threads,
+                            kernels: Kernels::new(isa).unwrap(),
+                            ..base.clone()
+                        };
+                        let got = hash_generation(&dir, o);
+                        assert_eq!(
+                            got, want,
+                            "budget {memory}, {policy}, prefetch {prefetch}, {threads} threads, {isa}"
+                        );
+                        runs += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(runs, 12 * POLICIES.len() * 2 * 2 * Isa::available().len());
+    eprintln!("{runs} configurations, one hash: {want}");
+}

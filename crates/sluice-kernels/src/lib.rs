@@ -2,7 +2,8 @@
 //!
 //! Every number sluice computes goes through this crate: products of packed weight matrices
 //! with f32 activations ([`Kernels::matmul`]), and the row ops of a transformer (RMSNorm,
-//! softmax, SwiGLU, sigmoid, RoPE, top-k). Because sluice promises byte-identical output at
+//! softmax, SwiGLU, SiTU-GLU, sigmoid, tanh, softplus, L2 norm, RoPE, top-k, the short causal
+//! convolution and the delta-rule step of Kimi Delta Attention). Because sluice promises byte-identical output at
 //! every memory budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and
 //! every implementation meets it bit for bit: the scalar code is the specification; the
 //! AVX2+FMA and AVX-512 paths return exactly its bits.
@@ -319,6 +320,117 @@ impl Kernels {
     /// `x[i] = exp(x[i])` (see [`scalar::exp`]).
     pub fn exp(&self, x: &mut [f32]) {
         dispatch!(self, exp(x))
+    }
+
+    // The ops below are dispatched to the scalar specification on every ISA (or, for the
+    // products of `kda_step` and `l2norm`, to `axpy` and `dot`, which every ISA computes alike).
+
+    /// `x[i] = tanh(x[i])` (see [`scalar::tanh`]).
+    pub fn tanh(&self, x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = scalar::tanh(*v));
+    }
+
+    /// `x[i] = softplus(x[i])` (see [`scalar::softplus`]).
+    pub fn softplus(&self, x: &mut [f32]) {
+        x.iter_mut().for_each(|v| *v = scalar::softplus(*v));
+    }
+
+    /// SiTU-GLU (see [`scalar::situ_mul`]).
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn situ_mul(
+        &self,
+        gate: &[f32],
+        up: &[f32],
+        beta: f32,
+        linear_beta: Option<f32>,
+        out: &mut [f32],
+    ) {
+        assert!(
+            gate.len() == up.len() && gate.len() == out.len(),
+            "situ_mul of unequal lengths"
+        );
+        scalar::situ_mul(gate, up, beta, linear_beta, out)
+    }
+
+    /// L2 normalisation (see [`scalar::l2norm`]).
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn l2norm(&self, x: &[f32], eps: f32, out: &mut [f32]) {
+        assert_eq!(x.len(), out.len(), "l2norm of unequal lengths");
+        let r = (self.dot(x, x) + eps).sqrt();
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = v / r;
+        }
+    }
+
+    /// `x[i] = x[i] × σ(gate[i])` (see [`scalar::mul_sigmoid`]).
+    ///
+    /// # Panics
+    /// When the lengths differ.
+    pub fn mul_sigmoid(&self, x: &mut [f32], gate: &[f32]) {
+        assert_eq!(x.len(), gate.len(), "mul_sigmoid of unequal lengths");
+        scalar::mul_sigmoid(x, gate)
+    }
+
+    /// A causal depthwise convolution with SiLU for one position (see [`scalar::conv_silu`]).
+    ///
+    /// # Panics
+    /// When `window` and `w` are not `[k, out.len()]` alike.
+    pub fn conv_silu(&self, window: &[f32], w: &[f32], out: &mut [f32]) {
+        assert!(
+            window.len() == w.len() && !out.is_empty() && w.len().is_multiple_of(out.len()),
+            "conv_silu: window {} and taps {} for {} channels",
+            window.len(),
+            w.len(),
+            out.len()
+        );
+        scalar::conv_silu(window, w, out)
+    }
+
+    /// One token of Kimi Delta Attention for one head (see [`scalar::kda_step`]).
+    ///
+    /// # Panics
+    /// When `state` is not `[k.len(), v.len()]` or the other lengths disagree.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kda_step(
+        &self,
+        state: &mut [f32],
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        decay: &[f32],
+        beta: f32,
+        u: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (dk, dv) = (k.len(), v.len());
+        assert!(
+            state.len() == dk * dv
+                && q.len() == dk
+                && decay.len() == dk
+                && u.len() == dv
+                && out.len() == dv,
+            "kda_step: state {} for [{dk}, {dv}]",
+            state.len()
+        );
+        u.fill(0.0);
+        for ((row, &a), &ki) in state.chunks_exact_mut(dv).zip(decay).zip(k) {
+            for s in row.iter_mut() {
+                *s *= a;
+            }
+            self.axpy(ki, row, u);
+        }
+        for (d, &vj) in u.iter_mut().zip(v) {
+            *d = (vj - *d) * beta;
+        }
+        out.fill(0.0);
+        for ((row, &ki), &qi) in state.chunks_exact_mut(dv).zip(k).zip(q) {
+            self.axpy(ki, u, row);
+            self.axpy(qi, row, out);
+        }
     }
 }
 

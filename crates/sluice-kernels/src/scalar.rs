@@ -235,6 +235,184 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+const TANH_P: [f32; 5] = [
+    -5.704_988_7e-3,
+    2.063_909e-2,
+    -5.373_971_6e-2,
+    1.333_144_2e-1,
+    -3.333_328e-1,
+];
+
+/// The hyperbolic tangent, by a fixed sequence of IEEE operations: NaN → NaN; for
+/// `|x| < 0.625`, with `z = x²`, `p = (((c0 z + c1) z + c2) z + c3) z + c4` (each step one fma),
+/// `tanh x = fma(p × z, x, x)`; otherwise `e = exp(2|x|)` ([`exp`]), `tanh |x| = 1 − 2 / (e + 1)`
+/// with the sign of `x` (±1 once `e` overflows). About 2 ulp from the true value.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = x.abs();
+    if a < 0.625 {
+        let z = x * x;
+        let mut p = TANH_P[0];
+        for &c in &TANH_P[1..] {
+            p = p.mul_add(z, c);
+        }
+        return (p * z).mul_add(x, x);
+    }
+    let e = exp(a + a);
+    let t = 1.0 - 2.0 / (e + 1.0);
+    if x < 0.0 { -t } else { t }
+}
+
+const LN_P: [f32; 9] = [
+    7.037_683_6e-2,
+    -1.151_461_1e-1,
+    1.167_699_9e-1,
+    -1.242_014_1e-1,
+    1.424_932_3e-1,
+    -1.666_805_8e-1,
+    2.000_071_5e-1,
+    -2.499_999_4e-1,
+    3.333_333e-1,
+];
+
+/// The natural logarithm, by a fixed sequence of IEEE operations: NaN or `x < 0` → NaN,
+/// `±0` → −∞, +∞ → +∞; otherwise `x = m × 2^e` with `m` in `[√½, √2)` (exact, from the bits),
+/// `f = m − 1`, `p = c0 f + c1 … + c8` (each step one fma), `y = p × f × f² − 2.12194440e-4 × e −
+/// f²/2` and `ln x = (f + y) + 0.693359375 × e` (the split ln 2 of Cephes' `logf`). About 1 ulp.
+#[inline(always)]
+pub fn ln(x: f32) -> f32 {
+    if x.is_nan() || x < 0.0 {
+        return f32::NAN;
+    }
+    if x == 0.0 {
+        return f32::NEG_INFINITY;
+    }
+    if x == f32::INFINITY {
+        return x;
+    }
+    // Normalise subnormals exactly.
+    let (x, bias) = if x < f32::MIN_POSITIVE {
+        (x * 8_388_608.0, -23)
+    } else {
+        (x, 0)
+    };
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 126 + bias;
+    // m in [0.5, 1).
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000);
+    if m < std::f32::consts::FRAC_1_SQRT_2 {
+        e -= 1;
+        m = m + m - 1.0;
+    } else {
+        m -= 1.0;
+    }
+    let z = m * m;
+    let mut p = LN_P[0];
+    for &c in &LN_P[1..] {
+        p = p.mul_add(m, c);
+    }
+    let fe = e as f32;
+    let mut y = p * m * z;
+    y = (-2.121_944_4e-4f32).mul_add(fe, y);
+    y = (-0.5f32).mul_add(z, y);
+    let r = m + y;
+    0.693_359_4f32.mul_add(fe, r)
+}
+
+/// Softplus as transformers' Kimi Linear forget gate writes it: `x` when `x > 20`, else
+/// `ln(1 + exp(x))` ([`ln`], [`exp`]).
+#[inline(always)]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { ln(1.0 + exp(x)) }
+}
+
+/// SiTU-GLU (Kimi K3): `out[i] = (β·tanh(g/β) · σ(g)) · (β_lin·tanh(u/β_lin))`, the sigmoid of
+/// the uncapped gate; without `linear_beta` the up value is taken as it is.
+pub fn situ_mul(gate: &[f32], up: &[f32], beta: f32, linear_beta: Option<f32>, out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let a = beta * tanh(g / beta) * sigmoid(g);
+        let u = match linear_beta {
+            Some(lb) => lb * tanh(u / lb),
+            None => u,
+        };
+        *o = a * u;
+    }
+}
+
+/// L2 normalisation as FLA writes it: `out[i] = x[i] / sqrt(sum(x²) + eps)`, the sum of squares
+/// by the dot-product contract.
+pub fn l2norm(x: &[f32], eps: f32, out: &mut [f32]) {
+    let r = (dot(x, x) + eps).sqrt();
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = v / r;
+    }
+}
+
+/// A sigmoid gate: `x[i] = x[i] × σ(gate[i])`.
+pub fn mul_sigmoid(x: &mut [f32], gate: &[f32]) {
+    for (v, &g) in x.iter_mut().zip(gate) {
+        *v *= sigmoid(g);
+    }
+}
+
+/// A depthwise causal convolution with SiLU for one position: `window` holds the last `k`
+/// inputs, oldest first, `[k, channels]` row-major; `w` the taps transposed, `[k, channels]`
+/// (tap `j` of every channel in row `j`; the last tap weighs the newest input).
+/// `out[c] = silu(acc)` where `acc` starts at `+0.0` and takes `fma(w[j, c], window[j, c], acc)`
+/// for `j = 0 … k − 1`.
+pub fn conv_silu(window: &[f32], w: &[f32], out: &mut [f32]) {
+    let c = out.len();
+    for (ch, o) in out.iter_mut().enumerate() {
+        let mut acc = 0f32;
+        for (wr, xr) in w.chunks_exact(c).zip(window.chunks_exact(c)) {
+            acc = wr[ch].mul_add(xr[ch], acc);
+        }
+        *o = silu(acc);
+    }
+}
+
+/// One token of Kimi Delta Attention for one head (the gated delta rule with a decay per key
+/// channel), updating `state` (`[dk, dv]` row-major, key channel `i` in row `i`) in place:
+///
+/// 1. `S[i] ← S[i] × decay[i]` (one rounding per element), and `u = Σ_i k[i] · S[i]`
+///    accumulated from `+0.0` over `i` in order, `u ← fma(k[i], S[i], u)` (element-wise);
+/// 2. `d[j] = (v[j] − u[j]) × beta`;
+/// 3. `S[i] ← fma(k[i], d, S[i])` and `out = Σ_i q[i] · S[i]` (the updated rows), accumulated
+///    like `u`.
+///
+/// `decay` is `exp(g)` of the gate; `q` is already scaled. `u` is scratch of `dv` values.
+#[allow(clippy::too_many_arguments)]
+pub fn kda_step(
+    state: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: &[f32],
+    beta: f32,
+    u: &mut [f32],
+    out: &mut [f32],
+) {
+    let dv = v.len();
+    u.fill(0.0);
+    for ((row, &a), &ki) in state.chunks_exact_mut(dv).zip(decay).zip(k) {
+        for s in row.iter_mut() {
+            *s *= a;
+        }
+        axpy(ki, row, u);
+    }
+    for (d, &vj) in u.iter_mut().zip(v) {
+        *d = (vj - *d) * beta;
+    }
+    out.fill(0.0);
+    for ((row, &ki), &qi) in state.chunks_exact_mut(dv).zip(k).zip(q) {
+        axpy(ki, u, row);
+        axpy(qi, row, out);
+    }
+}
+
 /// RMSNorm: `out[i] = w[i] × (x[i] × r)` with `r = 1 / sqrt(sum(x²) / n + eps)`, the sum of
 /// squares taken by the dot-product contract.
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -339,6 +517,122 @@ mod tests {
         assert_eq!(sigmoid(-200.0), 0.0);
         assert_eq!(silu(-200.0), 0.0);
         assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
+    }
+
+    #[test]
+    fn tanh_ln_softplus_accuracy() {
+        let mut worst_t = 0f64;
+        let mut x = -12.0f32;
+        while x < 12.0 {
+            let got = tanh(x) as f64;
+            let want = (x as f64).tanh();
+            worst_t = worst_t.max((got - want).abs() / want.abs().max(1e-30));
+            x += 0.0037;
+        }
+        assert!(worst_t < 4e-7, "tanh worst relative error {worst_t}");
+        assert_eq!(tanh(0.0), 0.0);
+        assert_eq!(tanh(100.0), 1.0);
+        assert_eq!(tanh(-100.0), -1.0);
+        assert!(tanh(f32::NAN).is_nan());
+        assert!((tanh(1e-20) - 1e-20).abs() < 1e-26);
+        let mut worst_l = 0f64;
+        let mut x = 1e-30f32;
+        while x < 1e30 {
+            let got = ln(x) as f64;
+            let want = (x as f64).ln();
+            worst_l = worst_l.max((got - want).abs() / want.abs().max(1.0));
+            x *= 1.0137;
+        }
+        assert!(worst_l < 2e-7, "ln worst error {worst_l}");
+        for x in [0.5f32, 0.7, 0.75, 1.0, 1.5, 2.0, 1e-40] {
+            let (got, want) = (ln(x) as f64, (x as f64).ln());
+            assert!(
+                (got - want).abs() <= 2e-7 * want.abs().max(1.0),
+                "ln {x}: {got} vs {want}"
+            );
+        }
+        assert_eq!(ln(1.0), 0.0);
+        assert_eq!(ln(0.0), f32::NEG_INFINITY);
+        assert!(ln(-1.0).is_nan());
+        let mut x = -30.0f32;
+        while x < 30.0 {
+            let got = softplus(x) as f64;
+            let want = if x > 20.0 {
+                x as f64
+            } else {
+                // As the f32 formula rounds: 1 + e^x in f32, then the logarithm.
+                ((1.0f32 + (x as f64).exp() as f32) as f64).ln()
+            };
+            assert!(
+                // One ulp of 1 + e^x (the formula's own rounding) plus the relative error.
+                (got - want).abs() <= 2.5e-7 + 3e-7 * want.abs(),
+                "softplus {x}: {got} vs {want}"
+            );
+            x += 0.01;
+        }
+    }
+
+    #[test]
+    fn situ_matches_its_definition() {
+        let g = [-30.0f32, -2.0, -0.1, 0.0, 0.3, 3.0, 50.0];
+        let u = [400.0f32, -1.0, 0.5, 2.0, -60.0, 7.0, 0.25];
+        let mut out = [0f32; 7];
+        situ_mul(&g, &u, 4.0, Some(25.0), &mut out);
+        for i in 0..7 {
+            let (gd, ud) = (g[i] as f64, u[i] as f64);
+            let want = 4.0 * (gd / 4.0).tanh() / (1.0 + (-gd).exp()) * 25.0 * (ud / 25.0).tanh();
+            assert!(
+                (out[i] as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                "{i}"
+            );
+        }
+        situ_mul(&g, &u, 4.0, None, &mut out);
+        let want = 4.0 * (3.0f64 / 4.0).tanh() / (1.0 + (-3.0f64).exp()) * 7.0;
+        assert!((out[5] as f64 - want).abs() < 1e-5);
+    }
+
+    #[test]
+    fn kda_step_is_the_delta_rule() {
+        // One head, dk = 3, dv = 2, against the definition in f64.
+        let mut s = vec![0.5f32, -1.0, 0.25, 2.0, -0.75, 0.125];
+        let s0: Vec<f64> = s.iter().map(|&v| v as f64).collect();
+        let (q, k, v) = ([0.3f32, -0.2, 0.9], [0.6f32, 0.8, 0.0], [1.5f32, -0.5]);
+        let decay = [0.9f32, 0.5, 1.0];
+        let beta = 0.7f32;
+        let (mut u, mut o) = ([0f32; 2], [0f32; 2]);
+        kda_step(&mut s, &q, &k, &v, &decay, beta, &mut u, &mut o);
+        let mut sd = s0.clone();
+        for i in 0..3 {
+            for j in 0..2 {
+                sd[i * 2 + j] *= decay[i] as f64;
+            }
+        }
+        let um: Vec<f64> = (0..2)
+            .map(|j| (0..3).map(|i| k[i] as f64 * sd[i * 2 + j]).sum())
+            .collect();
+        for i in 0..3 {
+            for j in 0..2 {
+                sd[i * 2 + j] += k[i] as f64 * (v[j] as f64 - um[j]) * beta as f64;
+            }
+        }
+        for j in 0..2 {
+            let want: f64 = (0..3).map(|i| q[i] as f64 * sd[i * 2 + j]).sum();
+            assert!((o[j] as f64 - want).abs() < 1e-6, "out {j}");
+        }
+        for (a, b) in s.iter().zip(&sd) {
+            assert!((*a as f64 - b).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn conv_silu_taps_in_order() {
+        // 2 channels, 3 taps; the last tap weighs the newest input.
+        let window = [1.0f32, 10.0, 2.0, 20.0, 3.0, 30.0];
+        let w = [0.5f32, 0.0, 0.25, 0.0, 1.0, 0.1];
+        let mut out = [0f32; 2];
+        conv_silu(&window, &w, &mut out);
+        assert_eq!(out[0], silu(0.5 + 0.5 + 3.0));
+        assert_eq!(out[1], silu(3.0));
     }
 
     #[test]

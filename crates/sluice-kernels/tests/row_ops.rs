@@ -125,6 +125,36 @@ proptest! {
     }
 }
 
+/// Kimi Delta Attention steps and L2 norms on every ISA give the scalar specification's bits
+/// (their products go through `axpy` and `dot`).
+#[test]
+fn kda_step_and_l2norm_match_the_specification() {
+    let mut rng = Rng(41);
+    for (dk, dv) in [(1, 1), (3, 5), (16, 16), (17, 33), (32, 64)] {
+        let st: Vec<f32> = (0..dk * dv).map(|_| value(&mut rng, Mode::Tame)).collect();
+        let q: Vec<f32> = (0..dk).map(|_| value(&mut rng, Mode::Tame)).collect();
+        let kk: Vec<f32> = (0..dk).map(|_| value(&mut rng, Mode::Tame)).collect();
+        let v: Vec<f32> = (0..dv).map(|_| value(&mut rng, Mode::Tame)).collect();
+        let decay: Vec<f32> = (0..dk).map(|_| rng.unit()).collect();
+        let beta = rng.unit();
+        let (mut ws, mut wu, mut wo) = (st.clone(), vec![0f32; dv], vec![0f32; dv]);
+        scalar::kda_step(&mut ws, &q, &kk, &v, &decay, beta, &mut wu, &mut wo);
+        let mut wn = vec![0f32; dk];
+        scalar::l2norm(&q, 1e-6, &mut wn);
+        let mut ks = simd_kernels();
+        ks.push(spec());
+        for k in ks {
+            let (mut s, mut u, mut o) = (st.clone(), vec![0f32; dv], vec![0f32; dv]);
+            k.kda_step(&mut s, &q, &kk, &v, &decay, beta, &mut u, &mut o);
+            assert_same(&format!("{:?} kda state", k.isa()), &s, &ws);
+            assert_same(&format!("{:?} kda out", k.isa()), &o, &wo);
+            let mut n = vec![0f32; dk];
+            k.l2norm(&q, 1e-6, &mut n);
+            assert_same(&format!("{:?} l2norm", k.isa()), &n, &wn);
+        }
+    }
+}
+
 /// `exp` on a sweep of the whole f32 line (every 4099th bit pattern), plus every value within
 /// 4096 ulps of both clamps and of ±0, and the rounding ties of `x·log2 e` near every integer.
 #[test]

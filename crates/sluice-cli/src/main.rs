@@ -126,10 +126,25 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         b(i.expert_bytes_per_token),
         i.top_k
     );
+    if i.kda_layers > 0 {
+        println!(
+            "  layer plan        {} softmax-attention layers (KV cache), {} KDA layers (recurrent state)",
+            i.full_attention_layers, i.kda_layers
+        );
+    }
+    if let Some(bs) = i.attn_res_block_size {
+        println!("  attention residuals over blocks of {bs} layers");
+    }
     println!(
         "  KV cache          {} per position",
         b(i.kv_bytes_per_position)
     );
+    if i.recurrent_bytes > 0 {
+        println!(
+            "  recurrent state   {} per sequence (fixed; with its one-step snapshot)",
+            b(i.recurrent_bytes)
+        );
+    }
     println!(
         "plan for {}:",
         if p.budget == 0 {
@@ -162,6 +177,9 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         b(p.kv_cache),
         p.context
     );
+    if p.recurrent > 0 {
+        println!("  recurrent state   {}", b(p.recurrent));
+    }
     println!("  scratch           {}", b(p.scratch));
     println!(
         "  expert cache      {} ({} experts, {:.1}% of all)",

@@ -51,7 +51,7 @@ fn weighted_sum(exec: &Exec, p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) 
 const MLA_NORM_EPS: f32 = 1e-6;
 
 /// Runs one layer's attention for `t` tokens at positions `pos0..pos0 + t` and appends their
-/// keys and values to `cache`. `x` is the normed input `[t, hidden]`; returns `[t, hidden]`.
+/// keys and values to `cache` (or, for Kimi Delta Attention, advances its recurrent state). `x` is the normed input `[t, hidden]`; returns `[t, hidden]`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention(
     exec: &Exec,
@@ -173,6 +173,7 @@ pub(crate) fn attention(
                 kv_b,
                 o,
                 bias,
+                gate,
             },
             AttentionConfig::Mla {
                 heads,
@@ -180,6 +181,7 @@ pub(crate) fn attention(
                 qk_nope_head_dim,
                 qk_rope_head_dim,
                 v_head_dim,
+                rope: rotate,
                 ..
             },
             LayerCache::Mla { c: cc, kr: krc },
@@ -222,11 +224,13 @@ pub(crate) fn attention(
                 exec.kernels()
                     .rmsnorm(&row[..r], &norm_w, MLA_NORM_EPS, &mut normed);
                 cc.extend_from_slice(&normed);
-                rope.apply(&mut row[r..], cos, sin);
-                krc.extend_from_slice(&row[r..]);
-                for head in qs[i * heads * qk..(i + 1) * heads * qk].chunks_exact_mut(qk) {
-                    rope.apply(&mut head[nope..], cos, sin);
+                if *rotate {
+                    rope.apply(&mut row[r..], cos, sin);
+                    for head in qs[i * heads * qk..(i + 1) * heads * qk].chunks_exact_mut(qk) {
+                        rope.apply(&mut head[nope..], cos, sin);
+                    }
                 }
+                krc.extend_from_slice(&row[r..]);
             }
             let kvb = kv_b.view(blob)?;
             let scale = cfg.softmax_scale;
@@ -260,6 +264,12 @@ pub(crate) fn attention(
                 exec.kernels()
                     .matmul(&kvb, &o_lat, o, base + nope..base + nope + vd);
             });
+            if let Some(g) = gate {
+                // Kimi K3: the attention output times σ(g_proj x), before o_proj.
+                let mut gl = vec![0f32; t * heads * vd];
+                exec.matmul(&g.view(blob)?, x, &mut gl);
+                exec.kernels().mul_sigmoid(&mut out, &gl);
+            }
             let mut y = vec![0f32; t * h];
             exec.matmul(&o.view(blob)?, &out, &mut y);
             if let Some(b) = bias_of(2) {
@@ -267,6 +277,12 @@ pub(crate) fn attention(
             }
             Ok(y)
         }
+        (AttnSpec::Kda(k), _, LayerCache::Kda(c)) => match &cfg.kda {
+            Some(kc) => crate::kda::kda(exec, cfg, kc, k, blob, c, x),
+            None => Err(ModelError::Internal(
+                "KDA layer without a KDA config".into(),
+            )),
+        },
         _ => Err(ModelError::Internal(
             "attention spec does not match the configuration".into(),
         )),

@@ -12,6 +12,8 @@ use serde_json::Value;
 use crate::ModelError;
 use crate::quant::{self, Quantization};
 
+mod kimi;
+
 /// The architectures sluice implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Arch {
@@ -27,12 +29,15 @@ pub enum Arch {
     Olmoe,
     /// GPT-OSS (`gpt_oss`).
     GptOss,
+    /// Kimi Linear (`kimi_linear`) and Kimi K3 (`kimi_k3`, a `kimi_linear` text model under
+    /// `language_model.`): KDA linear attention mixed with MLA without rotary embeddings.
+    KimiLinear,
 }
 
 impl Arch {
     /// The `model_type` strings accepted, for error messages.
     pub const KNOWN: &'static str =
-        "deepseek_v3, kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss";
+        "deepseek_v3, kimi_k2, qwen3_moe, qwen2_moe, mixtral, olmoe, gpt_oss, kimi_linear, kimi_k3";
 
     /// Name as in `model_type`.
     pub fn name(self) -> &'static str {
@@ -43,6 +48,7 @@ impl Arch {
             Arch::Mixtral => "mixtral",
             Arch::Olmoe => "olmoe",
             Arch::GptOss => "gpt_oss",
+            Arch::KimiLinear => "kimi_linear",
         }
     }
 }
@@ -144,6 +150,12 @@ pub enum AttentionConfig {
         v_head_dim: usize,
         /// Bias on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj`.
         bias: bool,
+        /// The rotary part is rotated (false: NoPE, as Kimi Linear and K3 — the part still
+        /// exists, is cached and takes part in the scores, unrotated).
+        rope: bool,
+        /// The attention output is multiplied by `σ(g_proj x)` before `o_proj` (Kimi K3
+        /// `mla_use_output_gate`).
+        output_gate: bool,
     },
 }
 
@@ -194,6 +206,13 @@ pub enum RouterKind {
 pub enum ExpertActivation {
     /// `down(silu(gate x) ⊙ up x)`.
     SwiGlu,
+    /// `down(situ(gate x, up x))` (Kimi K3's SiTU-GLU, see [`GluActivation::Situ`]).
+    Situ {
+        /// `activation_situ_beta`.
+        beta: f32,
+        /// `activation_situ_linear_beta`.
+        linear_beta: Option<f32>,
+    },
     /// GPT-OSS: gate and up interleaved in one projection with biases; `g = min(gate, limit)`,
     /// `u = clamp(up, −limit, limit)`, `down((u + 1) · g · σ(alpha · g)) + bias`.
     ClampedSwiGlu {
@@ -201,6 +220,98 @@ pub enum ExpertActivation {
         alpha: f32,
         /// Clamp (`swiglu_limit`).
         limit: f32,
+    },
+}
+
+/// The activation of a gated linear unit (dense layers and shared experts).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GluActivation {
+    /// SwiGLU: `silu(g) · u`.
+    Silu,
+    /// SiTU-GLU: `β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)` (the up factor uncapped without
+    /// `linear_beta`).
+    Situ {
+        /// `activation_situ_beta`.
+        beta: f32,
+        /// `activation_situ_linear_beta`.
+        linear_beta: Option<f32>,
+    },
+}
+
+/// Routed experts computed in a smaller latent space (Kimi K3): the token is projected down by
+/// `routed_expert_down_proj`, the experts' weighted sum is (optionally) RMS-normalised and
+/// projected back up by `routed_expert_up_proj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatentMoe {
+    /// The latent width (`routed_expert_hidden_size`).
+    pub dim: usize,
+    /// RMSNorm (`routed_expert_norm`, eps `rms_norm_eps`) on the aggregate.
+    pub norm: bool,
+}
+
+/// What mixes tokens in a layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerAttention {
+    /// Softmax attention as [`ModelConfig::attention`] describes it, with a KV cache.
+    Full,
+    /// Kimi Delta Attention ([`ModelConfig::kda`]), with a fixed-size recurrent state.
+    Kda,
+}
+
+/// How KDA's forget gate turns `z = f_b(f_a(x)) + dt_bias` into the log-decay `g` of each key
+/// channel (`A` = `A_log[head]`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KdaGate {
+    /// `g = −exp(A) · softplus(z)` (Kimi Linear).
+    Softplus,
+    /// `g = lower_bound · σ(exp(A) · z)` (Kimi K3, `gate_lower_bound`).
+    LowerBound(f32),
+}
+
+/// Kimi Delta Attention (`linear_attn_config`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KdaConfig {
+    /// Heads.
+    pub heads: usize,
+    /// Key and value dimension per head.
+    pub head_dim: usize,
+    /// Taps of the short causal convolutions on q, k and v.
+    pub conv_kernel: usize,
+    /// The forget gate.
+    pub gate: KdaGate,
+    /// The output gate is one full-rank `g_proj` (K3) rather than `g_b_proj(g_a_proj(x))`.
+    pub full_rank_output_gate: bool,
+}
+
+impl KdaConfig {
+    /// `heads × head_dim`.
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Floats of one layer's recurrent state: `heads × head_dim²`.
+    pub fn state_len(&self) -> usize {
+        self.heads * self.head_dim * self.head_dim
+    }
+
+    /// Floats of one layer's convolution state: the last `conv_kernel − 1` inputs of q, k, v.
+    pub fn conv_len(&self) -> usize {
+        3 * (self.conv_kernel - 1) * self.width()
+    }
+}
+
+/// How layer outputs reach the next layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// `h ← h + f(norm(h))` around attention and around the feed-forward block.
+    Add,
+    /// Attention residuals (Kimi K3): layer outputs are summed within blocks of `block_size`
+    /// layers; before attention, before the feed-forward block and before the final norm, the
+    /// input is a softmax-weighted mix of the completed blocks' sums (and the embeddings) and the
+    /// running sum of the current block, scored by `proj · RMSNorm(source)`.
+    AttnRes {
+        /// Layers per block (`attn_res_block_size`).
+        block_size: usize,
     },
 }
 
@@ -228,6 +339,15 @@ pub struct MoeConfig {
     pub shared: Option<SharedExpert>,
     /// What each routed expert computes.
     pub activation: ExpertActivation,
+    /// Experts run in a latent space (Kimi K3).
+    pub latent: Option<LatentMoe>,
+}
+
+impl MoeConfig {
+    /// The width routed experts read and write: the latent width, or the hidden size.
+    pub fn expert_width(&self, hidden: usize) -> usize {
+        self.latent.map_or(hidden, |l| l.dim)
+    }
 }
 
 /// The feed-forward block of a layer.
@@ -275,6 +395,16 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// How weights are stored (`quantization_config`).
     pub quant: Quantization,
+    /// Prefix of every tensor name (`language_model.` for Kimi K3, else empty).
+    pub prefix: String,
+    /// Per layer: softmax attention or KDA.
+    pub layer_attention: Vec<LayerAttention>,
+    /// KDA's shape, when some layer uses it.
+    pub kda: Option<KdaConfig>,
+    /// How layer outputs are combined.
+    pub residual: Residual,
+    /// The activation of dense layers and shared experts.
+    pub mlp_act: GluActivation,
 }
 
 /// A JSON object with the file it came from, for error messages.
@@ -399,6 +529,9 @@ impl ModelConfig {
             return Err(c.err("", "top level is not an object"));
         }
         let model_type = c.str("model_type")?;
+        if matches!(model_type, "kimi_linear" | "kimi_k3") {
+            return kimi::read(&c, model_type == "kimi_k3");
+        }
         let arch = match model_type {
             "deepseek_v3" | "kimi_k2" => Arch::DeepseekV3,
             "qwen3_moe" => Arch::Qwen3Moe,
@@ -458,6 +591,8 @@ impl ModelConfig {
                     qk_rope_head_dim: rope,
                     v_head_dim,
                     bias,
+                    rope: true,
+                    output_gate: false,
                 };
                 (att, rope, interleaved, nope + rope)
             }
@@ -584,6 +719,11 @@ impl ModelConfig {
             bos_token_id,
             eos_token_ids,
             quant,
+            prefix: String::new(),
+            layer_attention: vec![LayerAttention::Full; layers],
+            kda: None,
+            residual: Residual::Add,
+            mlp_act: GluActivation::Silu,
         })
     }
 
@@ -596,6 +736,19 @@ impl ModelConfig {
     /// Whether layer `l` has a mixture of experts.
     pub fn is_moe(&self, l: usize) -> bool {
         matches!(self.mlp.get(l), Some(MlpKind::Moe))
+    }
+
+    /// Whether layer `l` mixes tokens with Kimi Delta Attention.
+    pub fn is_kda(&self, l: usize) -> bool {
+        matches!(self.layer_attention.get(l), Some(LayerAttention::Kda))
+    }
+
+    /// Layers with softmax attention (and a KV cache).
+    pub fn full_attention_layers(&self) -> usize {
+        self.layer_attention
+            .iter()
+            .filter(|a| **a == LayerAttention::Full)
+            .count()
     }
 }
 
@@ -728,6 +881,11 @@ fn read_moe(
 ) -> Result<(MoeConfig, Vec<MlpKind>), ModelError> {
     let top_k = c.pos_usize("num_experts_per_tok")?;
     let (experts, intermediate) = match arch {
+        Arch::KimiLinear => {
+            return Err(ModelError::Internal(
+                "kimi_linear is read by its own reader".into(),
+            ));
+        }
         Arch::DeepseekV3 => (
             c.pos_usize("n_routed_experts")?,
             c.pos_usize("moe_intermediate_size")?,
@@ -910,6 +1068,7 @@ fn read_moe(
             router,
             shared,
             activation,
+            latent: None,
         },
         mlp,
     ))

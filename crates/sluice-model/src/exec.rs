@@ -170,6 +170,33 @@ impl Exec {
     }
 }
 
+impl Exec {
+    /// Runs `f(i, a_i, b_i)` for the `i`-th `ca`-sized piece of `a` and the `i`-th `cb`-sized
+    /// piece of `b` (as many pieces in both), across the pool.
+    pub fn for_each_chunk_pair<F>(&self, a: &mut [f32], ca: usize, b: &mut [f32], cb: usize, f: F)
+    where
+        F: Fn(usize, &mut [f32], &mut [f32]) + Send + Sync,
+    {
+        debug_assert_eq!(a.len() / ca.max(1), b.len() / cb.max(1));
+        match &self.pool {
+            Some(pool) if a.len() > ca => {
+                use rayon::prelude::*;
+                pool.install(|| {
+                    a.par_chunks_mut(ca)
+                        .zip(b.par_chunks_mut(cb))
+                        .enumerate()
+                        .for_each(|(i, (x, y))| f(i, x, y))
+                });
+            }
+            _ => a
+                .chunks_mut(ca)
+                .zip(b.chunks_mut(cb))
+                .enumerate()
+                .for_each(|(i, (x, y))| f(i, x, y)),
+        }
+    }
+}
+
 /// Columns `cols` of row `r` of `m` as f32: the stored value, times its group's scale for packed
 /// codings (`code × scale`, one rounding).
 pub(crate) fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {

@@ -2,9 +2,12 @@
 //!
 //! This crate computes the forward pass — prefill over a chunk of tokens and incremental decode
 //! with a KV cache — for DeepSeek-V3 / Kimi K2 (multi-head latent attention on a compressed
-//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE and
+//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
 //! GPT-OSS (attention sinks, alternating sliding-window layers, clamped SwiGLU experts), and
-//! matches Hugging Face transformers on the fixtures under `testdata/`.
+//! Kimi Linear / Kimi K3 (Kimi Delta Attention layers with a fixed-size recurrent state mixed
+//! with MLA layers without rotary embeddings; for K3 also gated MLA, attention residuals,
+//! SiTU-GLU and experts in a latent space), and matches Hugging Face transformers (and, for
+//! K3, Moonshot's own modeling code) on the fixtures under `testdata/`.
 //!
 //! Checkpoints load as released: FP8 E4M3 with block scales (DeepSeek-V3, Kimi K2),
 //! compressed-tensors pack-quantized INT4 (Kimi K2 Thinking, K2.5) and MXFP4 (Kimi K3,
@@ -22,6 +25,7 @@
 mod attention;
 pub mod config;
 mod exec;
+mod kda;
 mod model;
 mod moe;
 pub mod plan;
@@ -86,6 +90,19 @@ pub enum ModelError {
     NonFinite {
         /// The layer.
         layer: usize,
+    },
+    /// A recurrent state cannot go back to the position asked for.
+    #[error(
+        "cannot truncate to position {pos}: at {at}, a recurrent (KDA) state can only go back to 0{}",
+        earliest.map(|e| format!(" or {e}")).unwrap_or_default()
+    )]
+    Truncate {
+        /// The position asked for.
+        pos: usize,
+        /// The current position.
+        at: usize,
+        /// The position before the latest forward pass, when it can go back there.
+        earliest: Option<usize>,
     },
     /// The thread pool could not start.
     #[error("could not start compute threads: {0}")]

@@ -13,13 +13,13 @@ use sluice_store::{
 
 use crate::ModelError;
 use crate::attention::attention;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, Residual};
 use crate::exec::Exec;
-use crate::moe::{moe, swiglu};
+use crate::moe::{glu, moe};
 use crate::plan::MemoryPlan;
 use crate::rope::{Angles, Rope};
 use crate::state::State;
-use crate::weights::{FfnSpec, WeightLayout};
+use crate::weights::{AttnResWeights, FfnSpec, WeightLayout};
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -474,11 +474,28 @@ impl Model {
         }
         self.experts.begin_step();
 
-        let mut hs = self.embed_rows(tokens)?;
+        let hs = self.embed_rows(tokens)?;
+        if let Some(d) = state.debug.as_mut() {
+            d.push(("embeddings".into(), hs.clone()));
+        }
+        let mut stream = match cfg.residual {
+            Residual::Add => Stream::Add(hs),
+            Residual::AttnRes { block_size } => Stream::AttnRes {
+                block_size,
+                blocks: Vec::new(),
+                prefix: hs,
+            },
+        };
 
         let angles = Angles::new(&self.rope, pos0, t);
         let k = self.exec.kernels();
-        let mut x = vec![0f32; t * h];
+        let norm_rows = |src: &[f32], w: &[f32]| -> Vec<f32> {
+            let mut x = vec![0f32; src.len()];
+            for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
+                k.rmsnorm(s, w, cfg.eps, o);
+            }
+            x
+        };
         for l in 0..cfg.layers {
             let part = self.trunk.part(l)?;
             // Stream the next layer (or layer 0 for the next step) while this one computes.
@@ -486,40 +503,78 @@ impl Model {
                 .prefetch(if l + 1 < cfg.layers { l + 1 } else { 0 });
             let blob: &Blob = &part;
             let spec = &self.layout.layer_specs[l];
-            let w = spec.input_norm.to_f32(blob);
-            for i in 0..t {
-                k.rmsnorm(
-                    &hs[i * h..(i + 1) * h],
-                    &w,
-                    cfg.eps,
-                    &mut x[i * h..(i + 1) * h],
-                );
-            }
-            let a = attention(
-                &self.exec,
-                cfg,
-                &self.rope,
-                &angles,
-                &spec.attn,
-                blob,
-                &mut state.layers[l],
-                pos0,
-                &x,
-            )?;
-            for (s, v) in hs.iter_mut().zip(&a) {
-                *s += v;
-            }
-            let w = spec.post_norm.to_f32(blob);
-            for i in 0..t {
-                k.rmsnorm(
-                    &hs[i * h..(i + 1) * h],
-                    &w,
-                    cfg.eps,
-                    &mut x[i * h..(i + 1) * h],
-                );
-            }
+            let input_norm = spec.input_norm.to_f32(blob);
+            let post_norm = spec.post_norm.to_f32(blob);
+            let attend = |x: &[f32], cache: &mut crate::state::LayerCache| {
+                attention(
+                    &self.exec, cfg, &self.rope, &angles, &spec.attn, blob, cache, pos0, x,
+                )
+            };
+            // Attention, then the input of the feed-forward block (before its norm).
+            let mlp_in = match &mut stream {
+                Stream::Add(hs) => {
+                    let a = attend(&norm_rows(hs, &input_norm), &mut state.layers[l])?;
+                    for (s, v) in hs.iter_mut().zip(&a) {
+                        *s += v;
+                    }
+                    None
+                }
+                Stream::AttnRes {
+                    block_size,
+                    blocks,
+                    prefix,
+                } => {
+                    let w = spec.attn_res.as_ref().ok_or_else(|| {
+                        ModelError::Internal("attention residuals without their weights".into())
+                    })?;
+                    let a_in = if blocks.is_empty() {
+                        None
+                    } else {
+                        Some(attn_res_mix(
+                            k,
+                            blocks,
+                            prefix,
+                            &w[0],
+                            blob,
+                            cfg.eps,
+                            h,
+                            0..t,
+                        ))
+                    };
+                    let x = norm_rows(a_in.as_deref().unwrap_or(prefix), &input_norm);
+                    // A block boundary: the running sum becomes a source and restarts.
+                    let boundary = l.is_multiple_of(*block_size);
+                    if boundary {
+                        blocks.push(std::mem::take(prefix));
+                    }
+                    let a = attend(&x, &mut state.layers[l])?;
+                    if boundary {
+                        *prefix = a;
+                    } else {
+                        for (s, v) in prefix.iter_mut().zip(&a) {
+                            *s += v;
+                        }
+                    }
+                    Some(attn_res_mix(
+                        k,
+                        blocks,
+                        prefix,
+                        &w[1],
+                        blob,
+                        cfg.eps,
+                        h,
+                        0..t,
+                    ))
+                }
+            };
+            let mlp_src: &[f32] = match (&mlp_in, &stream) {
+                (Some(m), _) => m,
+                (None, Stream::Add(hs)) => hs,
+                (None, Stream::AttnRes { prefix, .. }) => prefix,
+            };
+            let x = norm_rows(mlp_src, &post_norm);
             let next = if self.prefetch {
-                self.predict(l + 1, &hs)?
+                self.predict(l + 1, mlp_src)?
             } else {
                 None
             };
@@ -528,7 +583,7 @@ impl Model {
                     if let Some((nl, ids)) = &next {
                         self.experts.prefetch(*nl, ids);
                     }
-                    swiglu(&self.exec, m, blob, &x, t)?
+                    glu(&self.exec, m, blob, &x, t, cfg.mlp_act)?
                 }
                 moe_spec @ FfnSpec::Moe { .. } => moe(
                     &self.exec,
@@ -544,13 +599,29 @@ impl Model {
                     next.as_ref(),
                 )?,
             };
-            for (s, v) in hs.iter_mut().zip(&f) {
+            let (out, blocks) = match &mut stream {
+                Stream::Add(hs) => (hs, None),
+                Stream::AttnRes { blocks, prefix, .. } => (prefix, Some(&*blocks)),
+            };
+            for (s, v) in out.iter_mut().zip(&f) {
                 *s += v;
             }
             // NaN or infinite weights in a streamed layer or an expert end the request here
             // rather than producing garbage tokens.
-            if hs.iter().any(|v| !v.is_finite()) {
+            if out.iter().any(|v| !v.is_finite()) {
                 return Err(ModelError::NonFinite { layer: l });
+            }
+            if let Some(d) = state.debug.as_mut() {
+                d.push((format!("layer{l}.output"), out.clone()));
+                if let Some(b) = blocks {
+                    let mut br = Vec::with_capacity(t * b.len() * h);
+                    for i in 0..t {
+                        for blk in b {
+                            br.extend_from_slice(&blk[i * h..(i + 1) * h]);
+                        }
+                    }
+                    d.push((format!("layer{l}.block_residual"), br));
+                }
             }
         }
         state.pos += t;
@@ -562,15 +633,19 @@ impl Model {
         };
         let head = &self.layout.head_spec;
         let head_blob = self.trunk.part(cfg.layers)?;
-        let w = head.norm.to_f32(&head_blob);
-        let mut xn = vec![0f32; rows.len() * h];
-        for (o, i) in rows.clone().enumerate() {
-            k.rmsnorm(
-                &hs[i * h..(i + 1) * h],
-                &w,
-                cfg.eps,
-                &mut xn[o * h..(o + 1) * h],
-            );
+        let final_in: Vec<f32> = match &stream {
+            Stream::Add(hs) => hs[rows.start * h..rows.end * h].to_vec(),
+            Stream::AttnRes { blocks, prefix, .. } => {
+                let w = head.attn_res.as_ref().ok_or_else(|| {
+                    ModelError::Internal("attention residuals without their weights".into())
+                })?;
+                attn_res_mix(k, blocks, prefix, w, &head_blob, cfg.eps, h, rows.clone())
+            }
+        };
+        let xn = norm_rows(&final_in, &head.norm.to_f32(&head_blob));
+        if let Some(d) = state.debug.as_mut() {
+            d.push(("final_norm_input".into(), final_in));
+            d.push(("final_hidden".into(), xn.clone()));
         }
         let mut logits = vec![0f32; rows.len() * cfg.vocab];
         self.exec
@@ -612,4 +687,63 @@ impl Model {
         ids.dedup();
         Ok(Some((l, ids)))
     }
+}
+
+/// The residual stream of a forward pass.
+enum Stream {
+    /// `h`, to which every attention and feed-forward output is added.
+    Add(Vec<f32>),
+    /// Attention residuals: the completed blocks' sums, the embeddings first, and the running
+    /// sum of the current block (`[t, hidden]` each).
+    AttnRes {
+        /// Layers per block.
+        block_size: usize,
+        /// Completed blocks.
+        blocks: Vec<Vec<f32>>,
+        /// The current block's running sum (the embeddings before layer 0).
+        prefix: Vec<f32>,
+    },
+}
+
+/// The attention-residual mix of rows `rows` (Kimi K3): per row, the sources are the completed
+/// blocks in order and then `cur`; each is scored `Σ (norm ⊙ proj) ⊙ v · r` with `r =
+/// 1/√(mean(v²) + eps)` (the RMSNorm-ed source dotted with the projection), the scores go
+/// through a softmax and the mix is the weighted sum of the raw sources, accumulated in source
+/// order.
+#[allow(clippy::too_many_arguments)]
+fn attn_res_mix(
+    k: &Kernels,
+    blocks: &[Vec<f32>],
+    cur: &[f32],
+    w: &AttnResWeights,
+    blob: &Blob,
+    eps: f32,
+    h: usize,
+    rows: std::ops::Range<usize>,
+) -> Vec<f32> {
+    let norm = w.norm.to_f32(blob);
+    let proj = w.proj.to_f32(blob);
+    let sw: Vec<f32> = norm.iter().zip(&proj).map(|(a, b)| a * b).collect();
+    let n = blocks.len() + 1;
+    let mut out = vec![0f32; rows.len() * h];
+    let mut tmp = vec![0f32; h];
+    let mut scores = vec![0f32; n];
+    for (o, i) in out.chunks_exact_mut(h).zip(rows) {
+        let src = |j: usize| -> &[f32] {
+            if j < blocks.len() {
+                &blocks[j][i * h..(i + 1) * h]
+            } else {
+                &cur[i * h..(i + 1) * h]
+            }
+        };
+        for (j, s) in scores.iter_mut().enumerate() {
+            k.rmsnorm(src(j), &sw, eps, &mut tmp);
+            *s = k.sum(&tmp);
+        }
+        k.softmax(&mut scores);
+        for (j, &p) in scores.iter().enumerate() {
+            k.axpy(p, src(j), o);
+        }
+    }
+    out
 }

@@ -8,7 +8,7 @@ use sluice_kernels::scalar;
 use sluice_store::{Blob, ExpertStore};
 
 use crate::ModelError;
-use crate::config::{ExpertActivation, ModelConfig, RouterKind};
+use crate::config::{ExpertActivation, GluActivation, ModelConfig, RouterKind};
 use crate::exec::Exec;
 use crate::state::Route;
 use crate::weights::{ExpertSpec, FfnSpec, GptOssExpertSpec, MatSpec, MlpSpec, VecSpec};
@@ -40,13 +40,14 @@ fn add_bias(y: &mut [f32], bias: &VecSpec, blob: &Blob) {
     }
 }
 
-/// `down(silu(gate x) ⊙ up x)` for `[t, hidden]` rows of `x`.
-pub(crate) fn swiglu(
+/// `down(act(gate x, up x))` for `[t, width]` rows of `x`: SwiGLU or SiTU-GLU.
+pub(crate) fn glu(
     exec: &Exec,
     spec: &MlpSpec,
     blob: &Blob,
     x: &[f32],
     t: usize,
+    act: GluActivation,
 ) -> Result<Vec<f32>, ModelError> {
     let inter = spec.gate.rows;
     let mut g = vec![0f32; t * inter];
@@ -54,7 +55,12 @@ pub(crate) fn swiglu(
     linear(exec, &spec.gate, blob, x, &mut g)?;
     linear(exec, &spec.up, blob, x, &mut u)?;
     let mut a = vec![0f32; t * inter];
-    exec.kernels().silu_mul(&g, &u, &mut a);
+    match act {
+        GluActivation::Silu => exec.kernels().silu_mul(&g, &u, &mut a),
+        GluActivation::Situ { beta, linear_beta } => {
+            exec.kernels().situ_mul(&g, &u, beta, linear_beta, &mut a)
+        }
+    }
     let mut y = vec![0f32; t * spec.down.rows];
     linear(exec, &spec.down, blob, &a, &mut y)?;
     Ok(y)
@@ -101,7 +107,17 @@ pub(crate) fn expert(
     t: usize,
 ) -> Result<Vec<f32>, ModelError> {
     match (spec, cfg.moe.activation) {
-        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => swiglu(exec, m, blob, x, t),
+        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => {
+            glu(exec, m, blob, x, t, GluActivation::Silu)
+        }
+        (ExpertSpec::SwiGlu(m), ExpertActivation::Situ { beta, linear_beta }) => glu(
+            exec,
+            m,
+            blob,
+            x,
+            t,
+            GluActivation::Situ { beta, linear_beta },
+        ),
         (ExpertSpec::GptOss(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             gpt_oss_expert(exec, g, blob, x, t, alpha, limit)
         }
@@ -210,6 +226,7 @@ pub(crate) fn moe(
         bias,
         shared,
         shared_gate,
+        latent,
     } = spec
     else {
         return Err(ModelError::Internal("moe called on a dense layer".into()));
@@ -235,6 +252,18 @@ pub(crate) fn moe(
         }
     }
 
+    // Kimi K3: the experts work in a latent space.
+    let xr_owned;
+    let (xr, w) = match latent {
+        Some(l) => {
+            let mut z = vec![0f32; t * l.down.rows];
+            exec.matmul(&l.down.view(blob)?, x, &mut z);
+            xr_owned = z;
+            (&xr_owned[..], l.down.rows)
+        }
+        None => (x, h),
+    };
+
     // Which (token, slot) pairs each expert serves.
     let mut users: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
     for (i, s) in sels.iter().enumerate() {
@@ -243,7 +272,7 @@ pub(crate) fn moe(
         }
     }
     let k = cfg.moe.top_k;
-    let mut outs = vec![0f32; t * k * h];
+    let mut outs = vec![0f32; t * k * w];
     let ids: Vec<u32> = users.keys().copied().collect();
     let group = experts.max_pinned(layer).max(1);
     let mut prefetch_next = prefetch_next;
@@ -256,34 +285,51 @@ pub(crate) fn moe(
         }
         for (&e, eb) in chunk.iter().zip(&blobs) {
             let rows = &users[&e];
-            let mut xe = Vec::with_capacity(rows.len() * h);
+            let mut xe = Vec::with_capacity(rows.len() * w);
             for &(i, _) in rows {
-                xe.extend_from_slice(&x[i * h..(i + 1) * h]);
+                xe.extend_from_slice(&xr[i * w..(i + 1) * w]);
             }
             let spec = expert_specs
                 .get(e as usize)
                 .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
             let y = expert(exec, cfg, spec, eb, &xe, rows.len())?;
             for (r, &(i, slot)) in rows.iter().enumerate() {
-                outs[(i * k + slot) * h..(i * k + slot + 1) * h]
-                    .copy_from_slice(&y[r * h..(r + 1) * h]);
+                outs[(i * k + slot) * w..(i * k + slot + 1) * w]
+                    .copy_from_slice(&y[r * w..(r + 1) * w]);
             }
         }
     }
 
     // Combine per token in expert-id order: acc += w · y (as transformers' index_add does).
-    let mut out = vec![0f32; t * h];
+    let mut comb = vec![0f32; t * w];
     for (i, s) in sels.iter().enumerate() {
-        let acc = &mut out[i * h..(i + 1) * h];
-        for (slot, &(_, w)) in s.iter().enumerate() {
-            let y = &outs[(i * k + slot) * h..(i * k + slot + 1) * h];
+        let acc = &mut comb[i * w..(i + 1) * w];
+        for (slot, &(_, wt)) in s.iter().enumerate() {
+            let y = &outs[(i * k + slot) * w..(i * k + slot + 1) * w];
             for (a, &v) in acc.iter_mut().zip(y) {
-                *a += w * v;
+                *a += wt * v;
             }
         }
     }
+    // Back from the latent space: RMSNorm on the aggregate, then up.
+    let mut out = match latent {
+        Some(l) => {
+            if let Some(n) = &l.norm {
+                let nw = n.to_f32(blob);
+                let mut tmp = vec![0f32; w];
+                for row in comb.chunks_exact_mut(w) {
+                    exec.kernels().rmsnorm(row, &nw, cfg.eps, &mut tmp);
+                    row.copy_from_slice(&tmp);
+                }
+            }
+            let mut up = vec![0f32; t * h];
+            exec.matmul(&l.up.view(blob)?, &comb, &mut up);
+            up
+        }
+        None => comb,
+    };
     if let Some(sh) = shared {
-        let y = swiglu(exec, sh, blob, x, t)?;
+        let y = glu(exec, sh, blob, x, t, cfg.mlp_act)?;
         match shared_gate {
             Some(g) => {
                 let mut gl = vec![0f32; t];

@@ -4,7 +4,7 @@
 use sluice_store::io::plan_reads;
 use sluice_store::{Piece, Reader, StoreError};
 
-use crate::config::{AttentionConfig, ModelConfig};
+use crate::config::{AttentionConfig, ModelConfig, Residual};
 use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
@@ -31,6 +31,9 @@ pub struct MemoryPlan {
     pub ring_slot_bytes: u64,
     /// KV cache reserved for `context` positions.
     pub kv_cache: u64,
+    /// Recurrent state of the linear-attention (KDA) layers: fixed per sequence, whatever its
+    /// length (see [`recurrent_bytes`]).
+    pub recurrent: u64,
     /// Positions the KV reservation covers.
     pub context: usize,
     /// Activations and scratch for a prefill chunk.
@@ -47,7 +50,17 @@ pub struct MemoryPlan {
     pub minimum: u64,
 }
 
-/// KV-cache bytes per position (all layers).
+/// Bytes of one sequence's recurrent state: per KDA layer the `heads × head_dim²` state and the
+/// convolution inputs, twice — the state and its snapshot from before the latest forward pass
+/// (what a failed pass or a one-step truncation restores). Zero without KDA layers.
+pub fn recurrent_bytes(cfg: &ModelConfig) -> u64 {
+    let per_layer = cfg.kda.map_or(0, |k| k.state_len() + k.conv_len());
+    let layers = cfg.layers - cfg.full_attention_layers();
+    (2 * per_layer * layers * 4) as u64
+}
+
+/// KV-cache bytes per position (all softmax-attention layers; KDA layers keep no per-position
+/// cache).
 pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let per_layer = match &cfg.attention {
         AttentionConfig::Gqa {
@@ -59,7 +72,7 @@ pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
             ..
         } => kv_lora_rank + qk_rope_head_dim,
     };
-    (per_layer * cfg.layers * 4) as u64
+    (per_layer * cfg.full_attention_layers() * 4) as u64
 }
 
 /// Scratch for a forward pass over `chunk` tokens: hidden states, projections, expert
@@ -93,8 +106,20 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
         })
         .max()
         .unwrap_or(0);
+    // KDA: q, k, v, decay, gate, output and its per-head copy, and the low-rank projections.
+    let kda = cfg
+        .kda
+        .map_or(0, |k| 8 * k.width() + 2 * k.head_dim + k.heads);
+    // Attention residuals: every completed block's running sum is kept for the whole pass.
+    let attn_res = match cfg.residual {
+        Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
+        Residual::Add => 0,
+    };
+    let latent = cfg.moe.latent.map_or(0, |l| 2 * l.dim);
     let per_token = 8 * cfg.hidden
-        + 2 * widest_attn
+        + 2 * widest_attn.max(kda)
+        + attn_res
+        + latent
         + 3 * widest_ffn
         + cfg.moe.top_k * cfg.hidden
         + cfg.vocab
@@ -130,11 +155,12 @@ impl MemoryPlan {
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed;
         let kv_cache = kv_bytes_per_position(cfg) * context as u64;
+        let recurrent = recurrent_bytes(cfg);
         // Embedding rows read on demand need a buffer per token of the chunk (plus alignment).
         let row_buf = (chunk as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         let scratch = scratch_bytes(cfg, chunk) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
-        let fixed = kv_cache + scratch + head;
+        let fixed = kv_cache + recurrent + scratch + head;
         let minimum = fixed + max_layer + per_token_expert_bytes;
         let budget_v = budget.unwrap_or(u64::MAX);
         if budget_v < minimum {
@@ -142,8 +168,9 @@ impl MemoryPlan {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "KV cache for {context} positions {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
+                    "KV cache for {context} positions {} + recurrent state {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
                     fmt_bytes(kv_cache),
+                    fmt_bytes(recurrent),
                     fmt_bytes(scratch),
                     fmt_bytes(head),
                     fmt_bytes(max_layer),
@@ -211,7 +238,7 @@ impl MemoryPlan {
         let expert_cache = if budget.is_none() {
             all_experts
         } else {
-            (budget_v - kv_cache - scratch - trunk_pinned - ring_bytes).min(all_experts)
+            (budget_v - kv_cache - recurrent - scratch - trunk_pinned - ring_bytes).min(all_experts)
         };
         Ok(MemoryPlan {
             budget: budget_v,
@@ -223,6 +250,7 @@ impl MemoryPlan {
             ring_slots,
             ring_slot_bytes,
             kv_cache,
+            recurrent,
             context,
             scratch,
             expert_cache,

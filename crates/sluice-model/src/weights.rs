@@ -11,7 +11,7 @@ use sluice_kernels::{Codes, Matrix, ScaleType, Scales};
 use sluice_store::{Blob, Piece};
 
 use crate::ModelError;
-use crate::config::{Arch, AttentionConfig, MlpKind, ModelConfig, QkNorm};
+use crate::config::{Arch, AttentionConfig, KdaConfig, MlpKind, ModelConfig, QkNorm, Residual};
 use crate::quant::{CtScheme, Matcher, Quantization, Stored};
 
 /// Group scales of a packed matrix: another piece of the same blob.
@@ -640,6 +640,8 @@ pub enum ExpertSpec {
 }
 
 /// Attention weights of a layer.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum AttnSpec {
     /// Grouped-query attention.
@@ -679,10 +681,74 @@ pub enum AttnSpec {
         o: MatSpec,
         /// Biases of `q_a_proj`, `kv_a_proj_with_mqa`, `o_proj` when `attention_bias`.
         bias: Option<[Option<VecSpec>; 3]>,
+        /// Output gate `g_proj` (Kimi K3).
+        gate: Option<MatSpec>,
     },
+    /// Kimi Delta Attention.
+    Kda(KdaSpec),
+}
+
+/// KDA's output gate.
+#[derive(Clone, Copy, Debug)]
+pub enum KdaOutputGate {
+    /// `g_proj` `[heads × head_dim, hidden]` (Kimi K3).
+    Full(MatSpec),
+    /// `g_a_proj` `[head_dim, hidden]` then `g_b_proj` `[heads × head_dim, head_dim]`.
+    LowRank(MatSpec, MatSpec),
+}
+
+/// The weights of a Kimi Delta Attention layer (`C` = heads × head_dim).
+#[derive(Clone, Copy, Debug)]
+pub struct KdaSpec {
+    /// `q_proj` `[C, hidden]`.
+    pub q: MatSpec,
+    /// `k_proj` `[C, hidden]`.
+    pub k: MatSpec,
+    /// `v_proj` `[C, hidden]`.
+    pub v: MatSpec,
+    /// Depthwise causal convolution taps of q, k, v, each `[C, 1, kernel]`.
+    pub conv: [VecSpec; 3],
+    /// Forget gate, low rank: `f_a_proj` `[head_dim, hidden]`.
+    pub f_a: MatSpec,
+    /// `f_b_proj` `[C, head_dim]`.
+    pub f_b: MatSpec,
+    /// `A_log`, one per head (the first `heads` values of the stored tensor).
+    pub a_log: VecSpec,
+    /// `dt_bias` `[C]`.
+    pub dt_bias: VecSpec,
+    /// `b_proj` `[heads, hidden]`: β = σ(b x) per head.
+    pub b: MatSpec,
+    /// Output gate.
+    pub gate: KdaOutputGate,
+    /// `o_norm` `[head_dim]`, RMSNorm per head before the gate.
+    pub o_norm: VecSpec,
+    /// `o_proj` `[hidden, C]`.
+    pub o: MatSpec,
+}
+
+/// One attention-residual mix: `norm` RMSNorm weights and the `[1, hidden]` score projection.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnResWeights {
+    /// `*_res_norm.weight`.
+    pub norm: VecSpec,
+    /// `*_res_proj.weight`.
+    pub proj: VecSpec,
+}
+
+/// The latent projections of a Kimi K3 mixture of experts.
+#[derive(Clone, Copy, Debug)]
+pub struct LatentSpec {
+    /// `routed_expert_down_proj` `[latent, hidden]`.
+    pub down: MatSpec,
+    /// `routed_expert_up_proj` `[hidden, latent]`.
+    pub up: MatSpec,
+    /// `routed_expert_norm` on the experts' weighted sum.
+    pub norm: Option<VecSpec>,
 }
 
 /// Feed-forward weights of a layer kept in the trunk.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum FfnSpec {
     /// A dense block.
@@ -698,6 +764,8 @@ pub enum FfnSpec {
         shared: Option<MlpSpec>,
         /// Shared-expert gate [1, hidden] (Qwen2-MoE).
         shared_gate: Option<MatSpec>,
+        /// Latent projections (Kimi K3).
+        latent: Option<LatentSpec>,
     },
 }
 
@@ -712,6 +780,8 @@ pub struct LayerSpec {
     pub attn: AttnSpec,
     /// Feed-forward.
     pub ffn: FfnSpec,
+    /// Attention-residual mixes before attention and before the feed-forward block.
+    pub attn_res: Option<[AttnResWeights; 2]>,
 }
 
 /// The head: final norm and lm_head.
@@ -721,6 +791,8 @@ pub struct HeadSpec {
     pub norm: VecSpec,
     /// lm_head [vocab, hidden].
     pub lm_head: MatSpec,
+    /// The attention-residual mix before the final norm.
+    pub attn_res: Option<AttnResWeights>,
 }
 
 /// Where everything is.
@@ -748,15 +820,22 @@ pub struct WeightLayout {
 /// Tensor names of an architecture.
 struct Names {
     arch: Arch,
+    /// Prefix of every name (`language_model.` for Kimi K3).
+    prefix: String,
 }
 
 impl Names {
+    /// A name outside the layers.
+    fn top(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
     fn layer(&self, l: usize, rest: &str) -> String {
-        format!("model.layers.{l}.{rest}")
+        format!("{}model.layers.{l}.{rest}", self.prefix)
     }
 
     fn moe(&self, l: usize, rest: &str) -> String {
-        let block = if self.arch == Arch::Mixtral {
+        let block = if matches!(self.arch, Arch::Mixtral | Arch::KimiLinear) {
             "block_sparse_moe"
         } else {
             "mlp"
@@ -764,9 +843,23 @@ impl Names {
         self.layer(l, &format!("{block}.{rest}"))
     }
 
+    /// The module of layer `l`'s dense MLP. transformers saves Kimi Linear's as
+    /// `block_sparse_moe.{gate,up,down}_proj` (it renames `block_sparse_moe` to `mlp` on load and
+    /// back on save, dense layers included), Moonshot's checkpoints as `mlp.*`: either is read.
+    fn dense(&self, ck: &Checkpoint, l: usize) -> String {
+        let mlp = self.layer(l, "mlp");
+        if self.arch == Arch::KimiLinear
+            && ck.get(&format!("{mlp}.gate_proj.weight")).is_none()
+            && ck.get(&self.moe(l, "gate_proj.weight")).is_some()
+        {
+            return self.layer(l, "block_sparse_moe");
+        }
+        mlp
+    }
+
     /// Module names of expert `e`'s gate, up and down projections.
     fn expert(&self, l: usize, e: usize) -> [String; 3] {
-        if self.arch == Arch::Mixtral {
+        if matches!(self.arch, Arch::Mixtral | Arch::KimiLinear) {
             ["w1", "w3", "w2"].map(|w| self.moe(l, &format!("experts.{e}.{w}")))
         } else {
             ["gate_proj", "up_proj", "down_proj"].map(|w| self.moe(l, &format!("experts.{e}.{w}")))
@@ -940,6 +1033,344 @@ fn gpt_oss_experts(
     Ok((pieces, specs))
 }
 
+/// Collects a layer's softmax-attention tensors.
+fn collect_attention(
+    pb: &mut PartBuilder<'_, '_>,
+    ck: &Checkpoint,
+    a: &dyn Fn(&str) -> String,
+    att: &AttentionConfig,
+) -> Result<(), ModelError> {
+    match att {
+        AttentionConfig::Gqa {
+            qkv_bias,
+            o_bias,
+            qk_norm,
+            sinks,
+            ..
+        } => {
+            for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
+                pb.linear(a(p))?;
+            }
+            if *qkv_bias {
+                for p in ["q_proj", "k_proj", "v_proj"] {
+                    pb.tensor(a(&format!("{p}.bias")));
+                }
+            }
+            if *o_bias {
+                pb.tensor(a("o_proj.bias"));
+            }
+            if *qk_norm != QkNorm::None {
+                pb.tensor(a("q_norm.weight"));
+                pb.tensor(a("k_norm.weight"));
+            }
+            if *sinks {
+                pb.tensor(a("sinks"));
+            }
+        }
+        AttentionConfig::Mla {
+            q_lora_rank,
+            bias,
+            output_gate,
+            ..
+        } => {
+            if q_lora_rank.is_some() {
+                pb.linear(a("q_a_proj"))?;
+                pb.tensor(a("q_a_layernorm.weight"));
+                pb.linear(a("q_b_proj"))?;
+            } else {
+                pb.linear(a("q_proj"))?;
+            }
+            pb.linear(a("kv_a_proj_with_mqa"))?;
+            pb.tensor(a("kv_a_layernorm.weight"));
+            pb.linear(a("kv_b_proj"))?;
+            pb.linear(a("o_proj"))?;
+            if *output_gate {
+                pb.linear(a("g_proj"))?;
+            }
+            if *bias {
+                for p in ["q_a_proj.bias", "kv_a_proj_with_mqa.bias", "o_proj.bias"] {
+                    if ck.get(&a(p)).is_some() {
+                        pb.tensor(a(p));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The specs of layer `l`'s softmax attention.
+fn attention_spec(
+    ctx: &Ctx<'_>,
+    part: &Part,
+    a: &dyn Fn(&str) -> String,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<AttnSpec, ModelError> {
+    let ck = ctx.ck;
+    let pl = &part.layout;
+    let h = cfg.hidden;
+    Ok(match &cfg.attention {
+        AttentionConfig::Gqa {
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias,
+            o_bias,
+            qk_norm,
+            sinks,
+            ..
+        } => {
+            let (qd, kd) = (heads * head_dim, kv_heads * head_dim);
+            AttnSpec::Gqa {
+                q: part.mat(ctx, &a("q_proj"), qd, h)?,
+                k: part.mat(ctx, &a("k_proj"), kd, h)?,
+                v: part.mat(ctx, &a("v_proj"), kd, h)?,
+                o: part.mat(ctx, &a("o_proj"), h, qd)?,
+                qkv_bias: if *qkv_bias {
+                    Some([
+                        vec(ck, pl, &a("q_proj.bias"), qd)?,
+                        vec(ck, pl, &a("k_proj.bias"), kd)?,
+                        vec(ck, pl, &a("v_proj.bias"), kd)?,
+                    ])
+                } else {
+                    None
+                },
+                o_bias: if *o_bias {
+                    Some(vec(ck, pl, &a("o_proj.bias"), h)?)
+                } else {
+                    None
+                },
+                qk_norm: match qk_norm {
+                    QkNorm::None => None,
+                    QkNorm::PerHead => Some([
+                        vec(ck, pl, &a("q_norm.weight"), *head_dim)?,
+                        vec(ck, pl, &a("k_norm.weight"), *head_dim)?,
+                    ]),
+                    QkNorm::Full => Some([
+                        vec(ck, pl, &a("q_norm.weight"), qd)?,
+                        vec(ck, pl, &a("k_norm.weight"), kd)?,
+                    ]),
+                },
+                sinks: if *sinks {
+                    Some(vec(ck, pl, &a("sinks"), *heads)?)
+                } else {
+                    None
+                },
+                window: cfg.attention.window(l),
+            }
+        }
+        AttentionConfig::Mla {
+            heads,
+            q_lora_rank,
+            kv_lora_rank,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            bias,
+            output_gate,
+            ..
+        } => {
+            let qk = qk_nope_head_dim + qk_rope_head_dim;
+            let (q_a, q_b) = match q_lora_rank {
+                Some(r) => (
+                    Some((
+                        part.mat(ctx, &a("q_a_proj"), *r, h)?,
+                        vec(ck, pl, &a("q_a_layernorm.weight"), *r)?,
+                    )),
+                    part.mat(ctx, &a("q_b_proj"), heads * qk, *r)?,
+                ),
+                None => (None, part.mat(ctx, &a("q_proj"), heads * qk, h)?),
+            };
+            let bias = if *bias {
+                let b = |name: &str, n: usize| -> Result<Option<VecSpec>, ModelError> {
+                    if ck.get(&a(name)).is_some() {
+                        vec(ck, pl, &a(name), n).map(Some)
+                    } else {
+                        Ok(None)
+                    }
+                };
+                Some([
+                    match q_lora_rank {
+                        Some(r) => b("q_a_proj.bias", *r)?,
+                        None => None,
+                    },
+                    b("kv_a_proj_with_mqa.bias", kv_lora_rank + qk_rope_head_dim)?,
+                    b("o_proj.bias", h)?,
+                ])
+            } else {
+                None
+            };
+            AttnSpec::Mla {
+                q_a,
+                q_b,
+                kv_a: part.mat(
+                    ctx,
+                    &a("kv_a_proj_with_mqa"),
+                    kv_lora_rank + qk_rope_head_dim,
+                    h,
+                )?,
+                kv_a_norm: vec(ck, pl, &a("kv_a_layernorm.weight"), *kv_lora_rank)?,
+                kv_b: part.mat(
+                    ctx,
+                    &a("kv_b_proj"),
+                    heads * (qk_nope_head_dim + v_head_dim),
+                    *kv_lora_rank,
+                )?,
+                o: part.mat(ctx, &a("o_proj"), h, heads * v_head_dim)?,
+                bias,
+                gate: if *output_gate {
+                    Some(part.mat(ctx, &a("g_proj"), heads * v_head_dim, h)?)
+                } else {
+                    None
+                },
+            }
+        }
+    })
+}
+
+/// Collects a KDA layer's tensors.
+fn collect_kda(
+    pb: &mut PartBuilder<'_, '_>,
+    a: &dyn Fn(&str) -> String,
+    k: &KdaConfig,
+) -> Result<(), ModelError> {
+    for p in [
+        "q_proj", "k_proj", "v_proj", "f_a_proj", "f_b_proj", "b_proj", "o_proj",
+    ] {
+        pb.linear(a(p))?;
+    }
+    if k.full_rank_output_gate {
+        pb.linear(a("g_proj"))?;
+    } else {
+        pb.linear(a("g_a_proj"))?;
+        pb.linear(a("g_b_proj"))?;
+    }
+    for p in [
+        "q_conv1d.weight",
+        "k_conv1d.weight",
+        "v_conv1d.weight",
+        "A_log",
+        "dt_bias",
+        "o_norm.weight",
+    ] {
+        pb.tensor(a(p));
+    }
+    Ok(())
+}
+
+/// The specs of a KDA layer.
+fn kda_spec(
+    ctx: &Ctx<'_>,
+    part: &Part,
+    a: &dyn Fn(&str) -> String,
+    k: &KdaConfig,
+    h: usize,
+) -> Result<AttnSpec, ModelError> {
+    let ck = ctx.ck;
+    let pl = &part.layout;
+    let (c, d, heads) = (k.width(), k.head_dim, k.heads);
+    let conv = |p: &str| vec_any(ck, pl, &a(p), &[c, 1, k.conv_kernel]);
+    Ok(AttnSpec::Kda(KdaSpec {
+        q: part.mat(ctx, &a("q_proj"), c, h)?,
+        k: part.mat(ctx, &a("k_proj"), c, h)?,
+        v: part.mat(ctx, &a("v_proj"), c, h)?,
+        conv: [
+            conv("q_conv1d.weight")?,
+            conv("k_conv1d.weight")?,
+            conv("v_conv1d.weight")?,
+        ],
+        f_a: part.mat(ctx, &a("f_a_proj"), d, h)?,
+        f_b: part.mat(ctx, &a("f_b_proj"), c, d)?,
+        a_log: a_log(ck, pl, &a("A_log"), heads)?,
+        dt_bias: vec_any(ck, pl, &a("dt_bias"), &[c])?,
+        b: part.mat(ctx, &a("b_proj"), heads, h)?,
+        gate: if k.full_rank_output_gate {
+            KdaOutputGate::Full(part.mat(ctx, &a("g_proj"), c, h)?)
+        } else {
+            KdaOutputGate::LowRank(
+                part.mat(ctx, &a("g_a_proj"), d, h)?,
+                part.mat(ctx, &a("g_b_proj"), c, d)?,
+            )
+        },
+        o_norm: vec(ck, pl, &a("o_norm.weight"), d)?,
+        o: part.mat(ctx, &a("o_proj"), h, c)?,
+    }))
+}
+
+/// A vector stored in any shape of `numel(want)` elements: `[1, n]` projections, `[c, 1, k]`
+/// convolution taps, transformers' `[1, 1, h, 1]` `A_log`. A shape of another rank is accepted
+/// when its element count matches (checkpoints disagree on these singleton dimensions).
+fn vec_any(
+    ck: &Checkpoint,
+    part: &PartLayout,
+    name: &str,
+    want: &[usize],
+) -> Result<VecSpec, ModelError> {
+    let t = ck.tensor(name)?;
+    let len: usize = want.iter().product();
+    let n: usize = t.shape.iter().product();
+    if n != len {
+        return Err(tensor_err(
+            name,
+            format!("shape {:?} ({n} elements), expected {want:?}", t.shape),
+        ));
+    }
+    check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+    Ok(VecSpec {
+        piece: part.piece(name),
+        dtype: t.dtype,
+        len,
+    })
+}
+
+/// KDA's `A_log`: one value per head. Kimi K3 ships it padded with zeros to `head_dim` values
+/// (`F32 [128]` for 96 heads); the padding is checked to be exactly zero, since anything else
+/// would mean a layout sluice does not understand.
+fn a_log(
+    ck: &Checkpoint,
+    part: &PartLayout,
+    name: &str,
+    heads: usize,
+) -> Result<VecSpec, ModelError> {
+    let t = ck.tensor(name)?;
+    let n: usize = t.shape.iter().product();
+    if n == heads {
+        return vec_any(ck, part, name, &[heads]);
+    }
+    if t.shape.len() != 1 || n < heads {
+        return Err(tensor_err(
+            name,
+            format!(
+                "shape {:?}: expected {heads} values (one per head), or a vector zero-padded \
+                 past them",
+                t.shape
+            ),
+        ));
+    }
+    check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+    let bytes = ck.read(t)?;
+    let codes = match t.dtype {
+        Dtype::BF16 => Codes::BF16,
+        Dtype::F16 => Codes::F16,
+        _ => Codes::F32,
+    };
+    if let Some(i) = (heads..n).find(|&i| sluice_kernels::scalar::code(codes, &bytes, i) != 0.0) {
+        return Err(tensor_err(
+            name,
+            format!(
+                "{n} values for {heads} heads, and value {i} past the heads is not zero: not \
+                 the zero padding Kimi K3 ships"
+            ),
+        ));
+    }
+    Ok(VecSpec {
+        piece: part.piece(name),
+        dtype: t.dtype,
+        len: heads,
+    })
+}
+
 impl WeightLayout {
     /// Finds and checks every tensor the model needs, packed ones against the model's
     /// `quantization_config`.
@@ -949,10 +1380,14 @@ impl WeightLayout {
             cfg,
             m: Matcher::new(&cfg.quant),
         };
-        let names = Names { arch: cfg.arch };
+        let names = Names {
+            arch: cfg.arch,
+            prefix: cfg.prefix.clone(),
+        };
         let h = cfg.hidden;
+        let attn_res = matches!(cfg.residual, Residual::AttnRes { .. });
 
-        let embed_name = "model.embed_tokens.weight".to_owned();
+        let embed_name = names.top("model.embed_tokens.weight");
         let embed = PartLayout::new(ck, std::slice::from_ref(&embed_name))?;
         let embed_spec = mat(ck, &embed, &embed_name, cfg.vocab, h)?;
 
@@ -966,58 +1401,33 @@ impl WeightLayout {
             pb.tensor(names.layer(l, "post_attention_layernorm.weight"));
             let a = |p: &str| names.layer(l, &format!("self_attn.{p}"));
             // Attention tensors.
-            match &cfg.attention {
-                AttentionConfig::Gqa {
-                    qkv_bias,
-                    o_bias,
-                    qk_norm,
-                    sinks,
-                    ..
-                } => {
-                    for p in ["q_proj", "k_proj", "v_proj", "o_proj"] {
-                        pb.linear(a(p))?;
-                    }
-                    if *qkv_bias {
-                        for p in ["q_proj", "k_proj", "v_proj"] {
-                            pb.tensor(a(&format!("{p}.bias")));
-                        }
-                    }
-                    if *o_bias {
-                        pb.tensor(a("o_proj.bias"));
-                    }
-                    if *qk_norm != QkNorm::None {
-                        pb.tensor(a("q_norm.weight"));
-                        pb.tensor(a("k_norm.weight"));
-                    }
-                    if *sinks {
-                        pb.tensor(a("sinks"));
-                    }
+            let kda = match (cfg.is_kda(l), &cfg.kda) {
+                (true, Some(k)) => Some(*k),
+                (true, None) => {
+                    return Err(ModelError::Internal(format!(
+                        "layer {l} is KDA but the config has no linear_attn_config"
+                    )));
                 }
-                AttentionConfig::Mla {
-                    q_lora_rank, bias, ..
-                } => {
-                    if q_lora_rank.is_some() {
-                        pb.linear(a("q_a_proj"))?;
-                        pb.tensor(a("q_a_layernorm.weight"));
-                        pb.linear(a("q_b_proj"))?;
-                    } else {
-                        pb.linear(a("q_proj"))?;
-                    }
-                    pb.linear(a("kv_a_proj_with_mqa"))?;
-                    pb.tensor(a("kv_a_layernorm.weight"));
-                    pb.linear(a("kv_b_proj"))?;
-                    pb.linear(a("o_proj"))?;
-                    if *bias {
-                        for p in ["q_a_proj.bias", "kv_a_proj_with_mqa.bias", "o_proj.bias"] {
-                            if ck.get(&a(p)).is_some() {
-                                pb.tensor(a(p));
-                            }
-                        }
-                    }
+                (false, _) => None,
+            };
+            if let Some(k) = &kda {
+                collect_kda(&mut pb, &a, k)?;
+            } else {
+                collect_attention(&mut pb, ck, &a, &cfg.attention)?;
+            }
+            if attn_res {
+                for p in [
+                    "self_attention_res_norm.weight",
+                    "self_attention_res_proj.weight",
+                    "mlp_res_norm.weight",
+                    "mlp_res_proj.weight",
+                ] {
+                    pb.tensor(names.layer(l, p));
                 }
             }
             // Feed-forward tensors.
             let moe = cfg.is_moe(l);
+            let dense_prefix = names.dense(ck, l);
             let shared_prefix = |gated: bool| {
                 names.moe(
                     l,
@@ -1028,13 +1438,14 @@ impl WeightLayout {
                     },
                 )
             };
+            let has_score_bias = matches!(cfg.arch, Arch::DeepseekV3 | Arch::KimiLinear);
             if moe {
                 let (rw, rb) = names.router(l);
                 pb.tensor(rw);
                 if let Some(rb) = rb {
                     pb.tensor(rb);
                 }
-                if cfg.arch == Arch::DeepseekV3 {
+                if has_score_bias {
                     pb.tensor(names.moe(l, "gate.e_score_correction_bias"));
                 }
                 if let Some(sh) = &cfg.moe.shared {
@@ -1045,123 +1456,24 @@ impl WeightLayout {
                         pb.linear(names.moe(l, "shared_expert_gate"))?;
                     }
                 }
+                if let Some(lat) = &cfg.moe.latent {
+                    pb.linear(names.moe(l, "routed_expert_down_proj"))?;
+                    pb.linear(names.moe(l, "routed_expert_up_proj"))?;
+                    if lat.norm {
+                        pb.tensor(names.moe(l, "routed_expert_norm.weight"));
+                    }
+                }
             } else {
-                for m in mlp_modules(&names.layer(l, "mlp")) {
+                for m in mlp_modules(&dense_prefix) {
                     pb.linear(m)?;
                 }
             }
             let part = pb.finish()?;
             let pl = &part.layout;
 
-            let attn = match &cfg.attention {
-                AttentionConfig::Gqa {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    qkv_bias,
-                    o_bias,
-                    qk_norm,
-                    sinks,
-                    ..
-                } => {
-                    let (qd, kd) = (heads * head_dim, kv_heads * head_dim);
-                    AttnSpec::Gqa {
-                        q: part.mat(&ctx, &a("q_proj"), qd, h)?,
-                        k: part.mat(&ctx, &a("k_proj"), kd, h)?,
-                        v: part.mat(&ctx, &a("v_proj"), kd, h)?,
-                        o: part.mat(&ctx, &a("o_proj"), h, qd)?,
-                        qkv_bias: if *qkv_bias {
-                            Some([
-                                vec(ck, pl, &a("q_proj.bias"), qd)?,
-                                vec(ck, pl, &a("k_proj.bias"), kd)?,
-                                vec(ck, pl, &a("v_proj.bias"), kd)?,
-                            ])
-                        } else {
-                            None
-                        },
-                        o_bias: if *o_bias {
-                            Some(vec(ck, pl, &a("o_proj.bias"), h)?)
-                        } else {
-                            None
-                        },
-                        qk_norm: match qk_norm {
-                            QkNorm::None => None,
-                            QkNorm::PerHead => Some([
-                                vec(ck, pl, &a("q_norm.weight"), *head_dim)?,
-                                vec(ck, pl, &a("k_norm.weight"), *head_dim)?,
-                            ]),
-                            QkNorm::Full => Some([
-                                vec(ck, pl, &a("q_norm.weight"), qd)?,
-                                vec(ck, pl, &a("k_norm.weight"), kd)?,
-                            ]),
-                        },
-                        sinks: if *sinks {
-                            Some(vec(ck, pl, &a("sinks"), *heads)?)
-                        } else {
-                            None
-                        },
-                        window: cfg.attention.window(l),
-                    }
-                }
-                AttentionConfig::Mla {
-                    heads,
-                    q_lora_rank,
-                    kv_lora_rank,
-                    qk_nope_head_dim,
-                    qk_rope_head_dim,
-                    v_head_dim,
-                    bias,
-                } => {
-                    let qk = qk_nope_head_dim + qk_rope_head_dim;
-                    let (q_a, q_b) = match q_lora_rank {
-                        Some(r) => (
-                            Some((
-                                part.mat(&ctx, &a("q_a_proj"), *r, h)?,
-                                vec(ck, pl, &a("q_a_layernorm.weight"), *r)?,
-                            )),
-                            part.mat(&ctx, &a("q_b_proj"), heads * qk, *r)?,
-                        ),
-                        None => (None, part.mat(&ctx, &a("q_proj"), heads * qk, h)?),
-                    };
-                    let bias = if *bias {
-                        let b = |name: &str, n: usize| -> Result<Option<VecSpec>, ModelError> {
-                            if ck.get(&a(name)).is_some() {
-                                vec(ck, pl, &a(name), n).map(Some)
-                            } else {
-                                Ok(None)
-                            }
-                        };
-                        Some([
-                            match q_lora_rank {
-                                Some(r) => b("q_a_proj.bias", *r)?,
-                                None => None,
-                            },
-                            b("kv_a_proj_with_mqa.bias", kv_lora_rank + qk_rope_head_dim)?,
-                            b("o_proj.bias", h)?,
-                        ])
-                    } else {
-                        None
-                    };
-                    AttnSpec::Mla {
-                        q_a,
-                        q_b,
-                        kv_a: part.mat(
-                            &ctx,
-                            &a("kv_a_proj_with_mqa"),
-                            kv_lora_rank + qk_rope_head_dim,
-                            h,
-                        )?,
-                        kv_a_norm: vec(ck, pl, &a("kv_a_layernorm.weight"), *kv_lora_rank)?,
-                        kv_b: part.mat(
-                            &ctx,
-                            &a("kv_b_proj"),
-                            heads * (qk_nope_head_dim + v_head_dim),
-                            *kv_lora_rank,
-                        )?,
-                        o: part.mat(&ctx, &a("o_proj"), h, heads * v_head_dim)?,
-                        bias,
-                    }
-                }
+            let attn = match &kda {
+                Some(k) => kda_spec(&ctx, &part, &a, k, h)?,
+                None => attention_spec(&ctx, &part, &a, cfg, l)?,
             };
 
             let ffn = if moe {
@@ -1179,8 +1491,8 @@ impl WeightLayout {
                     _ => None,
                 };
                 let (rw, rb) = names.router(l);
-                let bias = match (cfg.arch, rb) {
-                    (Arch::DeepseekV3, _) => Some(vec(
+                let bias = match (has_score_bias, rb) {
+                    (true, _) => Some(vec(
                         ck,
                         pl,
                         &names.moe(l, "gate.e_score_correction_bias"),
@@ -1189,17 +1501,58 @@ impl WeightLayout {
                     (_, Some(rb)) => Some(vec(ck, pl, &rb, m.experts)?),
                     _ => None,
                 };
+                let latent = match &m.latent {
+                    Some(lat) => Some(LatentSpec {
+                        down: part.mat(
+                            &ctx,
+                            &names.moe(l, "routed_expert_down_proj"),
+                            lat.dim,
+                            h,
+                        )?,
+                        up: part.mat(&ctx, &names.moe(l, "routed_expert_up_proj"), h, lat.dim)?,
+                        norm: if lat.norm {
+                            Some(vec(
+                                ck,
+                                pl,
+                                &names.moe(l, "routed_expert_norm.weight"),
+                                lat.dim,
+                            )?)
+                        } else {
+                            None
+                        },
+                    }),
+                    None => None,
+                };
                 FfnSpec::Moe {
                     router: mat(ck, pl, &rw, m.experts, h)?,
                     bias,
                     shared,
                     shared_gate,
+                    latent,
                 }
             } else {
                 let MlpKind::Dense { intermediate } = cfg.mlp[l] else {
                     unreachable!("checked by is_moe")
                 };
-                FfnSpec::Dense(part.mlp(&ctx, &names.layer(l, "mlp"), h, intermediate)?)
+                FfnSpec::Dense(part.mlp(&ctx, &dense_prefix, h, intermediate)?)
+            };
+
+            let res = if attn_res {
+                let pair = |norm: &str, proj: &str| -> Result<AttnResWeights, ModelError> {
+                    Ok(AttnResWeights {
+                        norm: vec(ck, pl, &names.layer(l, norm), h)?,
+                        proj: vec_any(ck, pl, &names.layer(l, proj), &[1, h])?,
+                    })
+                };
+                Some([
+                    pair(
+                        "self_attention_res_norm.weight",
+                        "self_attention_res_proj.weight",
+                    )?,
+                    pair("mlp_res_norm.weight", "mlp_res_proj.weight")?,
+                ])
+            } else {
+                None
             };
 
             let spec = LayerSpec {
@@ -1212,6 +1565,7 @@ impl WeightLayout {
                 )?,
                 attn,
                 ffn,
+                attn_res: res,
             };
 
             // Routed experts: one blob each.
@@ -1220,6 +1574,7 @@ impl WeightLayout {
                 if cfg.arch == Arch::GptOss {
                     (lp, ls) = gpt_oss_experts(&ctx, &names, l)?;
                 } else {
+                    let width = cfg.moe.expert_width(h);
                     for e in 0..cfg.moe.experts {
                         let mut eb = PartBuilder::new(&ctx);
                         let mods = names.expert(l, e);
@@ -1229,9 +1584,9 @@ impl WeightLayout {
                         let p = eb.finish()?;
                         let inter = cfg.moe.intermediate;
                         ls.push(ExpertSpec::SwiGlu(MlpSpec {
-                            gate: p.mat(&ctx, &mods[0], inter, h)?,
-                            up: p.mat(&ctx, &mods[1], inter, h)?,
-                            down: p.mat(&ctx, &mods[2], h, inter)?,
+                            gate: p.mat(&ctx, &mods[0], inter, width)?,
+                            up: p.mat(&ctx, &mods[1], inter, width)?,
+                            down: p.mat(&ctx, &mods[2], width, inter)?,
                         }));
                         lp.push(p.layout.pieces);
                     }
@@ -1246,20 +1601,37 @@ impl WeightLayout {
         let lm_module = if cfg.tie_embeddings {
             None
         } else {
-            Some("lm_head".to_owned())
+            Some(names.top("lm_head"))
         };
+        let norm_name = names.top("model.norm.weight");
+        let (res_norm, res_proj) = (
+            names.top("model.output_attn_res_norm.weight"),
+            names.top("model.output_attn_res_proj.weight"),
+        );
         let mut hb = PartBuilder::new(&ctx);
-        hb.tensor("model.norm.weight".to_owned());
+        hb.tensor(norm_name.clone());
         match &lm_module {
             Some(m) => hb.linear(m.clone())?,
             None => hb.tensor(embed_name.clone()),
         }
+        if attn_res {
+            hb.tensor(res_norm.clone());
+            hb.tensor(res_proj.clone());
+        }
         let head = hb.finish()?;
         let head_spec = HeadSpec {
-            norm: vec(ck, &head.layout, "model.norm.weight", h)?,
+            norm: vec(ck, &head.layout, &norm_name, h)?,
             lm_head: match &lm_module {
                 Some(m) => head.mat(&ctx, m, cfg.vocab, h)?,
                 None => mat(ck, &head.layout, &embed_name, cfg.vocab, h)?,
+            },
+            attn_res: if attn_res {
+                Some(AttnResWeights {
+                    norm: vec(ck, &head.layout, &res_norm, h)?,
+                    proj: vec_any(ck, &head.layout, &res_proj, &[1, h])?,
+                })
+            } else {
+                None
             },
         };
         Ok(WeightLayout {

@@ -597,7 +597,13 @@ impl Session {
         if keep == ids.len() {
             keep = keep.saturating_sub(1);
         }
-        self.state.truncate(keep, self.engine.inner.model.config());
+        let model = &self.engine.inner.model;
+        if self.state.truncate(keep, model.config()).is_err() {
+            // A recurrent state (KDA) cannot step back to an arbitrary prefix: start over,
+            // which gives the same bits.
+            keep = 0;
+            self.state = model.new_state();
+        }
         self.history.truncate(keep);
         self.generate_ids(ids[keep..].to_vec(), opts)
     }
@@ -622,11 +628,17 @@ impl Session {
         self.history.truncate(fed);
         feed.extend_from_slice(&ids);
         if feed.is_empty() {
-            // Nothing new: recompute the last position's logits.
+            // Nothing new: recompute the last position's logits. A recurrent state (KDA) steps
+            // back only to where its latest pass began; otherwise the whole history runs again
+            // (the same bits: chunking changes none).
             let last = fed - 1;
-            feed.push(self.history[last]);
-            self.state.truncate(last, model.config());
-            self.history.truncate(last);
+            if self.state.truncate(last, model.config()).is_ok() {
+                feed.push(self.history[last]);
+                self.history.truncate(last);
+            } else {
+                self.state = model.new_state();
+                feed = std::mem::take(&mut self.history);
+            }
         }
         let t0 = Instant::now();
         let expert0 = model.experts().stats();

@@ -4,8 +4,8 @@ use std::path::Path;
 
 use serde::Serialize;
 use sluice_format::Checkpoint;
-use sluice_model::config::{AttentionConfig, MlpKind};
-use sluice_model::plan::kv_bytes_per_position;
+use sluice_model::config::{AttentionConfig, MlpKind, Residual};
+use sluice_model::plan::{kv_bytes_per_position, recurrent_bytes};
 use sluice_model::weights::WeightLayout;
 use sluice_model::{MemoryPlan, ModelConfig};
 use sluice_store::ShardSet;
@@ -32,8 +32,14 @@ pub struct Inspection {
     pub experts: usize,
     /// Experts per token.
     pub top_k: usize,
-    /// Attention kind: `mla` or `gqa`.
+    /// Attention kind: `mla` or `gqa`, with `+kda` when some layers use Kimi Delta Attention.
     pub attention: String,
+    /// Layers with softmax attention (a KV cache).
+    pub full_attention_layers: usize,
+    /// Layers with Kimi Delta Attention (a fixed recurrent state).
+    pub kda_layers: usize,
+    /// Attention-residual block size, when the model mixes block sums (Kimi K3).
+    pub attn_res_block_size: Option<usize>,
     /// Shards.
     pub shards: usize,
     /// Bytes of all tensors on disk.
@@ -48,6 +54,9 @@ pub struct Inspection {
     pub expert_bytes_per_token: u64,
     /// KV-cache bytes per position.
     pub kv_bytes_per_position: u64,
+    /// Recurrent-state bytes per sequence (KDA state and convolution inputs, with the snapshot
+    /// kept for one-step rollback), whatever the sequence length.
+    pub recurrent_bytes: u64,
     /// `direct` or `buffered`.
     pub io_mode: String,
     /// The plan.
@@ -73,6 +82,8 @@ pub struct PlanSummary {
     pub ring_slot_bytes: u64,
     /// KV cache reserved.
     pub kv_cache: u64,
+    /// Recurrent state reserved.
+    pub recurrent: u64,
     /// Positions it covers.
     pub context: usize,
     /// Scratch.
@@ -120,9 +131,22 @@ pub fn inspect(
         vocab: cfg.vocab,
         experts: cfg.moe.experts,
         top_k: cfg.moe.top_k,
-        attention: match cfg.attention {
-            AttentionConfig::Mla { .. } => "mla".into(),
-            AttentionConfig::Gqa { .. } => "gqa".into(),
+        attention: {
+            let a = match cfg.attention {
+                AttentionConfig::Mla { .. } => "mla",
+                AttentionConfig::Gqa { .. } => "gqa",
+            };
+            if cfg.kda.is_some() {
+                format!("{a}+kda")
+            } else {
+                a.to_owned()
+            }
+        },
+        full_attention_layers: cfg.full_attention_layers(),
+        kda_layers: cfg.layers - cfg.full_attention_layers(),
+        attn_res_block_size: match cfg.residual {
+            Residual::AttnRes { block_size } => Some(block_size),
+            Residual::Add => None,
         },
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
@@ -131,6 +155,7 @@ pub fn inspect(
         bytes_per_expert: plan.expert_bytes,
         expert_bytes_per_token: plan.expert_bytes * (cfg.moe.top_k * moe_layers) as u64,
         kv_bytes_per_position: kv_bytes_per_position(&cfg),
+        recurrent_bytes: recurrent_bytes(&cfg),
         io_mode: shards.mode().name().to_owned(),
         plan: PlanSummary {
             budget: budget.unwrap_or(0),
@@ -141,6 +166,7 @@ pub fn inspect(
             ring_slots: plan.ring_slots,
             ring_slot_bytes: plan.ring_slot_bytes,
             kv_cache: plan.kv_cache,
+            recurrent: plan.recurrent,
             context: plan.context,
             scratch: plan.scratch,
             expert_cache: plan.expert_cache,

@@ -1,5 +1,7 @@
 //! Memory is a dial: every budget from the minimum to all-resident, every policy, prefetch on
-//! and off, and 1–3 threads give bit-identical logits and ids.
+//! and off, 1–3 threads and any prefill chunk size give bit-identical logits and ids — on the
+//! release-layout fixtures, Kimi Linear, Kimi K3 (BF16 and MXFP4 experts) and a synthetic
+//! model whose experts dwarf the cache.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -9,10 +11,15 @@ use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
 use sluice_store::POLICIES;
 
+/// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
+/// has a `/` (`kimi/kimi_linear-fp32`).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    if name.contains('/') {
+        testdata.join(name)
+    } else {
+        testdata.join("models").join(name)
+    }
 }
 
 /// A synthetic DeepSeek-V3-shaped model whose routed experts are far larger than the caches
@@ -44,9 +51,14 @@ const PROMPT: [u32; 7] = [3, 17, 92, 5, 64, 33, 8];
 
 /// Prefill in chunks of 3, then 6 greedy steps; every row of logits kept.
 fn generate(m: &Model) -> Run {
+    generate_chunked(m, 3)
+}
+
+/// Prefill in chunks of `chunk`, then 6 greedy steps; every row of logits kept.
+fn generate_chunked(m: &Model, chunk: usize) -> Run {
     let mut st = m.new_state();
     let mut logits = Vec::new();
-    for c in PROMPT.chunks(3) {
+    for c in PROMPT.chunks(chunk) {
         logits.extend(m.forward(&mut st, c, Logits::All).unwrap());
     }
     let v = m.config().vocab;
@@ -88,11 +100,12 @@ fn baseline(dir: &Path) -> Baseline {
     Baseline {
         run: generate(&m),
         minimum: p.minimum,
-        fixed: p.trunk + p.kv_cache + p.scratch,
+        fixed: p.trunk + p.kv_cache + p.recurrent + p.scratch,
         all_experts: p.all_expert_bytes,
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn check(
     dir: &Path,
     base: &Baseline,
@@ -100,29 +113,32 @@ fn check(
     policy: &str,
     prefetch: bool,
     threads: usize,
+    chunk: usize,
 ) -> Result<(), TestCaseError> {
     let m = Model::open(dir, opts(Some(memory), policy, prefetch, threads)).unwrap();
-    let r = generate(&m);
+    let r = generate_chunked(&m, chunk);
     let s = m.experts().stats();
     prop_assert_eq!(
         &r.ids,
         &base.run.ids,
-        "ids differ at budget {}, {}, prefetch {}, {} threads",
+        "ids differ at budget {}, {}, prefetch {}, {} threads, chunk {}",
         memory,
         policy,
         prefetch,
-        threads
+        threads,
+        chunk
     );
     prop_assert!(
         r.logits
             .iter()
             .zip(&base.run.logits)
             .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "logits differ at budget {}, {}, prefetch {}, {} threads",
+        "logits differ at budget {}, {}, prefetch {}, {} threads, chunk {}",
         memory,
         policy,
         prefetch,
-        threads
+        threads,
+        chunk
     );
     prop_assert_eq!(s.requests, s.hits + s.misses);
     prop_assert!(m.experts().used() <= m.experts().capacity());
@@ -144,14 +160,20 @@ macro_rules! fixture_budget_test {
         proptest! {
             #![proptest_config(cases())]
             #[test]
-            fn $name(frac in 0.0f64..=1.0, policy in 0usize..4, prefetch: bool, threads in 1usize..=3) {
+            fn $name(
+                frac in 0.0f64..=1.0,
+                policy in 0usize..4,
+                prefetch: bool,
+                threads in 1usize..=3,
+                chunk in proptest::sample::select(vec![1usize, 3, 7]),
+            ) {
                 static BASE: OnceLock<Baseline> = OnceLock::new();
                 let dir = fixture($fixture);
                 let base = BASE.get_or_init(|| baseline(&dir));
                 // From the minimum to all experts resident.
                 let span = (base.fixed + base.all_experts).saturating_sub(base.minimum);
                 let memory = base.minimum + (span as f64 * frac) as u64;
-                check(&dir, base, memory, POLICIES[policy], prefetch, threads)?;
+                check(&dir, base, memory, POLICIES[policy], prefetch, threads, chunk)?;
             }
         }
     };
@@ -160,6 +182,9 @@ macro_rules! fixture_budget_test {
 fixture_budget_test!(deepseek_v3_release_layout, "deepseek_v3-fp32");
 fixture_budget_test!(qwen3_moe_scattered_layout, "qwen3_moe-bf16");
 fixture_budget_test!(mixtral, "mixtral-fp32");
+fixture_budget_test!(kimi_linear, "kimi/kimi_linear-fp32");
+fixture_budget_test!(kimi_k3_bf16, "kimi/k3/k3-tiny-bf16");
+fixture_budget_test!(kimi_k3_mxfp4, "kimi/k3/k3-tiny-mxfp4");
 
 proptest! {
     #![proptest_config(cases())]
@@ -172,7 +197,7 @@ proptest! {
         let top = base.fixed + base.all_experts / 10;
         prop_assume!(top > base.minimum);
         let memory = base.minimum + ((top - base.minimum) as f64 * frac) as u64;
-        check(dir, base, memory, POLICIES[policy], prefetch, threads)?;
+        check(dir, base, memory, POLICIES[policy], prefetch, threads, 3)?;
     }
 }
 

@@ -103,3 +103,64 @@ fn failed_expert_reads_end_the_request_then_the_model_recovers() {
     let s = model.experts().stats();
     assert_eq!(s.requests, s.hits + s.misses);
 }
+
+/// Kimi K3: an expert read failing in a decode step, after the KDA layers before it have
+/// advanced their recurrent state, leaves the state exactly as it was; the retry gives the
+/// clean run's bits.
+#[test]
+fn a_failed_step_leaves_the_recurrent_state_as_it_was() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/kimi/k3/k3-tiny-mxfp4");
+    let ck = Checkpoint::open(&dir).unwrap();
+    let cfg = ModelConfig::from_json(ck.config(), &dir.join("config.json")).unwrap();
+    let layout = WeightLayout::new(&ck, &cfg).unwrap();
+    let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
+    let flaky = Arc::new(Flaky {
+        inner: ShardSet::open(&paths, true).unwrap(),
+        fail: AtomicBool::new(false),
+    });
+    let mode = Reader::mode(flaky.as_ref(), 0);
+    let probe = Model::open(
+        &dir,
+        ModelOptions {
+            context: 64,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let p = probe.plan();
+    // The whole trunk pinned (nothing of it is read after loading), few experts cached.
+    let opts = ModelOptions {
+        memory: Some(p.trunk + p.kv_cache + p.recurrent + p.scratch + 2 * p.per_token_expert_bytes),
+        context: 64,
+        threads: 2,
+        ..Default::default()
+    };
+    let model = Model::with_reader(cfg, layout, flaky.clone(), mode, opts).unwrap();
+    assert!(model.plan().trunk_resident());
+    assert!(model.plan().expert_cache < model.plan().all_expert_bytes);
+
+    let prompt = [305u32, 12, 400, 77, 3, 250, 61];
+    let clean = {
+        let mut st = model.new_state();
+        model.forward(&mut st, &prompt, Logits::None).unwrap();
+        model.forward(&mut st, &[42], Logits::Last).unwrap()
+    };
+
+    let mut st = model.new_state();
+    model.forward(&mut st, &prompt, Logits::None).unwrap();
+    model.experts().clear();
+    flaky.fail.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        model.forward(&mut st, &[42], Logits::Last),
+        Err(ModelError::Store(StoreError::Io { .. }))
+    ));
+    assert_eq!(st.pos(), prompt.len());
+    flaky.fail.store(false, Ordering::SeqCst);
+    let again = model.forward(&mut st, &[42], Logits::Last).unwrap();
+    assert!(
+        again
+            .iter()
+            .zip(&clean)
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    );
+}

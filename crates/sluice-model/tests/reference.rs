@@ -1,5 +1,6 @@
 //! The forward pass against Hugging Face transformers on the committed fixtures
-//! (`testdata/models/*`, produced by `tools/reference/make_fixtures.py`).
+//! (`testdata/models/*`, produced by `tools/reference/make_fixtures.py`, and
+//! `testdata/kimi/kimi_linear-*`, produced by `tools/reference/make_kimi_fixtures.py`).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,10 +56,15 @@ impl Reference {
     }
 }
 
+/// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
+/// has a `/` (`kimi/kimi_linear-fp32`).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    if name.contains('/') {
+        testdata.join(name)
+    } else {
+        testdata.join("models").join(name)
+    }
 }
 
 fn open(name: &str, threads: usize) -> Model {
@@ -248,4 +254,6 @@ arch_tests! {
     mixtral_bf16 => "mixtral-bf16",
     olmoe_fp32 => "olmoe-fp32",
     olmoe_bf16 => "olmoe-bf16",
+    kimi_linear_fp32 => "kimi/kimi_linear-fp32",
+    kimi_linear_bf16 => "kimi/kimi_linear-bf16",
 }

@@ -7,10 +7,15 @@ use std::path::{Path, PathBuf};
 use sluice::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
 
+/// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
+/// has a `/`.
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/models")
-        .join(name)
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    if name.contains('/') {
+        testdata.join(name)
+    } else {
+        testdata.join("models").join(name)
+    }
 }
 
 fn logits(dir: &Path, memory: Option<u64>) -> Result<Vec<f32>, sluice_model::ModelError> {
@@ -50,10 +55,15 @@ fn snapshot(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
 #[test]
 fn pack_then_run_equals_direct_run() {
     let tmp = tempfile::tempdir().unwrap();
-    for name in ["deepseek_v3-fp32", "qwen3_moe-bf16", "mixtral-fp32"] {
+    for name in [
+        "deepseek_v3-fp32",
+        "qwen3_moe-bf16",
+        "mixtral-fp32",
+        "kimi/k3/k3-tiny-mxfp4",
+    ] {
         let src = fixture(name);
         let before = snapshot(&src);
-        let out = tmp.path().join(name);
+        let out = tmp.path().join(name.replace('/', "-"));
         let mut calls = 0;
         let r = sluice::pack::pack(&src, &out, false, &mut |done, total| {
             assert!(done <= total);

@@ -28,7 +28,19 @@ fn hash_generation(dir: &Path, opts: ModelOptions) -> String {
 
 #[test]
 fn one_hash_across_budgets_policies_prefetch_threads_and_isas() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v3-fp32");
+    matrix("models/deepseek_v3-fp32");
+}
+
+/// Kimi K3 (MXFP4 experts, KDA recurrent state, attention residuals): the same matrix.
+#[test]
+fn kimi_k3_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("kimi/k3/k3-tiny-mxfp4");
+}
+
+fn matrix(fixture: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata")
+        .join(fixture);
     let base = ModelOptions {
         context: 64,
         chunk: 8,
@@ -36,7 +48,7 @@ fn one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     };
     let probe = Model::open(&dir, base.clone()).unwrap();
     let p = probe.plan().clone();
-    let top = p.trunk + p.kv_cache + p.scratch + p.all_expert_bytes;
+    let top = p.trunk + p.kv_cache + p.recurrent + p.scratch + p.all_expert_bytes;
     // 12 budgets from the minimum (layers streamed) to everything resident.
     let budgets: Vec<u64> = (0..12)
         .map(|i| p.minimum + (top - p.minimum) * i / 11)
@@ -68,5 +80,5 @@ fn one_hash_across_budgets_policies_prefetch_threads_and_isas() {
         }
     }
     assert_eq!(runs, 12 * POLICIES.len() * 2 * 2 * Isa::available().len());
-    eprintln!("{runs} configurations, one hash: {want}");
+    eprintln!("{fixture}: {runs} configurations, one hash: {want}");
 }

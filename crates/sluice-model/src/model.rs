@@ -435,26 +435,70 @@ impl Model {
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        let pos0 = state.pos;
-        let routes0 = state.routes.as_ref().map(Vec::len);
-        let r = self.forward_inner(state, tokens, want);
+        self.forward_segments(&mut [(state, tokens)], want)
+    }
+
+    /// One decoding step for several sequences at once (batched decoding): `tokens[i]` is fed
+    /// to `states[i]`. Returns `[states.len(), vocab]` logits, row `i` for sequence `i`.
+    ///
+    /// Every layer's routed experts are fetched once for the union of what the rows chose and
+    /// each expert runs over the rows that chose it; dense projections, shared experts and the
+    /// head run over all rows in one call; attention runs per sequence against its own cache.
+    /// Each row is bit-identical to feeding its token alone with [`Model::forward`]. On error
+    /// every state is left as it was before the call.
+    pub fn forward_batch(
+        &self,
+        states: &mut [&mut State],
+        tokens: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        if states.len() != tokens.len() {
+            return Err(ModelError::Internal(format!(
+                "forward_batch: {} states for {} tokens",
+                states.len(),
+                tokens.len()
+            )));
+        }
+        let mut segs: Vec<(&mut State, &[u32])> = states
+            .iter_mut()
+            .zip(tokens)
+            .map(|(s, t)| (&mut **s, std::slice::from_ref(t)))
+            .collect();
+        self.forward_segments(&mut segs, Logits::Last)
+    }
+
+    /// Runs each segment's tokens after its state's positions; on error every state goes back
+    /// to where it was.
+    fn forward_segments(
+        &self,
+        segs: &mut [(&mut State, &[u32])],
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let before: Vec<(usize, Option<usize>)> = segs
+            .iter()
+            .map(|(s, _)| (s.pos, s.routes.as_ref().map(Vec::len)))
+            .collect();
+        let r = self.forward_inner(segs, want);
         if r.is_err() {
-            state.rollback(pos0, &self.cfg);
-            if let (Some(r), Some(n)) = (state.routes.as_mut(), routes0) {
-                r.truncate(n);
+            for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {
+                state.rollback(pos0, &self.cfg);
+                if let (Some(r), Some(n)) = (state.routes.as_mut(), routes0) {
+                    r.truncate(n);
+                }
             }
         }
         r
     }
 
+    /// The forward pass over segments (one sequence's tokens each) sharing every row-wise step;
+    /// `want` applies per segment.
     fn forward_inner(
         &self,
-        state: &mut State,
-        tokens: &[u32],
+        segs: &mut [(&mut State, &[u32])],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = &self.cfg;
         let h = cfg.hidden;
+        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
         let t = tokens.len();
         if t == 0 {
             return Ok(Vec::new());
@@ -465,17 +509,28 @@ impl Model {
                 vocab: cfg.vocab,
             });
         }
-        let pos0 = state.pos;
-        if pos0 + t > self.plan.context {
-            return Err(ModelError::ContextFull {
-                positions: pos0 + t,
-                max: self.plan.context,
-            });
+        for (state, toks) in segs.iter() {
+            if state.pos + toks.len() > self.plan.context {
+                return Err(ModelError::ContextFull {
+                    positions: state.pos + toks.len(),
+                    max: self.plan.context,
+                });
+            }
         }
+        // Where each segment's rows start, and its first position.
+        let mut starts = Vec::with_capacity(segs.len() + 1);
+        starts.push(0usize);
+        for (_, toks) in segs.iter() {
+            starts.push(starts.last().copied().unwrap_or(0) + toks.len());
+        }
+        let pos0s: Vec<usize> = segs.iter().map(|(s, _)| s.pos).collect();
+        // Intermediate tensors are recorded for a single sequence only.
+        let single = segs.len() == 1;
+        let recording_routes = segs.iter().any(|(s, _)| s.routes.is_some());
         self.experts.begin_step();
 
-        let hs = self.embed_rows(tokens)?;
-        if let Some(d) = state.debug.as_mut() {
+        let hs = self.embed_rows(&tokens)?;
+        if single && let Some(d) = segs[0].0.debug.as_mut() {
             d.push(("embeddings".into(), hs.clone()));
         }
         let mut stream = match cfg.residual {
@@ -487,7 +542,10 @@ impl Model {
             },
         };
 
-        let angles = Angles::new(&self.rope, pos0, t);
+        let angles: Vec<Angles> = segs
+            .iter()
+            .map(|(s, toks)| Angles::new(&self.rope, s.pos, toks.len()))
+            .collect();
         let k = self.exec.kernels();
         let norm_rows = |src: &[f32], w: &[f32]| -> Vec<f32> {
             let mut x = vec![0f32; src.len()];
@@ -505,15 +563,36 @@ impl Model {
             let spec = &self.layout.layer_specs[l];
             let input_norm = spec.input_norm.to_f32(blob);
             let post_norm = spec.post_norm.to_f32(blob);
-            let attend = |x: &[f32], cache: &mut crate::state::LayerCache| {
-                attention(
-                    &self.exec, cfg, &self.rope, &angles, &spec.attn, blob, cache, pos0, x,
-                )
-            };
+            // Attention per segment, each against its own cache.
+            let attend =
+                |x: &[f32], segs: &mut [(&mut State, &[u32])]| -> Result<Vec<f32>, ModelError> {
+                    let mut out = Vec::with_capacity(x.len());
+                    for (si, (state, toks)) in segs.iter_mut().enumerate() {
+                        if toks.is_empty() {
+                            continue;
+                        }
+                        let a = attention(
+                            &self.exec,
+                            cfg,
+                            &self.rope,
+                            &angles[si],
+                            &spec.attn,
+                            blob,
+                            &mut state.layers[l],
+                            pos0s[si],
+                            &x[starts[si] * h..starts[si + 1] * h],
+                        )?;
+                        if out.is_empty() && starts[si + 1] - starts[si] == t {
+                            return Ok(a);
+                        }
+                        out.extend_from_slice(&a);
+                    }
+                    Ok(out)
+                };
             // Attention, then the input of the feed-forward block (before its norm).
             let mlp_in = match &mut stream {
                 Stream::Add(hs) => {
-                    let a = attend(&norm_rows(hs, &input_norm), &mut state.layers[l])?;
+                    let a = attend(&norm_rows(hs, &input_norm), segs)?;
                     for (s, v) in hs.iter_mut().zip(&a) {
                         *s += v;
                     }
@@ -547,7 +626,7 @@ impl Model {
                     if boundary {
                         blocks.push(std::mem::take(prefix));
                     }
-                    let a = attend(&x, &mut state.layers[l])?;
+                    let a = attend(&x, segs)?;
                     if boundary {
                         *prefix = a;
                     } else {
@@ -585,19 +664,31 @@ impl Model {
                     }
                     glu(&self.exec, m, blob, &x, t, cfg.mlp_act)?
                 }
-                moe_spec @ FfnSpec::Moe { .. } => moe(
-                    &self.exec,
-                    cfg,
-                    l,
-                    moe_spec,
-                    blob,
-                    &self.experts,
-                    &self.layout.expert_specs[l],
-                    &x,
-                    pos0,
-                    state.routes.as_mut(),
-                    next.as_ref(),
-                )?,
+                moe_spec @ FfnSpec::Moe { .. } => {
+                    // Routes come back with their row index as position.
+                    let mut routes = recording_routes.then(Vec::new);
+                    let y = moe(
+                        &self.exec,
+                        cfg,
+                        l,
+                        moe_spec,
+                        blob,
+                        &self.experts,
+                        &self.layout.expert_specs[l],
+                        &x,
+                        0,
+                        routes.as_mut(),
+                        next.as_ref(),
+                    )?;
+                    for mut r in routes.into_iter().flatten() {
+                        let si = starts.partition_point(|&s| s <= r.pos) - 1;
+                        r.pos = pos0s[si] + (r.pos - starts[si]);
+                        if let Some(v) = segs[si].0.routes.as_mut() {
+                            v.push(r);
+                        }
+                    }
+                    y
+                }
             };
             let (out, blocks) = match &mut stream {
                 Stream::Add(hs) => (hs, None),
@@ -611,7 +702,7 @@ impl Model {
             if out.iter().any(|v| !v.is_finite()) {
                 return Err(ModelError::NonFinite { layer: l });
             }
-            if let Some(d) = state.debug.as_mut() {
+            if single && let Some(d) = segs[0].0.debug.as_mut() {
                 d.push((format!("layer{l}.output"), out.clone()));
                 if let Some(b) = blocks {
                     let mut br = Vec::with_capacity(t * b.len() * h);
@@ -624,30 +715,43 @@ impl Model {
                 }
             }
         }
-        state.pos += t;
+        for (state, toks) in segs.iter_mut() {
+            state.pos += toks.len();
+        }
 
-        let rows = match want {
-            Logits::All => 0..t,
-            Logits::Last => t - 1..t,
+        // The rows whose logits are wanted, as runs of consecutive rows.
+        let runs: Vec<std::ops::Range<usize>> = match want {
+            Logits::All => std::iter::once(0..t).collect(),
+            Logits::Last => starts
+                .windows(2)
+                .filter(|w| w[1] > w[0])
+                .map(|w| w[1] - 1..w[1])
+                .collect(),
             Logits::None => return Ok(Vec::new()),
         };
+        let n_rows: usize = runs.iter().map(|r| r.len()).sum();
         let head = &self.layout.head_spec;
         let head_blob = self.trunk.part(cfg.layers)?;
-        let final_in: Vec<f32> = match &stream {
-            Stream::Add(hs) => hs[rows.start * h..rows.end * h].to_vec(),
-            Stream::AttnRes { blocks, prefix, .. } => {
-                let w = head.attn_res.as_ref().ok_or_else(|| {
-                    ModelError::Internal("attention residuals without their weights".into())
-                })?;
-                attn_res_mix(k, blocks, prefix, w, &head_blob, cfg.eps, h, rows.clone())
+        let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * h);
+        for rows in runs {
+            match &stream {
+                Stream::Add(hs) => final_in.extend_from_slice(&hs[rows.start * h..rows.end * h]),
+                Stream::AttnRes { blocks, prefix, .. } => {
+                    let w = head.attn_res.as_ref().ok_or_else(|| {
+                        ModelError::Internal("attention residuals without their weights".into())
+                    })?;
+                    final_in.extend(attn_res_mix(
+                        k, blocks, prefix, w, &head_blob, cfg.eps, h, rows,
+                    ));
+                }
             }
-        };
+        }
         let xn = norm_rows(&final_in, &head.norm.to_f32(&head_blob));
-        if let Some(d) = state.debug.as_mut() {
+        if single && let Some(d) = segs[0].0.debug.as_mut() {
             d.push(("final_norm_input".into(), final_in));
             d.push(("final_hidden".into(), xn.clone()));
         }
-        let mut logits = vec![0f32; rows.len() * cfg.vocab];
+        let mut logits = vec![0f32; n_rows * cfg.vocab];
         self.exec
             .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
         Ok(logits)

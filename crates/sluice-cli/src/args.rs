@@ -21,6 +21,10 @@ pub enum Command {
     Run(RunArgs),
     /// Chat interactively; the conversation and its KV cache carry over between turns.
     Chat(ChatArgs),
+    /// Run a JSONL file of prompts with batched decoding; resumable.
+    Batch(BatchArgs),
+    /// Serve an OpenAI-compatible HTTP API.
+    Serve(ServeArgs),
     /// Write a synthetic DeepSeek-V3-shaped checkpoint (for tests and benchmarks).
     Synth(SynthArgs),
     /// Show a model's sizes and how a memory budget would be spent on it.
@@ -189,6 +193,51 @@ pub struct RunArgs {
     /// Write every expert request (step layer expert) to this file.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+}
+
+/// `sluice batch`.
+#[derive(Args, Debug)]
+pub struct BatchArgs {
+    #[command(flatten)]
+    /// Engine options.
+    pub engine: EngineOpts,
+    /// Input: one JSON object per line with `id`, `prompt` (or `messages`), and optionally
+    /// `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `seed`,
+    /// `stop`.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output: one JSON object per line, in input order; existing finished ids are skipped.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// Default most tokens per sequence.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+}
+
+/// `sluice serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    /// Engine options.
+    pub engine: EngineOpts,
+    /// Port (0 picks a free one).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Requests decoded together.
+    #[arg(long, default_value_t = 8)]
+    pub batch_size: usize,
+    /// The largest `max_tokens` a request may ask for.
+    #[arg(long, default_value_t = 4096)]
+    pub max_tokens_limit: usize,
+    /// The largest request body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub max_body: usize,
 }
 
 /// `sluice chat`.

@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 mod args;
+mod batchcmd;
 mod live;
 mod npy;
 
@@ -60,6 +61,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
+        Command::Batch(a) => engine(&a.engine, false).and_then(|e| batchcmd::run(a, e)),
+        Command::Serve(a) => serve(a),
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),
         Command::Pack(a) => pack(a),
@@ -444,6 +447,28 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+fn serve(a: args::ServeArgs) -> Result<(), Failure> {
+    let engine = engine(&a.engine, false)?;
+    let ip: std::net::IpAddr = a
+        .host
+        .parse()
+        .map_err(|_| usage(format!("--host `{}`: not an IP address", a.host)))?;
+    let name = engine
+        .dir()
+        .file_name()
+        .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
+    let max_tokens_limit = a.max_tokens_limit.min(engine.plan().context);
+    let opts = sluice::server::ServerOptions {
+        addr: std::net::SocketAddr::new(ip, a.port),
+        batch_size: a.batch_size.max(1),
+        max_tokens_limit,
+        default_max_tokens: 256.min(max_tokens_limit),
+        max_body_bytes: a.max_body,
+        model_name: name,
+    };
+    Ok(sluice::server::serve(engine, opts)?)
 }
 
 fn chat(a: args::ChatArgs) -> Result<(), Failure> {

@@ -7,12 +7,13 @@ use std::time::Instant;
 use serde::Serialize;
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, MemoryPlan, Model, ModelOptions, PolicyChoice, State};
-use sluice_sampler::{Sampler, SamplingOptions};
+use sluice_sampler::SamplingOptions;
 use sluice_store::{ExpertStats, TraceEvent};
 
 use crate::Error;
 use crate::chat::{ChatTemplate, Message};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::decoding::Decoding;
+use crate::tokenizer::Tokenizer;
 
 /// How much memory sluice may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -617,7 +618,7 @@ impl Session {
         if ids.is_empty() && self.history.is_empty() {
             return Err(Error::Usage("empty prompt".into()));
         }
-        let sampler = Sampler::new(opts.sampling.clone())?;
+        opts.sampling.validate()?;
         if opts.prefill_chunk == 0 {
             return Err(Error::Usage("prefill_chunk must be at least 1".into()));
         }
@@ -676,17 +677,11 @@ impl Session {
         };
         Ok(Generation {
             session: self,
-            opts: opts.clone(),
-            sampler,
+            d: Decoding::new(opts)?,
             next_logits: Some(last),
             prompt_ids: ids,
             prompt_logits,
             step_logits: Vec::new(),
-            ids: Vec::new(),
-            decoder: StreamDecoder::new(),
-            pending: String::new(),
-            text: String::new(),
-            finish: None,
             stats,
             expert0,
             trunk0,
@@ -697,17 +692,11 @@ impl Session {
 /// A running generation: an iterator of tokens.
 pub struct Generation<'s> {
     session: &'s mut Session,
-    opts: GenerateOptions,
-    sampler: Sampler,
+    d: Decoding,
     next_logits: Option<Vec<f32>>,
     prompt_ids: Vec<u32>,
     prompt_logits: Vec<f32>,
     step_logits: Vec<f32>,
-    ids: Vec<u32>,
-    decoder: StreamDecoder,
-    pending: String,
-    text: String,
-    finish: Option<FinishReason>,
     stats: GenerationStats,
     expert0: ExpertStats,
     trunk0: u64,
@@ -715,8 +704,33 @@ pub struct Generation<'s> {
 
 impl std::fmt::Debug for Generation<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Generation({} tokens)", self.ids.len())
+        write!(f, "Generation({} tokens)", self.d.ids.len())
     }
+}
+
+/// Counters of `now` since `then`, with the engine's figures filled in.
+pub(crate) fn stats_since(
+    engine: &Engine,
+    base: &GenerationStats,
+    expert0: &ExpertStats,
+    trunk0: u64,
+) -> GenerationStats {
+    let mut s = base.clone();
+    let now = engine.expert_stats();
+    s.trunk_bytes_read = engine.inner.model.trunk_bytes_read() - trunk0;
+    s.expert_requests = now.requests - expert0.requests;
+    s.expert_hits = now.hits - expert0.hits;
+    s.expert_resident_hits = now.resident_hits - expert0.resident_hits;
+    s.expert_bytes_read = now.bytes_read - expert0.bytes_read;
+    s.io_seconds = now.wait_seconds - expert0.wait_seconds;
+    let checked = now.prefetch_checked - expert0.prefetch_checked;
+    s.prefetch_recall = if checked == 0 {
+        0.0
+    } else {
+        (now.prefetch_predicted - expert0.prefetch_predicted) as f64 / checked as f64
+    };
+    s.peak_rss_bytes = peak_rss_bytes();
+    s
 }
 
 impl Generation<'_> {
@@ -727,38 +741,27 @@ impl Generation<'_> {
 
     /// Generated ids so far.
     pub fn ids(&self) -> &[u32] {
-        &self.ids
+        &self.d.ids
     }
 
     /// Generated text so far (up to any stop string).
     pub fn text(&self) -> &str {
-        &self.text
+        &self.d.text
     }
 
     /// Why it ended, once it has.
     pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.finish
+        self.d.finish
     }
 
     /// Figures so far.
     pub fn stats(&self) -> GenerationStats {
-        let mut s = self.stats.clone();
-        let now = self.session.engine.expert_stats();
-        let e0 = &self.expert0;
-        s.trunk_bytes_read = self.session.engine.inner.model.trunk_bytes_read() - self.trunk0;
-        s.expert_requests = now.requests - e0.requests;
-        s.expert_hits = now.hits - e0.hits;
-        s.expert_resident_hits = now.resident_hits - e0.resident_hits;
-        s.expert_bytes_read = now.bytes_read - e0.bytes_read;
-        s.io_seconds = now.wait_seconds - e0.wait_seconds;
-        let checked = now.prefetch_checked - e0.prefetch_checked;
-        s.prefetch_recall = if checked == 0 {
-            0.0
-        } else {
-            (now.prefetch_predicted - e0.prefetch_predicted) as f64 / checked as f64
-        };
-        s.peak_rss_bytes = peak_rss_bytes();
-        s
+        stats_since(
+            &self.session.engine,
+            &self.stats,
+            &self.expert0,
+            self.trunk0,
+        )
     }
 
     /// Logits of every prompt position then of every step, `[rows, vocab]` (with
@@ -774,33 +777,37 @@ impl Generation<'_> {
         for t in self.by_ref() {
             t?;
         }
-        Ok(self.text.clone())
+        Ok(self.d.text.clone())
     }
 
     fn step(&mut self) -> Result<Option<Token>, Error> {
-        if self.finish.is_some() {
+        if self.d.finish.is_some() {
             return Ok(None);
         }
-        if self.ids.len() >= self.opts.max_tokens {
+        if self.d.ids.len() >= self.d.opts.max_tokens {
             return Ok(self.finish_with(FinishReason::Length));
         }
         let Some(mut logits) = self.next_logits.take() else {
             return Ok(None);
         };
         let t0 = Instant::now();
-        if self.opts.keep_logits {
+        if self.d.opts.keep_logits {
             self.step_logits.extend_from_slice(&logits);
         }
-        let id = self.sampler.sample(&mut logits, &self.session.history);
         let engine = self.session.engine.clone();
-        if self.opts.stop_at_eos && engine.eos_ids().contains(&id) {
-            self.stats.decode_seconds += t0.elapsed().as_secs_f64();
-            return Ok(self.finish_with(FinishReason::Eos));
-        }
-        self.ids.push(id);
+        let id = match self
+            .d
+            .choose(&mut logits, &self.session.history, engine.eos_ids())
+        {
+            crate::decoding::Choice::Finish(r) => {
+                self.stats.decode_seconds += t0.elapsed().as_secs_f64();
+                return Ok(self.finish_with(r));
+            }
+            crate::decoding::Choice::Token(id) => id,
+        };
         self.stats.decode_tokens += 1;
         // Compute the next position's logits unless this was the last token.
-        if self.ids.len() < self.opts.max_tokens {
+        if self.d.wants_more() {
             let l = engine
                 .inner
                 .model
@@ -808,11 +815,11 @@ impl Generation<'_> {
             self.next_logits = Some(l);
         }
         self.session.history.push(id);
-        let mut delta = match engine.tokenizer() {
-            Some(tok) => self.decoder.push(tok, id)?,
-            None => String::new(),
-        };
-        delta = self.apply_stops(delta);
+        let delta = self.d.emit(engine.tokenizer(), id)?;
+        if self.d.finish.is_some() {
+            self.next_logits = None;
+            self.count_finished();
+        }
         self.stats.decode_seconds += t0.elapsed().as_secs_f64();
         Ok(Some(Token {
             id: Some(id),
@@ -820,62 +827,19 @@ impl Generation<'_> {
         }))
     }
 
-    /// Holds back text that could begin a stop string; ends the generation at one.
-    fn apply_stops(&mut self, delta: String) -> String {
-        if self.opts.stop.is_empty() {
-            self.text.push_str(&delta);
-            return delta;
-        }
-        self.pending.push_str(&delta);
-        if let Some((at, _)) = self
-            .opts
-            .stop
-            .iter()
-            .filter_map(|s| self.pending.find(s.as_str()).map(|i| (i, s)))
-            .min_by_key(|p| p.0)
-        {
-            let out = self.pending[..at].to_owned();
-            self.pending.clear();
-            self.text.push_str(&out);
-            self.finish = Some(FinishReason::Stop);
-            self.next_logits = None;
-            return out;
-        }
-        // Emit everything that cannot be the start of a stop string.
-        let mut keep = 0;
-        for s in &self.opts.stop {
-            for k in (1..s.len().min(self.pending.len() + 1)).rev() {
-                if self.pending.is_char_boundary(self.pending.len() - k)
-                    && s.starts_with(&self.pending[self.pending.len() - k..])
-                {
-                    keep = keep.max(k);
-                    break;
-                }
-            }
-        }
-        let cut = self.pending.len() - keep;
-        let out = self.pending[..cut].to_owned();
-        self.pending.drain(..cut);
-        self.text.push_str(&out);
-        out
-    }
-
-    fn finish_with(&mut self, r: FinishReason) -> Option<Token> {
-        self.finish = Some(r);
-        self.next_logits = None;
-        // Release held-back text (an incomplete character or a partial stop string).
-        let mut tail = String::new();
-        if let Some(tok) = self.session.engine.tokenizer() {
-            tail = self.decoder.flush(tok).unwrap_or_default();
-        }
-        let rest = std::mem::take(&mut self.pending) + &tail;
-        self.text.push_str(&rest);
-        let engine = self.session.engine.clone();
-        if let Ok(mut s) = engine.inner.stats.lock() {
+    fn count_finished(&self) {
+        if let Ok(mut s) = self.session.engine.inner.stats.lock() {
             s.generations += 1;
             s.prefill_tokens += self.stats.prefill_tokens as u64;
             s.decode_tokens += self.stats.decode_tokens as u64;
         }
+    }
+
+    fn finish_with(&mut self, r: FinishReason) -> Option<Token> {
+        self.next_logits = None;
+        let engine = self.session.engine.clone();
+        let rest = self.d.finish(r, engine.tokenizer());
+        self.count_finished();
         if rest.is_empty() {
             None
         } else {
@@ -891,11 +855,15 @@ impl Iterator for Generation<'_> {
     type Item = Result<Token, Error>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if self.d.finish.is_none() && self.next_logits.is_none() && !self.d.wants_more() {
+            // max_tokens reached: the last token needed no further logits.
+            return self.finish_with(FinishReason::Length).map(Ok);
+        }
         match self.step() {
             Ok(Some(t)) => Some(Ok(t)),
             Ok(None) => None,
             Err(e) => {
-                self.finish = Some(FinishReason::Length);
+                self.d.finish = Some(FinishReason::Length);
                 self.next_logits = None;
                 Some(Err(e))
             }

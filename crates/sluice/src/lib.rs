@@ -21,10 +21,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod batch;
 mod chat;
+mod decoding;
 mod engine;
 mod inspect;
 pub mod pack;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod tiktoken;
 mod tokenizer;
 

@@ -1,0 +1,342 @@
+//! `sluice serve` driven by a real HTTP client: non-streaming and streaming completions and chat
+//! completions, malformed requests, a disconnect mid-stream, and concurrent requests that batch
+//! together yet each get exactly what a solo run gives.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{Value, json};
+
+fn demo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
+}
+
+/// The demo model plus a ChatML chat template, so the chat endpoint has something to render.
+fn chat_model() -> tempfile::TempDir {
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(demo()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg = d.path().join("tokenizer_config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["chat_template"] = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}".into();
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    d
+}
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(model: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--port",
+            "0",
+            "--threads",
+            "2",
+        ])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let port = line
+        .split("http://127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = err.read_to_string(&mut rest);
+    });
+    Server { child, port }
+}
+
+fn url(s: &Server, path: &str) -> String {
+    format!("http://127.0.0.1:{}{path}", s.port)
+}
+
+/// POSTs JSON; returns (status, body).
+fn post(s: &Server, path: &str, body: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent
+        .post(&url(s, path))
+        .header("content-type", "application/json")
+        .send(body)
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_to_string().unwrap())
+}
+
+/// The `data:` payloads of a server-sent-event body.
+fn events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What a solo greedy run gives, through the CLI.
+fn solo(model: &Path, prompt: &str, max: usize) -> String {
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            prompt,
+            "--max-tokens",
+            &max.to_string(),
+            "--temperature",
+            "0",
+            "--json",
+            "--raw",
+        ])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["text"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn completions_stream_and_not() {
+    let s = start(&demo(), &[]);
+    let agent = ureq::Agent::new_with_defaults();
+    let h: Value = agent
+        .get(&url(&s, "/health"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(h["status"], "ok");
+    assert_eq!(h["active"], 0);
+    let m: Value = agent
+        .get(&url(&s, "/v1/models"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap();
+    assert_eq!(m["data"][0]["id"], "demo");
+
+    let want = solo(&demo(), "It is a truth universally acknowledged", 16);
+    let (st, body) = post(
+        &s,
+        "/v1/completions",
+        r#"{"model":"demo","prompt":"It is a truth universally acknowledged","max_tokens":16,"temperature":0}"#,
+    );
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 16);
+
+    let (st, body) = post(
+        &s,
+        "/v1/completions",
+        r#"{"prompt":"It is a truth universally acknowledged","max_tokens":16,"temperature":0,"stream":true}"#,
+    );
+    assert_eq!(st, 200);
+    let ev = events(&body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let text: String = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(text, want);
+}
+
+#[test]
+fn chat_completions_with_a_template() {
+    let d = chat_model();
+    let s = start(d.path(), &[]);
+    let req = json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me of Elizabeth."}], "max_tokens": 12, "temperature": 0});
+    let (st, body) = post(&s, "/v1/chat/completions", &req.to_string());
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let full = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(!full.is_empty());
+
+    let mut req = req;
+    req["stream"] = true.into();
+    let (st, body) = post(&s, "/v1/chat/completions", &req.to_string());
+    assert_eq!(st, 200);
+    let ev = events(&body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, full);
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[test]
+fn malformed_requests_get_clear_4xx() {
+    let s = start(&demo(), &["--max-tokens-limit", "64", "--max-body", "2000"]);
+    for (body, path, want) in [
+        ("{not json", "/v1/completions", 400),
+        (r#"{"prompt":"x","frobnicate":1}"#, "/v1/completions", 400),
+        (
+            r#"{"prompt":"x","max_tokens":100000}"#,
+            "/v1/completions",
+            400,
+        ),
+        (r#"{"prompt":"x","top_p":7}"#, "/v1/completions", 400),
+        (r#"{"prompt":"x","n":3}"#, "/v1/completions", 400),
+        (r#"{"prompt":"x","model":"gpt-9"}"#, "/v1/completions", 404),
+        (r#"{"prompt":["a","b"]}"#, "/v1/completions", 400),
+        (r#"{"messages":[]}"#, "/v1/chat/completions", 400),
+        (
+            r#"{"messages":[{"role":"user","content":"hi"}]}"#,
+            "/v1/chat/completions",
+            400,
+        ),
+    ] {
+        let (st, b) = post(&s, path, body);
+        assert_eq!(st, want, "{body}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("{body}: not JSON: {b}"));
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{b}"
+        );
+    }
+    let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(5000));
+    assert_eq!(post(&s, "/v1/completions", &big).0, 413);
+    // The server is fine afterwards.
+    assert_eq!(
+        post(
+            &s,
+            "/v1/completions",
+            r#"{"prompt":"The weather","max_tokens":3}"#
+        )
+        .0,
+        200
+    );
+}
+
+#[test]
+fn a_disconnect_mid_stream_frees_the_slot() {
+    // One slot: the next request can only run once the abandoned one has left.
+    let s = start(&demo(), &["--batch-size", "1"]);
+    let body = r#"{"prompt":"It is a truth universally acknowledged","max_tokens":480,"stream":true,"temperature":0.8}"#;
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut buf = [0u8; 2048];
+    let mut got = Vec::new();
+    // The headers and a few events.
+    while got.len() < 600 {
+        let n = c.read(&mut buf).unwrap();
+        assert!(
+            n > 0,
+            "the stream ended early: {}",
+            String::from_utf8_lossy(&got)
+        );
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    drop(c);
+    // The server notices at its next write and drops the sequence: it is counted as
+    // cancelled, not finished.
+    let agent = ureq::Agent::new_with_defaults();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let h = loop {
+        let h: Value = agent
+            .get(&url(&s, "/health"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_json()
+            .unwrap();
+        if (h["cancelled"] == 1 && h["active"] == 0) || h["finished"] != 0 {
+            break h;
+        }
+        assert!(std::time::Instant::now() < deadline, "no cancellation: {h}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(h["cancelled"], 1, "{h}");
+    assert_eq!(h["finished"], 0, "{h}");
+    assert_eq!(h["active"], 0, "{h}");
+    // The slot is free for the next request.
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        r#"{"prompt":"The weather","max_tokens":5,"temperature":0}"#,
+    );
+    assert_eq!(st, 200, "{b}");
+}
+
+#[test]
+fn concurrent_requests_each_get_their_solo_output() {
+    let s = start(&demo(), &["--batch-size", "4"]);
+    let prompts = [
+        "The weather",
+        "Mr. Darcy said",
+        "In the morning",
+        "It is a truth",
+    ];
+    let want: Vec<String> = prompts.iter().map(|p| solo(&demo(), p, 20)).collect();
+    let got: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    let (st, b) = post(
+                        s,
+                        "/v1/completions",
+                        &json!({"prompt": p, "max_tokens": 20, "temperature": 0}).to_string(),
+                    );
+                    assert_eq!(st, 200, "{b}");
+                    serde_json::from_str::<Value>(&b).unwrap()["choices"][0]["text"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+}

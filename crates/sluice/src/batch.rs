@@ -1,0 +1,500 @@
+//! Batched decoding: several sequences step together, so each expert read from disk serves every
+//! sequence that routed to it. Sequences join and leave the batch as they start and finish
+//! (continuous batching). Each sequence's output is bit-identical to running it alone: the
+//! kernels compute a row the same way however many rows share a call.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use serde::Deserialize;
+use sluice_model::{Logits, State};
+
+use crate::Error;
+use crate::chat::Message;
+use crate::decoding::{Choice, Decoding};
+use crate::engine::{
+    Engine, FinishReason, GenerateOptions, GenerationStats, Prompt, Token, stats_since,
+};
+
+/// A prompt owned by a job.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+pub enum OwnedPrompt {
+    /// Raw text.
+    Text(String),
+    /// Token ids.
+    Ids(Vec<u32>),
+    /// Chat messages, rendered with the model's chat template.
+    Chat(Vec<Message>),
+}
+
+impl OwnedPrompt {
+    fn as_prompt(&self) -> Prompt<'_> {
+        match self {
+            OwnedPrompt::Text(t) => Prompt::Text(t),
+            OwnedPrompt::Ids(i) => Prompt::Ids(i),
+            OwnedPrompt::Chat(m) => Prompt::Chat(m),
+        }
+    }
+}
+
+/// A finished sequence.
+#[derive(Clone, Debug)]
+pub struct Finished {
+    /// The prompt's ids.
+    pub prompt_ids: Vec<u32>,
+    /// Generated ids.
+    pub ids: Vec<u32>,
+    /// Generated text.
+    pub text: String,
+    /// Why it ended.
+    pub finish: FinishReason,
+    /// Figures (expert counters are the engine's over the sequence's span, shared with the
+    /// sequences decoding beside it).
+    pub stats: GenerationStats,
+}
+
+/// What a job reports, in order: tokens, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    /// A generated token and the text it completes.
+    Token(Token),
+    /// The sequence finished.
+    Done(Finished),
+    /// The sequence failed; nothing follows.
+    Failed(Error),
+}
+
+/// Receives a job's events; returning `false` cancels the job (the client went away).
+pub type Sink = Box<dyn FnMut(Event) -> bool + Send>;
+
+struct Job {
+    ids: Vec<u32>,
+    opts: GenerateOptions,
+    sink: Sink,
+}
+
+struct Seq {
+    job: Job,
+    state: State,
+    history: Vec<u32>,
+    d: Decoding,
+    logits: Vec<f32>,
+    stats: GenerationStats,
+    expert0: sluice_store::ExpertStats,
+    trunk0: u64,
+    /// A failure was reported or the client left: no `Done` follows.
+    ended: bool,
+}
+
+/// Counters shared between a batcher and its worker.
+#[derive(Default)]
+struct Counters {
+    /// Sequences being decoded now.
+    active: AtomicUsize,
+    /// Jobs queued and not yet started.
+    queued: AtomicUsize,
+    /// Sequences that finished normally.
+    finished: AtomicU64,
+    /// Sequences whose sink gave up (the client went away).
+    cancelled: AtomicU64,
+    /// Sequences that failed.
+    failed: AtomicU64,
+}
+
+/// A batcher's counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BatcherStats {
+    /// Sequences being decoded now.
+    pub active: usize,
+    /// Jobs waiting for a slot.
+    pub queued: usize,
+    /// Sequences that finished normally.
+    pub finished: u64,
+    /// Sequences dropped because their receiver went away.
+    pub cancelled: u64,
+    /// Sequences that ended with an error.
+    pub failed: u64,
+}
+
+/// Runs jobs on an engine in batches of up to `max_batch` sequences, on a thread of its own.
+pub struct Batcher {
+    engine: Engine,
+    tx: Mutex<Option<Sender<Job>>>,
+    worker: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+    max_batch: usize,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Batcher(max {}, {} active)",
+            self.max_batch,
+            self.active()
+        )
+    }
+}
+
+impl Batcher {
+    /// A batcher over `engine` stepping at most `max_batch` sequences together.
+    pub fn new(engine: Engine, max_batch: usize) -> Batcher {
+        let (tx, rx) = mpsc::channel();
+        let counters = Arc::new(Counters::default());
+        let e = engine.clone();
+        let c = Arc::clone(&counters);
+        let max = max_batch.max(1);
+        let worker = std::thread::Builder::new()
+            .name("sluice-batcher".into())
+            .spawn(move || run(&e, &rx, max, &c))
+            .ok();
+        Batcher {
+            engine,
+            tx: Mutex::new(Some(tx)),
+            worker,
+            counters,
+            max_batch: max,
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Sequences being decoded now.
+    pub fn active(&self) -> usize {
+        self.counters.active.load(Ordering::Relaxed)
+    }
+
+    /// The counters: sequences active, queued, finished, cancelled and failed.
+    pub fn stats(&self) -> BatcherStats {
+        let c = &self.counters;
+        BatcherStats {
+            active: c.active.load(Ordering::Relaxed),
+            queued: c.queued.load(Ordering::Relaxed),
+            finished: c.finished.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The largest batch.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// Queues a job. The prompt is encoded and the options checked here, so mistakes come back
+    /// at once; everything after arrives through `sink`.
+    pub fn submit(
+        &self,
+        prompt: &OwnedPrompt,
+        opts: GenerateOptions,
+        sink: Sink,
+    ) -> Result<(), Error> {
+        opts.sampling.validate()?;
+        if opts.prefill_chunk == 0 {
+            return Err(Error::Usage("prefill_chunk must be at least 1".into()));
+        }
+        let ids = self.engine.encode(&prompt.as_prompt())?;
+        if ids.is_empty() {
+            return Err(Error::Usage("empty prompt".into()));
+        }
+        let context = self.engine.plan().context;
+        if ids.len() + opts.max_tokens > context {
+            return Err(Error::Usage(format!(
+                "prompt of {} tokens plus max_tokens {} exceeds the context of {context}",
+                ids.len(),
+                opts.max_tokens
+            )));
+        }
+        let tx = self
+            .tx
+            .lock()
+            .map_err(|_| Error::Usage("batcher stopped".into()))?;
+        let tx = tx
+            .as_ref()
+            .ok_or_else(|| Error::Usage("batcher stopped".into()))?;
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        tx.send(Job { ids, opts, sink }).map_err(|_| {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            Error::Usage("batcher stopped".into())
+        })
+    }
+
+    /// Runs a job to the end on the calling thread's behalf, collecting its result.
+    pub fn generate(&self, prompt: &OwnedPrompt, opts: GenerateOptions) -> Result<Finished, Error> {
+        let (tx, rx) = mpsc::channel();
+        self.submit(
+            prompt,
+            opts,
+            Box::new(move |e| {
+                let _ = tx.send(e);
+                true
+            }),
+        )?;
+        for e in rx {
+            match e {
+                Event::Token(_) => {}
+                Event::Done(f) => return Ok(f),
+                Event::Failed(e) => return Err(e),
+            }
+        }
+        Err(Error::Usage("batcher stopped".into()))
+    }
+}
+
+impl Drop for Batcher {
+    fn drop(&mut self) {
+        if let Ok(mut tx) = self.tx.lock() {
+            tx.take();
+        }
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
+    let model = engine.model();
+    let mut active: Vec<Seq> = Vec::new();
+    let mut closed = false;
+    loop {
+        // Admit new sequences while there is room; block only when idle.
+        while active.len() < max && !closed {
+            let job = if active.is_empty() {
+                match rx.recv() {
+                    Ok(j) => j,
+                    Err(_) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            };
+            c.queued.fetch_sub(1, Ordering::Relaxed);
+            match start(engine, job) {
+                Some(s) => active.push(s),
+                None => {
+                    c.failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if active.is_empty() {
+            if closed {
+                return;
+            }
+            continue;
+        }
+        c.active.store(active.len(), Ordering::Relaxed);
+
+        // One step: every sequence picks its token; the ones that go on are fed together.
+        let mut feed: Vec<usize> = Vec::new();
+        let mut done: Vec<usize> = Vec::new();
+        for (i, s) in active.iter_mut().enumerate() {
+            let t0 = Instant::now();
+            match s.d.choose(&mut s.logits, &s.history, engine.eos_ids()) {
+                Choice::Finish(r) => {
+                    let tail = s.d.finish(r, engine.tokenizer());
+                    if !tail.is_empty()
+                        && !(s.job.sink)(Event::Token(Token {
+                            id: None,
+                            text: tail,
+                        }))
+                    {
+                        s.ended = true;
+                        c.cancelled.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done.push(i);
+                }
+                Choice::Token(id) => {
+                    s.stats.decode_tokens += 1;
+                    s.history.push(id);
+                    let text = match s.d.emit(engine.tokenizer(), id) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            (s.job.sink)(Event::Failed(e));
+                            s.ended = true;
+                            c.failed.fetch_add(1, Ordering::Relaxed);
+                            done.push(i);
+                            continue;
+                        }
+                    };
+                    if !(s.job.sink)(Event::Token(Token { id: Some(id), text })) {
+                        // The client went away: drop the sequence, free its slot.
+                        s.ended = true;
+                        c.cancelled.fetch_add(1, Ordering::Relaxed);
+                        done.push(i);
+                        continue;
+                    }
+                    if s.d.wants_more() {
+                        feed.push(i);
+                    } else {
+                        let r = s.d.finish.unwrap_or(FinishReason::Length);
+                        let tail = s.d.finish(r, engine.tokenizer());
+                        if !tail.is_empty() {
+                            (s.job.sink)(Event::Token(Token {
+                                id: None,
+                                text: tail,
+                            }));
+                        }
+                        done.push(i);
+                    }
+                }
+            }
+            s.stats.decode_seconds += t0.elapsed().as_secs_f64();
+        }
+        // Feed the chosen tokens together: one pass, each layer's experts fetched once for the
+        // union of the rows' choices.
+        let t0 = Instant::now();
+        let results = feed_step(model, &mut active, &feed);
+        let per = t0.elapsed().as_secs_f64() / feed.len().max(1) as f64;
+        for (i, r) in results {
+            let s = &mut active[i];
+            s.stats.decode_seconds += per;
+            match r {
+                Ok(l) => s.logits = l,
+                Err(e) => {
+                    (s.job.sink)(Event::Failed(e));
+                    s.ended = true;
+                    c.failed.fetch_add(1, Ordering::Relaxed);
+                    done.push(i);
+                }
+            }
+        }
+        // Retire finished sequences (report those that ended normally).
+        done.sort_unstable();
+        done.dedup();
+        for &i in done.iter().rev() {
+            let mut s = active.swap_remove(i);
+            if s.ended {
+                continue;
+            }
+            c.finished.fetch_add(1, Ordering::Relaxed);
+            let stats = stats_since(engine, &s.stats, &s.expert0, s.trunk0);
+            let f = Finished {
+                prompt_ids: s.job.ids.clone(),
+                ids: std::mem::take(&mut s.d.ids),
+                text: std::mem::take(&mut s.d.text),
+                finish: s.d.finish.unwrap_or(FinishReason::Length),
+                stats,
+            };
+            (s.job.sink)(Event::Done(f));
+        }
+        c.active.store(active.len(), Ordering::Relaxed);
+    }
+}
+
+/// Feeds each sequence in `feed` (ascending indices into `active`) its latest token in one
+/// batched pass. If the pass fails (every state is then as it was), each sequence runs alone so
+/// a fault ends only the sequences it touches.
+fn feed_step(
+    model: &sluice_model::Model,
+    active: &mut [Seq],
+    feed: &[usize],
+) -> Vec<(usize, Result<Vec<f32>, Error>)> {
+    if feed.is_empty() {
+        return Vec::new();
+    }
+    let ids: Vec<u32> = feed
+        .iter()
+        .map(|&i| *active[i].history.last().unwrap_or(&0))
+        .collect();
+    let mut fed = vec![false; active.len()];
+    for &i in feed {
+        fed[i] = true;
+    }
+    let batched = {
+        let mut states: Vec<&mut State> = active
+            .iter_mut()
+            .zip(&fed)
+            .filter(|(_, f)| **f)
+            .map(|(s, _)| &mut s.state)
+            .collect();
+        model.forward_batch(&mut states, &ids)
+    };
+    match batched {
+        Ok(l) => {
+            let v = l.len() / feed.len();
+            feed.iter()
+                .zip(l.chunks_exact(v.max(1)))
+                .map(|(&i, row)| (i, Ok(row.to_vec())))
+                .collect()
+        }
+        Err(_) => feed
+            .iter()
+            .zip(&ids)
+            .map(|(&i, &id)| {
+                let r = model
+                    .forward(&mut active[i].state, &[id], Logits::Last)
+                    .map_err(Error::from);
+                (i, r)
+            })
+            .collect(),
+    }
+}
+
+/// Prefills a new sequence; reports a failure through its sink.
+fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
+    let model = engine.model();
+    let t0 = Instant::now();
+    let expert0 = engine.expert_stats();
+    let trunk0 = model.trunk_bytes_read();
+    let mut state = model.new_state();
+    let d = match Decoding::new(&job.opts) {
+        Ok(d) => d,
+        Err(e) => {
+            (job.sink)(Event::Failed(e));
+            return None;
+        }
+    };
+    let mut logits = Vec::new();
+    let n = job.ids.len().div_ceil(job.opts.prefill_chunk);
+    for (ci, chunk) in job.ids.chunks(job.opts.prefill_chunk).enumerate() {
+        let want = if ci + 1 == n {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        match model.forward(&mut state, chunk, want) {
+            Ok(l) => logits = l,
+            Err(e) => {
+                (job.sink)(Event::Failed(e.into()));
+                return None;
+            }
+        }
+    }
+    let stats = GenerationStats {
+        prefill_tokens: job.ids.len(),
+        prefill_seconds: t0.elapsed().as_secs_f64(),
+        io_mode: model.io_mode().name().to_owned(),
+        memory_budget_bytes: engine.budget().unwrap_or(0),
+        policy: model.experts().policy_name(),
+        threads: model.threads(),
+        isa: model.isa().name().to_owned(),
+        ..Default::default()
+    };
+    let history = job.ids.clone();
+    Some(Seq {
+        job,
+        state,
+        history,
+        d,
+        logits,
+        stats,
+        expert0,
+        trunk0,
+        ended: false,
+    })
+}

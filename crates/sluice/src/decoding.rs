@@ -1,0 +1,121 @@
+//! One sequence's decoding loop, shared by sessions and the batcher: sampling, end-of-sequence,
+//! streaming decode to whole characters, stop strings.
+
+use sluice_sampler::Sampler;
+
+use crate::Error;
+use crate::engine::{FinishReason, GenerateOptions};
+use crate::tokenizer::{StreamDecoder, Tokenizer};
+
+/// What the sampler decided.
+pub(crate) enum Choice {
+    /// A token to emit (and feed, unless the generation is then finished).
+    Token(u32),
+    /// The generation ends (length, or an end-of-sequence token that is not emitted).
+    Finish(FinishReason),
+}
+
+/// The decoding state of one sequence.
+pub(crate) struct Decoding {
+    pub(crate) opts: GenerateOptions,
+    sampler: Sampler,
+    pub(crate) ids: Vec<u32>,
+    decoder: StreamDecoder,
+    pending: String,
+    pub(crate) text: String,
+    pub(crate) finish: Option<FinishReason>,
+}
+
+impl Decoding {
+    pub(crate) fn new(opts: &GenerateOptions) -> Result<Decoding, Error> {
+        Ok(Decoding {
+            opts: opts.clone(),
+            sampler: Sampler::new(opts.sampling.clone())?,
+            ids: Vec::new(),
+            decoder: StreamDecoder::new(),
+            pending: String::new(),
+            text: String::new(),
+            finish: None,
+        })
+    }
+
+    /// Picks the next token from `logits` given the tokens the sequence holds.
+    pub(crate) fn choose(&mut self, logits: &mut [f32], history: &[u32], eos: &[u32]) -> Choice {
+        if self.ids.len() >= self.opts.max_tokens {
+            return Choice::Finish(FinishReason::Length);
+        }
+        let id = self.sampler.sample(logits, history);
+        if self.opts.stop_at_eos && eos.contains(&id) {
+            return Choice::Finish(FinishReason::Eos);
+        }
+        self.ids.push(id);
+        Choice::Token(id)
+    }
+
+    /// Whether the token just chosen needs the next position's logits.
+    pub(crate) fn wants_more(&self) -> bool {
+        self.finish.is_none() && self.ids.len() < self.opts.max_tokens
+    }
+
+    /// The text a chosen token completes, after stop strings (which may finish the generation).
+    pub(crate) fn emit(&mut self, tok: Option<&Tokenizer>, id: u32) -> Result<String, Error> {
+        let delta = match tok {
+            Some(t) => self.decoder.push(t, id)?,
+            None => String::new(),
+        };
+        Ok(self.apply_stops(delta))
+    }
+
+    /// Ends the generation; returns text held back (a partial stop string, an unfinished
+    /// character).
+    pub(crate) fn finish(&mut self, r: FinishReason, tok: Option<&Tokenizer>) -> String {
+        if self.finish.is_none() {
+            self.finish = Some(r);
+        }
+        let tail = tok
+            .and_then(|t| self.decoder.flush(t).ok())
+            .unwrap_or_default();
+        let rest = std::mem::take(&mut self.pending) + &tail;
+        self.text.push_str(&rest);
+        rest
+    }
+
+    /// Holds back text that could begin a stop string; ends the generation at one.
+    fn apply_stops(&mut self, delta: String) -> String {
+        if self.opts.stop.is_empty() {
+            self.text.push_str(&delta);
+            return delta;
+        }
+        self.pending.push_str(&delta);
+        if let Some(at) = self
+            .opts
+            .stop
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min()
+        {
+            let out = self.pending[..at].to_owned();
+            self.pending.clear();
+            self.text.push_str(&out);
+            self.finish = Some(FinishReason::Stop);
+            return out;
+        }
+        // Emit everything that cannot be the start of a stop string.
+        let mut keep = 0;
+        for s in &self.opts.stop {
+            for k in (1..s.len().min(self.pending.len() + 1)).rev() {
+                if self.pending.is_char_boundary(self.pending.len() - k)
+                    && s.starts_with(&self.pending[self.pending.len() - k..])
+                {
+                    keep = keep.max(k);
+                    break;
+                }
+            }
+        }
+        let cut = self.pending.len() - keep;
+        let out = self.pending[..cut].to_owned();
+        self.pending.drain(..cut);
+        self.text.push_str(&out);
+        out
+    }
+}

@@ -1,0 +1,516 @@
+//! An OpenAI-compatible HTTP server: `/v1/completions`, `/v1/chat/completions` (with
+//! `stream: true` server-sent events), `/v1/models`, `/health`. Requests are decoded together by
+//! a [`Batcher`]; a client that disconnects frees its slot.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::batch::{Batcher, Event, Finished, OwnedPrompt};
+use crate::chat::Message;
+use crate::engine::{FinishReason, GenerateOptions};
+use crate::{Engine, Error};
+
+/// Server settings.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// Address to bind (127.0.0.1 unless told otherwise).
+    pub addr: SocketAddr,
+    /// Sequences decoded together.
+    pub batch_size: usize,
+    /// The largest `max_tokens` a request may ask for.
+    pub max_tokens_limit: usize,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: usize,
+    /// The largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// The model name reported by `/v1/models` and in responses.
+    pub model_name: String,
+}
+
+struct App {
+    batcher: Batcher,
+    opts: ServerOptions,
+    next_id: AtomicU64,
+}
+
+/// A request error: HTTP status and message, returned as OpenAI's error object.
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {"message": self.1, "type": "invalid_request_error", "param": null, "code": null}});
+        (self.0, axum::Json(body)).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        let status = if e.is_input_error() {
+            StatusCode::BAD_REQUEST
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+/// A string or a list of strings (`stop`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Strings {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A completion prompt: text, one-element list of text, or token ids.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PromptField {
+    Text(String),
+    Texts(Vec<String>),
+    Ids(Vec<u32>),
+}
+
+/// Sampling and length fields shared by both endpoints. Fields OpenAI clients send that sluice
+/// does not use are accepted only with their neutral values.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct Common {
+    model: Option<String>,
+    max_tokens: Option<usize>,
+    max_completion_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<Strings>,
+    stream: Option<bool>,
+    stream_options: Option<Value>,
+    n: Option<u32>,
+    user: Option<String>,
+    logprobs: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompletionRequest {
+    prompt: PromptField,
+    echo: Option<bool>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+/// A chat message: content as a string or as a list of text parts.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatMessage {
+    role: String,
+    content: Content,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Content {
+    Text(String),
+    Parts(Vec<Part>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Part {
+    #[serde(rename = "type")]
+    kind: String,
+    text: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChatRequest {
+    messages: Vec<ChatMessage>,
+    #[serde(flatten)]
+    common: Common,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn finish_str(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Eos | FinishReason::Stop => "stop",
+    }
+}
+
+fn usage(f: &Finished) -> Value {
+    json!({"prompt_tokens": f.prompt_ids.len(), "completion_tokens": f.ids.len(), "total_tokens": f.prompt_ids.len() + f.ids.len()})
+}
+
+impl App {
+    /// Checks the shared fields and builds generation options.
+    fn options(&self, c: &Common) -> Result<(GenerateOptions, bool, bool), ApiError> {
+        if let Some(m) = &c.model
+            && m != &self.opts.model_name
+        {
+            return Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "model `{m}` does not exist; this server runs `{}`",
+                    self.opts.model_name
+                ),
+            ));
+        }
+        if c.n.is_some_and(|n| n != 1) {
+            return Err(bad("`n` must be 1"));
+        }
+        if c.logprobs
+            .as_ref()
+            .is_some_and(|l| !(l.is_null() || l == &Value::Bool(false)))
+        {
+            return Err(bad("`logprobs` is not supported"));
+        }
+        let _ = &c.user;
+        let max = c
+            .max_completion_tokens
+            .or(c.max_tokens)
+            .unwrap_or(self.opts.default_max_tokens);
+        if max > self.opts.max_tokens_limit {
+            return Err(bad(format!(
+                "`max_tokens` {max} is over this server's limit of {}",
+                self.opts.max_tokens_limit
+            )));
+        }
+        let mut s = self.batcher.engine().default_sampling().clone();
+        if let Some(t) = c.temperature {
+            s.temperature = t;
+        }
+        if let Some(p) = c.top_p {
+            s.top_p = p;
+        }
+        if let Some(k) = c.top_k {
+            s.top_k = k;
+        }
+        if let Some(m) = c.min_p {
+            s.min_p = m;
+        }
+        if let Some(r) = c.repetition_penalty {
+            s.repetition_penalty = r;
+        }
+        if let Some(p) = c.presence_penalty {
+            s.presence_penalty = p;
+        }
+        if let Some(f) = c.frequency_penalty {
+            s.frequency_penalty = f;
+        }
+        s.seed = c.seed.unwrap_or(0);
+        s.validate().map_err(|e| bad(e.to_string()))?;
+        let stop = match &c.stop {
+            None => Vec::new(),
+            Some(Strings::One(s)) => vec![s.clone()],
+            Some(Strings::Many(v)) => v.clone(),
+        };
+        if stop.len() > 4 || stop.iter().any(String::is_empty) {
+            return Err(bad("`stop`: at most 4 non-empty strings"));
+        }
+        let include_usage = c
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        Ok((
+            GenerateOptions {
+                max_tokens: max,
+                sampling: s,
+                stop,
+                ..Default::default()
+            },
+            c.stream.unwrap_or(false),
+            include_usage,
+        ))
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        format!("{prefix}-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| bad(format!("bad request body: {e}")))
+}
+
+/// Submits a job whose events flow into a channel; the job is cancelled when the receiver goes.
+fn submit(
+    app: &App,
+    prompt: &OwnedPrompt,
+    opts: GenerateOptions,
+) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    app.batcher
+        .submit(prompt, opts, Box::new(move |e| tx.send(e).is_ok()))?;
+    Ok(rx)
+}
+
+/// Liveness plus the batcher's counters (sequences active, queued, finished, cancelled,
+/// failed).
+async fn health(State(app): State<Arc<App>>) -> impl IntoResponse {
+    let s = app.batcher.stats();
+    axum::Json(json!({
+        "status": "ok",
+        "active": s.active,
+        "queued": s.queued,
+        "finished": s.finished,
+        "cancelled": s.cancelled,
+        "failed": s.failed,
+        "max_batch": app.batcher.max_batch(),
+    }))
+}
+
+async fn models(State(app): State<Arc<App>>) -> impl IntoResponse {
+    axum::Json(
+        json!({"object": "list", "data": [{"id": app.opts.model_name, "object": "model", "created": 0, "owned_by": "sluice"}]}),
+    )
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: CompletionRequest = parse(&body)?;
+    if req.echo == Some(true) {
+        return Err(bad("`echo` is not supported"));
+    }
+    let prompt = match req.prompt {
+        PromptField::Text(t) => OwnedPrompt::Text(t),
+        PromptField::Ids(ids) => OwnedPrompt::Ids(ids),
+        PromptField::Texts(mut v) if v.len() == 1 => OwnedPrompt::Text(v.remove(0)),
+        PromptField::Texts(_) => return Err(bad("`prompt`: give one prompt per request")),
+    };
+    let (opts, stream, include_usage) = app.options(&req.common)?;
+    let rx = submit(&app, &prompt, opts)?;
+    let id = app.id("cmpl");
+    let name = app.opts.model_name.clone();
+    let created = now();
+    if stream {
+        let chunk = move |text: &str, finish: Option<&str>| json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": null}]});
+        return Ok(sse(rx, chunk, None, include_usage).into_response());
+    }
+    let f = collect(rx).await?;
+    Ok(axum::Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": name,
+        "choices": [{"index": 0, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": null}],
+        "usage": usage(&f),
+    }))
+    .into_response())
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+    let req: ChatRequest = parse(&body)?;
+    if req.messages.is_empty() {
+        return Err(bad("`messages` is empty"));
+    }
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for m in req.messages {
+        let _ = &m.name;
+        let content = match m.content {
+            Content::Text(t) => t,
+            Content::Parts(parts) => {
+                let mut s = String::new();
+                for p in parts {
+                    if p.kind != "text" {
+                        return Err(bad(format!(
+                            "content part of type `{}` is not supported",
+                            p.kind
+                        )));
+                    }
+                    s.push_str(p.text.as_deref().unwrap_or(""));
+                }
+                s
+            }
+        };
+        messages.push(Message::new(m.role, content));
+    }
+    let (opts, stream, include_usage) = app.options(&req.common)?;
+    let rx = submit(&app, &OwnedPrompt::Chat(messages), opts)?;
+    let id = app.id("chatcmpl");
+    let name = app.opts.model_name.clone();
+    let created = now();
+    if stream {
+        let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
+        let chunk = move |text: &str, finish: Option<&str>| {
+            let delta = if finish.is_some() {
+                json!({})
+            } else {
+                json!({"content": text})
+            };
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        return Ok(sse(rx, chunk, Some(first), include_usage).into_response());
+    }
+    let f = collect(rx).await?;
+    Ok(axum::Json(json!({
+        "id": id, "object": "chat.completion", "created": created, "model": name,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)}],
+        "usage": usage(&f),
+    }))
+    .into_response())
+}
+
+/// Waits for a job's end.
+async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Finished, ApiError> {
+    while let Some(e) = rx.recv().await {
+        match e {
+            Event::Token(_) => {}
+            Event::Done(f) => return Ok(f),
+            Event::Failed(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the generation stopped".into(),
+    ))
+}
+
+/// A job's events as server-sent events: `first` (if any), a chunk per text delta, a final
+/// chunk with the finish reason, optionally a usage chunk, then `[DONE]`.
+fn sse<F>(
+    rx: mpsc::UnboundedReceiver<Event>,
+    chunk: F,
+    first: Option<Value>,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>>
+where
+    F: Fn(&str, Option<&str>) -> Value + Send + 'static,
+{
+    struct St<F> {
+        rx: mpsc::UnboundedReceiver<Event>,
+        chunk: F,
+        first: Option<Value>,
+        include_usage: bool,
+        queue: std::collections::VecDeque<String>,
+        done: bool,
+    }
+    let st = St {
+        rx,
+        chunk,
+        first,
+        include_usage,
+        queue: Default::default(),
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(first) = st.first.take() {
+                return Some((Ok(SseEvent::default().data(first.to_string())), st));
+            }
+            if let Some(d) = st.queue.pop_front() {
+                return Some((Ok(SseEvent::default().data(d)), st));
+            }
+            if st.done {
+                return None;
+            }
+            match st.rx.recv().await {
+                Some(Event::Token(t)) => {
+                    if !t.text.is_empty() {
+                        st.queue.push_back((st.chunk)(&t.text, None).to_string());
+                    }
+                }
+                Some(Event::Done(f)) => {
+                    let mut last = (st.chunk)("", Some(finish_str(f.finish)));
+                    if st.include_usage {
+                        st.queue.push_back(last.to_string());
+                        last = json!({"choices": [], "usage": usage(&f)});
+                    }
+                    st.queue.push_back(last.to_string());
+                    st.queue.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                Some(Event::Failed(e)) => {
+                    st.queue.push_back(
+                        json!({"error": {"message": e.to_string(), "type": "server_error"}})
+                            .to_string(),
+                    );
+                    st.queue.push_back("[DONE]".into());
+                    st.done = true;
+                }
+                None => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+/// The router, for embedding in another server.
+pub fn router(engine: Engine, opts: ServerOptions) -> Router {
+    let app = Arc::new(App {
+        batcher: Batcher::new(engine, opts.batch_size),
+        next_id: AtomicU64::new(1),
+        opts: opts.clone(),
+    });
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
+        .with_state(app)
+}
+
+/// Serves until interrupted (Ctrl-C). Prints the address once listening.
+pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Io {
+            path: "tokio runtime".into(),
+            source: e,
+        })?;
+    rt.block_on(async move {
+        let addr = opts.addr;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| Error::Usage(format!("cannot listen on {addr}: {e}")))?;
+        let local = listener.local_addr().map_err(|e| Error::Io {
+            path: "socket".into(),
+            source: e,
+        })?;
+        eprintln!(
+            "sluice serving `{}` on http://{local} (batch {}); Ctrl-C stops",
+            opts.model_name, opts.batch_size
+        );
+        let app = router(engine, opts);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+            .map_err(|e| Error::Io {
+                path: "server".into(),
+                source: e,
+            })
+    })
+}

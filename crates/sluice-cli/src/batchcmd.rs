@@ -141,7 +141,7 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
         );
     }
 
-    let batcher = Batcher::new(engine, a.batch_size.max(1));
+    let batcher = Batcher::new(engine, a.batch_size)?;
     let (tx, rx) = mpsc::channel::<(String, Value, Result<sluice::batch::Finished, String>)>();
     let mut submitted = 0;
     for (n, key, id, prompt, opts) in jobs {

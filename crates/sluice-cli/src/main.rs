@@ -61,7 +61,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
-        Command::Batch(a) => engine(&a.engine, false).and_then(|e| batchcmd::run(a, e)),
+        Command::Batch(a) => {
+            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, e))
+        }
         Command::Serve(a) => serve(a),
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),
@@ -306,8 +308,11 @@ fn on_off(flag: &str, s: &str) -> Result<bool, Failure> {
     }
 }
 
-fn engine(a: &args::EngineOpts, trace: bool) -> Result<Engine, Failure> {
+fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine, Failure> {
     let dir = model_dir(a.model.clone())?;
+    if sequences == 0 {
+        return Err(usage("--batch-size must be at least 1"));
+    }
     if !sluice::POLICIES.contains(&a.policy.as_str()) {
         return Err(usage(format!(
             "--policy `{}`: expected one of {}",
@@ -322,6 +327,7 @@ fn engine(a: &args::EngineOpts, trace: bool) -> Result<Engine, Failure> {
         .prefetch(on_off("--prefetch", &a.prefetch)?)
         .context(a.context)
         .prefill_chunk(a.prefill_chunk)
+        .sequences(sequences)
         .trace(trace)
         .verify_pack(!a.no_verify);
     if a.no_verify && dir.join("sluice-trunk.json").exists() {
@@ -375,7 +381,7 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
 }
 
 fn run(a: RunArgs) -> Result<(), Failure> {
-    let engine = engine(&a.engine, a.trace.is_some())?;
+    let engine = engine(&a.engine, a.trace.is_some(), 1)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: sampling(&engine, &a.sampling),
@@ -450,7 +456,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
 }
 
 fn serve(a: args::ServeArgs) -> Result<(), Failure> {
-    let engine = engine(&a.engine, false)?;
+    let engine = engine(&a.engine, false, a.batch_size)?;
     let ip: std::net::IpAddr = a
         .host
         .parse()
@@ -462,7 +468,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
     let max_tokens_limit = a.max_tokens_limit.min(engine.plan().context);
     let opts = sluice::server::ServerOptions {
         addr: std::net::SocketAddr::new(ip, a.port),
-        batch_size: a.batch_size.max(1),
+        batch_size: a.batch_size,
         max_tokens_limit,
         default_max_tokens: 256.min(max_tokens_limit),
         max_body_bytes: a.max_body,
@@ -473,7 +479,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
 
 fn chat(a: args::ChatArgs) -> Result<(), Failure> {
     use std::io::BufRead;
-    let engine = engine(&a.engine, false)?;
+    let engine = engine(&a.engine, false, 1)?;
     if engine.tokenizer().is_none() {
         return Err(usage(format!(
             "{} has no tokenizer; chat needs text",

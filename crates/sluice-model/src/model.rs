@@ -55,6 +55,9 @@ pub struct ModelOptions {
     pub context: usize,
     /// Prompt tokens per prefill chunk the scratch is planned for.
     pub chunk: usize,
+    /// Sequences decoded together ([`Model::forward_batch`]): the KV cache, recurrent state and
+    /// scratch are planned for this many.
+    pub sequences: usize,
     /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
     /// numbered: layers `0..layers`, the head `layers`, the embedding table `layers + 1`.
     pub verify: Option<Verifier>,
@@ -130,6 +133,7 @@ impl Default for ModelOptions {
             record_trace: false,
             context: 4096,
             chunk: 64,
+            sequences: 1,
             verify: None,
             verify_pack: true,
         }
@@ -267,6 +271,7 @@ impl Model {
             opts.memory,
             context,
             opts.chunk.max(1),
+            opts.sequences,
         )?;
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
         let policy = opts.policy.make(slots)?;
@@ -456,6 +461,13 @@ impl Model {
                 "forward_batch: {} states for {} tokens",
                 states.len(),
                 tokens.len()
+            )));
+        }
+        if states.len() > self.plan.sequences {
+            return Err(ModelError::Internal(format!(
+                "forward_batch: {} sequences, but the memory plan is for {} (ModelOptions::sequences)",
+                states.len(),
+                self.plan.sequences
             )));
         }
         let mut segs: Vec<(&mut State, &[u32])> = states

@@ -29,13 +29,16 @@ pub struct MemoryPlan {
     pub ring_slots: usize,
     /// Bytes of one ring slot (the largest streamed part).
     pub ring_slot_bytes: u64,
-    /// KV cache reserved for `context` positions.
+    /// KV cache reserved for `context` positions of each of `sequences` sequences.
     pub kv_cache: u64,
     /// Recurrent state of the linear-attention (KDA) layers: fixed per sequence, whatever its
-    /// length (see [`recurrent_bytes`]).
+    /// length (see [`recurrent_bytes`]), times `sequences`.
     pub recurrent: u64,
-    /// Positions the KV reservation covers.
+    /// Positions the KV reservation covers, per sequence.
     pub context: usize,
+    /// Sequences decoded together (batched decoding) the KV cache, recurrent state and scratch
+    /// are reserved for.
+    pub sequences: usize,
     /// Activations and scratch for a prefill chunk.
     pub scratch: u64,
     /// Bytes for cached experts.
@@ -136,7 +139,9 @@ impl MemoryPlan {
         budget: Option<u64>,
         context: usize,
         chunk: usize,
+        sequences: usize,
     ) -> Result<MemoryPlan, StoreError> {
+        let sequences = sequences.max(1);
         let footprint = |pieces: &[Piece]| plan_reads(reader, pieces).2 as u64;
         let mut expert_bytes = 0;
         let mut per_token_expert_bytes = 0;
@@ -154,11 +159,13 @@ impl MemoryPlan {
         let embed = footprint(&layout.embed.pieces);
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed;
-        let kv_cache = kv_bytes_per_position(cfg) * context as u64;
-        let recurrent = recurrent_bytes(cfg);
-        // Embedding rows read on demand need a buffer per token of the chunk (plus alignment).
-        let row_buf = (chunk as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
-        let scratch = scratch_bytes(cfg, chunk) + row_buf;
+        let kv_cache = kv_bytes_per_position(cfg) * context as u64 * sequences as u64;
+        let recurrent = recurrent_bytes(cfg) * sequences as u64;
+        // A forward pass takes a prefill chunk of one sequence or one row per batched sequence.
+        let rows = chunk.max(sequences);
+        // Embedding rows read on demand need a buffer per row (plus alignment).
+        let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
+        let scratch = scratch_bytes(cfg, rows) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
         let fixed = kv_cache + recurrent + scratch + head;
         let minimum = fixed + max_layer + per_token_expert_bytes;
@@ -168,7 +175,7 @@ impl MemoryPlan {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "KV cache for {context} positions {} + recurrent state {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
+                    "KV cache for {sequences} × {context} positions {} + recurrent state {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
                     fmt_bytes(kv_cache),
                     fmt_bytes(recurrent),
                     fmt_bytes(scratch),
@@ -252,6 +259,7 @@ impl MemoryPlan {
             kv_cache,
             recurrent,
             context,
+            sequences,
             scratch,
             expert_cache,
             expert_bytes,

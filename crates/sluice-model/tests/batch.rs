@@ -25,6 +25,15 @@ const FIXTURES: &[&str] = &[
     "kimi/k3/k3-tiny-mxfp4",
 ];
 
+/// Planned for five sequences of up to 64 positions.
+fn opts5() -> ModelOptions {
+    ModelOptions {
+        sequences: 5,
+        context: 64,
+        ..ModelOptions::default()
+    }
+}
+
 fn argmax(row: &[f32]) -> u32 {
     row.iter()
         .enumerate()
@@ -120,7 +129,7 @@ fn check(dir: &Path, opts: ModelOptions) {
 #[test]
 fn a_batched_step_gives_each_sequence_its_solo_logits() {
     for f in FIXTURES {
-        check(&fixture(f), ModelOptions::default());
+        check(&fixture(f), opts5());
     }
 }
 
@@ -128,7 +137,7 @@ fn a_batched_step_gives_each_sequence_its_solo_logits() {
 fn batched_steps_match_with_experts_streamed_at_the_minimum_budget() {
     for f in ["models/deepseek_v3-fp32", "kimi/k3/k3-tiny-mxfp4"] {
         let dir = fixture(f);
-        let probe = Model::open(&dir, ModelOptions::default()).unwrap();
+        let probe = Model::open(&dir, opts5()).unwrap();
         let min = probe.plan().minimum;
         for threads in [1, 2] {
             check(
@@ -136,7 +145,7 @@ fn batched_steps_match_with_experts_streamed_at_the_minimum_budget() {
                 ModelOptions {
                     memory: Some(min),
                     threads,
-                    ..ModelOptions::default()
+                    ..opts5()
                 },
             );
         }
@@ -148,13 +157,13 @@ fn batched_steps_match_with_experts_streamed_at_the_minimum_budget() {
 #[test]
 fn a_batched_step_reads_each_expert_once() {
     let dir = fixture("models/deepseek_v3-fp32");
-    let probe = Model::open(&dir, ModelOptions::default()).unwrap();
+    let probe = Model::open(&dir, opts5()).unwrap();
     let min = probe.plan().minimum;
     let m = Model::open(
         &dir,
         ModelOptions {
             memory: Some(min),
-            ..ModelOptions::default()
+            ..opts5()
         },
     )
     .unwrap();
@@ -191,7 +200,7 @@ fn a_batched_step_reads_each_expert_once() {
 #[test]
 fn a_failed_batched_step_leaves_every_state_as_it_was() {
     let dir = fixture("kimi/k3/k3-tiny-mxfp4");
-    let m = Model::open(&dir, ModelOptions::default()).unwrap();
+    let m = Model::open(&dir, opts5()).unwrap();
     let vocab = m.config().vocab as u32;
     let ps = prompts(vocab);
     let mut states: Vec<State> = ps
@@ -210,6 +219,14 @@ fn a_failed_batched_step_leaves_every_state_as_it_was() {
         let mut refs: Vec<&mut State> = states.iter_mut().collect();
         assert!(m.forward_batch(&mut refs, &bad).is_err());
         assert!(m.forward_batch(&mut refs, &ids[..2]).is_err());
+    }
+    // More sequences than the memory plan covers are refused.
+    {
+        let mut extra = m.new_state();
+        let mut refs: Vec<&mut State> = states.iter_mut().collect();
+        refs.push(&mut extra);
+        let e = m.forward_batch(&mut refs, &[1; 6]).unwrap_err();
+        assert!(e.to_string().contains("plan is for 5"), "{e}");
     }
     // The states still give their solo results.
     let mut solo = states.clone();

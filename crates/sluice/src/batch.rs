@@ -140,24 +140,35 @@ impl std::fmt::Debug for Batcher {
 }
 
 impl Batcher {
-    /// A batcher over `engine` stepping at most `max_batch` sequences together.
-    pub fn new(engine: Engine, max_batch: usize) -> Batcher {
+    /// A batcher over `engine` stepping at most `max_batch` sequences together. The engine's
+    /// memory plan must cover that many sequences ([`crate::EngineBuilder::sequences`]), so
+    /// their KV caches stay inside the budget.
+    pub fn new(engine: Engine, max_batch: usize) -> Result<Batcher, Error> {
+        let planned = engine.plan().sequences;
+        if max_batch == 0 || max_batch > planned {
+            return Err(Error::Usage(format!(
+                "a batch of {max_batch} sequences needs an engine planned for {max_batch} (EngineBuilder::sequences); this one is planned for {planned}"
+            )));
+        }
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let e = engine.clone();
         let c = Arc::clone(&counters);
-        let max = max_batch.max(1);
+        let max = max_batch;
         let worker = std::thread::Builder::new()
             .name("sluice-batcher".into())
             .spawn(move || run(&e, &rx, max, &c))
-            .ok();
-        Batcher {
+            .map_err(|source| Error::Io {
+                path: "sluice-batcher thread".into(),
+                source,
+            })?;
+        Ok(Batcher {
             engine,
             tx: Mutex::new(Some(tx)),
-            worker,
+            worker: Some(worker),
             counters,
             max_batch: max,
-        }
+        })
     }
 
     /// The engine.

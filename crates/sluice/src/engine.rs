@@ -41,6 +41,7 @@ pub struct EngineBuilder {
     verify_pack: bool,
     context: usize,
     prefill_chunk: usize,
+    sequences: usize,
 }
 
 impl Default for EngineBuilder {
@@ -57,6 +58,7 @@ impl Default for EngineBuilder {
             verify_pack: true,
             context: 4096,
             prefill_chunk: 64,
+            sequences: 1,
         }
     }
 }
@@ -164,6 +166,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Sequences decoded together by a [`crate::batch::Batcher`] (default 1): the memory plan
+    /// reserves the KV cache and recurrent state of this many sequences inside the budget.
+    pub fn sequences(mut self, n: usize) -> Self {
+        self.sequences = n;
+        self
+    }
+
     /// Loads the model.
     pub fn build(self) -> Result<Engine, Error> {
         let dir = self
@@ -188,6 +197,9 @@ impl EngineBuilder {
         if self.prefill_chunk == 0 {
             return Err(Error::Usage("prefill chunk must be at least 1".into()));
         }
+        if self.sequences == 0 {
+            return Err(Error::Usage("sequences must be at least 1".into()));
+        }
         let memory = resolve_memory(self.memory)?;
         let opts = ModelOptions {
             kernels,
@@ -200,6 +212,7 @@ impl EngineBuilder {
             record_trace: self.trace,
             context: self.context,
             chunk: self.prefill_chunk,
+            sequences: self.sequences,
             verify: None,
             verify_pack: self.verify_pack,
         };

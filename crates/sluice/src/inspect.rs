@@ -115,7 +115,7 @@ pub fn inspect(
     let shards = ShardSet::open(&paths, true)?;
     let budget = resolve_memory(memory)?;
     let context = context.min(cfg.max_positions).max(1);
-    let plan = MemoryPlan::new(&cfg, &layout, &shards, budget, context, chunk.max(1))?;
+    let plan = MemoryPlan::new(&cfg, &layout, &shards, budget, context, chunk.max(1), 1)?;
     let moe_layers = cfg.mlp.iter().filter(|m| matches!(m, MlpKind::Moe)).count();
     Ok(Inspection {
         dir: dir.display().to_string(),

@@ -463,20 +463,21 @@ where
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
-/// The router, for embedding in another server.
-pub fn router(engine: Engine, opts: ServerOptions) -> Router {
+/// The router, for embedding in another server. The engine must be planned for
+/// `opts.batch_size` sequences ([`crate::EngineBuilder::sequences`]).
+pub fn router(engine: Engine, opts: ServerOptions) -> Result<Router, Error> {
     let app = Arc::new(App {
-        batcher: Batcher::new(engine, opts.batch_size),
+        batcher: Batcher::new(engine, opts.batch_size)?,
         next_id: AtomicU64::new(1),
         opts: opts.clone(),
     });
-    Router::new()
+    Ok(Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .layer(DefaultBodyLimit::max(opts.max_body_bytes))
-        .with_state(app)
+        .with_state(app))
 }
 
 /// Serves until interrupted (Ctrl-C). Prints the address once listening.
@@ -489,6 +490,9 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
             path: "tokio runtime".into(),
             source: e,
         })?;
+    let name = opts.model_name.clone();
+    let batch = opts.batch_size;
+    let app = router(engine, opts.clone())?;
     rt.block_on(async move {
         let addr = opts.addr;
         let listener = tokio::net::TcpListener::bind(addr)
@@ -498,11 +502,7 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
             path: "socket".into(),
             source: e,
         })?;
-        eprintln!(
-            "sluice serving `{}` on http://{local} (batch {}); Ctrl-C stops",
-            opts.model_name, opts.batch_size
-        );
-        let app = router(engine, opts);
+        eprintln!("sluice serving `{name}` on http://{local} (batch {batch}); Ctrl-C stops");
         axum::serve(listener, app)
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;

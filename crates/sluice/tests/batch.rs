@@ -56,11 +56,13 @@ fn batches_of_1_3_and_8_equal_solo_runs() {
         .model(demo())
         .memory(Memory::Bytes(14 << 20))
         .threads(2)
+        .context(64)
+        .sequences(8)
         .build()
         .unwrap();
     let want: Vec<_> = (0..8).map(|i| solo(&engine, i)).collect();
     for n in [1, 3, 8] {
-        let b = Batcher::new(engine.clone(), n);
+        let b = Batcher::new(engine.clone(), n).unwrap();
         let (tx, rx) = mpsc::channel();
         for i in 0..8 {
             let (p, o) = job(i);
@@ -99,7 +101,7 @@ fn batches_of_1_3_and_8_equal_solo_runs() {
 #[test]
 fn a_cancelled_sequence_frees_its_slot() {
     let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
-    let b = Batcher::new(engine.clone(), 1);
+    let b = Batcher::new(engine.clone(), 1).unwrap();
     let (p, mut o) = job(1);
     o.max_tokens = 400;
     let mut n = 0;
@@ -124,9 +126,14 @@ fn bad_jobs_are_refused_at_submit() {
         .model(demo())
         .context(64)
         .threads(1)
+        .sequences(2)
         .build()
         .unwrap();
-    let b = Batcher::new(engine, 2);
+    // The memory plan covers two sequences, not three.
+    let e = Batcher::new(engine.clone(), 3).unwrap_err();
+    assert!(e.to_string().contains("planned for 2"), "{e}");
+    assert!(Batcher::new(engine.clone(), 0).is_err());
+    let b = Batcher::new(engine, 2).unwrap();
     let bad = GenerateOptions {
         sampling: SamplingOptions {
             top_p: 2.0,

@@ -144,3 +144,25 @@ fn a_missing_input_is_a_clear_error_and_creates_nothing() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(!output.exists());
 }
+
+#[test]
+fn a_zero_batch_size_is_refused_by_name() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    std::fs::write(&input, r#"{"id": 1, "prompt": "x"}"#).unwrap();
+    let output = d.path().join("out.jsonl");
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["batch", "--model"])
+        .arg(demo())
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .args(["--batch-size", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--batch-size"), "{err}");
+    assert!(!output.exists());
+}

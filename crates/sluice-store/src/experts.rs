@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::StoreError;
 use crate::io::{Blob, Piece, Reader, plan_reads, read_blob};
-use crate::policy::{FixedMap, Key, Policy};
+use crate::policy::{FixedMap, FixedSet, Key, Policy};
 use crate::pool::ReaderPool;
 use crate::trace::TraceEvent;
 
@@ -61,6 +61,11 @@ pub struct ExpertStats {
     pub prefetch_checked: u64,
     /// Experts evicted.
     pub evictions: u64,
+    /// Distinct experts asked for, counted once per forward step: what a step must have in
+    /// memory at least once.
+    pub touched: u64,
+    /// Buffer bytes of those experts (the least a step with a cold cache must read).
+    pub touched_bytes: u64,
 }
 
 impl ExpertStats {
@@ -109,6 +114,8 @@ struct Inner {
     step: u64,
     /// Per layer: the step of the last prediction and the experts predicted.
     predicted: FixedMap<u32, (u64, Vec<u32>)>,
+    /// Experts already asked for in the current step.
+    touched: FixedSet<Key>,
     trace: Option<Vec<TraceEvent>>,
 }
 
@@ -177,6 +184,7 @@ impl ExpertStore {
             stats: ExpertStats::default(),
             step: 0,
             predicted: FixedMap::default(),
+            touched: FixedSet::default(),
             trace: cfg.record_trace.then(Vec::new),
         };
         let shared = Arc::new(Shared {
@@ -267,6 +275,7 @@ impl ExpertStore {
     pub fn begin_step(&self) {
         if let Ok(mut i) = self.shared.inner.lock() {
             i.step += 1;
+            i.touched.clear();
         }
     }
 
@@ -329,6 +338,10 @@ impl ExpertStore {
             for &k in &keys {
                 let inner = &mut *g;
                 inner.stats.requests += 1;
+                if inner.touched.insert(k) {
+                    inner.stats.touched += 1;
+                    inner.stats.touched_bytes += sh.footprint(k);
+                }
                 if let Some(t) = inner.trace.as_mut() {
                     t.push(TraceEvent {
                         step,

@@ -10,6 +10,7 @@ mod experts;
 pub mod io;
 pub mod policy;
 mod pool;
+pub mod probe;
 pub mod trace;
 mod trunk;
 

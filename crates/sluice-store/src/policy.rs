@@ -29,7 +29,8 @@ impl Key {
 /// process-random state.
 pub(crate) type FixedMap<K, V> =
     HashMap<K, V, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
-type FixedSet<K> = HashSet<K, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
+pub(crate) type FixedSet<K> =
+    HashSet<K, BuildHasherDefault<std::collections::hash_map::DefaultHasher>>;
 
 /// An eviction policy: it is told what enters, what is used and what leaves the cache, and picks
 /// victims among the keys the store says may go.

@@ -2,7 +2,6 @@
 //! Hugging Face layout (sharded like real releases), with router weights that make some experts
 //! hotter than others. For tests and benchmarks; no Python needed.
 
-use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -282,23 +281,32 @@ impl SynthSpec {
     }
 
     /// Writes the checkpoint into `dir` (created if needed; existing files of the same names
-    /// are replaced).
+    /// are replaced). Tensors are generated in pieces on all cores and written in place, so the
+    /// bytes do not depend on the thread count.
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        use rayon::prelude::*;
+        use std::os::unix::fs::FileExt;
+
         std::fs::create_dir_all(dir)?;
         let per = self.layers_per_shard.max(1);
         let groups = self.plan();
         let n_shards = groups.len().div_ceil(per);
         let mut weight_map = serde_json::Map::new();
         let mut total = 0u64;
+        // Every piece of work: (shard file, tensor, first element, elements, byte offset).
+        let mut files = Vec::new();
+        let mut work: Vec<(usize, &Planned, usize, usize, u64)> = Vec::new();
         for (si, chunk) in groups.chunks(per).enumerate() {
             let name = format!("model-{:05}-of-{:05}.safetensors", si + 1, n_shards);
             let tensors: Vec<&Planned> = chunk.iter().flatten().collect();
             let mut header = serde_json::Map::new();
             header.insert("__metadata__".into(), json!({"format": "pt"}));
             let mut off = 0usize;
+            let mut offsets = Vec::with_capacity(tensors.len());
             for t in &tensors {
                 let len = t.shape.iter().product::<usize>() * t.dtype.size();
                 header.insert(t.name.clone(), json!({"dtype": t.dtype.safetensors_name(), "shape": t.shape, "data_offsets": [off, off + len]}));
+                offsets.push(off);
                 off += len;
                 weight_map.insert(t.name.clone(), json!(name));
             }
@@ -307,52 +315,37 @@ impl SynthSpec {
             while !hb.len().is_multiple_of(8) {
                 hb.push(b' ');
             }
-            let mut f = BufWriter::with_capacity(1 << 20, std::fs::File::create(dir.join(&name))?);
-            f.write_all(&(hb.len() as u64).to_le_bytes())?;
-            f.write_all(&hb)?;
-            let mut buf = Vec::with_capacity(1 << 20);
-            for t in &tensors {
+            let data_start = 8 + hb.len() as u64;
+            let f = std::fs::File::create(dir.join(&name))?;
+            f.set_len(data_start + off as u64)?;
+            let mut head = (hb.len() as u64).to_le_bytes().to_vec();
+            head.extend_from_slice(&hb);
+            f.write_all_at(&head, 0)?;
+            for (t, &o) in tensors.iter().zip(&offsets) {
                 let n: usize = t.shape.iter().product();
-                let mut rng = Rng(name_seed(self.seed, &t.name));
-                match t.fill {
-                    Fill::Ones => {
-                        for _ in 0..n {
-                            buf.extend_from_slice(&0x3f80u16.to_le_bytes());
-                            flush_if_full(&mut f, &mut buf)?;
-                        }
-                    }
-                    Fill::Uniform(a) => {
-                        let mut i = 0;
-                        while i < n {
-                            let r = rng.next();
-                            for k in 0..4.min(n - i) {
-                                let v = ((r >> (16 * k)) & 0xffff) as f32 * (2.0 / 65536.0) - 1.0;
-                                buf.extend_from_slice(&f32_to_bf16(v * a).to_le_bytes());
-                            }
-                            i += 4;
-                            flush_if_full(&mut f, &mut buf)?;
-                        }
-                    }
-                    Fill::Bias(skew) => {
-                        // A permuted Zipf-like profile: expert of rank r gets skew × 1/(1 + r/4).
-                        let mut order: Vec<usize> = (0..n).collect();
-                        for i in (1..n).rev() {
-                            let j = (rng.next() % (i as u64 + 1)) as usize;
-                            order.swap(i, j);
-                        }
-                        let mut v = vec![0f32; n];
-                        for (rank, &e) in order.iter().enumerate() {
-                            v[e] = skew / (1.0 + rank as f32 / 4.0);
-                        }
-                        for x in v {
-                            buf.extend_from_slice(&x.to_le_bytes());
-                        }
-                    }
+                let step = if matches!(t.fill, Fill::Bias(_)) {
+                    n.max(1)
+                } else {
+                    PIECE
+                };
+                let mut e = 0;
+                while e < n {
+                    let m = step.min(n - e);
+                    let at = data_start + (o + e * t.dtype.size()) as u64;
+                    work.push((files.len(), *t, e, m, at));
+                    e += m;
                 }
             }
-            f.write_all(&buf)?;
-            f.flush()?;
+            files.push(f);
         }
+        work.par_iter().try_for_each_init(
+            || (Vec::new(), Lut::default()),
+            |(buf, lut), &(fi, t, first, n, at)| {
+                buf.clear();
+                self.fill(t, first, n, buf, lut);
+                files[fi].write_all_at(buf, at)
+            },
+        )?;
         let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
         std::fs::write(
             dir.join("model.safetensors.index.json"),
@@ -362,16 +355,137 @@ impl SynthSpec {
             dir.join("config.json"),
             serde_json::to_vec_pretty(&self.config())?,
         )?;
+        if self.vocab >= TOKENIZER_VOCAB {
+            std::fs::write(
+                dir.join("tokenizer.json"),
+                serde_json::to_vec_pretty(&tokenizer_json())?,
+            )?;
+        }
         Ok(())
+    }
+
+    /// The bytes of elements `first..first + n` of tensor `t` (`first` a multiple of 4, as every
+    /// random draw gives four values).
+    fn fill(&self, t: &Planned, first: usize, n: usize, buf: &mut Vec<u8>, lut: &mut Lut) {
+        let total: usize = t.shape.iter().product();
+        match t.fill {
+            Fill::Ones => {
+                buf.reserve(2 * n);
+                for _ in 0..n {
+                    buf.extend_from_slice(&0x3f80u16.to_le_bytes());
+                }
+            }
+            Fill::Uniform(a) => {
+                debug_assert!(first.is_multiple_of(4));
+                // splitmix64 is a counter: jump to the draw that gives element `first`.
+                let mut rng = Rng(name_seed(self.seed, &t.name)
+                    .wrapping_add((first as u64 / 4).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+                let table = lut.for_scale(a);
+                buf.resize(2 * n, 0);
+                for out in buf.chunks_mut(8) {
+                    let r = rng.next();
+                    for (k, o) in out.chunks_exact_mut(2).enumerate() {
+                        let v = table[((r >> (16 * k)) & 0xffff) as usize];
+                        o.copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+            Fill::Bias(skew) => {
+                // A permuted Zipf-like profile: expert of rank r gets skew × 1/(1 + r/4).
+                let mut rng = Rng(name_seed(self.seed, &t.name));
+                let mut order: Vec<usize> = (0..total).collect();
+                for i in (1..total).rev() {
+                    let j = (rng.next() % (i as u64 + 1)) as usize;
+                    order.swap(i, j);
+                }
+                let mut v = vec![0f32; total];
+                for (rank, &e) in order.iter().enumerate() {
+                    v[e] = skew / (1.0 + rank as f32 / 4.0);
+                }
+                for x in &v[first..first + n] {
+                    buf.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
     }
 }
 
-fn flush_if_full(f: &mut impl Write, buf: &mut Vec<u8>) -> std::io::Result<()> {
-    if buf.len() >= 1 << 20 {
-        f.write_all(buf)?;
-        buf.clear();
+/// Ids the synthetic tokenizer uses (it is written only for vocabularies at least this large).
+const TOKENIZER_VOCAB: usize = 266;
+
+/// The bf16 value of every 16-bit draw for one scale: `bf16((draw · 2/65536 − 1) · scale)`.
+#[derive(Default)]
+struct Lut {
+    scale_bits: Option<u32>,
+    table: Vec<u16>,
+}
+
+impl Lut {
+    fn for_scale(&mut self, a: f32) -> &[u16] {
+        if self.scale_bits != Some(a.to_bits()) {
+            self.table = (0..=0xffffu32)
+                .map(|d| f32_to_bf16((d as f32 * (2.0 / 65536.0) - 1.0) * a))
+                .collect();
+            self.scale_bits = Some(a.to_bits());
+        }
+        &self.table
     }
-    Ok(())
+}
+
+/// Elements per piece of work when writing (a multiple of 4).
+const PIECE: usize = 1 << 20;
+
+/// A byte-level BPE tokenizer for synthetic models: `<s>` (0), `</s>` (1), the 256 bytes, and a
+/// few merges. Enough for text prompts and for converters that insist on a tokenizer.
+fn tokenizer_json() -> Value {
+    // GPT-2's byte-to-character map.
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + extra);
+            extra += 1;
+        }
+    }
+    let mut byte_char = vec![' '; 256];
+    for (&b, &c) in printable.iter().zip(&chars) {
+        byte_char[b as usize] = char::from_u32(c).unwrap_or('?');
+    }
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("<s>".into(), json!(0));
+    vocab.insert("</s>".into(), json!(1));
+    for (b, c) in byte_char.iter().enumerate() {
+        vocab.insert(c.to_string(), json!(b + 2));
+    }
+    let mut merges = Vec::new();
+    let mut next = 258;
+    for pair in ["Ġ t", "h e", "Ġ a", "i n", "t h", "e r", "o n", "r e"] {
+        let merged: String = pair.split(' ').collect();
+        if !vocab.contains_key(&merged) {
+            vocab.insert(merged, json!(next));
+            next += 1;
+        }
+        merges.push(json!(pair));
+    }
+    let special = |id: u32, content: &str| {
+        json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+               "rstrip": false, "normalized": false, "special": true})
+    };
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [special(0, "<s>"), special(1, "</s>")],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges}
+    })
 }
 
 #[cfg(test)]
@@ -399,6 +513,24 @@ mod tests {
         let mut st = m.new_state();
         let l = m.forward(&mut st, &[1, 2, 3], crate::Logits::Last).unwrap();
         assert!(l.iter().all(|x| x.is_finite()));
+        // The pieces written in parallel are the serial stream of each tensor: check one
+        // expert's first projection against a plain generator.
+        let name = "model.layers.1.mlp.experts.3.up_proj.weight";
+        let info = ck.tensor(name).unwrap();
+        let shard = &ck.shards()[info.shard];
+        let bytes = std::fs::read(&shard.path).unwrap();
+        let got = &bytes[info.offset as usize..(info.offset + info.len) as usize];
+        let a = (3.0f32 / spec.hidden as f32).sqrt();
+        let mut rng = Rng(name_seed(spec.seed, name));
+        let mut want = Vec::new();
+        while want.len() < got.len() {
+            let r = rng.next();
+            for k in 0..4 {
+                let v = ((r >> (16 * k)) & 0xffff) as f32 * (2.0 / 65536.0) - 1.0;
+                want.extend_from_slice(&f32_to_bf16(v * a).to_le_bytes());
+            }
+        }
+        assert_eq!(got, &want[..got.len()]);
         // Deterministic: the same spec writes the same bytes.
         let d2 = tempfile::tempdir().unwrap();
         spec.write(d2.path()).unwrap();

@@ -154,7 +154,7 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
                 match e {
                     Event::Token(_) => {}
                     Event::Done(f) => {
-                        let _ = tx.send((k2.clone(), id2.clone(), Ok(f)));
+                        let _ = tx.send((k2.clone(), id2.clone(), Ok(*f)));
                     }
                     Event::Failed(e) => {
                         let _ = tx.send((k2.clone(), id2.clone(), Err(e.to_string())));

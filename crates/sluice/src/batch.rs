@@ -61,8 +61,8 @@ pub struct Finished {
 pub enum Event {
     /// A generated token and the text it completes.
     Token(Token),
-    /// The sequence finished.
-    Done(Finished),
+    /// The sequence finished (boxed: its stats make it ten times a token's size).
+    Done(Box<Finished>),
     /// The sequence failed; nothing follows.
     Failed(Error),
 }
@@ -250,7 +250,7 @@ impl Batcher {
         for e in rx {
             match e {
                 Event::Token(_) => {}
-                Event::Done(f) => return Ok(f),
+                Event::Done(f) => return Ok(*f),
                 Event::Failed(e) => return Err(e),
             }
         }
@@ -401,7 +401,7 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                 finish: s.d.finish.unwrap_or(FinishReason::Length),
                 stats,
             };
-            (s.job.sink)(Event::Done(f));
+            (s.job.sink)(Event::Done(Box::new(f)));
         }
         c.active.store(active.len(), Ordering::Relaxed);
     }

@@ -521,10 +521,25 @@ pub struct GenerationStats {
     pub expert_bytes_read: u64,
     /// Bytes of trunk read from disk while generating.
     pub trunk_bytes_read: u64,
+    /// Buffer bytes of the distinct experts each forward step asked for, summed over steps: what
+    /// a cold cache would have to read at least.
+    pub expert_touched_bytes: u64,
+    /// Of `expert_bytes_read`, bytes read during the prompt.
+    pub prefill_expert_bytes_read: u64,
+    /// Of `trunk_bytes_read`, bytes read during the prompt.
+    pub prefill_trunk_bytes_read: u64,
+    /// Each prefill chunk's figures.
+    pub prefill_chunks: Vec<PrefillChunkStats>,
     /// Seconds spent waiting on expert reads.
     pub io_seconds: f64,
     /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
     pub prefetch_recall: f64,
+    /// Experts read by lookahead prefetch.
+    pub prefetch_reads: u64,
+    /// Requests served by an expert a prefetch read during the same step.
+    pub prefetch_hits: u64,
+    /// Experts evicted from the cache.
+    pub expert_evictions: u64,
     /// `direct` or `buffered`.
     pub io_mode: String,
     /// Peak resident memory of the process so far.
@@ -537,6 +552,25 @@ pub struct GenerationStats {
     pub threads: usize,
     /// Instruction set.
     pub isa: String,
+}
+
+/// Figures of one prefill chunk (one forward step).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PrefillChunkStats {
+    /// Tokens in the chunk.
+    pub tokens: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Routed experts asked for.
+    pub expert_requests: u64,
+    /// Of those, found in memory.
+    pub expert_hits: u64,
+    /// Distinct experts asked for.
+    pub experts_touched: u64,
+    /// Their buffer bytes.
+    pub expert_touched_bytes: u64,
+    /// Expert bytes read from disk during the chunk (demand and prefetch).
+    pub expert_bytes_read: u64,
 }
 
 /// Peak resident set size of this process (`VmHWM`), 0 where unknown.
@@ -659,8 +693,10 @@ impl Session {
         let trunk0 = model.trunk_bytes_read();
         let mut prompt_logits = Vec::new();
         let mut last = Vec::new();
+        let mut chunk_stats = Vec::new();
         let n_chunks = feed.len().div_ceil(opts.prefill_chunk);
         for (ci, chunk) in feed.chunks(opts.prefill_chunk).enumerate() {
+            let (c0, e0) = (Instant::now(), model.experts().stats());
             let want = if opts.keep_logits {
                 Logits::All
             } else if ci + 1 == n_chunks {
@@ -669,6 +705,16 @@ impl Session {
                 Logits::None
             };
             let l = model.forward(&mut self.state, chunk, want)?;
+            let e1 = model.experts().stats();
+            chunk_stats.push(PrefillChunkStats {
+                tokens: chunk.len(),
+                seconds: c0.elapsed().as_secs_f64(),
+                expert_requests: e1.requests - e0.requests,
+                expert_hits: e1.hits - e0.hits,
+                experts_touched: e1.touched - e0.touched,
+                expert_touched_bytes: e1.touched_bytes - e0.touched_bytes,
+                expert_bytes_read: e1.bytes_read - e0.bytes_read,
+            });
             self.history.extend_from_slice(chunk);
             if ci + 1 == n_chunks {
                 let v = model.config().vocab;
@@ -681,6 +727,9 @@ impl Session {
         let stats = GenerationStats {
             prefill_tokens: feed.len(),
             prefill_seconds: t0.elapsed().as_secs_f64(),
+            prefill_expert_bytes_read: model.experts().stats().bytes_read - expert0.bytes_read,
+            prefill_trunk_bytes_read: model.trunk_bytes_read() - trunk0,
+            prefill_chunks: chunk_stats,
             io_mode: model.io_mode().name().to_owned(),
             memory_budget_bytes: self.engine.inner.budget.unwrap_or(0),
             policy: model.experts().policy_name(),
@@ -735,6 +784,10 @@ pub(crate) fn stats_since(
     s.expert_hits = now.hits - expert0.hits;
     s.expert_resident_hits = now.resident_hits - expert0.resident_hits;
     s.expert_bytes_read = now.bytes_read - expert0.bytes_read;
+    s.expert_touched_bytes = now.touched_bytes - expert0.touched_bytes;
+    s.prefetch_reads = now.prefetch_reads - expert0.prefetch_reads;
+    s.prefetch_hits = now.prefetch_hits - expert0.prefetch_hits;
+    s.expert_evictions = now.evictions - expert0.evictions;
     s.io_seconds = now.wait_seconds - expert0.wait_seconds;
     let checked = now.prefetch_checked - expert0.prefetch_checked;
     s.prefetch_recall = if checked == 0 {

@@ -24,6 +24,7 @@
 pub mod batch;
 mod chat;
 mod decoding;
+pub mod doctor;
 mod engine;
 mod inspect;
 pub mod pack;
@@ -35,7 +36,7 @@ mod tokenizer;
 pub use chat::{ChatTemplate, Message};
 pub use engine::{
     Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
-    Memory, Prompt, Session, Token, peak_rss_bytes,
+    Memory, PrefillChunkStats, Prompt, Session, Token, peak_rss_bytes, resolve_memory,
 };
 pub use inspect::{Inspection, PlanSummary, inspect};
 pub use sluice_kernels::Isa;
@@ -45,7 +46,8 @@ pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
 
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
-    ExpertStats, IoMode, Key as ExpertKey, POLICIES, Policy, TraceEvent, read_trace, write_trace,
+    ExpertStats, IoMode, Key as ExpertKey, POLICIES, Policy, SimResult, TraceEvent, belady,
+    read_trace, simulate, write_trace,
 };
 pub use tokenizer::{StreamDecoder, Tokenizer};
 

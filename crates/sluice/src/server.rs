@@ -384,7 +384,7 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Finished, Api
     while let Some(e) = rx.recv().await {
         match e {
             Event::Token(_) => {}
-            Event::Done(f) => return Ok(f),
+            Event::Done(f) => return Ok(*f),
             Event::Failed(e) => return Err(e.into()),
         }
     }

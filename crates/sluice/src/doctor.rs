@@ -1,0 +1,353 @@
+//! What this machine can do for sluice: its CPU's instruction sets, memory bandwidth, random-read
+//! bandwidth of a disk at expert-sized reads, and the budget `--memory auto` would give.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use sluice_format::Checkpoint;
+use sluice_kernels::Isa;
+use sluice_store::probe::{ProbeFile, ReadFigure, ReadProbe, measure_reads};
+
+use crate::Error;
+use crate::engine::{Memory, resolve_memory};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DoctorOptions {
+    /// Directory for the scratch file of the read tests (ignored with `model`).
+    pub dir: PathBuf,
+    /// Read the shards of this model instead of a scratch file.
+    pub model: Option<PathBuf>,
+    /// Size of the scratch file.
+    pub file_bytes: u64,
+    /// Read sizes.
+    pub blocks: Vec<usize>,
+    /// Queue depths.
+    pub depths: Vec<usize>,
+    /// Also measure buffered reads (pages dropped after each read).
+    pub buffered: bool,
+    /// Seconds per read measurement.
+    pub seconds: f64,
+    /// Bytes of the memory-bandwidth test.
+    pub memory_test_bytes: usize,
+}
+
+impl Default for DoctorOptions {
+    fn default() -> Self {
+        DoctorOptions {
+            dir: PathBuf::from("."),
+            model: None,
+            file_bytes: 2 << 30,
+            blocks: vec![1 << 20, 4 << 20, 16 << 20],
+            depths: vec![1, 4, 16],
+            buffered: true,
+            seconds: 1.0,
+            memory_test_bytes: 512 << 20,
+        }
+    }
+}
+
+/// The CPU.
+#[derive(Clone, Debug, Serialize)]
+pub struct CpuReport {
+    /// `model name` from `/proc/cpuinfo`.
+    pub model: String,
+    /// Logical CPUs this process may use.
+    pub threads: usize,
+    /// Instruction-set flags that matter to sluice (and to other engines), as the CPU reports.
+    pub flags: Vec<String>,
+    /// sluice kernel paths this CPU can run.
+    pub isas: Vec<String>,
+    /// The one sluice picks.
+    pub best_isa: String,
+}
+
+/// Memory.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryReport {
+    /// `MemTotal`.
+    pub total_bytes: u64,
+    /// `MemAvailable`.
+    pub available_bytes: u64,
+    /// Read bandwidth of one thread, GB/s.
+    pub read_gbps_1_thread: f64,
+    /// Read bandwidth of all threads, GB/s.
+    pub read_gbps_all_threads: f64,
+    /// The budget `--memory auto` gives: `MemAvailable` minus 10% (at least 512 MiB).
+    pub auto_budget_bytes: u64,
+}
+
+/// One read figure.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReadRow {
+    /// Bytes per read.
+    pub block: usize,
+    /// Reads in flight.
+    pub depth: usize,
+    /// `direct` or `buffered`.
+    pub mode: String,
+    /// GB/s.
+    pub gbps: f64,
+    /// Mean latency per read, ms.
+    pub latency_ms: f64,
+    /// Reads done.
+    pub reads: u64,
+}
+
+impl From<&ReadFigure> for ReadRow {
+    fn from(f: &ReadFigure) -> ReadRow {
+        ReadRow {
+            block: f.block,
+            depth: f.depth,
+            mode: f.mode.name().to_owned(),
+            gbps: f.gbps(),
+            latency_ms: f.latency_ms(),
+            reads: f.reads,
+        }
+    }
+}
+
+/// Everything `sluice doctor` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct DoctorReport {
+    /// CPU.
+    pub cpu: CpuReport,
+    /// Memory.
+    pub memory: MemoryReport,
+    /// What was read: the scratch file or the model's shards.
+    pub read_target: String,
+    /// Bytes of it.
+    pub read_target_bytes: u64,
+    /// Random-read figures.
+    pub reads: Vec<ReadRow>,
+    /// The best direct read bandwidth measured, GB/s (buffered when direct never ran).
+    pub disk_gbps: f64,
+    /// With a model: the plan `--memory auto` gives it.
+    pub model_plan: Option<crate::Inspection>,
+}
+
+fn meminfo(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// The CPU's model name, logical CPUs and interesting flags.
+pub fn cpu_report() -> CpuReport {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |k: &str| {
+        info.lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let have: Vec<String> = field("flags")
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    const WANT: [&str; 14] = [
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512dq",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "avx_vnni",
+        "amx_bf16",
+        "amx_int8",
+        "amx_tile",
+    ];
+    CpuReport {
+        model: field("model name"),
+        threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        flags: WANT
+            .iter()
+            .filter(|w| have.iter().any(|h| h == *w))
+            .map(|w| (*w).to_owned())
+            .collect(),
+        isas: Isa::available()
+            .into_iter()
+            .map(|i| i.name().to_owned())
+            .collect(),
+        best_isa: Isa::best().name().to_owned(),
+    }
+}
+
+/// Read bandwidth of `threads` threads summing `bytes` of memory (best of three passes), GB/s.
+pub fn memory_bandwidth(threads: usize, bytes: usize) -> f64 {
+    let threads = threads.max(1);
+    let words = (bytes / 8).max(threads * 64);
+    let data: Vec<u64> = (0..words as u64).collect();
+    let per = words.div_ceil(threads);
+    let mut best = f64::INFINITY;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = data
+                .chunks(per)
+                .map(|part| {
+                    s.spawn(move || {
+                        // Four streams walked side by side keep more lines in flight.
+                        let q = part.len() / 4 / 8 * 8;
+                        let mut acc = [[0u64; 8]; 4];
+                        for j in (0..q).step_by(8) {
+                            for (k, a) in acc.iter_mut().enumerate() {
+                                let p = &part[k * q + j..k * q + j + 8];
+                                for (ai, &v) in a.iter_mut().zip(p) {
+                                    *ai = ai.wrapping_add(v);
+                                }
+                            }
+                        }
+                        acc.iter().flatten().fold(0u64, |x, &y| x.wrapping_add(y))
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (words * 8) as f64 / best / 1e9
+}
+
+/// The shard files of a model directory.
+pub fn model_shards(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+    let ck = Checkpoint::open(dir)?;
+    Ok(ck.shards().iter().map(|s| s.path.clone()).collect())
+}
+
+/// Drops the page-cache pages of `paths` (clean pages only; a no-op where the kernel keeps them),
+/// so the next reads of them come from the device.
+pub fn drop_page_cache(paths: &[PathBuf]) {
+    for p in paths {
+        if let Ok(f) = sluice_store::ShardFile::open(p, false) {
+            f.drop_pages(0, f.len());
+        }
+    }
+}
+
+/// Random reads of one expert's size over a model's shards at `depth` reads in flight (O_DIRECT
+/// when `direct`): the disk bandwidth an I/O floor is computed from.
+pub fn expert_read_bandwidth(
+    dir: &Path,
+    depth: usize,
+    direct: bool,
+    seconds: f64,
+) -> Result<ReadFigure, Error> {
+    let i = crate::inspect(dir, Memory::Unlimited, 1, 1)?;
+    let probe = ReadProbe {
+        block: i.bytes_per_expert.max(4096) as usize,
+        depth,
+        direct,
+        seconds,
+        max_bytes: u64::MAX,
+        seed: 7,
+    };
+    Ok(measure_reads(&model_shards(dir)?, &probe)?)
+}
+
+/// Measures this machine. `progress` hears what is being measured.
+pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<DoctorReport, Error> {
+    let cpu = cpu_report();
+    progress("memory bandwidth");
+    let one = memory_bandwidth(1, opts.memory_test_bytes);
+    let all = memory_bandwidth(cpu.threads, opts.memory_test_bytes);
+    let memory = MemoryReport {
+        total_bytes: meminfo("MemTotal:"),
+        available_bytes: meminfo("MemAvailable:"),
+        read_gbps_1_thread: one,
+        read_gbps_all_threads: all,
+        auto_budget_bytes: resolve_memory(Memory::Auto)?.unwrap_or(0),
+    };
+    let scratch;
+    let (paths, target) = match &opts.model {
+        Some(m) => (model_shards(m)?, format!("shards of {}", m.display())),
+        None => {
+            progress("writing the scratch file");
+            if !opts.dir.is_dir() {
+                return Err(Error::Usage(format!(
+                    "{}: not a directory",
+                    opts.dir.display()
+                )));
+            }
+            scratch = ProbeFile::create(&opts.dir, opts.file_bytes)?;
+            (
+                vec![scratch.path().to_path_buf()],
+                format!("scratch file in {}", opts.dir.display()),
+            )
+        }
+    };
+    let target_bytes = paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum();
+    let mut reads = Vec::new();
+    let modes: &[bool] = if opts.buffered {
+        &[true, false]
+    } else {
+        &[true]
+    };
+    for &direct in modes {
+        for &block in &opts.blocks {
+            for &depth in &opts.depths {
+                progress(&format!(
+                    "{} reads of {} at depth {depth}",
+                    if direct { "direct" } else { "buffered" },
+                    crate::fmt_bytes(block as u64)
+                ));
+                let f = measure_reads(
+                    &paths,
+                    &ReadProbe {
+                        block,
+                        depth,
+                        direct,
+                        seconds: opts.seconds,
+                        max_bytes: u64::MAX,
+                        seed: 1,
+                    },
+                )?;
+                reads.push(ReadRow::from(&f));
+            }
+        }
+    }
+    let best = |mode: &str| {
+        reads
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.gbps)
+            .fold(0.0, f64::max)
+    };
+    let disk_gbps = if best("direct") > 0.0 {
+        best("direct")
+    } else {
+        best("buffered")
+    };
+    let model_plan = match &opts.model {
+        Some(m) => Some(crate::inspect(m, Memory::Auto, 4096, 64)?),
+        None => None,
+    };
+    Ok(DoctorReport {
+        cpu,
+        memory,
+        read_target: target,
+        read_target_bytes: target_bytes,
+        reads,
+        disk_gbps,
+        model_plan,
+    })
+}

@@ -31,6 +31,86 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Pack a checkpoint's trunk into one file, layer by layer (experts stay in the shards).
     Pack(PackArgs),
+    /// Measure this machine: CPU instruction sets, memory bandwidth, random-read bandwidth at
+    /// expert-sized reads (O_DIRECT and buffered), and the budget `--memory auto` gives.
+    Doctor(DoctorArgs),
+    /// End-to-end benchmark over a ladder of memory budgets, policies and prefetch settings,
+    /// each run in a fresh process.
+    Bench(BenchArgs),
+}
+
+/// `sluice doctor`.
+#[derive(Args, Debug)]
+pub struct DoctorArgs {
+    /// Directory for the scratch file the read tests use (removed afterwards).
+    #[arg(long, default_value = ".")]
+    pub dir: PathBuf,
+    /// Read this model's shards instead of a scratch file (and plan `--memory auto` for it).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Size of the scratch file.
+    #[arg(long, default_value = "2GiB")]
+    pub file_size: String,
+    /// Read sizes, comma-separated.
+    #[arg(long, default_value = "1MiB,4MiB,16MiB")]
+    pub blocks: String,
+    /// Reads in flight, comma-separated.
+    #[arg(long, default_value = "1,4,16")]
+    pub depths: String,
+    /// Seconds per read measurement.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Skip the buffered-read measurements.
+    #[arg(long)]
+    pub no_buffered: bool,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `sluice bench`.
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Memory budgets: percentages of the checkpoint (`25%`), sizes (`512MiB`), `below-trunk`
+    /// (half-way between the smallest workable budget and a resident trunk) or `unlimited`.
+    #[arg(long, default_value = "below-trunk,5%,10%,25%,50%,100%")]
+    pub ladder: String,
+    /// Policies, comma-separated.
+    #[arg(long, default_value = "s3fifo,lru,fifo,sieve")]
+    pub policies: String,
+    /// Prefetch settings, comma-separated.
+    #[arg(long, default_value = "on,off")]
+    pub prefetch: String,
+    /// I/O modes, comma-separated: direct, buffered.
+    #[arg(long, default_value = "direct")]
+    pub io: String,
+    /// Prompt tokens (pseudo-random ids).
+    #[arg(long, default_value_t = 64)]
+    pub prompt_tokens: usize,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    /// Prompt tokens per prefill chunk.
+    #[arg(long, default_value_t = 64)]
+    pub prefill_chunk: usize,
+    /// Sampling temperature (0 = greedy; the output is the same on every rung either way).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Seconds of the disk-bandwidth measurement (random expert-sized reads of the shards).
+    #[arg(long, default_value_t = 3.0)]
+    pub disk_seconds: f64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `sluice pack`.
@@ -120,6 +200,10 @@ pub struct EngineOpts {
     /// Lookahead prefetch of the next layer's experts: on or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,
+    /// How shards are read: direct (O_DIRECT where the file system allows it) or buffered
+    /// (pages dropped after each read).
+    #[arg(long, default_value = "direct")]
+    pub io: String,
     /// Instruction set: auto, scalar, avx2 or avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
@@ -187,6 +271,10 @@ pub struct RunArgs {
     /// Print one JSON object with ids, text and stats instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// Run the same generation once first, unmeasured, in another session (warms the expert
+    /// cache as far as the budget allows, like other engines' warm-up runs).
+    #[arg(long)]
+    pub warmup: bool,
     /// Write every row of logits (prompt positions, then each step) to a float32 .npy file.
     #[arg(long, value_name = "FILE.npy")]
     pub dump_logits: Option<PathBuf>,

@@ -4,6 +4,8 @@
 
 mod args;
 mod batchcmd;
+mod bench;
+mod doctor;
 mod live;
 mod npy;
 
@@ -17,9 +19,9 @@ use sluice::{Engine, Error, GenerateOptions, Isa, Memory, Prompt, SamplingOption
 use args::{Cli, Command, RunArgs};
 
 /// A failure and its exit code: 2 for the user's input, 1 for failures while running.
-struct Failure {
-    code: u8,
-    msg: String,
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) msg: String,
 }
 
 impl From<Error> for Failure {
@@ -31,7 +33,7 @@ impl From<Error> for Failure {
     }
 }
 
-fn usage(msg: impl Into<String>) -> Failure {
+pub(crate) fn usage(msg: impl Into<String>) -> Failure {
     Failure {
         code: 2,
         msg: msg.into(),
@@ -68,6 +70,8 @@ fn main() -> ExitCode {
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),
         Command::Pack(a) => pack(a),
+        Command::Doctor(a) => doctor::doctor(a),
+        Command::Bench(a) => bench::bench(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -269,7 +273,7 @@ fn model_dir(given: Option<PathBuf>) -> Result<PathBuf, Failure> {
 }
 
 /// Parses a size: `123`, `512MiB`, `8GiB`, `1.5G`, `64K` (binary multiples).
-fn parse_size(s: &str) -> Option<u64> {
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
     let t = s.trim();
     let split = t
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -325,6 +329,15 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
         .memory(memory(&a.memory)?)
         .policy(&a.policy)
         .prefetch(on_off("--prefetch", &a.prefetch)?)
+        .direct_io(match a.io.as_str() {
+            "direct" => true,
+            "buffered" => false,
+            other => {
+                return Err(usage(format!(
+                    "--io `{other}`: expected direct or buffered"
+                )));
+            }
+        })
         .context(a.context)
         .prefill_chunk(a.prefill_chunk)
         .sequences(sequences)
@@ -410,6 +423,15 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         Prompt::Text(p) => Some(p.to_string()),
         _ => None,
     };
+    if a.warmup {
+        let mut s = engine.session();
+        let warm = GenerateOptions {
+            keep_logits: false,
+            ..opts.clone()
+        };
+        s.generate(prompt.clone(), &warm)?.run()?;
+        let _ = engine.take_trace();
+    }
     let mut session = engine.session();
     let mut generation = session.generate(prompt, &opts)?;
     let mut live = (!a.json).then(|| live::Live::new(&engine));

@@ -453,3 +453,78 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
 }
+
+#[test]
+fn doctor_measures_a_scratch_file_and_removes_it() {
+    let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let v = json(&run(&[
+        "doctor",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--file-size",
+        "16MiB",
+        "--blocks",
+        "1MiB",
+        "--depths",
+        "1,2",
+        "--seconds",
+        "0.05",
+        "--json",
+    ]));
+    let reads = v["reads"].as_array().unwrap();
+    // direct and buffered, two depths each
+    assert_eq!(reads.len(), 4, "{v}");
+    assert!(
+        reads.iter().all(|r| r["gbps"].as_f64().unwrap() > 0.0),
+        "{v}"
+    );
+    assert!(v["memory"]["read_gbps_1_thread"].as_f64().unwrap() > 0.0);
+    assert!(v["memory"]["auto_budget_bytes"].as_u64().is_some());
+    assert!(!v["cpu"]["isas"].as_array().unwrap().is_empty());
+    assert_eq!(
+        std::fs::read_dir(d.path()).unwrap().count(),
+        0,
+        "scratch file left behind"
+    );
+}
+
+#[test]
+fn bench_runs_a_ladder_in_child_processes_with_identical_output() {
+    let m = synthetic().join("m");
+    let v = json(&run(&[
+        "bench",
+        "--model",
+        m.to_str().unwrap(),
+        "--ladder",
+        "below-trunk,unlimited",
+        "--policies",
+        "s3fifo",
+        "--prefetch",
+        "on",
+        "--prompt-tokens",
+        "6",
+        "--max-tokens",
+        "3",
+        "--prefill-chunk",
+        "4",
+        "--disk-seconds",
+        "0.1",
+        "--threads",
+        "1",
+        "--json",
+    ]));
+    assert_eq!(v["identical_output"], true, "{v}");
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    assert_eq!(runs[0]["trunk"], "tiered");
+    for r in runs {
+        assert_eq!(r["ids"].as_array().unwrap().len(), 3);
+        assert!(r["peak_rss_bytes"].as_u64().unwrap() > 0);
+        let b = r["belady_hit_rate"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&b));
+        // Two prefill chunks, each reading at most what it touched when nothing was cached.
+        assert!(r["prefill_read_over_touched_max"].as_f64().is_some(), "{r}");
+    }
+    // Under the tiered budget every trunk layer streams each token.
+    assert!(runs[0]["decode_trunk_bytes_per_token"].as_f64().unwrap() > 0.0);
+}

@@ -1,0 +1,457 @@
+//! `sluice bench`: generation end to end over a ladder of memory budgets, for each policy and
+//! prefetch setting. Every run is a fresh child process (`sluice run --json`), so its peak RSS is
+//! its own and its cache starts cold. Ratios are computed against figures measured in the same
+//! bench: decode time against the I/O floor (bytes read ÷ the disk bandwidth measured here with
+//! `sluice doctor`'s method), prefill bytes read against the bytes of the experts each chunk
+//! touched, and hit rate against Belady's optimum on the run's own trace.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Serialize;
+use serde_json::Value;
+use sluice::{Memory, fmt_bytes};
+
+use crate::args::BenchArgs;
+use crate::doctor::list;
+use crate::{Failure, parse_size, usage};
+
+/// One rung of the ladder.
+#[derive(Clone, Debug, Serialize)]
+struct Rung {
+    label: String,
+    /// None: unlimited.
+    budget: Option<u64>,
+    /// Experts the cache holds.
+    cache_experts: u64,
+    /// The expert cache holds every expert.
+    all_fit: bool,
+    /// The trunk streams through a ring.
+    tiered: bool,
+}
+
+/// One run's figures.
+#[derive(Clone, Debug, Serialize)]
+struct Row {
+    io: String,
+    rung: String,
+    budget_bytes: u64,
+    trunk: &'static str,
+    cache_experts: u64,
+    policy: String,
+    prefetch: bool,
+    prefill_tokens: u64,
+    prefill_tokens_per_s: f64,
+    decode_tokens: u64,
+    decode_s_per_token: f64,
+    decode_tokens_per_s: f64,
+    hit_rate: f64,
+    resident_hit_rate: f64,
+    belady_hit_rate: f64,
+    prefetch_recall: f64,
+    decode_bytes_per_token: f64,
+    decode_expert_bytes_per_token: f64,
+    decode_trunk_bytes_per_token: f64,
+    /// Decode bytes ÷ decode seconds.
+    achieved_gbps: f64,
+    /// Decode bytes per token ÷ the measured disk bandwidth.
+    io_floor_s_per_token: f64,
+    /// Decode seconds per token ÷ the floor (None when nothing was read).
+    decode_over_floor: Option<f64>,
+    /// Largest of the prefill chunks' bytes read ÷ bytes of the distinct experts they touched.
+    prefill_read_over_touched_max: Option<f64>,
+    /// The same over the whole prompt.
+    prefill_read_over_touched: Option<f64>,
+    peak_rss_bytes: u64,
+    io_mode_ran: String,
+    ids: Vec<u64>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+struct Report {
+    model: String,
+    checkpoint_bytes: u64,
+    trunk_bytes: u64,
+    expert_bytes: u64,
+    bytes_per_expert: u64,
+    experts: u64,
+    cpu: String,
+    threads: usize,
+    /// Per I/O mode: random expert-sized reads of the shards at 4 in flight, GB/s.
+    disk_gbps: Vec<(String, f64)>,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    rungs: Vec<Rung>,
+    runs: Vec<Row>,
+    /// Every run generated the same ids.
+    identical_output: bool,
+}
+
+fn fail(msg: String) -> Failure {
+    Failure { code: 1, msg }
+}
+
+/// Deterministic prompt ids in `[2, vocab)`.
+fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
+    let span = vocab.saturating_sub(2).max(1) as u64;
+    (0..n as u64)
+        .map(|i| ((i * 7919 + 13) % span + 2) as u32)
+        .collect()
+}
+
+fn f(v: &Value, k: &str) -> f64 {
+    v.get(k).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+fn u(v: &Value, k: &str) -> u64 {
+    v.get(k).and_then(Value::as_u64).unwrap_or(0)
+}
+
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { 0.0 }
+}
+
+pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
+    let model = a.model.clone();
+    if !model.is_dir() {
+        return Err(usage(format!("{}: not a model directory", model.display())));
+    }
+    if a.prompt_tokens == 0 || a.max_tokens < 2 || a.prefill_chunk == 0 {
+        return Err(usage(
+            "bench: need --prompt-tokens ≥ 1, --max-tokens ≥ 2, --prefill-chunk ≥ 1",
+        ));
+    }
+    let policies = list("--policies", &a.policies, |x| {
+        sluice::POLICIES.contains(&x).then(|| x.to_owned())
+    })?;
+    let prefetch = list("--prefetch", &a.prefetch, |x| match x {
+        "on" => Some(true),
+        "off" => Some(false),
+        _ => None,
+    })?;
+    let ios = list("--io", &a.io, |x| {
+        matches!(x, "direct" | "buffered").then(|| x.to_owned())
+    })?;
+    let context = a.prompt_tokens + a.max_tokens + 8;
+    let info = sluice::inspect(&model, Memory::Unlimited, context, a.prefill_chunk)?;
+    let experts_all = info.expert_bytes / info.bytes_per_expert.max(1);
+    let p = &info.plan;
+    let minimum = p.minimum;
+    let resident_trunk =
+        p.kv_cache + p.scratch + info.trunk_bytes + info.bytes_per_expert * info.top_k as u64;
+    let mut rungs = Vec::new();
+    for item in a.ladder.split(',').map(str::trim) {
+        let budget = match item {
+            "unlimited" => None,
+            "below-trunk" => Some((minimum + resident_trunk) / 2),
+            x if x.ends_with('%') => {
+                let pct: f64 = x[..x.len() - 1]
+                    .parse()
+                    .map_err(|_| usage(format!("--ladder: `{x}` is not a percentage")))?;
+                Some((info.checkpoint_bytes as f64 * pct / 100.0) as u64)
+            }
+            x => Some(
+                parse_size(x).ok_or_else(|| usage(format!("--ladder: `{x}` is not understood")))?,
+            ),
+        };
+        if budget.is_some_and(|b| b < minimum) {
+            eprintln!(
+                "note: rung {item} ({}) is below the smallest workable budget {}; skipped",
+                fmt_bytes(budget.unwrap_or(0)),
+                fmt_bytes(minimum)
+            );
+            continue;
+        }
+        let mem = budget.map_or(Memory::Unlimited, Memory::Bytes);
+        let plan = sluice::inspect(&model, mem, context, a.prefill_chunk)?.plan;
+        rungs.push(Rung {
+            label: item.to_owned(),
+            budget,
+            cache_experts: plan.expert_cache_experts.min(experts_all),
+            all_fit: plan.expert_cache >= info.expert_bytes,
+            tiered: plan.ring_slots > 0,
+        });
+    }
+    if rungs.is_empty() {
+        return Err(usage("--ladder: no workable rung"));
+    }
+    let cpu = sluice::doctor::cpu_report();
+    let threads = a.threads.unwrap_or(cpu.threads);
+    let shards = sluice::doctor::model_shards(&model)?;
+
+    // The disk bandwidth the floor is computed from: doctor's method on the model's own shards.
+    let mut disk = Vec::new();
+    for io in &ios {
+        let fig = sluice::doctor::expert_read_bandwidth(
+            &model,
+            4,
+            io == "direct",
+            a.disk_seconds.max(0.2),
+        )?;
+        if !a.json {
+            eprintln!(
+                "disk: random {} reads of {} over the shards, 4 in flight: {:.2} GB/s",
+                fig.mode,
+                fmt_bytes(fig.block as u64),
+                fig.gbps()
+            );
+        }
+        disk.push((io.clone(), fig.gbps()));
+    }
+
+    let ids = prompt_ids(a.prompt_tokens, info.vocab);
+    let ids_arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+    let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find myself: {e}")))?;
+    let tmp = std::env::temp_dir().join(format!("sluice-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    let mut rows = Vec::new();
+    let result = (|| -> Result<(), Failure> {
+        for (io, gbps) in &disk {
+            for r in &rungs {
+                for (pi, policy) in policies.iter().enumerate() {
+                    for (fi, &pf) in prefetch.iter().enumerate() {
+                        if r.all_fit && (pi > 0 || fi > 0) {
+                            continue; // every expert fits: policy and prefetch change nothing
+                        }
+                        let trace = tmp.join("trace.txt");
+                        sluice::doctor::drop_page_cache(&shards);
+                        let row = run_one(&RunSpec {
+                            exe: &exe,
+                            model: &model,
+                            ids: &ids_arg,
+                            a: &a,
+                            context,
+                            io,
+                            rung: r,
+                            policy,
+                            prefetch: pf,
+                            trace: &trace,
+                            threads,
+                            disk_gbps: *gbps,
+                        })?;
+                        if !a.json {
+                            eprintln!(
+                                "  {io} {} {policy} prefetch {}: decode {:.3} s/token, hits {:.1}% (Belady {:.1}%), peak RSS {}",
+                                r.label,
+                                if pf { "on" } else { "off" },
+                                row.decode_s_per_token,
+                                100.0 * row.hit_rate,
+                                100.0 * row.belady_hit_rate,
+                                fmt_bytes(row.peak_rss_bytes)
+                            );
+                        }
+                        rows.push(row);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result?;
+    let identical_output = rows.windows(2).all(|w| w[0].ids == w[1].ids);
+    let report = Report {
+        model: model.display().to_string(),
+        checkpoint_bytes: info.checkpoint_bytes,
+        trunk_bytes: info.trunk_bytes,
+        expert_bytes: info.expert_bytes,
+        bytes_per_expert: info.bytes_per_expert,
+        experts: experts_all,
+        cpu: cpu.model.clone(),
+        threads,
+        disk_gbps: disk,
+        prompt_tokens: a.prompt_tokens,
+        max_tokens: a.max_tokens,
+        rungs,
+        runs: rows,
+        identical_output,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+    } else {
+        print_tables(&report);
+    }
+    if !identical_output {
+        return Err(fail(
+            "the runs generated different ids: the output depends on the budget (a bug)".into(),
+        ));
+    }
+    Ok(())
+}
+
+struct RunSpec<'a> {
+    exe: &'a Path,
+    model: &'a Path,
+    ids: &'a str,
+    a: &'a BenchArgs,
+    context: usize,
+    io: &'a str,
+    rung: &'a Rung,
+    policy: &'a str,
+    prefetch: bool,
+    trace: &'a PathBuf,
+    threads: usize,
+    disk_gbps: f64,
+}
+
+fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
+    let a = s.a;
+    let mut cmd = Command::new(s.exe);
+    cmd.arg("run")
+        .arg("--model")
+        .arg(s.model)
+        .args(["--prompt-ids", s.ids])
+        .args(["--max-tokens", &a.max_tokens.to_string()])
+        .args([
+            "--memory",
+            &s.rung
+                .budget
+                .map_or_else(|| "unlimited".to_owned(), |b| b.to_string()),
+        ])
+        .args(["--policy", s.policy])
+        .args(["--prefetch", if s.prefetch { "on" } else { "off" }])
+        .args(["--io", s.io])
+        .args(["--context", &s.context.to_string()])
+        .args(["--prefill-chunk", &a.prefill_chunk.to_string()])
+        .args(["--temperature", &a.temperature.to_string()])
+        .args(["--seed", &a.seed.to_string()])
+        .args(["--threads", &s.threads.to_string()])
+        .arg("--trace")
+        .arg(s.trace)
+        .arg("--json");
+    let out = cmd
+        .output()
+        .map_err(|e| fail(format!("cannot run {}: {e}", s.exe.display())))?;
+    if !out.status.success() {
+        return Err(fail(format!(
+            "rung {} ({} {}): {}",
+            s.rung.label,
+            s.policy,
+            s.io,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        fail(format!(
+            "rung {}: bad JSON from the child: {e}",
+            s.rung.label
+        ))
+    })?;
+    let st = &v["stats"];
+    let trace = sluice::read_trace(s.trace).map_err(|e| fail(e.to_string()))?;
+    let cap = s.rung.cache_experts.max(1) as usize;
+    let belady = sluice::belady(&trace, cap).hit_rate();
+    let dtok = u(st, "decode_tokens");
+    // The first decode token's forward pass is part of the prompt's timing; each later token is
+    // one forward pass: count passes, not tokens, for bytes per token.
+    let passes = dtok.saturating_sub(1).max(1) as f64;
+    let dexp = u(st, "expert_bytes_read").saturating_sub(u(st, "prefill_expert_bytes_read"));
+    let dtrunk = u(st, "trunk_bytes_read").saturating_sub(u(st, "prefill_trunk_bytes_read"));
+    let dsec = f(st, "decode_seconds");
+    let spt = dsec / passes;
+    let bpt = (dexp + dtrunk) as f64 / passes;
+    let floor = ratio(bpt, s.disk_gbps * 1e9);
+    let chunks = st["prefill_chunks"].as_array().cloned().unwrap_or_default();
+    let chunk_ratios: Vec<f64> = chunks
+        .iter()
+        .filter(|c| u(c, "expert_touched_bytes") > 0 && u(c, "expert_bytes_read") > 0)
+        .map(|c| ratio(f(c, "expert_bytes_read"), f(c, "expert_touched_bytes")))
+        .collect();
+    let touched: f64 = chunks.iter().map(|c| f(c, "expert_touched_bytes")).sum();
+    let pread: f64 = chunks.iter().map(|c| f(c, "expert_bytes_read")).sum();
+    let req = u(st, "expert_requests") as f64;
+    Ok(Row {
+        io: s.io.to_owned(),
+        rung: s.rung.label.clone(),
+        budget_bytes: s.rung.budget.unwrap_or(0),
+        trunk: if s.rung.tiered { "tiered" } else { "resident" },
+        cache_experts: s.rung.cache_experts,
+        policy: s.policy.to_owned(),
+        prefetch: s.prefetch,
+        prefill_tokens: u(st, "prefill_tokens"),
+        prefill_tokens_per_s: ratio(f(st, "prefill_tokens"), f(st, "prefill_seconds")),
+        decode_tokens: dtok,
+        decode_s_per_token: spt,
+        decode_tokens_per_s: ratio(1.0, spt),
+        hit_rate: ratio(f(st, "expert_hits"), req),
+        resident_hit_rate: ratio(f(st, "expert_resident_hits"), req),
+        belady_hit_rate: belady,
+        prefetch_recall: f(st, "prefetch_recall"),
+        decode_bytes_per_token: bpt,
+        decode_expert_bytes_per_token: dexp as f64 / passes,
+        decode_trunk_bytes_per_token: dtrunk as f64 / passes,
+        achieved_gbps: ratio((dexp + dtrunk) as f64, dsec) / 1e9,
+        io_floor_s_per_token: floor,
+        decode_over_floor: (bpt > 0.0).then(|| ratio(spt, floor)),
+        prefill_read_over_touched_max: chunk_ratios.iter().copied().reduce(f64::max),
+        prefill_read_over_touched: (pread > 0.0).then(|| ratio(pread, touched)),
+        peak_rss_bytes: u(st, "peak_rss_bytes"),
+        io_mode_ran: st["io_mode"].as_str().unwrap_or("?").to_owned(),
+        ids: v["ids"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default(),
+    })
+}
+
+fn opt(x: Option<f64>, prec: usize) -> String {
+    x.map_or_else(|| "-".to_owned(), |v| format!("{v:.prec$}"))
+}
+
+fn print_tables(r: &Report) {
+    println!(
+        "model {}: {} ({} trunk, {} experts of {}); {} threads, {}",
+        r.model,
+        fmt_bytes(r.checkpoint_bytes),
+        fmt_bytes(r.trunk_bytes),
+        r.experts,
+        fmt_bytes(r.bytes_per_expert),
+        r.threads,
+        r.cpu
+    );
+    for (io, g) in &r.disk_gbps {
+        println!("disk ({io}): {g:.2} GB/s, random expert-sized reads, 4 in flight");
+    }
+    println!(
+        "prompt {} tokens, {} generated; output identical across all {} runs: {}",
+        r.prompt_tokens,
+        r.max_tokens,
+        r.runs.len(),
+        if r.identical_output { "yes" } else { "NO" }
+    );
+    println!();
+    println!(
+        "| io | rung | budget | trunk | cache | policy | prefetch | prefill tok/s | decode s/tok | tok/s | hits | resident hits | Belady | MB/token | GB/s | ÷ floor | prefill read ÷ touched | peak RSS |"
+    );
+    println!(
+        "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for x in &r.runs {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.2} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.2} | {} | {} | {} |",
+            x.io,
+            x.rung,
+            if x.budget_bytes == 0 {
+                "unlimited".to_owned()
+            } else {
+                fmt_bytes(x.budget_bytes)
+            },
+            x.trunk,
+            x.cache_experts,
+            x.policy,
+            if x.prefetch { "on" } else { "off" },
+            x.prefill_tokens_per_s,
+            x.decode_s_per_token,
+            x.decode_tokens_per_s,
+            100.0 * x.hit_rate,
+            100.0 * x.resident_hit_rate,
+            100.0 * x.belady_hit_rate,
+            x.decode_bytes_per_token / 1e6,
+            x.achieved_gbps,
+            opt(x.decode_over_floor, 2),
+            opt(x.prefill_read_over_touched_max, 3),
+            fmt_bytes(x.peak_rss_bytes),
+        );
+    }
+}

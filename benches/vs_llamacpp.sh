@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# sluice beside llama.cpp on the same synthetic DeepSeek-V3-shaped model (BF16 in both), the same
+# prompt length, generation length and thread count: (a) in RAM, (b) under a memory cap the model
+# is at least 4x larger than, enforced by a child memory cgroup this script creates and removes.
+#
+#   bash benches/vs_llamacpp.sh
+#
+# Needs: a release build of sluice (cargo build --release), llama.cpp built outside the repository
+# (llama-bench), and a Python with torch and transformers for llama.cpp's converter. Settings
+# (environment variables, defaults in brackets):
+#   LLAMA_DIR  llama.cpp source tree with convert_hf_to_gguf.py           [/work/llama/src]
+#   LLAMA_BIN  directory with llama-bench                                 [$LLAMA_DIR/build/bin]
+#   PYTHON     Python for the converter                                   [python3]
+#   SLUICE     the sluice binary                       [$CARGO_TARGET_DIR or target]/release/sluice
+#   WORK       where the model and its GGUF are written (kept for reuse)  [/work/bench-data/vs]
+#   THREADS    threads for both engines                                   [nproc]
+#   CAP        memory cap of the cgroup run, MiB                          [512]
+#   PROMPT     prompt tokens                                              [64]
+#   GEN        generated tokens (in RAM / under the cap)                  [32 / 16]
+#   MOE_INTER  expert intermediate size of the synthetic model            [768]
+#
+# llama.cpp is built, for example, from the source distribution of llama-cpp-python:
+#   pip download llama-cpp-python --no-binary llama-cpp-python --no-deps
+#   tar xzf llama_cpp_python-*.tar.gz; cd llama_cpp_python-*/vendor/llama.cpp
+#   cmake -B build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF && cmake --build build -j --target llama-bench
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+LLAMA_DIR=${LLAMA_DIR:-/work/llama/src}
+LLAMA_BIN=${LLAMA_BIN:-$LLAMA_DIR/build/bin}
+PYTHON=${PYTHON:-python3}
+SLUICE=${SLUICE:-${CARGO_TARGET_DIR:-$repo/target}/release/sluice}
+WORK=${WORK:-/work/bench-data/vs}
+THREADS=${THREADS:-$(nproc)}
+CAP=${CAP:-512}
+PROMPT=${PROMPT:-64}
+GEN_RAM=${GEN:-32}
+GEN_CAP=${GEN:-16}
+MOE_INTER=${MOE_INTER:-768}
+
+for f in "$SLUICE" "$LLAMA_BIN/llama-bench" "$LLAMA_DIR/convert_hf_to_gguf.py"; do
+    [ -e "$f" ] || { echo "missing: $f (see the header of $0)" >&2; exit 2; }
+done
+mkdir -p "$WORK"
+model=$WORK/model
+gguf=$WORK/model-bf16.gguf
+
+if [ ! -f "$model/config.json" ]; then
+    echo "== writing the synthetic model" >&2
+    "$SLUICE" synth "$model" --moe-inter "$MOE_INTER"
+fi
+if [ ! -f "$gguf" ]; then
+    echo "== converting it to GGUF (BF16) with llama.cpp's converter" >&2
+    "$PYTHON" "$here/gguf_convert.py" "$LLAMA_DIR" "$model" "$gguf.tmp" --outtype bf16 >&2
+    mv "$gguf.tmp" "$gguf"
+fi
+model_bytes=$(du -b --apparent-size -c "$model"/*.safetensors | tail -1 | cut -f1)
+gguf_bytes=$(stat -c %s "$gguf")
+cap_bytes=$((CAP * 1024 * 1024))
+if [ $((model_bytes)) -lt $((4 * cap_bytes)) ]; then
+    echo "note: the model ($model_bytes B) is less than 4x the cap ($cap_bytes B)" >&2
+fi
+# Prompt ids as `sluice bench` makes them: deterministic, in [2, vocab).
+vocab=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")
+ids=$(seq 0 $((PROMPT - 1)) | awk -v v="$vocab" '{printf "%s%d", (NR>1?",":""), ($1*7919+13)%(v-2)+2}')
+
+# Drops the page-cache pages of files so nothing is read from memory charged to someone else.
+drop() { for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true; done; }
+
+# The cgroup: a child of this shell's own memory cgroup (v1), or of its v2 cgroup.
+cg=""
+cleanup() {
+    if [ -n "$cg" ] && [ -d "$cg" ]; then
+        # Processes left in it (none once the runs returned) go back to the parent first.
+        if [ -f "$cg/cgroup.procs" ]; then
+            while read -r p; do echo "$p" > "$(dirname "$cg")/cgroup.procs" 2>/dev/null || true; done < "$cg/cgroup.procs"
+        fi
+        rmdir "$cg" 2>/dev/null || echo "warning: could not remove $cg" >&2
+    fi
+}
+trap cleanup EXIT
+make_cgroup() {
+    local rel
+    if [ -d /sys/fs/cgroup/memory ]; then
+        rel=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ {print $3}' /proc/self/cgroup)
+        cg=/sys/fs/cgroup/memory${rel%/}/sluice-vs-$$
+        mkdir "$cg"
+        echo "$cap_bytes" > "$cg/memory.limit_in_bytes"
+        # No swap here, but keep the cap whole where there is some.
+        [ -f "$cg/memory.memsw.limit_in_bytes" ] && echo "$cap_bytes" > "$cg/memory.memsw.limit_in_bytes" 2>/dev/null || true
+    else
+        rel=$(awk -F: '$1 == "0" {print $3}' /proc/self/cgroup)
+        cg=/sys/fs/cgroup${rel%/}/sluice-vs-$$
+        mkdir "$cg"
+        echo "$cap_bytes" > "$cg/memory.max"
+        echo 0 > "$cg/memory.swap.max" 2>/dev/null || true
+    fi
+}
+# Runs a command inside the cgroup.
+in_cg() { sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@"; }
+
+# llama-bench: prompt processing and generation tokens/s as "pp tg".
+llama() {
+    local gen=$1 reps=$2; shift 2
+    drop "$gguf"
+    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$PROMPT" -n "$gen" -t "$THREADS" -r "$reps" -o json 2>/dev/null |
+        "$PYTHON" -c '
+import json, sys
+rows = json.load(sys.stdin)
+pp = [r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0]
+tg = [r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0]
+print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")'
+}
+# sluice: prefill and decode tokens/s and peak RSS (after a warm-up generation, as llama-bench
+# warms up), as "pp tg rss".
+sluice() {
+    local gen=$1 memory=$2; shift 2
+    drop "$model"/*.safetensors
+    "$@" "$SLUICE" run --model "$model" --prompt-ids "$ids" --max-tokens $((gen + 1)) \
+        --memory "$memory" --threads "$THREADS" --context $((PROMPT + gen + 8)) --warmup --json |
+        "$PYTHON" -c '
+import json, sys
+s = json.load(sys.stdin)["stats"]
+# max_tokens = gen + 1: the first token comes from the prompt pass, then gen decode passes.
+passes = max(s["decode_tokens"] - 1, 1)
+print(f"{s[\"prefill_tokens\"] / s[\"prefill_seconds\"]:.3f} {passes / s[\"decode_seconds\"]:.3f} {s[\"peak_rss_bytes\"]}")'
+}
+
+echo "== in RAM: $THREADS threads, prompt $PROMPT, generate $GEN_RAM" >&2
+read -r l_pp l_tg < <(llama "$GEN_RAM" 3)
+read -r s_pp s_tg s_rss < <(sluice "$GEN_RAM" unlimited)
+
+echo "== under a ${CAP} MiB cgroup cap: generate $GEN_CAP" >&2
+make_cgroup
+# sluice's budget leaves room in the cap for the binary, thread stacks and allocator slack.
+budget=$(( (CAP - 64) * 1024 * 1024 ))
+read -r lc_pp lc_tg < <(llama "$GEN_CAP" 1 in_cg)
+read -r sc_pp sc_tg sc_rss < <(sluice "$GEN_CAP" "$budget" in_cg)
+peak=$(cat "$cg/memory.max_usage_in_bytes" 2>/dev/null || cat "$cg/memory.peak" 2>/dev/null || echo 0)
+cleanup
+cg=""
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "-" }'; }
+echo
+echo "model: $model ($((model_bytes / 1048576)) MiB safetensors, $((gguf_bytes / 1048576)) MiB GGUF), $THREADS threads"
+echo
+echo "| setting | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |"
+echo "|---|---|---:|---:|---:|"
+echo "| in RAM | llama.cpp | $l_pp | $l_tg | 1.0x |"
+echo "| in RAM | sluice | $s_pp | $s_tg | $(ratio "$s_tg" "$l_tg") |"
+echo "| ${CAP} MiB cap | llama.cpp | $lc_pp | $lc_tg | 1.0x |"
+echo "| ${CAP} MiB cap | sluice (--memory $((budget / 1048576))MiB) | $sc_pp | $sc_tg | $(ratio "$sc_tg" "$lc_tg") |"
+echo
+echo "sluice peak RSS: $((s_rss / 1048576)) MiB in RAM, $((sc_rss / 1048576)) MiB under the cap; cgroup peak (page cache included): $((peak / 1048576)) MiB"

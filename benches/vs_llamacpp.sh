@@ -124,7 +124,8 @@ import json, sys
 s = json.load(sys.stdin)["stats"]
 # max_tokens = gen + 1: the first token comes from the prompt pass, then gen decode passes.
 passes = max(s["decode_tokens"] - 1, 1)
-print(f"{s[\"prefill_tokens\"] / s[\"prefill_seconds\"]:.3f} {passes / s[\"decode_seconds\"]:.3f} {s[\"peak_rss_bytes\"]}")'
+pp = s["prefill_tokens"] / s["prefill_seconds"]
+print("%.3f %.3f %d" % (pp, passes / s["decode_seconds"], s["peak_rss_bytes"]))'
 }
 
 echo "== in RAM: $THREADS threads, prompt $PROMPT, generate $GEN_RAM" >&2

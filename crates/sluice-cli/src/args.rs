@@ -179,6 +179,10 @@ pub struct SynthArgs {
     /// Layers per shard file.
     #[arg(long, default_value_t = 1)]
     pub layers_per_shard: usize,
+    /// How routed experts are stored: bf16, int4 (compressed-tensors pack-quantized, group 32)
+    /// or mxfp4 (compressed-tensors mxfp4-pack-quantized).
+    #[arg(long, default_value = "bf16")]
+    pub experts_format: String,
 }
 
 /// Where the model is and how it runs (shared by `run` and `chat`).

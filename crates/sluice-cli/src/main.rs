@@ -217,6 +217,19 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
             "synth: need --layers ≥ 2, 0 < --top-k ≤ --experts, and --hidden divisible by --heads",
         ));
     }
+    let experts_format = sluice::ExpertFormat::from_name(&a.experts_format).ok_or_else(|| {
+        usage(format!(
+            "--experts-format `{}`: expected bf16, int4 or mxfp4",
+            a.experts_format
+        ))
+    })?;
+    if experts_format != sluice::ExpertFormat::Bf16
+        && !(a.hidden.is_multiple_of(32) && a.moe_inter.is_multiple_of(32))
+    {
+        return Err(usage(
+            "synth: packed experts need --hidden and --moe-inter divisible by 32",
+        ));
+    }
     let head = a.hidden / a.heads;
     let spec = sluice::SynthSpec {
         vocab: a.vocab,
@@ -237,6 +250,7 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
         layers_per_shard: a.layers_per_shard,
         skew: a.skew,
         seed: a.seed,
+        experts_format,
     };
     let t0 = std::time::Instant::now();
     spec.write(&a.out).map_err(|e| Failure {

@@ -195,6 +195,40 @@ fn synth_refuses_to_overwrite() {
 }
 
 #[test]
+fn synth_rejects_an_unknown_or_unpackable_experts_format() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("m");
+    let out = out.to_str().unwrap();
+    for (args, flag) in [
+        (
+            vec!["synth", out, "--experts-format", "fp8"],
+            "--experts-format",
+        ),
+        (
+            vec![
+                "synth",
+                out,
+                "--experts-format",
+                "int4",
+                "--hidden",
+                "48",
+                "--heads",
+                "4",
+            ],
+            "--hidden",
+        ),
+    ] {
+        let o = run(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.starts_with("error: "), "{args:?}: {e}");
+        assert!(e.contains(flag), "{args:?}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+        assert!(!std::path::Path::new(out).exists(), "{args:?}: wrote {out}");
+    }
+}
+
+#[test]
 fn a_budget_far_below_the_model_streams_the_same_ids_within_its_rss() {
     let m = synthetic().join("m");
     let m = m.to_str().unwrap();
@@ -325,6 +359,7 @@ fn a_trunk_four_times_the_budget_streams_within_its_rss() {
         layers_per_shard: 1,
         skew: 0.3,
         seed: 7,
+        ..Default::default()
     }
     .write(&dir)
     .unwrap();

@@ -47,6 +47,34 @@ pub struct SynthSpec {
     pub skew: f32,
     /// Seed of every value.
     pub seed: u64,
+    /// How the routed experts are stored.
+    pub experts_format: ExpertFormat,
+}
+
+/// How a synthetic model stores its routed experts (everything else is BF16).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertFormat {
+    /// BF16.
+    #[default]
+    Bf16,
+    /// compressed-tensors `pack-quantized`: symmetric INT4, eight codes per int32, one BF16
+    /// scale per 32 columns (Kimi K2 Thinking's layout).
+    Int4,
+    /// compressed-tensors `mxfp4-pack-quantized`: E2M1 codes two per byte, one E8M0 scale per
+    /// 32 columns (Kimi K3's layout).
+    Mxfp4,
+}
+
+impl ExpertFormat {
+    /// By name: `bf16`, `int4` or `mxfp4`.
+    pub fn from_name(s: &str) -> Option<ExpertFormat> {
+        match s {
+            "bf16" => Some(ExpertFormat::Bf16),
+            "int4" => Some(ExpertFormat::Int4),
+            "mxfp4" => Some(ExpertFormat::Mxfp4),
+            _ => None,
+        }
+    }
 }
 
 impl Default for SynthSpec {
@@ -71,6 +99,7 @@ impl Default for SynthSpec {
             layers_per_shard: 1,
             skew: 0.5,
             seed: 1,
+            experts_format: ExpertFormat::Bf16,
         }
     }
 }
@@ -91,6 +120,14 @@ enum Fill {
     Ones,
     /// The selection bias: a fixed Zipf-like profile of strength `skew`, F32.
     Bias(f32),
+    /// Random bytes (packed codes).
+    Bytes,
+    /// Every element the same little-endian 16-bit value.
+    Const16(u16),
+    /// Every element the same byte.
+    Const8(u8),
+    /// A `weight_shape` tensor: two int64.
+    Shape(u32, u32),
 }
 
 /// A fast deterministic generator (splitmix64).
@@ -115,7 +152,7 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 impl SynthSpec {
     /// The model's `config.json`.
     pub fn config(&self) -> Value {
-        json!({
+        let mut c = json!({
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "deepseek_v3",
             "vocab_size": self.vocab,
@@ -148,7 +185,42 @@ impl SynthSpec {
             "bos_token_id": 0,
             "eos_token_id": 1,
             "dtype": "bfloat16"
-        })
+        });
+        let q = match self.experts_format {
+            ExpertFormat::Bf16 => None,
+            ExpertFormat::Int4 => Some(json!({
+                "quant_method": "compressed-tensors",
+                "format": "pack-quantized",
+                "quantization_status": "compressed",
+                "config_groups": {"group_0": {
+                    "targets": ["re:.*mlp\\.experts\\..*"],
+                    "weights": {"num_bits": 4, "type": "int", "symmetric": true,
+                                "strategy": "group", "group_size": 32, "dynamic": false,
+                                "actorder": null, "block_structure": null},
+                    "input_activations": null, "output_activations": null}},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*"],
+                "kv_cache_scheme": null
+            })),
+            ExpertFormat::Mxfp4 => Some(json!({
+                "quant_method": "compressed-tensors",
+                "format": "mxfp4-pack-quantized",
+                "quantization_status": "compressed",
+                "config_groups": {"group_0": {
+                    "format": "mxfp4-pack-quantized",
+                    "targets": ["re:.*mlp\\.experts\\..*"],
+                    "weights": {"num_bits": 4, "type": "float", "symmetric": true,
+                                "strategy": "group", "group_size": 32, "dynamic": false,
+                                "actorder": null, "block_structure": null,
+                                "scale_dtype": "torch.uint8", "zp_dtype": null},
+                    "input_activations": null, "output_activations": null}},
+                "ignore": ["re:.*self_attn.*", "re:.*mlp\\.gate$", "lm_head"],
+                "kv_cache_scheme": null
+            })),
+        };
+        if let (Some(q), Some(obj)) = (q, c.as_object_mut()) {
+            obj.insert("quantization_config".into(), q);
+        }
+        c
     }
 
     fn plan(&self) -> Vec<Vec<Planned>> {
@@ -257,8 +329,56 @@ impl SynthSpec {
                         ("gate_proj", vec![self.moe_inter, h]),
                         ("up_proj", vec![self.moe_inter, h]),
                     ] {
-                        let fan = s[1];
-                        g.push(t(p(&format!("mlp.experts.{e}.{n}.weight")), s, u(fan)));
+                        let (rows, cols) = (s[0], s[1]);
+                        // Codes spread over ±a like the BF16 weights: INT4 (code − 8) × a/8,
+                        // MXFP4 E2M1 (up to ±6) × the power of two nearest a/6.
+                        let a = (3.0 / cols as f32).sqrt();
+                        let w = |suffix: &str| p(&format!("mlp.experts.{e}.{n}.{suffix}"));
+                        let q = |name: String, dtype, shape, fill| Planned {
+                            name,
+                            dtype,
+                            shape,
+                            fill,
+                        };
+                        match self.experts_format {
+                            ExpertFormat::Bf16 => g.push(t(w("weight"), s, u(cols))),
+                            ExpertFormat::Int4 => {
+                                g.push(q(
+                                    w("weight_packed"),
+                                    Dtype::I32,
+                                    vec![rows, cols / 8],
+                                    Fill::Bytes,
+                                ));
+                                g.push(q(
+                                    w("weight_scale"),
+                                    Dtype::BF16,
+                                    vec![rows, cols / 32],
+                                    Fill::Const16(f32_to_bf16(a / 8.0)),
+                                ));
+                                g.push(q(
+                                    w("weight_shape"),
+                                    Dtype::I64,
+                                    vec![2],
+                                    Fill::Shape(rows as u32, cols as u32),
+                                ));
+                            }
+                            ExpertFormat::Mxfp4 => {
+                                let e8m0 =
+                                    (127.0 + (a / 6.0).log2().round()).clamp(1.0, 254.0) as u8;
+                                g.push(q(
+                                    w("weight_packed"),
+                                    Dtype::U8,
+                                    vec![rows, cols / 2],
+                                    Fill::Bytes,
+                                ));
+                                g.push(q(
+                                    w("weight_scale"),
+                                    Dtype::U8,
+                                    vec![rows, cols / 32],
+                                    Fill::Const8(e8m0),
+                                ));
+                            }
+                        }
                     }
                 }
             }
@@ -323,7 +443,7 @@ impl SynthSpec {
             f.write_all_at(&head, 0)?;
             for (t, &o) in tensors.iter().zip(&offsets) {
                 let n: usize = t.shape.iter().product();
-                let step = if matches!(t.fill, Fill::Bias(_)) {
+                let step = if matches!(t.fill, Fill::Bias(_) | Fill::Shape(..)) {
                     n.max(1)
                 } else {
                     PIECE
@@ -388,6 +508,28 @@ impl SynthSpec {
                         let v = table[((r >> (16 * k)) & 0xffff) as usize];
                         o.copy_from_slice(&v.to_le_bytes());
                     }
+                }
+            }
+            Fill::Bytes => {
+                // Eight bytes per draw; pieces start at multiples of 8 bytes.
+                let at = first * t.dtype.size();
+                let mut rng = Rng(name_seed(self.seed, &t.name)
+                    .wrapping_add((at as u64 / 8).wrapping_mul(0x9e37_79b9_7f4a_7c15)));
+                buf.resize(n * t.dtype.size(), 0);
+                for out in buf.chunks_mut(8) {
+                    let r = rng.next().to_le_bytes();
+                    out.copy_from_slice(&r[..out.len()]);
+                }
+            }
+            Fill::Const16(v) => {
+                for _ in 0..n {
+                    buf.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            Fill::Const8(v) => buf.resize(n, v),
+            Fill::Shape(r, c) => {
+                for v in [r as i64, c as i64].iter().skip(first).take(n) {
+                    buf.extend_from_slice(&v.to_le_bytes());
                 }
             }
             Fill::Bias(skew) => {
@@ -531,6 +673,38 @@ mod tests {
             }
         }
         assert_eq!(got, &want[..got.len()]);
+        // Packed experts load and run as released INT4 and MXFP4 checkpoints do.
+        let d0 = d.path();
+        for format in [ExpertFormat::Int4, ExpertFormat::Mxfp4] {
+            let d = tempfile::tempdir().unwrap();
+            let q = SynthSpec {
+                experts_format: format,
+                ..spec.clone()
+            };
+            q.write(d.path()).unwrap();
+            let ck = sluice_format::Checkpoint::open(d.path()).unwrap();
+            let total: u64 = ck.tensors().iter().map(|t| t.len).sum();
+            assert_eq!(total, q.bytes());
+            // The routed experts shrink to ~0.53-0.56 of their BF16 bytes; the rest stays.
+            let experts = |ck: &sluice_format::Checkpoint| -> u64 {
+                ck.tensors()
+                    .iter()
+                    .filter(|t| t.name.contains("mlp.experts."))
+                    .map(|t| t.len)
+                    .sum()
+            };
+            let bf16 = sluice_format::Checkpoint::open(d0).unwrap();
+            assert!(experts(&ck) * 10 < experts(&bf16) * 6, "{format:?}");
+            assert_eq!(
+                spec.bytes() - experts(&bf16),
+                q.bytes() - experts(&ck),
+                "{format:?}"
+            );
+            let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
+            let mut st = m.new_state();
+            let l = m.forward(&mut st, &[1, 2, 3], crate::Logits::Last).unwrap();
+            assert!(l.iter().all(|x| x.is_finite()), "{format:?}");
+        }
         // Deterministic: the same spec writes the same bytes.
         let d2 = tempfile::tempdir().unwrap();
         spec.write(d2.path()).unwrap();

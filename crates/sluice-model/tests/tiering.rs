@@ -28,6 +28,7 @@ pub fn big_trunk() -> SynthSpec {
         layers_per_shard: 1,
         skew: 0.3,
         seed: 7,
+        ..Default::default()
     }
 }
 

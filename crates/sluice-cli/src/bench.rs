@@ -115,7 +115,10 @@ fn ratio(a: f64, b: f64) -> f64 {
 pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
     let model = a.model.clone();
     if !model.is_dir() {
-        return Err(usage(format!("{}: not a model directory", model.display())));
+        return Err(usage(format!(
+            "--model {}: not a model directory",
+            model.display()
+        )));
     }
     if a.prompt_tokens == 0 || a.max_tokens < 2 || a.prefill_chunk == 0 {
         return Err(usage(

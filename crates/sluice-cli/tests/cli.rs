@@ -195,6 +195,47 @@ fn synth_refuses_to_overwrite() {
 }
 
 #[test]
+fn bench_and_doctor_reject_bad_flags_with_one_line_naming_the_flag() {
+    let m = fixture("deepseek_v3-bf16");
+    let m = m.to_str().unwrap();
+    let missing = std::env::temp_dir().join("sluice-no-such-model-dir");
+    for (args, flag) in [
+        (
+            vec!["bench", "--model", m, "--policies", "s3fifo,arc"],
+            "--policies",
+        ),
+        (
+            vec!["bench", "--model", m, "--prefetch", "maybe"],
+            "--prefetch",
+        ),
+        (vec!["bench", "--model", m, "--io", "mmap"], "--io"),
+        (
+            vec!["bench", "--model", m, "--ladder", "unlimited,12 parsecs"],
+            "--ladder",
+        ),
+        (vec!["bench", "--model", m, "--ladder", "x%"], "--ladder"),
+        (
+            vec!["bench", "--model", m, "--max-tokens", "1"],
+            "--max-tokens",
+        ),
+        (
+            vec!["bench", "--model", missing.to_str().unwrap()],
+            "--model",
+        ),
+        (vec!["doctor", "--depths", "1,0"], "--depths"),
+        (vec!["doctor", "--blocks", "1MiB,big"], "--blocks"),
+        (vec!["doctor", "--file-size", "1KiB"], "--file-size"),
+    ] {
+        let o = run(&args);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(e.starts_with("error: "), "{args:?}: {e}");
+        assert!(e.contains(flag), "{args:?}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+    }
+}
+
+#[test]
 fn synth_rejects_an_unknown_or_unpackable_experts_format() {
     let d = tempfile::tempdir().unwrap();
     let out = d.path().join("m");

@@ -242,8 +242,8 @@ impl Checkpoint {
 
         let index_path = dir.join(INDEX_FILE);
         let (shard_names, weight_map) = if index_path.exists() {
-            let (names, map) = read_index(&index_path)?;
-            (names, Some(map))
+            let index = read_index(&index_path)?;
+            (index.shards, Some(index.weight_map))
         } else if dir.join(SINGLE_FILE).exists() {
             (vec![SINGLE_FILE.to_owned()], None)
         } else {
@@ -400,16 +400,25 @@ impl Checkpoint {
     }
 }
 
-/// Reads `model.safetensors.index.json`: the sorted list of shard names and the weight map.
-fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>), FormatError> {
-    let v = read_json(path, MAX_INDEX_LEN).map_err(|e| match e {
-        FormatError::ConfigJson { path, msg } => FormatError::IndexJson { path, msg },
-        e => e,
-    })?;
+/// A parsed shard index (`model.safetensors.index.json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardIndex {
+    /// The shard file names, sorted and without repeats; never empty, each a plain file name.
+    pub shards: Vec<String>,
+    /// Tensor name → shard file name; every shard named here is in `shards`.
+    pub weight_map: BTreeMap<String, String>,
+}
+
+/// Parses and validates the bytes of a shard index: JSON whose `weight_map` is a non-empty
+/// object mapping tensor names to plain file names (no `/`, `\`, NUL, `.` or `..`). `path`
+/// names the file in errors. Nothing here panics on any input.
+pub fn parse_index(bytes: &[u8], path: &Path) -> Result<ShardIndex, FormatError> {
     let bad = |msg: &str| FormatError::IndexJson {
         path: path.to_path_buf(),
         msg: msg.to_owned(),
     };
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| bad(&format!("not valid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(Value::as_object)
@@ -439,7 +448,23 @@ fn read_index(path: &Path) -> Result<(Vec<String>, BTreeMap<String, String>), Fo
     if names.is_empty() {
         return Err(bad("`weight_map` is empty"));
     }
-    Ok((names, weight_map))
+    Ok(ShardIndex {
+        shards: names,
+        weight_map,
+    })
+}
+
+/// Reads `model.safetensors.index.json` (at most [`MAX_INDEX_LEN`] bytes) and parses it.
+fn read_index(path: &Path) -> Result<ShardIndex, FormatError> {
+    let len = std::fs::metadata(path).map_err(io_err(path))?.len();
+    if len > MAX_INDEX_LEN {
+        return Err(FormatError::IndexJson {
+            path: path.to_path_buf(),
+            msg: format!("{len} bytes is larger than the {MAX_INDEX_LEN} accepted"),
+        });
+    }
+    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    parse_index(&bytes, path)
 }
 
 #[cfg(test)]

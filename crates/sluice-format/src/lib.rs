@@ -27,6 +27,8 @@ mod error;
 pub mod packed;
 pub mod safetensors;
 
-pub use checkpoint::{Checkpoint, INDEX_FILE, SINGLE_FILE, Shard, TensorInfo, read_json};
+pub use checkpoint::{
+    Checkpoint, INDEX_FILE, SINGLE_FILE, Shard, ShardIndex, TensorInfo, parse_index, read_json,
+};
 pub use dtype::Dtype;
 pub use error::FormatError;

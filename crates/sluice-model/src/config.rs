@@ -605,6 +605,7 @@ impl ModelConfig {
                     ));
                 }
                 let head_dim = match c.opt_usize("head_dim")? {
+                    Some(0) => return Err(c.err("head_dim", "must be positive")),
                     Some(d) => d,
                     None if arch == Arch::Qwen3Moe => {
                         return Err(c.err("head_dim", "required field is missing"));
@@ -1278,5 +1279,32 @@ mod tests {
         assert_eq!(c.rope.theta, 5e4);
         assert_eq!(c.rope.scaling, RopeScaling::None);
         assert!((c.softmax_scale - 24f32.powf(-0.5)).abs() < 1e-7);
+    }
+
+    /// Found by the `model_config` fuzz target (docs/RELIABILITY.md): `"head_dim": 0` is even,
+    /// so it used to be accepted, giving a softmax scale of 0^-0.5 = infinity and zero-width
+    /// heads. It is refused, naming the field, for every GQA architecture.
+    #[test]
+    fn zero_head_dim_is_refused() {
+        let mut v = gpt_oss();
+        v["head_dim"] = json!(0);
+        let e = parse(&v).unwrap_err();
+        assert!(e.to_string().contains("must be positive"), "{e}");
+        assert_eq!(field_of(e), "head_dim");
+        for model_type in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+            let mut v = gpt_oss();
+            let o = v.as_object_mut().unwrap();
+            o.remove("quantization_config");
+            o.remove("rope_scaling");
+            o.remove("sliding_window");
+            o.remove("swiglu_limit");
+            o.insert("model_type".into(), json!(model_type));
+            o.insert("moe_intermediate_size".into(), json!(32));
+            o.insert("num_experts".into(), json!(8));
+            o.insert("shared_expert_intermediate_size".into(), json!(32));
+            assert!(parse(&v).is_ok(), "{model_type}: {:?}", parse(&v).err());
+            v["head_dim"] = json!(0);
+            assert_eq!(field_of(parse(&v).unwrap_err()), "head_dim", "{model_type}");
+        }
     }
 }

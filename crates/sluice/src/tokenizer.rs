@@ -139,9 +139,20 @@ impl Tokenizer {
         }
     }
 
-    /// Whether the stream decoder must hold this id back until a different kind of id follows.
+    /// Whether the stream decoder must hold this id back until a different kind of id follows:
+    /// a byte-fallback token, or — with a byte-fallback decoder — an id the tokenizer does not
+    /// know (past the vocabulary, as a padded embedding can produce), which decodes to nothing
+    /// and so does not end a run of byte tokens either.
     fn holds(&self, id: u32) -> bool {
-        self.byte_fallback.contains(&id)
+        !self.byte_fallback.is_empty() && (self.byte_fallback.contains(&id) || !self.knows(id))
+    }
+
+    /// Whether the id names a token.
+    fn knows(&self, id: u32) -> bool {
+        match &self.inner {
+            Inner::Hf(t) => t.id_to_token(id).is_some(),
+            Inner::Tiktoken(t) => t.token_bytes(id).is_some(),
+        }
     }
 }
 

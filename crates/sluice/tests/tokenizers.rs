@@ -250,6 +250,15 @@ fn stream_decoder_on_fixture_sequences() {
     }
 }
 
+/// Sequences the `tokenizer_text` fuzz target found (fuzz/, docs/RELIABILITY.md), minimized.
+#[test]
+fn stream_decoder_fuzz_regressions() {
+    // spm_small: `<0x70>`, an id past the vocabulary, `<0x9C>`. The unknown id decodes to
+    // nothing, so the full decode sees one invalid byte run (two U+FFFD); the stream decoder
+    // used to end the run at the unknown id and emit `p`.
+    check_stream(tokenizer("spm_small"), &[115, 1171, 160]).unwrap();
+}
+
 fn byte_ids(name: &str) -> Vec<u32> {
     ids(&expected(name)["byte_ids"])
 }

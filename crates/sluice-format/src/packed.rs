@@ -164,7 +164,17 @@ impl Manifest {
                         t.name, t.len, t.offset
                     )));
                 }
-                at += t.len;
+                // Checked, and against the run's end: a length near 2^64 would otherwise wrap
+                // `at` back inside the run and a later tensor could make the sums agree.
+                at = at
+                    .checked_add(t.len)
+                    .filter(|&e| e <= pend)
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "tensor `{}`: {} bytes at {} run past the end of part `{}` at {pend}",
+                            t.name, t.len, t.offset, p.name
+                        ))
+                    })?;
             }
             if at != pend {
                 return Err(bad(format!(
@@ -287,6 +297,44 @@ mod tests {
         m.parts[0].xxh3 = "zz".into();
         assert!(parse(&m).is_err());
         assert!(Manifest::parse(b"{", Path::new("m.json")).is_err());
+    }
+
+    /// Found by the `packed_manifest` fuzz target (docs/RELIABILITY.md): a tensor whose length
+    /// (consistent with its shape) reaches past 2^64 overflowed the running offset — a panic with
+    /// overflow checks, and without them a wrap back to 0 after which a second tensor could make
+    /// the run look exactly covered, accepting a tensor of 2^64 - 4096 bytes.
+    #[test]
+    fn tensor_lengths_overflowing_the_run_are_refused() {
+        let mut m = sample();
+        let huge = u64::MAX - 4095; // 4096 + huge = 2^64
+        m.parts[0].tensors[0] = PackedTensor {
+            name: "a".into(),
+            dtype: "U8".into(),
+            shape: vec![huge as usize],
+            offset: 4096,
+            len: huge,
+        };
+        m.parts[0].tensors[1] = PackedTensor {
+            name: "b".into(),
+            dtype: "U8".into(),
+            shape: vec![4120],
+            offset: 0,
+            len: 4120,
+        };
+        let e = parse(&m).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor `a`") && e.contains("past the end"),
+            "{e}"
+        );
+        // A tensor ending past its run (no overflow) is refused the same way.
+        let mut m = sample();
+        m.parts[0].tensors[0].shape = vec![2, 8];
+        m.parts[0].tensors[0].len = 64;
+        let e = parse(&m).unwrap_err().to_string();
+        assert!(
+            e.contains("tensor `a`") && e.contains("past the end"),
+            "{e}"
+        );
     }
 
     #[test]

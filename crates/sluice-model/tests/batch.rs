@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use sluice_model::{Logits, Model, ModelOptions, State};
 
+mod common;
+use common::argmax;
+
 fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")
@@ -32,12 +35,6 @@ fn opts5() -> ModelOptions {
         context: 64,
         ..ModelOptions::default()
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(0, |b, (i, &x)| if x > row[b] { i } else { b }) as u32
 }
 
 fn bits(v: &[f32]) -> Vec<u32> {

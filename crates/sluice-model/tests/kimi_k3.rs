@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+mod common;
+use common::{Reference, argmax, compare};
 use sluice_format::Dtype;
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelOptions, State};
@@ -92,53 +94,6 @@ fn reference(variant: &str) -> Reference {
     Reference::open(&k3_dir().join(f))
 }
 
-/// Tensors of a reference file, by name.
-struct Reference {
-    tensors: HashMap<String, (Dtype, Vec<usize>, Vec<u8>)>,
-}
-
-impl Reference {
-    fn open(path: &Path) -> Reference {
-        let (header, _) = sluice_format::safetensors::read_header(path).unwrap();
-        let bytes = std::fs::read(path).unwrap();
-        let tensors = header
-            .tensors
-            .into_iter()
-            .map(|t| {
-                let data = bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec();
-                (t.name, (t.dtype, t.shape, data))
-            })
-            .collect();
-        Reference { tensors }
-    }
-
-    fn get(&self, name: &str) -> &(Dtype, Vec<usize>, Vec<u8>) {
-        self.tensors
-            .get(name)
-            .unwrap_or_else(|| panic!("reference has no `{name}`"))
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-
-    fn f32(&self, name: &str) -> Vec<f32> {
-        let (d, _, b) = self.get(name);
-        assert_eq!(*d, Dtype::F32, "{name}");
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        let (d, _, b) = self.get(name);
-        assert_eq!(*d, Dtype::I32, "{name}");
-        b.chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
-    }
-}
-
 fn open(variant: &str, threads: usize, isa: Isa) -> Model {
     let opts = ModelOptions {
         kernels: Kernels::new(isa).unwrap(),
@@ -146,29 +101,6 @@ fn open(variant: &str, threads: usize, isa: Isa) -> Model {
         ..Default::default()
     };
     Model::open(dir(variant), opts).unwrap_or_else(|e| panic!("k3-tiny-{variant}: {e}"))
-}
-
-/// Worst |a − b| and the reference's max |b|.
-fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
-    assert_eq!(got.len(), want.len());
-    let mut worst = 0f32;
-    let mut scale = 0f32;
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite value");
-        worst = worst.max((g - w).abs());
-        scale = scale.max(w.abs());
-    }
-    (worst, scale)
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Prompt logits, routed experts and the per-layer debug tensors for prompts of 1, 7 and 33

@@ -4,62 +4,16 @@
 //! experts read and cached at their size on disk; malformed quantization metadata refused at load
 //! with the tensor named; and memory as a dial on a quantized model.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
+mod common;
+use common::{Reference, argmax, compare};
 use sluice_format::{Checkpoint, Dtype};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions, PolicyChoice};
 use sluice_store::POLICIES;
-
-/// Tensors of a reference file, by name.
-struct Reference {
-    tensors: HashMap<String, (Dtype, Vec<u8>)>,
-}
-
-impl Reference {
-    fn open(path: &Path) -> Reference {
-        let (header, _) = sluice_format::safetensors::read_header(path).unwrap();
-        let bytes = std::fs::read(path).unwrap();
-        let tensors = header
-            .tensors
-            .into_iter()
-            .map(|t| {
-                let data = bytes[t.offset as usize..(t.offset + t.len) as usize].to_vec();
-                (t.name, (t.dtype, data))
-            })
-            .collect();
-        Reference { tensors }
-    }
-
-    fn get(&self, name: &str) -> &(Dtype, Vec<u8>) {
-        self.tensors
-            .get(name)
-            .unwrap_or_else(|| panic!("reference has no `{name}`"))
-    }
-
-    fn f32(&self, name: &str) -> Vec<f32> {
-        let (d, b) = self.get(name);
-        assert_eq!(*d, Dtype::F32, "{name}");
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    }
-
-    fn ids(&self, name: &str) -> Vec<u32> {
-        let (d, b) = self.get(name);
-        assert_eq!(*d, Dtype::I64, "{name}");
-        b.chunks_exact(8)
-            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
-            .collect()
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.tensors.contains_key(name)
-    }
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -74,29 +28,6 @@ fn open(name: &str, threads: usize) -> Model {
         ..Default::default()
     };
     Model::open(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Worst |a − b| and the reference's max |b|.
-fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
-    assert_eq!(got.len(), want.len());
-    let mut worst = 0f32;
-    let mut scale = 0f32;
-    for (&g, &w) in got.iter().zip(want) {
-        assert!(g.is_finite(), "non-finite logit");
-        worst = worst.max((g - w).abs());
-        scale = scale.max(w.abs());
-    }
-    (worst, scale)
 }
 
 const REL_TOL: f32 = 1e-4;

@@ -1,14 +1,12 @@
 //! `sluice batch`: JSONL in, JSONL out in input order, bad lines reported and skipped, and a
 //! rerun resumes where an interrupted job stopped.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
+mod common;
+use common::{demo, solo};
 use serde_json::Value;
-
-fn demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
-}
 
 fn batch(input: &Path, output: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -29,25 +27,6 @@ fn lines(path: &Path) -> Vec<Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-fn solo(prompt: &str, max: usize) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args(["run", "--model"])
-        .arg(demo())
-        .args([
-            prompt,
-            "--max-tokens",
-            &max.to_string(),
-            "--temperature",
-            "0",
-            "--json",
-            "--raw",
-        ])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["text"].as_str().unwrap().to_owned()
 }
 
 #[test]
@@ -88,9 +67,9 @@ fn results_in_input_order_bad_lines_skipped_and_a_rerun_resumes() {
     assert_eq!(first[0]["completion_tokens"], 12);
     assert_eq!(first[2]["completion_tokens"], 5);
     // What a sequence decoded beside others is what it decodes alone.
-    assert_eq!(first[0]["text"], solo("It is a truth", 12));
-    assert_eq!(first[1]["text"], solo("The weather", 30));
-    assert_eq!(first[3]["text"], solo("Mr. Darcy", 9));
+    assert_eq!(first[0]["text"], solo(&demo(), "It is a truth", 12));
+    assert_eq!(first[1]["text"], solo(&demo(), "The weather", 30));
+    assert_eq!(first[3]["text"], solo(&demo(), "Mr. Darcy", 9));
 
     // An interrupted job: only "a" and "f" made it to the file.
     std::fs::write(

@@ -4,14 +4,12 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+mod common;
+use common::{demo, solo};
 use serde_json::{Value, json};
-
-fn demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
-}
 
 /// The demo model plus a ChatML chat template, so the chat endpoint has something to render.
 fn chat_model() -> tempfile::TempDir {
@@ -96,27 +94,6 @@ fn events(body: &str) -> Vec<String> {
         .filter_map(|l| l.strip_prefix("data: "))
         .map(str::to_owned)
         .collect()
-}
-
-/// What a solo greedy run gives, through the CLI.
-fn solo(model: &Path, prompt: &str, max: usize) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "run",
-            "--model",
-            model.to_str().unwrap(),
-            prompt,
-            "--max-tokens",
-            &max.to_string(),
-            "--temperature",
-            "0",
-            "--json",
-            "--raw",
-        ])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
-    v["text"].as_str().unwrap().to_owned()
 }
 
 #[test]

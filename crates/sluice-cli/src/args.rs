@@ -79,7 +79,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "below-trunk,5%,10%,25%,50%,100%")]
     pub ladder: String,
     /// Policies, comma-separated.
-    #[arg(long, default_value = "s3fifo,lru,fifo,sieve")]
+    #[arg(long, default_value = "lfu,s3fifo,lru,fifo,sieve")]
     pub policies: String,
     /// Prefetch settings, comma-separated.
     #[arg(long, default_value = "on,off")]
@@ -198,8 +198,8 @@ pub struct EngineOpts {
     /// `auto` (available memory minus headroom) or `unlimited`.
     #[arg(long, default_value = "unlimited", value_name = "SIZE|auto")]
     pub memory: String,
-    /// Expert-cache eviction policy: s3fifo, lru, fifo or sieve.
-    #[arg(long, default_value = "s3fifo")]
+    /// Expert-cache eviction policy: lfu, s3fifo, lru, fifo or sieve.
+    #[arg(long, default_value = "lfu")]
     pub policy: String,
     /// Lookahead prefetch of the next layer's experts: on or off.
     #[arg(long, default_value = "on")]

@@ -146,7 +146,7 @@ pub type PolicyFactory = Arc<dyn Fn(usize) -> Box<dyn Policy> + Send + Sync>;
 /// Which eviction policy the expert cache uses.
 #[derive(Clone)]
 pub enum PolicyChoice {
-    /// One that ships, by name: `s3fifo` (the default), `lru`, `fifo`, `sieve`.
+    /// One that ships, by name: `lfu` (the default), `s3fifo`, `lru`, `fifo`, `sieve`.
     Named(String),
     /// A policy of your own, made for a cache of about `n` experts.
     Custom(PolicyFactory),
@@ -154,7 +154,7 @@ pub enum PolicyChoice {
 
 impl Default for PolicyChoice {
     fn default() -> Self {
-        PolicyChoice::Named("s3fifo".into())
+        PolicyChoice::Named("lfu".into())
     }
 }
 

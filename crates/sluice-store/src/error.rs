@@ -59,7 +59,7 @@ pub enum StoreError {
     #[error("{0}")]
     Corrupt(String),
     /// A cache policy name that is not known.
-    #[error("unknown cache policy `{0}` (known: s3fifo, lru, fifo, sieve)")]
+    #[error("unknown cache policy `{0}` (known: lfu, s3fifo, lru, fifo, sieve)")]
     UnknownPolicy(String),
     /// An earlier read of the same bytes failed; the failure is shared with every waiter.
     #[error("{0}")]

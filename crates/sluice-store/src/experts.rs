@@ -338,6 +338,7 @@ impl ExpertStore {
             for &k in &keys {
                 let inner = &mut *g;
                 inner.stats.requests += 1;
+                inner.policy.request(k);
                 if inner.touched.insert(k) {
                     inner.stats.touched += 1;
                     inner.stats.touched_bytes += sh.footprint(k);

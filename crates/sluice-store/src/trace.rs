@@ -112,6 +112,7 @@ pub fn simulate(policy: &mut dyn Policy, trace: &[TraceEvent], capacity: usize) 
         while i < trace.len() && trace[i].group() == g {
             let k = trace[i].key();
             r.requests += 1;
+            policy.request(k);
             if resident.contains(&k) {
                 r.hits += 1;
                 policy.hit(k);
@@ -125,7 +126,7 @@ pub fn simulate(policy: &mut dyn Policy, trace: &[TraceEvent], capacity: usize) 
                         None => break,
                     }
                 }
-                if resident.len() < capacity.max(1) && policy.admit(k) {
+                if resident.len() < capacity.max(1) {
                     resident.insert(k);
                     policy.insert(k);
                 }

@@ -112,7 +112,7 @@ impl EngineBuilder {
         self
     }
 
-    /// The expert-cache eviction policy by name: `s3fifo` (default), `lru`, `fifo`, `sieve`.
+    /// The expert-cache eviction policy by name: `lfu` (default), `s3fifo`, `lru`, `fifo`, `sieve`.
     pub fn policy(mut self, name: &str) -> Self {
         self.policy = PolicyChoice::Named(name.to_owned());
         self

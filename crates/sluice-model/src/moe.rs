@@ -276,14 +276,26 @@ pub(crate) fn moe(
     let ids: Vec<u32> = users.keys().copied().collect();
     let group = experts.max_pinned(layer).max(1);
     let mut prefetch_next = prefetch_next;
+    let mut shared_y = None;
     for chunk in ids.chunks(group) {
-        let blobs = experts.fetch(layer, chunk)?;
+        let arrivals = experts.fetch_each(layer, chunk)?;
         // Once this layer's first experts are pinned, start reading the next layer's predicted
         // experts so the reads overlap this layer's compute.
         if let Some((nl, next)) = prefetch_next.take() {
             experts.prefetch(*nl, next);
         }
-        for (&e, eb) in chunk.iter().zip(&blobs) {
+        // The shared expert needs nothing from the store: compute it while the misses are read.
+        if let Some(sh) = shared
+            && shared_y.is_none()
+        {
+            shared_y = Some(glu(exec, sh, blob, x, t, cfg.mlp_act)?);
+        }
+        // Each expert as soon as it is in memory: resident ones first, then reads as they land.
+        // Every expert writes only its own rows of `outs`, so the order changes no bit.
+        for arrival in arrivals {
+            let (ci, eb) = arrival?;
+            let e = chunk[ci];
+            let eb = &eb;
             let rows = &users[&e];
             let mut xe = Vec::with_capacity(rows.len() * w);
             for &(i, _) in rows {
@@ -329,7 +341,10 @@ pub(crate) fn moe(
         None => comb,
     };
     if let Some(sh) = shared {
-        let y = glu(exec, sh, blob, x, t, cfg.mlp_act)?;
+        let y = match shared_y {
+            Some(y) => y,
+            None => glu(exec, sh, blob, x, t, cfg.mlp_act)?,
+        };
         match shared_gate {
             Some(g) => {
                 let mut gl = vec![0f32; t];

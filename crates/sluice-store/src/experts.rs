@@ -1,11 +1,12 @@
 //! The expert store: routed experts read in place from the shards, behind a byte-budgeted cache
 //! with a pluggable eviction policy, pins, single-flight reads, a reader pool and prefetch.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Instant;
 
 use crate::StoreError;
-use crate::io::{Blob, Piece, Reader, plan_reads, read_blob};
+use crate::io::{Blob, Piece, Reader, plan_reads, read_blob, read_blob_parts};
 use crate::policy::{FixedMap, FixedSet, Key, Policy};
 use crate::pool::ReaderPool;
 use crate::trace::TraceEvent;
@@ -293,6 +294,32 @@ impl ExpertStore {
     /// until dropped. Misses are read in parallel, in file-offset order; an expert another
     /// request is already reading is waited for, not read twice.
     pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<Blob>>, StoreError> {
+        let mut out: Vec<Option<Arc<Blob>>> = vec![None; experts.len()];
+        for a in self.fetch_each(layer, experts)? {
+            let (i, blob) = a?;
+            out[i] = Some(blob);
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                b.ok_or_else(|| {
+                    StoreError::Shared(format!(
+                        "expert {} of layer {layer} never arrived",
+                        experts[i]
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Like [`fetch`](ExpertStore::fetch), but hands each expert over as soon as it is in
+    /// memory: first the ones already resident, then the misses in the order their reads land,
+    /// as `(index into experts, bytes)`. The misses are read in parts of [`READ_PART`] bytes,
+    /// in file-offset order, several parts in flight, so they land one after another and the
+    /// caller computes with the first while the rest are still being read. Every expert asked
+    /// for is pinned from this call until its handle is dropped; dropping the iterator early
+    /// waits for the reads it started (nothing is left half-read).
+    pub fn fetch_each(&self, layer: usize, experts: &[u32]) -> Result<Arrivals<'_>, StoreError> {
         let sh = &self.shared;
         for &e in experts {
             sh.spec(layer, e)?;
@@ -300,7 +327,7 @@ impl ExpertStore {
         let keys: Vec<Key> = experts.iter().map(|&e| Key::new(layer, e)).collect();
         let t0 = Instant::now();
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
-        let (held, misses) = loop {
+        let (ready, misses) = loop {
             if keys
                 .iter()
                 .any(|k| matches!(g.entries.get(k), Some(Entry::Loading)))
@@ -329,13 +356,13 @@ impl ExpertStore {
             }
             // Admitted: account the request and pin the hits.
             let step = g.step;
-            let mut held: FixedMap<Key, Arc<Blob>> = FixedMap::default();
+            let mut ready = VecDeque::new();
             let predicted = g
                 .predicted
                 .get(&(layer as u32))
                 .filter(|p| p.0 == step)
                 .map(|p| p.1.clone());
-            for &k in &keys {
+            for (i, &k) in keys.iter().enumerate() {
                 let inner = &mut *g;
                 inner.stats.requests += 1;
                 inner.policy.request(k);
@@ -368,7 +395,7 @@ impl ExpertStore {
                         } else {
                             inner.stats.resident_hits += 1;
                         }
-                        held.insert(k, Arc::clone(blob));
+                        ready.push_back((i, Arc::clone(blob)));
                         inner.policy.hit(k);
                     }
                     _ => inner.stats.misses += 1,
@@ -380,71 +407,44 @@ impl ExpertStore {
                 g.used += bytes;
                 g.stats.reads += 1;
             }
-            break (held, misses);
+            g.stats.wait_seconds += t0.elapsed().as_secs_f64();
+            break (ready, misses);
         };
         drop(g);
 
-        // Read the misses, in file order, on the reader pool.
+        // Read the misses, in file order, in parts on the reader pool.
         let mut order = misses.clone();
         order.sort_by_key(|k| {
             sh.specs[k.layer as usize][k.expert as usize]
                 .first()
                 .map(|p| (p.shard, p.offset))
         });
-        let results = self.pool.run(order.iter().map(|&k| {
-            let sh = Arc::clone(&self.shared);
-            move || {
-                read_blob(
-                    sh.reader.as_ref(),
-                    &sh.specs[k.layer as usize][k.expert as usize],
-                )
-            }
-        }));
-        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
-        let mut first_err = None;
-        let mut held = held;
-        for (k, r) in order.iter().zip(results) {
-            let bytes = sh.footprint(*k);
-            let r = r.unwrap_or_else(|| {
-                Err(StoreError::Shared(format!(
-                    "reading expert {k:?}: reader thread panicked"
-                )))
-            });
-            match r {
-                Ok(blob) => {
-                    let blob = Arc::new(blob);
-                    g.stats.bytes_read += blob.footprint() as u64;
-                    held.insert(*k, Arc::clone(&blob));
-                    g.entries.insert(
-                        *k,
-                        Entry::Ready {
-                            blob,
-                            bytes,
-                            prefetched_step: None,
-                        },
-                    );
-                    g.policy.insert(*k);
-                }
-                Err(e) => {
-                    g.entries.remove(k);
-                    g.used -= bytes;
-                    first_err.get_or_insert(e);
-                }
+        let (tx, rx) = mpsc::channel();
+        for &k in &order {
+            let tx = tx.clone();
+            read_blob_parts(
+                &sh.reader,
+                &sh.specs[k.layer as usize][k.expert as usize],
+                READ_PART,
+                &|job| self.pool.submit(job),
+                Box::new(move |r| {
+                    let _ = tx.send((k, r));
+                }),
+            );
+        }
+        let mut waiting: FixedMap<Key, Vec<usize>> = FixedMap::default();
+        for (i, k) in keys.iter().enumerate() {
+            if misses.binary_search(k).is_ok() {
+                waiting.entry(*k).or_default().push(i);
             }
         }
-        g.stats.wait_seconds += t0.elapsed().as_secs_f64();
-        drop(g);
-        sh.cond.notify_all();
-        if let Some(e) = first_err {
-            return Err(e);
-        }
-        keys.iter()
-            .map(|k| {
-                held.get(k).cloned().ok_or_else(|| {
-                    StoreError::Shared(format!("expert {k:?} vanished while pinned"))
-                })
-            })
-            .collect()
+        Ok(Arrivals {
+            store: self,
+            ready,
+            waiting,
+            outstanding: order.len(),
+            rx,
+        })
     }
 
     /// Starts reading experts predicted for `layer` in the background, without pinning them and
@@ -529,6 +529,104 @@ impl ExpertStore {
                 g.used -= bytes;
                 g.policy.remove(k);
             }
+        }
+    }
+}
+
+/// Parts of at most this many bytes are what a demand read of one expert is split into: small
+/// enough that a layer's misses land one after another with several parts in flight, large
+/// enough that each read is efficient on a disk (about 1 GB/s at depth 1 here, see `doctor`).
+pub const READ_PART: u64 = 1 << 20;
+
+/// The experts of one [`fetch_each`](ExpertStore::fetch_each) call as they arrive in memory:
+/// `(index into the experts asked for, bytes)`, or the error of a read that failed (that expert
+/// is not cached; the others still arrive).
+pub struct Arrivals<'s> {
+    store: &'s ExpertStore,
+    ready: VecDeque<(usize, Arc<Blob>)>,
+    /// Misses still being read, with the indices that asked for them.
+    waiting: FixedMap<Key, Vec<usize>>,
+    outstanding: usize,
+    rx: mpsc::Receiver<(Key, Result<Blob, StoreError>)>,
+}
+
+impl std::fmt::Debug for Arrivals<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Arrivals({} ready, {} being read)",
+            self.ready.len(),
+            self.outstanding
+        )
+    }
+}
+
+impl Arrivals<'_> {
+    /// Waits for the next read to land and caches it (or forgets it, if it failed).
+    fn land_next(&mut self) -> Result<(), StoreError> {
+        let t0 = Instant::now();
+        let (k, r) = self.rx.recv().map_err(|_| {
+            self.outstanding = 0;
+            StoreError::Shared("the reader pool stopped with reads outstanding".into())
+        })?;
+        self.outstanding -= 1;
+        let sh = &self.store.shared;
+        let bytes = sh.footprint(k);
+        let idx = self.waiting.remove(&k).unwrap_or_default();
+        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        g.stats.wait_seconds += t0.elapsed().as_secs_f64();
+        let r = match r {
+            Ok(blob) => {
+                let blob = Arc::new(blob);
+                g.stats.bytes_read += blob.footprint() as u64;
+                g.entries.insert(
+                    k,
+                    Entry::Ready {
+                        blob: Arc::clone(&blob),
+                        bytes,
+                        prefetched_step: None,
+                    },
+                );
+                g.policy.insert(k);
+                for i in idx {
+                    self.ready.push_back((i, Arc::clone(&blob)));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                g.entries.remove(&k);
+                g.used -= bytes;
+                Err(e)
+            }
+        };
+        drop(g);
+        sh.cond.notify_all();
+        r
+    }
+}
+
+impl Iterator for Arrivals<'_> {
+    type Item = Result<(usize, Arc<Blob>), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if let Some(x) = self.ready.pop_front() {
+                return Some(Ok(x));
+            }
+            if self.outstanding == 0 {
+                return None;
+            }
+            if let Err(e) = self.land_next() {
+                return Some(Err(e));
+            }
+        }
+    }
+}
+
+impl Drop for Arrivals<'_> {
+    fn drop(&mut self) {
+        while self.outstanding > 0 {
+            let _ = self.land_next();
         }
     }
 }

@@ -4,7 +4,8 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rustix::fd::OwnedFd;
 use rustix::fs::{Mode, OFlags};
@@ -393,6 +394,141 @@ pub fn read_blob(reader: &dyn Reader, pieces: &[Piece]) -> Result<Blob, StoreErr
         )?;
     }
     Ok(Blob { buf, spans })
+}
+
+/// A completion callback of [`read_blob_parts`].
+pub(crate) type BlobDone = Box<dyn FnOnce(Result<Blob, StoreError>) + Send>;
+
+/// The address of a buffer that several jobs fill at disjoint ranges.
+struct FillPtr(*mut u8);
+// SAFETY: the pointer is only dereferenced by `read_blob_parts`' jobs, each over its own range.
+unsafe impl Send for FillPtr {}
+// SAFETY: as above; no two jobs touch the same byte.
+unsafe impl Sync for FillPtr {}
+
+/// A blob being filled by several part reads.
+struct Filling {
+    /// Owns the memory `base` points into; taken by the job that lands last.
+    buf: Mutex<Option<AlignedBuf>>,
+    base: FillPtr,
+    spans: Vec<(usize, usize)>,
+    left: AtomicUsize,
+    err: Mutex<Option<StoreError>>,
+    done: Mutex<Option<BlobDone>>,
+}
+
+/// Counts one part as landed when dropped, even if its read panicked; the last one hands the
+/// blob (or the first error) to the completion callback.
+struct PartLanded {
+    fill: Arc<Filling>,
+    ok: bool,
+}
+
+impl PartLanded {
+    /// The part's read ran to its end (successfully or with an error it recorded).
+    fn succeed(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for PartLanded {
+    fn drop(&mut self) {
+        let f = &self.fill;
+        if !self.ok
+            && let Ok(mut e) = f.err.lock()
+        {
+            e.get_or_insert(StoreError::Shared("a reader thread panicked".into()));
+        }
+        if f.left.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let err = f.err.lock().ok().and_then(|mut e| e.take());
+        let buf = f.buf.lock().ok().and_then(|mut b| b.take());
+        let r = match (err, buf) {
+            (Some(e), _) => Err(e),
+            (None, Some(buf)) => Ok(Blob {
+                buf,
+                spans: f.spans.clone(),
+            }),
+            (None, None) => Err(StoreError::Shared("a part read lost its buffer".into())),
+        };
+        if let Some(done) = f.done.lock().ok().and_then(|mut d| d.take()) {
+            done(r);
+        }
+    }
+}
+
+/// Reads pieces into one aligned blob like [`read_blob`], but as reads of at most `part` bytes
+/// (rounded up to the alignment) handed to `spawn`, so several are in flight for one blob and a
+/// queue of blobs completes one after another rather than all at the end. `done` receives the
+/// blob, or the first error, when the last part lands (on the thread that read it).
+pub(crate) fn read_blob_parts(
+    reader: &Arc<dyn Reader>,
+    pieces: &[Piece],
+    part: u64,
+    spawn: &dyn Fn(Box<dyn FnOnce() + Send>),
+    done: BlobDone,
+) {
+    let (runs, spans, buf_len) = plan_reads(reader.as_ref(), pieces);
+    let align = runs
+        .iter()
+        .map(|r| reader.align(r.shard))
+        .max()
+        .unwrap_or(1)
+        .max(64);
+    let mut buf = match AlignedBuf::zeroed(buf_len, align) {
+        Ok(b) => b,
+        Err(e) => return done(Err(e)),
+    };
+    let part = part.max(1).div_ceil(align as u64) * align as u64;
+    let mut parts = Vec::new();
+    for run in &runs {
+        let mut off = 0;
+        while off < run.len {
+            let len = part.min(run.len - off);
+            parts.push(Run {
+                shard: run.shard,
+                start: run.start + off,
+                len,
+                need: len.min(run.need.saturating_sub(off)),
+                buf_at: run.buf_at + off as usize,
+            });
+            off += len;
+        }
+    }
+    if parts.is_empty() {
+        return done(Ok(Blob { buf, spans }));
+    }
+    let base = FillPtr(buf.as_mut_slice().as_mut_ptr());
+    let fill = Arc::new(Filling {
+        buf: Mutex::new(Some(buf)),
+        base,
+        spans,
+        left: AtomicUsize::new(parts.len()),
+        err: Mutex::new(None),
+        done: Mutex::new(Some(done)),
+    });
+    for p in parts {
+        let mut landed = PartLanded {
+            fill: Arc::clone(&fill),
+            ok: false,
+        };
+        let reader = Arc::clone(reader);
+        spawn(Box::new(move || {
+            let f = &landed.fill;
+            // SAFETY: `p` lies inside the buffer (`plan_reads` sized it to hold every run) and
+            // no other part overlaps it; the buffer stays alive in `f.buf` until the last part
+            // has landed, and nothing else reads or writes it before then.
+            let dst =
+                unsafe { std::slice::from_raw_parts_mut(f.base.0.add(p.buf_at), p.len as usize) };
+            if let Err(e) = read_run(reader.as_ref(), &p, dst)
+                && let Ok(mut slot) = f.err.lock()
+            {
+                slot.get_or_insert(e);
+            }
+            landed.succeed();
+        }));
+    }
 }
 
 /// Reads one run into `dst` (exactly `run.len` bytes, aligned), checking that every payload byte

@@ -1,7 +1,6 @@
 //! A small pool of reader threads: several reads in flight, demand reads ahead of prefetches.
 
 use std::collections::VecDeque;
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -47,7 +46,7 @@ impl ReaderPool {
     /// Runs a background job (a prefetch) when a reader is free; inline without readers.
     pub(crate) fn spawn(&self, f: impl FnOnce() + Send + 'static) {
         if self.threads.is_empty() {
-            f();
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             return;
         }
         if let Ok(mut q) = self.shared.queues.lock() {
@@ -58,36 +57,17 @@ impl ReaderPool {
 
     /// Runs jobs ahead of background work and waits for all; results in the order given
     /// (`None` for a job that panicked).
-    pub(crate) fn run<T, F, I>(&self, jobs: I) -> Vec<Option<T>>
-    where
-        T: Send + 'static,
-        F: FnOnce() -> T + Send + 'static,
-        I: IntoIterator<Item = F>,
-    {
+    /// Queues a demand job (ahead of background ones) without waiting for it; with no reader
+    /// threads it runs at once on the caller's thread.
+    pub(crate) fn submit(&self, f: impl FnOnce() + Send + 'static) {
         if self.threads.is_empty() {
-            return jobs
-                .into_iter()
-                .map(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok())
-                .collect();
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+            return;
         }
-        let (tx, rx) = mpsc::channel();
-        let mut n = 0;
         if let Ok(mut q) = self.shared.queues.lock() {
-            for (i, f) in jobs.into_iter().enumerate() {
-                let tx = tx.clone();
-                q.demand.push_back(Box::new(move || {
-                    let _ = tx.send((i, f()));
-                }));
-                n += 1;
-            }
+            q.demand.push_back(Box::new(f));
         }
-        drop(tx);
-        self.shared.cond.notify_all();
-        let mut out: Vec<Option<T>> = (0..n).map(|_| None).collect();
-        for (i, v) in rx.iter().take(n) {
-            out[i] = Some(v);
-        }
-        out
+        self.shared.cond.notify_one();
     }
 }
 
@@ -128,18 +108,27 @@ impl Drop for ReaderPool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
 
     #[test]
-    fn results_in_order_with_and_without_threads() {
+    fn every_job_runs_once_with_and_without_threads() {
         for n in [0, 1, 3] {
             let p = ReaderPool::new(n);
-            let out = p.run((0..20).map(|i| move || i * 2));
-            assert_eq!(out, (0..20).map(|i| Some(i * 2)).collect::<Vec<_>>());
-            let out = p.run((0..3).map(|i| move || if i == 1 { panic!("boom") } else { i }));
-            assert_eq!(out, vec![Some(0), None, Some(2)]);
             let (tx, rx) = mpsc::channel();
-            p.spawn(move || tx.send(7).unwrap());
-            assert_eq!(rx.recv().unwrap(), 7);
+            for i in 0..20 {
+                let tx = tx.clone();
+                p.submit(move || tx.send(i * 2).unwrap());
+            }
+            // A panicking job does not take its reader down.
+            p.submit(|| panic!("boom"));
+            let tx2 = tx.clone();
+            p.spawn(move || tx2.send(1000).unwrap());
+            drop(tx);
+            let mut got: Vec<i32> = rx.iter().take(21).collect();
+            got.sort();
+            let mut want: Vec<i32> = (0..20).map(|i| i * 2).collect();
+            want.push(1000);
+            assert_eq!(got, want, "{n} threads");
         }
     }
 }

@@ -293,3 +293,118 @@ fn concurrent_fetches_share_reads_and_hold_the_budget() {
     assert_eq!(s.requests, s.hits + s.misses);
     assert!(s.evictions > 0);
 }
+
+/// A shard with 4 experts of three pieces each, every expert several read parts long.
+fn write_large_shard(dir: &Path) -> (PathBuf, Vec<Vec<Vec<Piece>>>) {
+    const PIECE: u64 = 900_001;
+    let path = dir.join("large.bin");
+    let bytes: Vec<u8> = (0..(333 + 4 * 3 * PIECE))
+        .map(|i| (i * 131 % 251) as u8)
+        .collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let experts = (0..4u64)
+        .map(|e| {
+            (0..3)
+                .map(|p| Piece {
+                    shard: 0,
+                    offset: 333 + (e * 3 + p) * PIECE,
+                    len: PIECE,
+                })
+                .collect()
+        })
+        .collect();
+    (path, vec![experts])
+}
+
+#[test]
+fn large_experts_arrive_in_parts_one_after_another() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_large_shard(dir.path());
+    assert!(specs[0][0].iter().map(|p| p.len).sum::<u64>() > 2 * sluice_store::READ_PART);
+    for readers in [0, 1, 3] {
+        let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+        let cfg = ExpertStoreConfig {
+            readers,
+            ..config(16 << 20)
+        };
+        let store = ExpertStore::new(shards, specs.clone(), cfg).unwrap();
+        store.fetch(0, &[0]).unwrap();
+        // 0 is resident and comes first; 1 is asked for twice and read once.
+        let asked = [3, 1, 0, 2, 1];
+        let got: Vec<(usize, Arc<sluice_store::Blob>)> = store
+            .fetch_each(0, &asked)
+            .unwrap()
+            .map(|a| a.unwrap())
+            .collect();
+        let order: Vec<usize> = got.iter().map(|g| g.0).collect();
+        assert_eq!(order[0], 2, "{readers} readers: {order:?}");
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, vec![0, 1, 2, 3, 4], "{readers} readers");
+        if readers <= 1 {
+            // One reader takes the parts in file order, so the misses land in file order.
+            assert_eq!(order, vec![2, 1, 4, 3, 0]);
+        }
+        for (i, b) in &got {
+            for (p, piece) in specs[0][asked[*i] as usize].iter().enumerate() {
+                assert!(
+                    b.piece(p) == &expected(&path, piece)[..],
+                    "{readers} readers: expert {} piece {p}",
+                    asked[*i]
+                );
+            }
+        }
+        let s = store.stats();
+        // Both asks of 1 are misses (it was not resident when asked), but it is read once.
+        assert_eq!((s.requests, s.hits, s.misses, s.reads), (6, 1, 5, 4));
+
+        // Dropped after the first arrival: the reads it started still land and are cached.
+        drop(got);
+        store.clear();
+        assert_eq!(store.used(), 0);
+        let mut it = store.fetch_each(0, &[2, 3]).unwrap();
+        assert!(it.next().unwrap().is_ok());
+        drop(it);
+        let used = store.used();
+        assert!(used > store.max_footprint() && used <= 2 * store.max_footprint());
+        let before = store.stats().reads;
+        store.fetch(0, &[2, 3]).unwrap();
+        assert_eq!(store.stats().reads, before, "{readers} readers");
+    }
+}
+
+#[test]
+fn a_failed_part_fails_only_its_expert() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_large_shard(dir.path());
+    let faulty = Arc::new(Faulty {
+        inner: ShardSet::open(&[&path], true).unwrap(),
+        poison: AtomicU64::new(u64::MAX),
+        short: AtomicU8::new(0),
+    });
+    let store = ExpertStore::new(faulty.clone(), specs.clone(), config(16 << 20)).unwrap();
+    // Poison a byte in the middle of expert 2 (its second read part).
+    faulty
+        .poison
+        .store(specs[0][2][1].offset + 500_000, Ordering::SeqCst);
+    let mut ok = Vec::new();
+    let mut errs = 0;
+    for a in store.fetch_each(0, &[1, 2, 3]).unwrap() {
+        match a {
+            Ok((i, _)) => ok.push(i),
+            Err(StoreError::Io { source, .. }) => {
+                assert!(source.to_string().contains("injected"));
+                errs += 1;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    ok.sort();
+    assert_eq!((ok, errs), (vec![0, 2], 1));
+    // Nothing of expert 2 stays behind; the others are cached.
+    let used = store.used();
+    assert!(used > store.max_footprint() && used <= 2 * store.max_footprint());
+    faulty.poison.store(u64::MAX, Ordering::SeqCst);
+    let b = store.fetch(0, &[2]).unwrap();
+    assert!(b[0].piece(1) == &expected(&path, &specs[0][2][1])[..]);
+}

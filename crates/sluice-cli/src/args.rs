@@ -81,7 +81,7 @@ pub struct BenchArgs {
     /// Policies, comma-separated.
     #[arg(long, default_value = "lfu,s3fifo,lru,fifo,sieve")]
     pub policies: String,
-    /// Prefetch settings, comma-separated.
+    /// Prefetch settings, comma-separated: on, all, off (as for `run`).
     #[arg(long, default_value = "on,off")]
     pub prefetch: String,
     /// I/O modes, comma-separated: direct, buffered.
@@ -201,7 +201,8 @@ pub struct EngineOpts {
     /// Expert-cache eviction policy: lfu, s3fifo, lru, fifo or sieve.
     #[arg(long, default_value = "lfu")]
     pub policy: String,
-    /// Lookahead prefetch of the next layer's experts: on or off.
+    /// Lookahead prefetch of the next layer's experts: on (read the predictions that have
+    /// proved right often enough), all (read every prediction) or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,
     /// How shards are read: direct (O_DIRECT where the file system allows it) or buffered

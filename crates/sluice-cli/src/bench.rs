@@ -39,7 +39,7 @@ struct Row {
     trunk: &'static str,
     cache_experts: u64,
     policy: String,
-    prefetch: bool,
+    prefetch: String,
     prefill_tokens: u64,
     prefill_tokens_per_s: f64,
     decode_tokens: u64,
@@ -128,10 +128,8 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
     let policies = list("--policies", &a.policies, |x| {
         sluice::POLICIES.contains(&x).then(|| x.to_owned())
     })?;
-    let prefetch = list("--prefetch", &a.prefetch, |x| match x {
-        "on" => Some(true),
-        "off" => Some(false),
-        _ => None,
+    let prefetch = list("--prefetch", &a.prefetch, |x| {
+        matches!(x, "on" | "all" | "off").then(|| x.to_owned())
     })?;
     let ios = list("--io", &a.io, |x| {
         matches!(x, "direct" | "buffered").then(|| x.to_owned())
@@ -213,7 +211,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         for (io, gbps) in &disk {
             for r in &rungs {
                 for (pi, policy) in policies.iter().enumerate() {
-                    for (fi, &pf) in prefetch.iter().enumerate() {
+                    for (fi, pf) in prefetch.iter().enumerate() {
                         if r.all_fit && (pi > 0 || fi > 0) {
                             continue; // every expert fits: policy and prefetch change nothing
                         }
@@ -237,7 +235,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
                             eprintln!(
                                 "  {io} {} {policy} prefetch {}: decode {:.3} s/token, hits {:.1}% (Belady {:.1}%), peak RSS {}",
                                 r.label,
-                                if pf { "on" } else { "off" },
+                                pf,
                                 row.decode_s_per_token,
                                 100.0 * row.hit_rate,
                                 100.0 * row.belady_hit_rate,
@@ -292,7 +290,7 @@ struct RunSpec<'a> {
     io: &'a str,
     rung: &'a Rung,
     policy: &'a str,
-    prefetch: bool,
+    prefetch: &'a str,
     trace: &'a PathBuf,
     threads: usize,
     disk_gbps: f64,
@@ -313,7 +311,7 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
                 .map_or_else(|| "unlimited".to_owned(), |b| b.to_string()),
         ])
         .args(["--policy", s.policy])
-        .args(["--prefetch", if s.prefetch { "on" } else { "off" }])
+        .args(["--prefetch", s.prefetch])
         .args(["--io", s.io])
         .args(["--context", &s.context.to_string()])
         .args(["--prefill-chunk", &a.prefill_chunk.to_string()])
@@ -371,7 +369,7 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         trunk: if s.rung.tiered { "tiered" } else { "resident" },
         cache_experts: s.rung.cache_experts,
         policy: s.policy.to_owned(),
-        prefetch: s.prefetch,
+        prefetch: s.prefetch.to_owned(),
         prefill_tokens: u(st, "prefill_tokens"),
         prefill_tokens_per_s: ratio(f(st, "prefill_tokens"), f(st, "prefill_seconds")),
         decode_tokens: dtok,
@@ -443,7 +441,7 @@ fn print_tables(r: &Report) {
             x.trunk,
             x.cache_experts,
             x.policy,
-            if x.prefetch { "on" } else { "off" },
+            x.prefetch,
             x.prefill_tokens_per_s,
             x.decode_s_per_token,
             x.decode_tokens_per_s,

@@ -318,14 +318,6 @@ fn memory(s: &str) -> Result<Memory, Failure> {
     }
 }
 
-fn on_off(flag: &str, s: &str) -> Result<bool, Failure> {
-    match s {
-        "on" | "true" | "yes" => Ok(true),
-        "off" | "false" | "no" => Ok(false),
-        _ => Err(usage(format!("{flag} `{s}`: expected on or off"))),
-    }
-}
-
 fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine, Failure> {
     let dir = model_dir(a.model.clone())?;
     if sequences == 0 {
@@ -338,11 +330,22 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
             sluice::POLICIES.join(", ")
         )));
     }
+    let (prefetch, precision) = match a.prefetch.as_str() {
+        "on" | "true" | "yes" => (true, sluice::PREFETCH_PRECISION),
+        "all" => (true, 0.0),
+        "off" | "false" | "no" => (false, sluice::PREFETCH_PRECISION),
+        other => {
+            return Err(usage(format!(
+                "--prefetch `{other}`: expected on, all or off"
+            )));
+        }
+    };
     let mut b = Engine::builder()
         .model(&dir)
         .memory(memory(&a.memory)?)
         .policy(&a.policy)
-        .prefetch(on_off("--prefetch", &a.prefetch)?)
+        .prefetch(prefetch)
+        .prefetch_precision(precision)
         .direct_io(match a.io.as_str() {
             "direct" => true,
             "buffered" => false,

@@ -1,5 +1,6 @@
 //! The model: weights, the forward pass over a chunk of tokens, logits.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,6 +46,9 @@ pub struct ModelOptions {
     pub policy: PolicyChoice,
     /// Lookahead prefetch of the next layer's predicted experts.
     pub prefetch: bool,
+    /// Share of a confidence rank's lookahead predictions that must have come true before
+    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`].
+    pub prefetch_precision: f64,
     /// Reader threads for expert reads.
     pub readers: usize,
     /// Read shards with O_DIRECT where the file system allows it.
@@ -109,6 +113,7 @@ impl std::fmt::Debug for ModelOptions {
             .field("memory", &self.memory)
             .field("policy", &self.policy)
             .field("prefetch", &self.prefetch)
+            .field("prefetch_precision", &self.prefetch_precision)
             .field("readers", &self.readers)
             .field("direct_io", &self.direct_io)
             .field("record_trace", &self.record_trace)
@@ -128,6 +133,7 @@ impl Default for ModelOptions {
             memory: None,
             policy: PolicyChoice::default(),
             prefetch: true,
+            prefetch_precision: sluice_store::PREFETCH_PRECISION,
             readers: 4,
             direct_io: true,
             record_trace: false,
@@ -280,6 +286,7 @@ impl Model {
             policy,
             readers: opts.readers,
             record_trace: opts.record_trace,
+            prefetch_precision: opts.prefetch_precision,
         };
         let experts = Arc::new(ExpertStore::new(
             Arc::clone(&reader),
@@ -775,7 +782,8 @@ impl Model {
     }
 
     /// Lookahead: the experts layer `l`'s router would pick from the current residual stream
-    /// (`[t, hidden]`), as a hint for prefetch. `None` when `l` has no routed experts.
+    /// (`[t, hidden]`), most confident (largest routing weight, summed over rows) first, as a
+    /// hint for prefetch. `None` when `l` has no routed experts.
     fn predict(&self, l: usize, hs: &[f32]) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
         if l >= self.cfg.layers || !self.cfg.is_moe(l) {
             return Ok(None);
@@ -799,14 +807,15 @@ impl Model {
         let mut logits = vec![0f32; (hs.len() / h) * ne];
         self.exec.matmul(&router.view(blob)?, &xn, &mut logits);
         let bias = bias.map(|b| b.to_f32(blob));
-        let mut ids: Vec<u32> = logits
-            .chunks_exact_mut(ne)
-            .flat_map(|lg| crate::moe::route(&self.cfg, lg, bias.as_deref()))
-            .map(|p| p.0)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        Ok(Some((l, ids)))
+        let mut score: BTreeMap<u32, f32> = BTreeMap::new();
+        for lg in logits.chunks_exact_mut(ne) {
+            for (e, w) in crate::moe::route(&self.cfg, lg, bias.as_deref()) {
+                *score.entry(e).or_default() += w;
+            }
+        }
+        let mut ranked: Vec<(u32, f32)> = score.into_iter().collect();
+        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        Ok(Some((l, ranked.into_iter().map(|p| p.0).collect())))
     }
 }
 

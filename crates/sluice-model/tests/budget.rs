@@ -80,6 +80,8 @@ fn opts(memory: Option<u64>, policy: &str, prefetch: bool, threads: usize) -> Mo
         memory,
         policy: PolicyChoice::Named(policy.into()),
         prefetch,
+        // Read every prediction, so that prefetch reads happen in these runs.
+        prefetch_precision: 0.0,
         threads,
         context: 64,
         chunk: 8,
@@ -162,7 +164,7 @@ macro_rules! fixture_budget_test {
             #[test]
             fn $name(
                 frac in 0.0f64..=1.0,
-                policy in 0usize..4,
+                policy in 0..POLICIES.len(),
                 prefetch: bool,
                 threads in 1usize..=3,
                 chunk in proptest::sample::select(vec![1usize, 3, 7]),
@@ -189,7 +191,7 @@ fixture_budget_test!(kimi_k3_mxfp4, "kimi/k3/k3-tiny-mxfp4");
 proptest! {
     #![proptest_config(cases())]
     #[test]
-    fn synthetic_experts_ten_times_the_cache(frac in 0.0f64..=1.0, policy in 0usize..4, prefetch: bool, threads in 1usize..=3) {
+    fn synthetic_experts_ten_times_the_cache(frac in 0.0f64..=1.0, policy in 0..POLICIES.len(), prefetch: bool, threads in 1usize..=3) {
         static BASE: OnceLock<Baseline> = OnceLock::new();
         let dir = synthetic();
         let base = BASE.get_or_init(|| baseline(dir));

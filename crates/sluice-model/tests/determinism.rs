@@ -64,6 +64,8 @@ fn matrix(fixture: &str) {
                             memory: Some(memory),
                             policy: PolicyChoice::Named(policy.into()),
                             prefetch,
+                            // Every prediction read, so prefetch reads happen.
+                            prefetch_precision: 0.0,
                             threads,
                             kernels: Kernels::new(isa).unwrap(),
                             ..base.clone()

@@ -478,6 +478,8 @@ fn budget_opts(memory: Option<u64>, policy: &str, prefetch: bool, threads: usize
         memory,
         policy: PolicyChoice::Named(policy.into()),
         prefetch,
+        // Read every prediction, so that prefetch reads happen in these runs.
+        prefetch_precision: 0.0,
         threads,
         context: 64,
         chunk: 8,
@@ -518,7 +520,7 @@ macro_rules! budget_test {
         proptest! {
             #![proptest_config(cases())]
             #[test]
-            fn $name(frac in 0.0f64..=1.0, policy in 0usize..4, prefetch: bool, threads in 1usize..=3) {
+            fn $name(frac in 0.0f64..=1.0, policy in 0..POLICIES.len(), prefetch: bool, threads in 1usize..=3) {
                 static BASE: OnceLock<Baseline> = OnceLock::new();
                 let dir = fixture($fixture);
                 let base = BASE.get_or_init(|| baseline(&dir));

@@ -6,7 +6,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Instant;
 
 use crate::StoreError;
-use crate::io::{Blob, Piece, Reader, plan_reads, read_blob, read_blob_parts};
+use crate::io::{Blob, Piece, Reader, plan_reads, read_blob_parts};
 use crate::policy::{FixedMap, FixedSet, Key, Policy};
 use crate::pool::ReaderPool;
 use crate::trace::TraceEvent;
@@ -21,6 +21,10 @@ pub struct ExpertStoreConfig {
     pub readers: usize,
     /// Record every request for offline replay.
     pub record_trace: bool,
+    /// Share of a confidence rank's predictions that must have come true before
+    /// [`prefetch`](ExpertStore::prefetch) reads that rank ([`PREFETCH_PRECISION`] by default;
+    /// 0 reads every prediction from the first step).
+    pub prefetch_precision: f64,
 }
 
 impl std::fmt::Debug for ExpertStoreConfig {
@@ -113,8 +117,12 @@ struct Inner {
     used: u64,
     stats: ExpertStats,
     step: u64,
-    /// Per layer: the step of the last prediction and the experts predicted.
-    predicted: FixedMap<u32, (u64, Vec<u32>)>,
+    /// Per layer: the step of the last prediction, the experts predicted (most confident
+    /// first) and whether the real routing has been compared with it yet.
+    predicted: FixedMap<u32, (u64, Vec<u32>, bool)>,
+    /// Per confidence rank of a prediction: (predictions compared, predictions the router then
+    /// chose), the precision that decides how many of the ranks prefetch reads.
+    ranks: Vec<(u64, u64)>,
     /// Experts already asked for in the current step.
     touched: FixedSet<Key>,
     trace: Option<Vec<TraceEvent>>,
@@ -126,6 +134,7 @@ struct Shared {
     /// Buffer bytes of each expert once read (payload plus alignment).
     footprints: Vec<Vec<u64>>,
     capacity: u64,
+    prefetch_precision: f64,
     inner: Mutex<Inner>,
     cond: Condvar,
 }
@@ -185,6 +194,7 @@ impl ExpertStore {
             stats: ExpertStats::default(),
             step: 0,
             predicted: FixedMap::default(),
+            ranks: Vec::new(),
             touched: FixedSet::default(),
             trace: cfg.record_trace.then(Vec::new),
         };
@@ -193,6 +203,7 @@ impl ExpertStore {
             specs,
             footprints,
             capacity: cfg.capacity,
+            prefetch_precision: cfg.prefetch_precision,
             inner: Mutex::new(inner),
             cond: Condvar::new(),
         });
@@ -213,6 +224,7 @@ impl ExpertStore {
             policy: Box::new(crate::policy::Lru::default()),
             readers: 0,
             record_trace: false,
+            prefetch_precision: PREFETCH_PRECISION,
         };
         ExpertStore::new(reader, specs, cfg)
     }
@@ -359,9 +371,20 @@ impl ExpertStore {
             let mut ready = VecDeque::new();
             let predicted = g
                 .predicted
-                .get(&(layer as u32))
+                .get_mut(&(layer as u32))
                 .filter(|p| p.0 == step)
-                .map(|p| p.1.clone());
+                .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)));
+            // Once per step and layer, score each rank of the prediction against the router.
+            if let Some((p, false)) = &predicted {
+                if g.ranks.len() < p.len() {
+                    g.ranks.resize(p.len(), (0, 0));
+                }
+                for (r, e) in p.iter().enumerate() {
+                    g.ranks[r].0 += 1;
+                    g.ranks[r].1 += u64::from(experts.contains(e));
+                }
+            }
+            let predicted = predicted.map(|p| p.0);
             for (i, &k) in keys.iter().enumerate() {
                 let inner = &mut *g;
                 inner.stats.requests += 1;
@@ -447,22 +470,44 @@ impl ExpertStore {
         })
     }
 
-    /// Starts reading experts predicted for `layer` in the background, without pinning them and
-    /// only into room that does not need a pinned expert evicted. A hint: it never changes what
-    /// a later [`fetch`](ExpertStore::fetch) returns.
+    /// Takes a prediction of the experts `layer` will ask for in this step, most confident
+    /// first, and reads in the background the leading ranks that have earned it: a rank is read
+    /// once at least [`PREFETCH_WARMUP`] of its predictions were compared with the router's
+    /// choice and at least the configured precision ([`PREFETCH_PRECISION`] by default) of them
+    /// were right (a wrong guess costs a whole read on a disk that is the bottleneck; a right
+    /// one only moves a read earlier). With a precision of 0 every prediction is read.
+    ///
+    /// Reads go without pins, and only into room that neither needs a pinned expert evicted
+    /// nor one the policy ranks above the guess ([`Policy::displaces`]): a guess never pushes
+    /// out what the cache has learnt to keep. They queue behind demand reads, in parts. A hint:
+    /// it never changes what a later [`fetch`](ExpertStore::fetch) returns.
     pub fn prefetch(&self, layer: usize, experts: &[u32]) {
         let sh = &self.shared;
         let Ok(mut g) = sh.inner.lock() else { return };
         let step = g.step;
-        g.predicted.insert(layer as u32, (step, experts.to_vec()));
+        g.predicted
+            .insert(layer as u32, (step, experts.to_vec(), false));
+        let (warmup, precision) = if sh.prefetch_precision > 0.0 {
+            (PREFETCH_WARMUP, sh.prefetch_precision)
+        } else {
+            (0, 0.0)
+        };
+        let width = if warmup == 0 {
+            experts.len()
+        } else {
+            g.ranks
+                .iter()
+                .take_while(|&&(n, right)| n >= warmup && right as f64 >= precision * n as f64)
+                .count()
+        };
         let mut jobs = Vec::new();
-        for &e in experts {
+        for &e in experts.iter().take(width) {
             let k = Key::new(layer, e);
             if sh.spec(layer, e).is_err() || g.entries.contains_key(&k) {
                 continue;
             }
             let bytes = sh.footprint(k);
-            if !sh.make_room(&mut g, bytes, &[k]) {
+            if !sh.make_room_for(&mut g, bytes, &[k], Some(k)) {
                 break;
             }
             g.entries.insert(k, Entry::Loading);
@@ -472,18 +517,9 @@ impl ExpertStore {
             jobs.push(k);
         }
         drop(g);
-        jobs.sort_by_key(|k| {
-            sh.specs[k.layer as usize][k.expert as usize]
-                .first()
-                .map(|p| (p.shard, p.offset))
-        });
         for k in jobs {
             let sh = Arc::clone(&self.shared);
-            self.pool.spawn(move || {
-                let r = read_blob(
-                    sh.reader.as_ref(),
-                    &sh.specs[k.layer as usize][k.expert as usize],
-                );
+            let done = Box::new(move |r: Result<Blob, StoreError>| {
                 if let Ok(mut g) = sh.inner.lock() {
                     let bytes = sh.footprint(k);
                     match r {
@@ -510,6 +546,13 @@ impl ExpertStore {
                 }
                 sh.cond.notify_all();
             });
+            read_blob_parts(
+                &self.shared.reader,
+                &self.shared.specs[k.layer as usize][k.expert as usize],
+                READ_PART,
+                &|job| self.pool.spawn(job),
+                done,
+            );
         }
     }
 
@@ -532,6 +575,12 @@ impl ExpertStore {
         }
     }
 }
+
+/// Predictions of a rank that must have been scored before prefetch trusts it.
+pub const PREFETCH_WARMUP: u64 = 16;
+
+/// Share of a rank's predictions that must have been right for prefetch to read that rank.
+pub const PREFETCH_PRECISION: f64 = 0.8;
 
 /// Parts of at most this many bytes are what a demand read of one expert is split into: small
 /// enough that a layer's misses land one after another with several parts in flight, large
@@ -648,6 +697,18 @@ impl Shared {
     /// Evicts unpinned experts (never one of `keep`) until `need` more bytes fit. False when
     /// pinned or in-flight experts leave too little room.
     fn make_room(&self, g: &mut MutexGuard<'_, Inner>, need: u64, keep: &[Key]) -> bool {
+        self.make_room_for(g, need, keep, None)
+    }
+
+    /// [`make_room`](Shared::make_room) for a speculative read of `guess`, if given: stops
+    /// (false) at the first victim the policy would not give up for it.
+    fn make_room_for(
+        &self,
+        g: &mut MutexGuard<'_, Inner>,
+        need: u64,
+        keep: &[Key],
+        guess: Option<Key>,
+    ) -> bool {
         while g.used + need > self.capacity {
             let inner = &mut **g;
             let entries = &inner.entries;
@@ -655,6 +716,11 @@ impl Shared {
                 !keep.contains(&k) && matches!(entries.get(&k), Some(Entry::Ready { blob, .. }) if Arc::strong_count(blob) == 1)
             });
             let Some(v) = victim else { return false };
+            if let Some(guess) = guess
+                && !inner.policy.displaces(guess, v)
+            {
+                return false;
+            }
             if let Some(Entry::Ready { bytes, .. }) = inner.entries.remove(&v) {
                 inner.used -= bytes;
             }

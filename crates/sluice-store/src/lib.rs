@@ -16,7 +16,10 @@ mod trunk;
 
 pub use aligned::AlignedBuf;
 pub use error::StoreError;
-pub use experts::{Arrivals, ExpertStats, ExpertStore, ExpertStoreConfig, READ_PART};
+pub use experts::{
+    Arrivals, ExpertStats, ExpertStore, ExpertStoreConfig, PREFETCH_PRECISION, PREFETCH_WARMUP,
+    READ_PART,
+};
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
 pub use policy::{Key, POLICIES, Policy};
 pub use trace::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};

@@ -51,6 +51,11 @@ pub trait Policy: Send {
     /// A key was asked for (hit or miss), before [`hit`](Policy::hit) or
     /// [`insert`](Policy::insert). Default: nothing.
     fn request(&mut self, _key: Key) {}
+    /// Whether a speculative read of `guess` (prefetch) may evict `victim`, the key
+    /// [`victim`](Policy::victim) just picked. Default: yes.
+    fn displaces(&self, _guess: Key, _victim: Key) -> bool {
+        true
+    }
 }
 
 /// The policies that ship, by name.
@@ -411,6 +416,11 @@ impl Policy for Lfu {
             .map(|&(_, _, k)| k)
             .find(|&k| evictable(k))
     }
+    /// Only a victim asked for no more often than the guess.
+    fn displaces(&self, guess: Key, victim: Key) -> bool {
+        let count = |k| self.counts.get(&k).copied().unwrap_or(0);
+        count(guess) >= count(victim)
+    }
 }
 
 #[cfg(test)]
@@ -552,6 +562,21 @@ mod tests {
         assert_eq!(p.victim(&mut |x| x != k(3) && x != k(2)), Some(k(1)));
         p.remove(k(3));
         assert_eq!(p.victim(&mut |_| true), Some(k(2)));
+    }
+
+    #[test]
+    fn lfu_lets_a_guess_displace_only_keys_asked_for_no_more_often() {
+        let mut p = Lfu::new(4);
+        for _ in 0..3 {
+            p.request(k(1));
+        }
+        p.request(k(2));
+        p.request(k(7));
+        assert!(p.displaces(k(7), k(2)));
+        assert!(!p.displaces(k(7), k(1)));
+        assert!(!p.displaces(k(8), k(2)));
+        // Other policies have no ranking to protect.
+        assert!(Lru::default().displaces(k(8), k(2)));
     }
 
     #[test]

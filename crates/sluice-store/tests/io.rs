@@ -55,6 +55,7 @@ fn config(capacity: u64) -> ExpertStoreConfig {
         policy: by_name("s3fifo", 4).unwrap(),
         readers: 2,
         record_trace: false,
+        prefetch_precision: sluice_store::PREFETCH_PRECISION,
     }
 }
 
@@ -407,4 +408,38 @@ fn a_failed_part_fails_only_its_expert() {
     faulty.poison.store(u64::MAX, Ordering::SeqCst);
     let b = store.fetch(0, &[2]).unwrap();
     assert!(b[0].piece(1) == &expected(&path, &specs[0][2][1])[..]);
+}
+
+#[test]
+fn prefetch_reads_only_the_ranks_that_have_been_right() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let cfg = ExpertStoreConfig {
+        readers: 0,
+        ..config(1 << 20)
+    };
+    let store = ExpertStore::new(shards, specs, cfg).unwrap();
+    // Each step predicts [a, b]; the router then picks a (rank 0 right, rank 1 wrong).
+    let step = |i: u32| {
+        store.begin_step();
+        let (a, b) = (i % 8, 8 + i % 8);
+        let reads = store.stats().prefetch_reads;
+        store.prefetch(0, &[a, b]);
+        let read = store.stats().prefetch_reads - reads;
+        store.fetch(0, &[a]).unwrap();
+        store.clear();
+        read
+    };
+    // Untrusted ranks are not read while their record builds up.
+    for i in 0..sluice_store::PREFETCH_WARMUP as u32 {
+        assert_eq!(step(i), 0, "step {i}");
+    }
+    // Then rank 0 is read and rank 1 (never right) is not.
+    for i in 0..8 {
+        assert_eq!(step(i), 1, "step {i}");
+    }
+    let s = store.stats();
+    assert_eq!(s.prefetch_hits, 8);
+    assert!((s.prefetch_recall() - 1.0).abs() < 1e-12);
 }

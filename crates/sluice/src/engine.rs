@@ -36,6 +36,7 @@ pub struct EngineBuilder {
     isa: Option<Isa>,
     policy: PolicyChoice,
     prefetch: bool,
+    prefetch_precision: f64,
     direct_io: bool,
     trace: bool,
     verify_pack: bool,
@@ -53,6 +54,7 @@ impl Default for EngineBuilder {
             isa: None,
             policy: PolicyChoice::default(),
             prefetch: true,
+            prefetch_precision: sluice_store::PREFETCH_PRECISION,
             direct_io: true,
             trace: false,
             verify_pack: true,
@@ -135,6 +137,14 @@ impl EngineBuilder {
         self
     }
 
+    /// How sure lookahead must be before it reads: the share of a confidence rank's
+    /// predictions that must have come true before prefetch reads that rank (default
+    /// [`PREFETCH_PRECISION`](sluice_store::PREFETCH_PRECISION); 0 reads every prediction).
+    pub fn prefetch_precision(mut self, p: f64) -> Self {
+        self.prefetch_precision = p;
+        self
+    }
+
     /// Read with O_DIRECT where the file system allows it (default on).
     pub fn direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
@@ -207,6 +217,7 @@ impl EngineBuilder {
             memory,
             policy: self.policy.clone(),
             prefetch: self.prefetch,
+            prefetch_precision: self.prefetch_precision,
             readers: 4,
             direct_io: self.direct_io,
             record_trace: self.trace,

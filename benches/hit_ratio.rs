@@ -66,6 +66,7 @@ fn zipf(n: u32, steps: u64) -> Vec<TraceEvent> {
                 step,
                 layer,
                 expert,
+                rows: 1,
             }));
         }
     }

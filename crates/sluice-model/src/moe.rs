@@ -278,7 +278,8 @@ pub(crate) fn moe(
     let mut prefetch_next = prefetch_next;
     let mut shared_y = None;
     for chunk in ids.chunks(group) {
-        let arrivals = experts.fetch_each(layer, chunk)?;
+        let rows: Vec<u32> = chunk.iter().map(|e| users[e].len() as u32).collect();
+        let arrivals = experts.fetch_each(layer, chunk, &rows)?;
         // Once this layer's first experts are pinned, start reading the next layer's predicted
         // experts so the reads overlap this layer's compute.
         if let Some((nl, next)) = prefetch_next.take() {

@@ -307,7 +307,7 @@ impl ExpertStore {
     /// request is already reading is waited for, not read twice.
     pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<Blob>>, StoreError> {
         let mut out: Vec<Option<Arc<Blob>>> = vec![None; experts.len()];
-        for a in self.fetch_each(layer, experts)? {
+        for a in self.fetch_each(layer, experts, &[])? {
             let (i, blob) = a?;
             out[i] = Some(blob);
         }
@@ -324,15 +324,28 @@ impl ExpertStore {
             .collect()
     }
 
-    /// Like [`fetch`](ExpertStore::fetch), but hands each expert over as soon as it is in
-    /// memory: first the ones already resident, then the misses in the order their reads land,
+    /// Like [`fetch`](ExpertStore::fetch), but tells the policy how many tokens each expert
+    /// serves (`rows[i]` for `experts[i]`; empty: one each) and hands each expert over as soon
+    /// as it is in memory: first the ones already resident, then the misses in the order their reads land,
     /// as `(index into experts, bytes)`. The misses are read in parts of [`READ_PART`] bytes,
     /// in file-offset order, several parts in flight, so they land one after another and the
     /// caller computes with the first while the rest are still being read. Every expert asked
     /// for is pinned from this call until its handle is dropped; dropping the iterator early
     /// waits for the reads it started (nothing is left half-read).
-    pub fn fetch_each(&self, layer: usize, experts: &[u32]) -> Result<Arrivals<'_>, StoreError> {
+    pub fn fetch_each(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        rows: &[u32],
+    ) -> Result<Arrivals<'_>, StoreError> {
         let sh = &self.shared;
+        if !rows.is_empty() && rows.len() != experts.len() {
+            return Err(StoreError::Shared(format!(
+                "{} row counts for {} experts",
+                rows.len(),
+                experts.len()
+            )));
+        }
         for &e in experts {
             sh.spec(layer, e)?;
         }
@@ -388,7 +401,8 @@ impl ExpertStore {
             for (i, &k) in keys.iter().enumerate() {
                 let inner = &mut *g;
                 inner.stats.requests += 1;
-                inner.policy.request(k);
+                let n = rows.get(i).copied().unwrap_or(1);
+                inner.policy.request(k, n);
                 if inner.touched.insert(k) {
                     inner.stats.touched += 1;
                     inner.stats.touched_bytes += sh.footprint(k);
@@ -398,6 +412,7 @@ impl ExpertStore {
                         step,
                         layer: k.layer,
                         expert: k.expert,
+                        rows: n,
                     });
                 }
                 if let Some(p) = &predicted {

@@ -48,9 +48,10 @@ pub trait Policy: Send {
     fn remove(&mut self, key: Key);
     /// The key to evict next among those for which `evictable` is true; `None` if there is none.
     fn victim(&mut self, evictable: &mut dyn FnMut(Key) -> bool) -> Option<Key>;
-    /// A key was asked for (hit or miss), before [`hit`](Policy::hit) or
-    /// [`insert`](Policy::insert). Default: nothing.
-    fn request(&mut self, _key: Key) {}
+    /// A key was asked for (hit or miss) on behalf of `rows` tokens (1 on a decode step; a
+    /// prefill chunk asks once for all its tokens routed there), before [`hit`](Policy::hit)
+    /// or [`insert`](Policy::insert). Default: nothing.
+    fn request(&mut self, _key: Key, _rows: u32) {}
     /// Whether a speculative read of `guess` (prefetch) may evict `victim`, the key
     /// [`victim`](Policy::victim) just picked. Default: yes.
     fn displaces(&self, _guess: Key, _victim: Key) -> bool {
@@ -329,7 +330,8 @@ impl Policy for S3Fifo {
 
 /// LFU over the request history, with aging (the default policy).
 ///
-/// Every request counts, whether it hits or not, so an expert that keeps being asked for ranks
+/// Every request counts, whether it hits or not, weighed by the tokens it serves (a prefill
+/// chunk tells which experts its tokens favour), so an expert that keeps being asked for ranks
 /// high even while it is not resident; all counts halve every `32 × capacity` requests, so the
 /// ranking follows the recent past (a change of topic) without forgetting within a few tokens.
 /// The victim is the evictable resident key with the lowest count and, among equal counts, the
@@ -380,9 +382,9 @@ impl Policy for Lfu {
     fn name(&self) -> &str {
         "lfu"
     }
-    fn request(&mut self, key: Key) {
+    fn request(&mut self, key: Key, rows: u32) {
         let c = self.counts.entry(key).or_insert(0);
-        *c = c.saturating_add(1);
+        *c = c.saturating_add(rows.max(1));
         let c = *c;
         if let Some((old, t)) = self.place.get(&key).copied() {
             self.order.remove(&(old, t, key));
@@ -436,7 +438,7 @@ mod tests {
         let mut resident: std::collections::BTreeSet<u32> = Default::default();
         let mut hits = 0;
         for &a in accesses {
-            p.request(k(a));
+            p.request(k(a), 1);
             if resident.contains(&a) {
                 p.hit(k(a));
                 hits += 1;
@@ -546,17 +548,17 @@ mod tests {
     fn lfu_keeps_the_popular_and_evicts_the_newest_of_equals() {
         let mut p = Lfu::new(4);
         for e in [1, 2, 3] {
-            p.request(k(e));
+            p.request(k(e), 1);
             p.insert(k(e));
         }
         // 1 asked for again: the most popular. Among 2 and 3 (one request each), 3 came last.
-        p.request(k(1));
+        p.request(k(1), 1);
         p.hit(k(1));
         assert_eq!(p.victim(&mut |_| true), Some(k(3)));
         assert_eq!(p.victim(&mut |x| x != k(3)), Some(k(2)));
         // A key asked for often while not resident enters with its history.
         for _ in 0..5 {
-            p.request(k(9));
+            p.request(k(9), 1);
         }
         p.insert(k(9));
         assert_eq!(p.victim(&mut |x| x != k(3) && x != k(2)), Some(k(1)));
@@ -568,10 +570,10 @@ mod tests {
     fn lfu_lets_a_guess_displace_only_keys_asked_for_no_more_often() {
         let mut p = Lfu::new(4);
         for _ in 0..3 {
-            p.request(k(1));
+            p.request(k(1), 1);
         }
-        p.request(k(2));
-        p.request(k(7));
+        p.request(k(2), 1);
+        p.request(k(7), 1);
         assert!(p.displaces(k(7), k(2)));
         assert!(!p.displaces(k(7), k(1)));
         assert!(!p.displaces(k(8), k(2)));
@@ -584,11 +586,11 @@ mod tests {
         // Capacity 1: counts halve every 32 requests.
         let mut p = Lfu::new(1);
         for _ in 0..20 {
-            p.request(k(1));
+            p.request(k(1), 1);
         }
         p.insert(k(1));
         for _ in 0..12 {
-            p.request(k(2));
+            p.request(k(2), 1);
         }
         // 32 requests: 20 -> 10 and 12 -> 6.
         assert_eq!(p.counts.get(&k(1)), Some(&10));
@@ -596,7 +598,7 @@ mod tests {
         assert_eq!(p.place.get(&k(1)).map(|p| p.0), Some(10));
         // Twelve more asks after the halving overtake the resident key.
         for _ in 0..12 {
-            p.request(k(2));
+            p.request(k(2), 1);
         }
         p.insert(k(2));
         assert_eq!(p.victim(&mut |_| true), Some(k(1)));

@@ -8,8 +8,8 @@ use std::path::Path;
 use crate::StoreError;
 use crate::policy::{FixedMap, Key, Policy};
 
-/// One expert request: in forward step `step`, layer `layer` asked for `expert`. Requests of the
-/// same (step, layer) are pinned together.
+/// One expert request: in forward step `step`, layer `layer` asked for `expert` on behalf of
+/// `rows` tokens. Requests of the same (step, layer) are pinned together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TraceEvent {
     /// Forward step (a prefill chunk or a decoded token).
@@ -18,6 +18,9 @@ pub struct TraceEvent {
     pub layer: u32,
     /// Expert id.
     pub expert: u32,
+    /// Tokens of the step routed to the expert (1 on a decode step; a prefill chunk asks once
+    /// for many). Policies that count popularity ([`Policy::request`]) weigh by it.
+    pub rows: u32,
 }
 
 impl TraceEvent {
@@ -40,14 +43,14 @@ pub fn write_trace(path: &Path, events: &[TraceEvent]) -> Result<(), StoreError>
         source: e,
     };
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
-    writeln!(f, "# sluice expert trace: step layer expert").map_err(io)?;
+    writeln!(f, "# sluice expert trace: step layer expert rows").map_err(io)?;
     for e in events {
-        writeln!(f, "{} {} {}", e.step, e.layer, e.expert).map_err(io)?;
+        writeln!(f, "{} {} {} {}", e.step, e.layer, e.expert, e.rows).map_err(io)?;
     }
     f.flush().map_err(io)
 }
 
-/// Reads a trace written by [`write_trace`].
+/// Reads a trace written by [`write_trace`] (a missing fourth column, `rows`, reads as 1).
 pub fn read_trace(path: &Path) -> Result<Vec<TraceEvent>, StoreError> {
     let io = |e| StoreError::Io {
         path: path.to_path_buf(),
@@ -65,16 +68,21 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceEvent>, StoreError> {
             .split_whitespace()
             .filter_map(|x| x.parse().ok())
             .collect();
-        if v.len() != 3 || v[1] > u32::MAX as u64 || v[2] > u32::MAX as u64 {
+        let fields = line.split_whitespace().count();
+        if !(3..=4).contains(&v.len())
+            || v.len() != fields
+            || v[1..].iter().any(|&x| x > u32::MAX as u64)
+        {
             return Err(io(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
-                format!("line {}: expected `step layer expert`", n + 1),
+                format!("line {}: expected `step layer expert [rows]`", n + 1),
             )));
         }
         out.push(TraceEvent {
             step: v[0],
             layer: v[1] as u32,
             expert: v[2] as u32,
+            rows: v.get(3).map_or(1, |&r| r as u32),
         });
     }
     Ok(out)
@@ -112,7 +120,7 @@ pub fn simulate(policy: &mut dyn Policy, trace: &[TraceEvent], capacity: usize) 
         while i < trace.len() && trace[i].group() == g {
             let k = trace[i].key();
             r.requests += 1;
-            policy.request(k);
+            policy.request(k, trace[i].rows);
             if resident.contains(&k) {
                 r.hits += 1;
                 policy.hit(k);
@@ -200,6 +208,7 @@ mod tests {
                 step,
                 layer: 0,
                 expert: e,
+                rows: 1,
             })
             .collect()
     }
@@ -237,6 +246,7 @@ mod tests {
                     step,
                     layer,
                     expert: e,
+                    rows: 1 + e % 3,
                 }));
             }
         }
@@ -264,16 +274,29 @@ mod tests {
                 step: 0,
                 layer: 1,
                 expert: 7,
+                rows: 1,
             },
             TraceEvent {
                 step: 3,
                 layer: 2,
                 expert: 0,
+                rows: 40,
             },
         ];
         write_trace(&p, &t).unwrap();
         assert_eq!(read_trace(&p).unwrap(), t);
-        std::fs::write(&p, "1 2\n").unwrap();
-        assert!(read_trace(&p).is_err());
+        // Traces written before the rows column read with one row per request.
+        std::fs::write(&p, "# old\n0 1 7\n").unwrap();
+        assert_eq!(read_trace(&p).unwrap(), t[..1]);
+        for bad in [
+            "1 2\n",
+            "1 2 3 4 5\n",
+            "1 2 x\n",
+            "1 2 3 x\n",
+            "1 2 3 4294967296\n",
+        ] {
+            std::fs::write(&p, bad).unwrap();
+            assert!(read_trace(&p).is_err(), "{bad:?}");
+        }
     }
 }

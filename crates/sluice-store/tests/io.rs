@@ -333,7 +333,7 @@ fn large_experts_arrive_in_parts_one_after_another() {
         // 0 is resident and comes first; 1 is asked for twice and read once.
         let asked = [3, 1, 0, 2, 1];
         let got: Vec<(usize, Arc<sluice_store::Blob>)> = store
-            .fetch_each(0, &asked)
+            .fetch_each(0, &asked, &[4, 1, 2, 9, 1])
             .unwrap()
             .map(|a| a.unwrap())
             .collect();
@@ -363,7 +363,8 @@ fn large_experts_arrive_in_parts_one_after_another() {
         drop(got);
         store.clear();
         assert_eq!(store.used(), 0);
-        let mut it = store.fetch_each(0, &[2, 3]).unwrap();
+        assert!(store.fetch_each(0, &[2, 3], &[1]).is_err());
+        let mut it = store.fetch_each(0, &[2, 3], &[]).unwrap();
         assert!(it.next().unwrap().is_ok());
         drop(it);
         let used = store.used();
@@ -390,7 +391,7 @@ fn a_failed_part_fails_only_its_expert() {
         .store(specs[0][2][1].offset + 500_000, Ordering::SeqCst);
     let mut ok = Vec::new();
     let mut errs = 0;
-    for a in store.fetch_each(0, &[1, 2, 3]).unwrap() {
+    for a in store.fetch_each(0, &[1, 2, 3], &[]).unwrap() {
         match a {
             Ok((i, _)) => ok.push(i),
             Err(StoreError::Io { source, .. }) => {

@@ -307,6 +307,19 @@ fn a_budget_far_below_the_model_streams_the_same_ids_within_its_rss() {
         "peak RSS {rss} over budget {budget} + 64 MiB"
     );
     assert!(s["expert_hits"].as_u64().unwrap() <= s["expert_requests"].as_u64().unwrap());
+
+    // Every prefetch setting gives the same ids; `all` reads predictions, `off` none.
+    let with = |prefetch: &str| {
+        let mut a = args("48MiB");
+        a.extend(["--prefetch".to_owned(), prefetch.to_owned()]);
+        json(&bin().args(a).output().unwrap())
+    };
+    let all = with("all");
+    let off = with("off");
+    assert_eq!(all["ids"], full["ids"]);
+    assert_eq!(off["ids"], full["ids"]);
+    assert!(all["stats"]["prefetch_reads"].as_u64().unwrap() > 0);
+    assert_eq!(off["stats"]["prefetch_reads"].as_u64().unwrap(), 0);
 }
 
 #[test]

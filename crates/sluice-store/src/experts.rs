@@ -326,8 +326,8 @@ impl ExpertStore {
 
     /// Like [`fetch`](ExpertStore::fetch), but tells the policy how many tokens each expert
     /// serves (`rows[i]` for `experts[i]`; empty: one each) and hands each expert over as soon
-    /// as it is in memory: first the ones already resident, then the misses in the order their reads land,
-    /// as `(index into experts, bytes)`. The misses are read in parts of [`READ_PART`] bytes,
+    /// as it is in memory: first the ones already resident, then the misses in the order their
+    /// reads land, as `(index into experts, bytes)`. The misses are read in parts of [`READ_PART`] bytes,
     /// in file-offset order, several parts in flight, so they land one after another and the
     /// caller computes with the first while the rest are still being read. Every expert asked
     /// for is pinned from this call until its handle is dropped; dropping the iterator early
@@ -387,7 +387,10 @@ impl ExpertStore {
                 .get_mut(&(layer as u32))
                 .filter(|p| p.0 == step)
                 .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)));
-            // Once per step and layer, score each rank of the prediction against the router.
+            // Once per step and layer, score each rank of the prediction against the router. (When
+            // a layer's experts come in several calls, because the cache cannot pin them all at
+            // once, only the first call's share is seen: prefetch then trusts less, which suits
+            // a cache that small.)
             if let Some((p, false)) = &predicted {
                 if g.ranks.len() < p.len() {
                     g.ranks.resize(p.len(), (0, 0));
@@ -597,9 +600,10 @@ pub const PREFETCH_WARMUP: u64 = 16;
 /// Share of a rank's predictions that must have been right for prefetch to read that rank.
 pub const PREFETCH_PRECISION: f64 = 0.8;
 
-/// Parts of at most this many bytes are what a demand read of one expert is split into: small
-/// enough that a layer's misses land one after another with several parts in flight, large
-/// enough that each read is efficient on a disk (about 1 GB/s at depth 1 here, see `doctor`).
+/// Parts of at most this many bytes are what the read of one expert is split into: small enough
+/// that a layer's misses land one after another with several parts in flight, large enough that
+/// each read is efficient (`sluice doctor` on the development machine: 1 MiB random reads as fast
+/// as 4 and 16 MiB ones).
 pub const READ_PART: u64 = 1 << 20;
 
 /// The experts of one [`fetch_each`](ExpertStore::fetch_each) call as they arrive in memory:

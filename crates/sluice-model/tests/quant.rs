@@ -276,8 +276,14 @@ fn a_packed_expert_is_read_and_cached_at_its_size_on_disk() {
             read - payload < 2 * align * runs as u64 || align == 1 && read == payload,
             "{name}: more than alignment widening"
         );
-        assert_eq!(blob.footprint() as u64, read, "{name}: cached bytes");
-        assert_eq!(m.experts().used(), read, "{name}: cache accounting");
+        // Cached: the layer's one buffer size, the largest expert's read (experts differ by
+        // where alignment falls, at most an alignment unit either end of each read).
+        let cached = blob.footprint() as u64;
+        assert!(
+            cached >= read && cached - read <= 2 * align * runs as u64,
+            "{name}: {cached} B cached for {read} B read"
+        );
+        assert_eq!(m.experts().used(), cached, "{name}: cache accounting");
     }
 }
 

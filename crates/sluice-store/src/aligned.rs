@@ -66,6 +66,11 @@ impl AlignedBuf {
         })
     }
 
+    /// Whether the first byte sits at a multiple of `align`.
+    pub fn is_aligned_to(&self, align: usize) -> bool {
+        (self.as_slice().as_ptr() as usize).is_multiple_of(align.max(1))
+    }
+
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len

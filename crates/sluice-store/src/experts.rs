@@ -5,11 +5,11 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Instant;
 
-use crate::StoreError;
 use crate::io::{Blob, Piece, Reader, plan_reads, read_blob_parts};
 use crate::policy::{FixedMap, FixedSet, Key, Policy};
 use crate::pool::ReaderPool;
 use crate::trace::TraceEvent;
+use crate::{AlignedBuf, StoreError};
 
 /// How to build an [`ExpertStore`].
 pub struct ExpertStoreConfig {
@@ -131,8 +131,11 @@ struct Inner {
 struct Shared {
     reader: Arc<dyn Reader>,
     specs: Vec<Vec<Vec<Piece>>>,
-    /// Buffer bytes of each expert once read (payload plus alignment).
+    /// Buffer bytes of each expert once read (payload plus alignment, the same for every
+    /// expert of a layer).
     footprints: Vec<Vec<u64>>,
+    /// Bytes one read of each expert takes from the disk (payload widened to the alignment).
+    read_bytes: Vec<Vec<u64>>,
     capacity: u64,
     prefetch_precision: f64,
     inner: Mutex<Inner>,
@@ -170,14 +173,35 @@ impl ExpertStore {
         specs: Vec<Vec<Vec<Piece>>>,
         cfg: ExpertStoreConfig,
     ) -> Result<ExpertStore, StoreError> {
-        let footprints: Vec<Vec<u64>> = specs
+        // One buffer size per layer, the largest of its experts (they differ by a page or so
+        // where alignment falls differently), so that an evicted expert's buffer fits any other
+        // expert of the layer and is read into again.
+        let plans: Vec<Vec<(u64, u64)>> = specs
             .iter()
             .map(|layer| {
                 layer
                     .iter()
-                    .map(|pieces| plan_reads(reader.as_ref(), pieces).2 as u64)
+                    .map(|pieces| {
+                        let (runs, _, len) = plan_reads(reader.as_ref(), pieces);
+                        (len as u64, runs.iter().map(|r| r.len).sum())
+                    })
                     .collect()
             })
+            .collect();
+        let footprints: Vec<Vec<u64>> = plans
+            .iter()
+            .zip(&specs)
+            .map(|(plan, layer)| {
+                let max = plan.iter().map(|p| p.0).max().unwrap_or(0);
+                layer
+                    .iter()
+                    .map(|pieces| if pieces.is_empty() { 0 } else { max })
+                    .collect()
+            })
+            .collect();
+        let read_bytes = plans
+            .iter()
+            .map(|plan| plan.iter().map(|p| p.1).collect())
             .collect();
         let max_footprint = footprints.iter().flatten().copied().max().unwrap_or(0);
         if cfg.capacity < max_footprint {
@@ -202,6 +226,7 @@ impl ExpertStore {
             reader,
             specs,
             footprints,
+            read_bytes,
             capacity: cfg.capacity,
             prefetch_precision: cfg.prefetch_precision,
             inner: Mutex::new(inner),
@@ -351,6 +376,8 @@ impl ExpertStore {
         }
         let keys: Vec<Key> = experts.iter().map(|&e| Key::new(layer, e)).collect();
         let t0 = Instant::now();
+        // Buffers of the experts evicted to make room, for the misses to be read into.
+        let mut spare = Vec::new();
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
         let (ready, misses) = loop {
             if keys
@@ -375,7 +402,8 @@ impl ExpertStore {
                     what: format!("{} experts of layer {layer} at once", misses.len()),
                 });
             }
-            if !sh.make_room(&mut g, need, &keys) {
+            if !sh.make_room(&mut g, need, &keys, &mut spare) {
+                spare.clear();
                 g = sh.cond.wait(g).map_err(|_| poisoned())?;
                 continue;
             }
@@ -466,6 +494,8 @@ impl ExpertStore {
             read_blob_parts(
                 &sh.reader,
                 &sh.specs[k.layer as usize][k.expert as usize],
+                take_spare(&mut spare, sh.footprint(k)),
+                sh.footprint(k) as usize,
                 READ_PART,
                 &|job| self.pool.submit(job),
                 Box::new(move |r| {
@@ -519,13 +549,14 @@ impl ExpertStore {
                 .count()
         };
         let mut jobs = Vec::new();
+        let mut spare = Vec::new();
         for &e in experts.iter().take(width) {
             let k = Key::new(layer, e);
             if sh.spec(layer, e).is_err() || g.entries.contains_key(&k) {
                 continue;
             }
             let bytes = sh.footprint(k);
-            if !sh.make_room_for(&mut g, bytes, &[k], Some(k)) {
+            if !sh.make_room_for(&mut g, bytes, &[k], Some(k), &mut spare) {
                 break;
             }
             g.entries.insert(k, Entry::Loading);
@@ -542,7 +573,8 @@ impl ExpertStore {
                     let bytes = sh.footprint(k);
                     match r {
                         Ok(blob) => {
-                            g.stats.bytes_read += blob.footprint() as u64;
+                            g.stats.bytes_read +=
+                                sh.read_bytes[k.layer as usize][k.expert as usize];
                             let step = g.step;
                             g.entries.insert(
                                 k,
@@ -567,6 +599,8 @@ impl ExpertStore {
             read_blob_parts(
                 &self.shared.reader,
                 &self.shared.specs[k.layer as usize][k.expert as usize],
+                take_spare(&mut spare, self.shared.footprint(k)),
+                self.shared.footprint(k) as usize,
                 READ_PART,
                 &|job| self.pool.spawn(job),
                 done,
@@ -592,6 +626,14 @@ impl ExpertStore {
             }
         }
     }
+}
+
+/// A spare buffer of exactly `len` bytes, if there is one. Reading into the buffer of an expert
+/// just evicted, rather than a fresh one, spares the kernel a page fault and a zeroed page for
+/// every 4 KiB read (a million faults in a few seconds of streaming), and the unmap after.
+fn take_spare(spare: &mut Vec<AlignedBuf>, len: u64) -> Option<AlignedBuf> {
+    let i = spare.iter().position(|b| b.len() as u64 == len)?;
+    Some(spare.swap_remove(i))
 }
 
 /// Predictions of a rank that must have been scored before prefetch trusts it.
@@ -646,7 +688,7 @@ impl Arrivals<'_> {
         let r = match r {
             Ok(blob) => {
                 let blob = Arc::new(blob);
-                g.stats.bytes_read += blob.footprint() as u64;
+                g.stats.bytes_read += sh.read_bytes[k.layer as usize][k.expert as usize];
                 g.entries.insert(
                     k,
                     Entry::Ready {
@@ -713,10 +755,17 @@ impl Shared {
         self.footprints[k.layer as usize][k.expert as usize]
     }
 
-    /// Evicts unpinned experts (never one of `keep`) until `need` more bytes fit. False when
-    /// pinned or in-flight experts leave too little room.
-    fn make_room(&self, g: &mut MutexGuard<'_, Inner>, need: u64, keep: &[Key]) -> bool {
-        self.make_room_for(g, need, keep, None)
+    /// Evicts unpinned experts (never one of `keep`) until `need` more bytes fit, putting their
+    /// buffers in `spare` for the reads that need the room. False when pinned or in-flight
+    /// experts leave too little room.
+    fn make_room(
+        &self,
+        g: &mut MutexGuard<'_, Inner>,
+        need: u64,
+        keep: &[Key],
+        spare: &mut Vec<AlignedBuf>,
+    ) -> bool {
+        self.make_room_for(g, need, keep, None, spare)
     }
 
     /// [`make_room`](Shared::make_room) for a speculative read of `guess`, if given: stops
@@ -727,6 +776,7 @@ impl Shared {
         need: u64,
         keep: &[Key],
         guess: Option<Key>,
+        spare: &mut Vec<AlignedBuf>,
     ) -> bool {
         while g.used + need > self.capacity {
             let inner = &mut **g;
@@ -740,8 +790,13 @@ impl Shared {
             {
                 return false;
             }
-            if let Some(Entry::Ready { bytes, .. }) = inner.entries.remove(&v) {
+            if let Some(Entry::Ready { bytes, blob, .. }) = inner.entries.remove(&v) {
                 inner.used -= bytes;
+                // Unpinned (the victim filter saw one reference, and new ones are only taken
+                // under this lock), so the buffer is free to be read into again.
+                if let Ok(b) = Arc::try_unwrap(blob) {
+                    spare.push(b.into_buf());
+                }
             }
             inner.policy.remove(v);
             inner.stats.evictions += 1;

@@ -305,6 +305,11 @@ impl Blob {
         self.spans.len()
     }
 
+    /// The buffer, to be read into again.
+    pub(crate) fn into_buf(self) -> AlignedBuf {
+        self.buf
+    }
+
     /// Bytes held in memory (including alignment padding).
     pub fn footprint(&self) -> usize {
         self.buf.len()
@@ -458,13 +463,17 @@ impl Drop for PartLanded {
     }
 }
 
-/// Reads pieces into one aligned blob like [`read_blob`], but as reads of at most `part` bytes
+/// Reads pieces into one aligned blob of at least `size` bytes like [`read_blob`] — into
+/// `recycled` when it has that size and the alignment (its old bytes are overwritten wherever a
+/// piece lies; padding may keep them) — but as reads of at most `part` bytes
 /// (rounded up to the alignment) handed to `spawn`, so several are in flight for one blob and a
 /// queue of blobs completes one after another rather than all at the end. `done` receives the
 /// blob, or the first error, when the last part lands (on the thread that read it).
 pub(crate) fn read_blob_parts(
     reader: &Arc<dyn Reader>,
     pieces: &[Piece],
+    recycled: Option<AlignedBuf>,
+    size: usize,
     part: u64,
     spawn: &dyn Fn(Box<dyn FnOnce() + Send>),
     done: BlobDone,
@@ -476,7 +485,9 @@ pub(crate) fn read_blob_parts(
         .max()
         .unwrap_or(1)
         .max(64);
-    let mut buf = match AlignedBuf::zeroed(buf_len, align) {
+    let size = size.max(buf_len);
+    let reuse = recycled.filter(|b| b.len() == size && b.is_aligned_to(align));
+    let mut buf = match reuse.map_or_else(|| AlignedBuf::zeroed(size, align), Ok) {
         Ok(b) => b,
         Err(e) => return done(Err(e)),
     };
@@ -532,7 +543,7 @@ pub(crate) fn read_blob_parts(
 }
 
 /// Reads one run into `dst` (exactly `run.len` bytes, aligned), checking that every payload byte
-/// arrived; bytes past the end of the file stay zero.
+/// arrived; bytes past the end of the file are set to zero (`dst` may be a reused buffer).
 pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), StoreError> {
     let need = run.need as usize;
     let mut got = 0usize;
@@ -550,6 +561,7 @@ pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), St
             }
         }
     }
+    dst[got..].fill(0);
     reader.done(run.shard, run.start, run.len);
     if got < need {
         return Err(StoreError::ShortRead {

@@ -444,3 +444,30 @@ fn prefetch_reads_only_the_ranks_that_have_been_right() {
     assert_eq!(s.prefetch_hits, 8);
     assert!((s.prefetch_recall() - 1.0).abs() < 1e-12);
 }
+
+#[test]
+fn an_evicted_experts_buffer_is_read_into_again() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+    let one = ExpertStore::new(shards.clone(), specs.clone(), config(1 << 20))
+        .unwrap()
+        .max_footprint();
+    // Room for exactly one expert: each fetch evicts the previous one.
+    let store = ExpertStore::new(shards, specs.clone(), config(one)).unwrap();
+    // The buffer's page: piece 0 starts within the first page (O_DIRECT widens reads to pages).
+    let page = |b: &sluice_store::Blob| b.piece(0).as_ptr() as usize & !4095;
+    let first = page(&store.fetch(0, &[1]).unwrap()[0]);
+    for e in [2, 3, 1, 4] {
+        let b = store.fetch(0, &[e]).unwrap();
+        // Same buffer, new bytes: the old expert's are overwritten wherever a piece lies.
+        assert_eq!(page(&b[0]), first, "expert {e}");
+        for (i, p) in specs[0][e as usize].iter().enumerate() {
+            assert!(
+                b[0].piece(i) == &expected(&path, p)[..],
+                "expert {e} piece {i}"
+            );
+        }
+    }
+    assert_eq!(store.stats().evictions, 4);
+}

@@ -3,7 +3,8 @@
 
 use std::ops::Range;
 
-use sluice_kernels::{Kernels, Matrix, scalar};
+use sluice_kernels::decode::{bf16_to_f32, f16_to_f32};
+use sluice_kernels::{Codes, Kernels, Matrix, scalar};
 
 use crate::ModelError;
 
@@ -202,11 +203,34 @@ impl Exec {
 pub(crate) fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
     let bytes = m.row(r);
     match m.scales() {
-        None => {
-            for (o, j) in out.iter_mut().zip(cols) {
-                *o = scalar::code(m.codes(), bytes, j);
+        // The dense codings, one match per row rather than per element (the attention
+        // absorption decodes a whole kv_b_proj block per head and token): the same exact
+        // conversions as `scalar::code`, in loops the compiler vectorises.
+        None => match m.codes() {
+            Codes::BF16 => {
+                let src = &bytes[2 * cols.start..2 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
             }
-        }
+            Codes::F32 => {
+                let src = &bytes[4 * cols.start..4 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Codes::F16 => {
+                let src = &bytes[2 * cols.start..2 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            codes => {
+                for (o, j) in out.iter_mut().zip(cols) {
+                    *o = scalar::code(codes, bytes, j);
+                }
+            }
+        },
         Some(s) => {
             let srow = m.scale_row(r);
             for (o, j) in out.iter_mut().zip(cols) {

@@ -56,6 +56,15 @@ impl Exec {
         self.threads
     }
 
+    /// Runs `f` on one of the pool's threads (on the caller's without a pool), so that the
+    /// parallel calls inside it start from a worker rather than from outside the pool.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match &self.pool {
+            Some(pool) => pool.install(f),
+            None => f(),
+        }
+    }
+
     /// `y = x · mᵀ` over all rows: `x` is `[b, cols]`, `y` is `[b, rows]`.
     pub fn matmul(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
         let rows = m.rows();
@@ -96,6 +105,49 @@ impl Exec {
                 }
             }
         }
+    }
+
+    /// Several independent products `y = x · mᵀ` in one trip to the pool: for one activation
+    /// row each (decode), the rows of all of them are split into tasks across the threads, so
+    /// the threads synchronise once for the lot instead of once per matrix (a decode step of a
+    /// mixture-of-experts layer runs the gate and up projections of every selected expert, then
+    /// every down projection). Each output row is computed by the same kernel call on the same
+    /// inputs as [`matmul`](Self::matmul) would, so nothing changes a bit. Jobs with several
+    /// activation rows run one after the other through [`matmul`](Self::matmul).
+    pub fn matmul_many(&self, jobs: Vec<(Matrix<'_>, &[f32], &mut [f32])>) {
+        let k = &self.kernels;
+        let Some(pool) = self.pool.as_ref() else {
+            for (m, x, y) in jobs {
+                k.matmul(&m, x, y, 0..m.rows());
+            }
+            return;
+        };
+        if jobs.len() < 2 || jobs.iter().any(|(m, _, y)| y.len() != m.rows()) {
+            for (m, x, y) in jobs {
+                self.matmul(&m, x, y);
+            }
+            return;
+        }
+        // Each matrix in `threads` pieces of whole 16-row runs (small ones stay whole).
+        let mut tasks: Vec<(Matrix<'_>, &[f32], &mut [f32], usize)> = Vec::new();
+        for (m, x, y) in jobs {
+            let rows = m.rows();
+            let pieces = self.threads.min(rows / MIN_ROWS_PER_TASK).max(1);
+            let chunk = rows.div_ceil(pieces).next_multiple_of(MIN_ROWS_PER_TASK);
+            let mut start = 0;
+            for yc in y.chunks_mut(chunk) {
+                let n = yc.len();
+                tasks.push((m, x, yc, start));
+                start += n;
+            }
+        }
+        use rayon::prelude::*;
+        pool.install(|| {
+            tasks.into_par_iter().for_each(|(m, x, yc, start)| {
+                let n = yc.len();
+                k.matmul(&m, x, yc, start..start + n);
+            })
+        });
     }
 
     /// `y = x · W` for a matrix stored `[in, out]` (the `x @ W` layout): `x` is `[b, in]` and

@@ -200,6 +200,9 @@ pub struct Model {
     plan: MemoryPlan,
     prefetch: bool,
     io_mode: IoMode,
+    /// Every expert fits in the cache: a layer's experts are taken as a group and computed
+    /// together (see [`moe`]).
+    gather_experts: bool,
 }
 
 impl Model {
@@ -328,6 +331,7 @@ impl Model {
         let rope = Rope::new(&cfg.rope);
         // Prefetch is pointless when every expert fits.
         let prefetch = opts.prefetch && plan.expert_cache < plan.all_expert_bytes;
+        let gather_experts = plan.expert_cache >= plan.all_expert_bytes;
         Ok(Model {
             cfg,
             layout,
@@ -341,6 +345,7 @@ impl Model {
             plan,
             prefetch,
             io_mode,
+            gather_experts,
         })
     }
 
@@ -703,6 +708,7 @@ impl Model {
                         0,
                         routes.as_mut(),
                         next.as_ref(),
+                        self.gather_experts,
                     )?;
                     for mut r in routes.into_iter().flatten() {
                         let si = starts.partition_point(|&s| s <= r.pos) - 1;

@@ -3,6 +3,7 @@
 //! clamped SwiGLU with fused, biased projections.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use sluice_kernels::scalar;
 use sluice_store::{Blob, ExpertStore};
@@ -64,6 +65,76 @@ pub(crate) fn glu(
     let mut y = vec![0f32; t * spec.down.rows];
     linear(exec, &spec.down, blob, &a, &mut y)?;
     Ok(y)
+}
+
+/// The GLU activation of SwiGLU-shaped routed experts (None for GPT-OSS's clamped form).
+fn glu_activation(a: ExpertActivation) -> Option<GluActivation> {
+    match a {
+        ExpertActivation::SwiGlu => Some(GluActivation::Silu),
+        ExpertActivation::Situ { beta, linear_beta } => {
+            Some(GluActivation::Situ { beta, linear_beta })
+        }
+        ExpertActivation::ClampedSwiGlu { .. } => None,
+    }
+}
+
+/// One GLU block of a [`glu_many`] call: its matrices, their bytes, its `[t, width]` input and
+/// activation.
+pub(crate) struct GluJob<'a> {
+    pub spec: &'a MlpSpec,
+    pub blob: &'a Blob,
+    pub x: &'a [f32],
+    pub t: usize,
+    pub act: GluActivation,
+}
+
+/// [`glu`] for several blocks at once, with the same arithmetic per block: the gate and up
+/// projections of all of them go to the pool together, then all the down projections
+/// ([`Exec::matmul_many`]), so a decode step synchronises the threads twice for the lot
+/// rather than three times per block.
+pub(crate) fn glu_many(exec: &Exec, jobs: &[GluJob<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    let transposed = |m: &MlpSpec| m.gate.transposed || m.up.transposed || m.down.transposed;
+    if jobs.len() < 2 || jobs.iter().any(|j| transposed(j.spec)) {
+        return jobs
+            .iter()
+            .map(|j| glu(exec, j.spec, j.blob, j.x, j.t, j.act))
+            .collect();
+    }
+    let mut gs: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|j| vec![0f32; j.t * j.spec.gate.rows])
+        .collect();
+    let mut us: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|j| vec![0f32; j.t * j.spec.gate.rows])
+        .collect();
+    let mut work = Vec::with_capacity(2 * jobs.len());
+    for ((j, g), u) in jobs.iter().zip(&mut gs).zip(&mut us) {
+        work.push((j.spec.gate.view(j.blob)?, j.x, &mut g[..]));
+        work.push((j.spec.up.view(j.blob)?, j.x, &mut u[..]));
+    }
+    exec.matmul_many(work);
+    let mut acts = Vec::with_capacity(jobs.len());
+    for ((j, g), u) in jobs.iter().zip(&gs).zip(&us) {
+        let mut a = vec![0f32; g.len()];
+        match j.act {
+            GluActivation::Silu => exec.kernels().silu_mul(g, u, &mut a),
+            GluActivation::Situ { beta, linear_beta } => {
+                exec.kernels().situ_mul(g, u, beta, linear_beta, &mut a)
+            }
+        }
+        acts.push(a);
+    }
+    let mut ys: Vec<Vec<f32>> = jobs
+        .iter()
+        .map(|j| vec![0f32; j.t * j.spec.down.rows])
+        .collect();
+    let mut work = Vec::with_capacity(jobs.len());
+    for ((j, a), y) in jobs.iter().zip(&acts).zip(&mut ys) {
+        work.push((j.spec.down.view(j.blob)?, &a[..], &mut y[..]));
+    }
+    exec.matmul_many(work);
+    Ok(ys)
 }
 
 /// A GPT-OSS expert for `[t, hidden]` rows of `x` (transformers' `GptOssExperts`):
@@ -207,6 +278,8 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
 /// The mixture of experts for `t` tokens: route every token, then run each selected expert once
 /// over all the rows that chose it (expert-major, "union" order), fetching experts from the
 /// store in groups it can pin at once. Each row's arithmetic is the same as if it were alone.
+/// With `gather` (every expert fits in the cache) a group is taken whole and its GLU blocks go
+/// to the pool together ([`glu_many`]); otherwise each expert is computed as its read lands.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe(
     exec: &Exec,
@@ -220,6 +293,7 @@ pub(crate) fn moe(
     pos0: usize,
     routes: Option<&mut Vec<Route>>,
     prefetch_next: Option<&(usize, Vec<u32>)>,
+    gather: bool,
 ) -> Result<Vec<f32>, ModelError> {
     let FfnSpec::Moe {
         router,
@@ -276,14 +350,87 @@ pub(crate) fn moe(
     let ids: Vec<u32> = users.keys().copied().collect();
     let group = experts.max_pinned(layer).max(1);
     let mut prefetch_next = prefetch_next;
-    let mut shared_y = None;
-    for chunk in ids.chunks(group) {
+    let mut shared_y: Option<Vec<f32>> = None;
+    let nchunks = ids.len().div_ceil(group);
+    for (gi, chunk) in ids.chunks(group).enumerate() {
         let rows: Vec<u32> = chunk.iter().map(|e| users[e].len() as u32).collect();
         let arrivals = experts.fetch_each(layer, chunk, &rows)?;
         // Once this layer's first experts are pinned, start reading the next layer's predicted
         // experts so the reads overlap this layer's compute.
         if let Some((nl, next)) = prefetch_next.take() {
             experts.prefetch(*nl, next);
+        }
+        let inputs = |e: u32| -> Result<(Vec<f32>, &ExpertSpec), ModelError> {
+            let mut xe = Vec::with_capacity(users[&e].len() * w);
+            for &(i, _) in &users[&e] {
+                xe.extend_from_slice(&xr[i * w..(i + 1) * w]);
+            }
+            let spec = expert_specs
+                .get(e as usize)
+                .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
+            Ok((xe, spec))
+        };
+        let mut put = |e: u32, y: &[f32]| {
+            for (r, &(i, slot)) in users[&e].iter().enumerate() {
+                outs[(i * k + slot) * w..(i * k + slot + 1) * w]
+                    .copy_from_slice(&y[r * w..(r + 1) * w]);
+            }
+        };
+        if gather {
+            // Every expert fits in the cache, so once warm a step reads nothing: take the whole
+            // group, then run its GLU blocks (with the last group, the shared expert's too) in
+            // two trips to the pool rather than three per expert.
+            let mut blobs: Vec<Option<Arc<Blob>>> = vec![None; chunk.len()];
+            for arrival in arrivals {
+                let (ci, eb) = arrival?;
+                blobs[ci] = Some(eb);
+            }
+            let mut ins = Vec::with_capacity(chunk.len());
+            for (&e, b) in chunk.iter().zip(blobs) {
+                let b = b.ok_or_else(|| {
+                    ModelError::Internal(format!("expert {e} of layer {layer} never arrived"))
+                })?;
+                let (xe, spec) = inputs(e)?;
+                ins.push((b, xe, spec));
+            }
+            let mut jobs = Vec::with_capacity(chunk.len() + 1);
+            if let Some(act) = glu_activation(cfg.moe.activation) {
+                for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
+                    if let ExpertSpec::SwiGlu(m) = spec {
+                        jobs.push(GluJob {
+                            spec: m,
+                            blob: eb,
+                            x: xe,
+                            t: users[&e].len(),
+                            act,
+                        });
+                    }
+                }
+            }
+            if jobs.len() == chunk.len() {
+                let with_shared = gi + 1 == nchunks && shared.is_some();
+                if let (true, Some(sh)) = (with_shared, shared) {
+                    jobs.push(GluJob {
+                        spec: sh,
+                        blob,
+                        x,
+                        t,
+                        act: cfg.mlp_act,
+                    });
+                }
+                let mut ys = glu_many(exec, &jobs)?;
+                if with_shared {
+                    shared_y = ys.pop();
+                }
+                for (&e, y) in chunk.iter().zip(&ys) {
+                    put(e, y);
+                }
+            } else {
+                for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
+                    put(e, &expert(exec, cfg, spec, eb, xe, users[&e].len())?);
+                }
+            }
+            continue;
         }
         // The shared expert needs nothing from the store: compute it while the misses are read.
         if let Some(sh) = shared
@@ -296,20 +443,8 @@ pub(crate) fn moe(
         for arrival in arrivals {
             let (ci, eb) = arrival?;
             let e = chunk[ci];
-            let eb = &eb;
-            let rows = &users[&e];
-            let mut xe = Vec::with_capacity(rows.len() * w);
-            for &(i, _) in rows {
-                xe.extend_from_slice(&xr[i * w..(i + 1) * w]);
-            }
-            let spec = expert_specs
-                .get(e as usize)
-                .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
-            let y = expert(exec, cfg, spec, eb, &xe, rows.len())?;
-            for (r, &(i, slot)) in rows.iter().enumerate() {
-                outs[(i * k + slot) * w..(i * k + slot + 1) * w]
-                    .copy_from_slice(&y[r * w..(r + 1) * w]);
-            }
+            let (xe, spec) = inputs(e)?;
+            put(e, &expert(exec, cfg, spec, &eb, &xe, users[&e].len())?);
         }
     }
 

@@ -203,6 +203,9 @@ pub struct Model {
     /// Every expert fits in the cache: a layer's experts are taken as a group and computed
     /// together (see [`moe`]).
     gather_experts: bool,
+    /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
+    /// in a pass waits for another session).
+    in_pool: bool,
 }
 
 impl Model {
@@ -332,6 +335,7 @@ impl Model {
         // Prefetch is pointless when every expert fits.
         let prefetch = opts.prefetch && plan.expert_cache < plan.all_expert_bytes;
         let gather_experts = plan.expert_cache >= plan.all_expert_bytes;
+        let in_pool = plan.trunk_resident() && gather_experts;
         Ok(Model {
             cfg,
             layout,
@@ -346,6 +350,7 @@ impl Model {
             prefetch,
             io_mode,
             gather_experts,
+            in_pool,
         })
     }
 
@@ -501,7 +506,20 @@ impl Model {
             .iter()
             .map(|(s, _)| (s.pos, s.routes.as_ref().map(Vec::len)))
             .collect();
-        let r = self.forward_inner(segs, want);
+        // With everything resident the whole pass runs on one of the compute threads, so the
+        // products inside it split their rows with the other threads directly instead of each
+        // one waking the pool from outside and waiting for it (hundreds of times per decoded
+        // token). Not when a pass can wait for another session (pins of a full expert cache,
+        // trunk ring slots): a pool thread waiting inside a product may pick up another
+        // session's pass, which would then wait on pins held below it on the same thread. With
+        // every expert fitting, the experts are also gathered (see `moe`): a pass has landed
+        // every read it started before it enters a parallel call, so another pass never waits
+        // on a read whose landing is stuck below it.
+        let r = if self.in_pool {
+            self.exec.install(|| self.forward_inner(segs, want))
+        } else {
+            self.forward_inner(segs, want)
+        };
         if r.is_err() {
             for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {
                 state.rollback(pos0, &self.cfg);

@@ -322,3 +322,42 @@ fn isas_under_test() {
     eprintln!("SIMD ISAs under test: {isas:?}");
     assert!(Kernels::best().isa().is_available());
 }
+
+/// One activation row over dense codes and enough rows for the strided tiles (rows spread over
+/// the range as sequential streams, with leftover rows after them), whole and in sub-ranges,
+/// against the scalar bits.
+#[test]
+fn dense_decode_strided_rows() {
+    for (i, codes) in [Codes::BF16, Codes::F16, Codes::F32]
+        .into_iter()
+        .enumerate()
+    {
+        let mut rng = Rng(91 + i as u64);
+        for (rows, cols) in [(32, 64), (37, 100), (71, 1024), (300, 33), (129, 16)] {
+            let case = Case::new(
+                &mut rng,
+                codes,
+                rows,
+                cols,
+                i % 3,
+                ScaleType::F32,
+                16,
+                1,
+                Mode::Edges,
+            );
+            let p = Product {
+                batch: 1,
+                x: (0..cols).map(|_| value(&mut rng, Mode::Tame)).collect(),
+                case,
+            };
+            let want = run(&spec(), &p, 0..rows, &p.x, 1);
+            for k in simd_kernels() {
+                let what = format!("{:?} {codes:?} {rows}x{cols}", k.isa());
+                assert_same(&what, &run(&k, &p, 0..rows, &p.x, 1), &want);
+                for (lo, hi) in [(1, rows), (3, rows - 2), (rows / 2, rows)] {
+                    assert_same(&what, &run(&k, &p, lo..hi, &p.x, 1), &want[lo..hi]);
+                }
+            }
+        }
+    }
+}

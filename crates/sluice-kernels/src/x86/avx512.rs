@@ -341,6 +341,8 @@ impl Codec<V512> for I8 {
 
 /// Output rows per tile for one activation row.
 const R1: usize = 4;
+/// Rows per strided tile (dense codes, one activation row): `RS` sequential streams.
+const RS: usize = 8;
 /// Output rows (dense, quantized) × activation rows per tile for several activation rows.
 const RQ: usize = 4;
 const RB: usize = 4;
@@ -358,13 +360,13 @@ pub(crate) unsafe fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Rang
     // each arm decodes the coding it matches.
     unsafe {
         match m.codes() {
-            Codes::F32 => generic::matmul::<V512, F32, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::BF16 => generic::matmul::<V512, Bf16, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::F16 => generic::matmul::<V512, F16, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::E4M3 => generic::matmul::<V512, E4m3, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::Int4 => generic::matmul::<V512, Int4, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::E2M1 => generic::matmul::<V512, E2m1, R1, RB, RQ, BB>(m, x, y, rows),
-            Codes::I8 => generic::matmul::<V512, I8, R1, RB, RQ, BB>(m, x, y, rows),
+            Codes::F32 => generic::matmul::<V512, F32, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::BF16 => generic::matmul::<V512, Bf16, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::F16 => generic::matmul::<V512, F16, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::E4M3 => generic::matmul::<V512, E4m3, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::Int4 => generic::matmul::<V512, Int4, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::E2M1 => generic::matmul::<V512, E2m1, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            Codes::I8 => generic::matmul::<V512, I8, R1, RS, RB, RQ, BB>(m, x, y, rows),
         }
     }
 }

@@ -9,7 +9,10 @@
 //! Two paths share that arithmetic:
 //!
 //! - one activation row (decode): `R1` rows at a time, each block decoded as it streams in and
-//!   multiplied with activations loaded once for all `R1` rows, the next tile prefetched;
+//!   multiplied with activations loaded once for all `R1` rows, the next tile prefetched; for
+//!   dense codes over enough rows, tiles of `RS` rows spread evenly over the range instead, so
+//!   that the `RS` rows of a tile are `RS` long sequential streams through memory (each
+//!   prefetched a fixed distance ahead), not `RS` short neighbouring ones;
 //! - several (prefill): [`RD`] rows decoded once into f32, then tiles of `RB` (or `RQ`) rows ×
 //!   `BB` activation rows over [`KC`]-block column ranges, each pair's accumulator parked in
 //!   memory between ranges.
@@ -219,6 +222,31 @@ struct Rows<'t, const R: usize> {
     scales: [*const f32; R],
     /// Start of the next tile's weights, to prefetch (null: none).
     next: *const u8,
+    /// Prefetch each row [`STREAM_AHEAD`] bytes ahead of where it is read instead (the rows
+    /// of a strided tile, each continuing into the next row of its stream).
+    streams: bool,
+}
+
+/// How far ahead of the reads of a strided tile each of its streams is prefetched.
+const STREAM_AHEAD: usize = 1024;
+
+/// Prefetches each row of a strided tile [`STREAM_AHEAD`] bytes past block `blk`, once per
+/// 64-byte line.
+#[inline(always)]
+fn prefetch_streams<const R: usize>(w: &[*const u8; R], blk: usize, block_bytes: usize) {
+    let at = blk * block_bytes;
+    if at % 64 >= block_bytes {
+        return;
+    }
+    for p in w {
+        // SAFETY: prefetching is a hint that never faults, whatever the address; the pointer
+        // is only formed with wrapping arithmetic.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                p.wrapping_add(at + STREAM_AHEAD).cast(),
+            )
+        };
+    }
 }
 
 /// `R` rows × `B` activations over a whole row; returns the `R × B` results.
@@ -265,7 +293,11 @@ unsafe fn tile_dense<V: Vector, C: Codec<V>, const R: usize, const B: usize>(
     unsafe {
         let mut acc = [[V::zero(); B]; R];
         for blk in 0..g.nfull {
-            prefetch::<R>(t.next, blk, C::BLOCK_BYTES);
+            if t.streams {
+                prefetch_streams::<R>(&t.w, blk, C::BLOCK_BYTES);
+            } else {
+                prefetch::<R>(t.next, blk, C::BLOCK_BYTES);
+            }
             acc = step::<V, C, R, B>(&t.w, blk * C::BLOCK_BYTES, &x, blk * g.xstride, acc);
         }
         if g.tail {
@@ -482,6 +514,7 @@ impl Job<'_, '_> {
             } else {
                 std::ptr::null()
             },
+            streams: false,
         };
         // One activation row: its blocks are 16 apart (a constant the loop can use).
         let g = Geom {
@@ -492,6 +525,40 @@ impl Job<'_, '_> {
         // padded buffer, scales from `sbuf`: `tile`'s contract.
         let out = unsafe { tile::<V, C, R, 1>(t, [self.xp.as_ptr()], g) };
         self.write(r0, 0, &out);
+    }
+
+    /// Rows `r0 + i × q` (`i < R`) of a dense matrix against the one activation row. Over
+    /// `q` calls with `r0` going up by one, each of the `R` rows walks its own contiguous
+    /// `q`-row part of the range front to back: `R` long sequential streams, each prefetched
+    /// ahead by [`prefetch_streams`]. Each row's arithmetic is [`Self::rows_one`]'s.
+    #[inline(always)]
+    unsafe fn rows_strided<V: Vector, C: Codec<V>, const R: usize>(&mut self, r0: usize, q: usize) {
+        let m = self.m;
+        let mut tails = [[C::PAD; 64]; R];
+        if self.geom.tail {
+            for (i, t) in tails.iter_mut().enumerate() {
+                let rest = &m.row(r0 + i * q)[self.geom.nfull * C::BLOCK_BYTES..];
+                t[..rest.len()].copy_from_slice(rest);
+            }
+        }
+        let t = Rows {
+            w: std::array::from_fn(|i| m.row(r0 + i * q).as_ptr()),
+            tails: &tails,
+            scales: [std::ptr::null(); R],
+            next: std::ptr::null(),
+            streams: true,
+        };
+        let g = Geom {
+            xstride: LANES,
+            ..self.geom
+        };
+        // SAFETY: rows and tails come from the validated matrix, the activations from the
+        // padded buffer; dense codes need no scales: `tile`'s contract.
+        let out = unsafe { tile::<V, C, R, 1>(t, [self.xp.as_ptr()], g) };
+        let k0 = r0 - self.first_row;
+        for (i, o) in out.iter().enumerate() {
+            self.y[k0 + i * q] = o[0];
+        }
     }
 
     /// Rows `r0 .. r0 + n` (`n` ≤ [`RD`]) against every activation row: decoded once into
@@ -583,6 +650,7 @@ impl Job<'_, '_> {
             tails: &[[0; 64]; R],
             scales: std::array::from_fn(|r| sb.wrapping_add((i0 + r) * g.ngroups)),
             next: std::ptr::null(),
+            streams: false,
         };
         let mut b = 0;
         // SAFETY: `wbuf` holds `g.nfull` decoded blocks per row and `sbuf` the rows' scales:
@@ -649,7 +717,8 @@ impl Job<'_, '_> {
 }
 
 /// `y[b, r − rows.start] = m[r] · x[b]` by the contract: for one activation row, `R1` rows at
-/// a time decoded as they stream in; for several, [`RD`] rows at a time decoded once and
+/// a time decoded as they stream in (dense codes over at least `4 × RS` rows: `RS` strided
+/// streams, [`Job::rows_strided`]); for several, [`RD`] rows at a time decoded once and
 /// multiplied in tiles of `RB` rows (`RQ` for quantized codes, which need a group accumulator
 /// per pair as well) × `BB` activation rows (`BB` ≤ 4).
 ///
@@ -661,6 +730,7 @@ pub(crate) unsafe fn matmul<
     V: Vector,
     C: Codec<V>,
     const R1: usize,
+    const RS: usize,
     const RB: usize,
     const RQ: usize,
     const BB: usize,
@@ -722,7 +792,17 @@ pub(crate) unsafe fn matmul<
     // SAFETY: forwarded from this function's contract; every row index is inside `rows`,
     // which lies inside the matrix.
     unsafe {
-        if batch == 1 {
+        if batch == 1 && !C::QUANT && nr >= 4 * RS {
+            let q = nr / RS;
+            for k in 0..q {
+                job.rows_strided::<V, C, RS>(rows.start + k, q);
+            }
+            r = rows.start + q * RS;
+            while r < rows.end {
+                job.rows_one::<V, C, 1>(r);
+                r += 1;
+            }
+        } else if batch == 1 {
             while r + R1 <= rows.end {
                 job.rows_one::<V, C, R1>(r);
                 r += R1;

@@ -381,15 +381,20 @@ pub fn plan_reads(reader: &dyn Reader, pieces: &[Piece]) -> (Vec<Run>, Vec<(usiz
     (runs, spans, buf_len)
 }
 
-/// Reads pieces into one aligned blob: one read per run of contiguous pieces.
-pub fn read_blob(reader: &dyn Reader, pieces: &[Piece]) -> Result<Blob, StoreError> {
-    let (runs, spans, buf_len) = plan_reads(reader, pieces);
-    let align = runs
-        .iter()
+/// The alignment a buffer for `runs` needs: the strictest of their shards', and at least a
+/// cache line.
+fn buffer_align(reader: &dyn Reader, runs: &[Run]) -> usize {
+    runs.iter()
         .map(|r| reader.align(r.shard))
         .max()
         .unwrap_or(1)
-        .max(64);
+        .max(64)
+}
+
+/// Reads pieces into one aligned blob: one read per run of contiguous pieces.
+pub fn read_blob(reader: &dyn Reader, pieces: &[Piece]) -> Result<Blob, StoreError> {
+    let (runs, spans, buf_len) = plan_reads(reader, pieces);
+    let align = buffer_align(reader, &runs);
     let mut buf = AlignedBuf::zeroed(buf_len, align)?;
     for run in &runs {
         read_run(
@@ -479,12 +484,7 @@ pub(crate) fn read_blob_parts(
     done: BlobDone,
 ) {
     let (runs, spans, buf_len) = plan_reads(reader.as_ref(), pieces);
-    let align = runs
-        .iter()
-        .map(|r| reader.align(r.shard))
-        .max()
-        .unwrap_or(1)
-        .max(64);
+    let align = buffer_align(reader.as_ref(), &runs);
     let size = size.max(buf_len);
     let reuse = recycled.filter(|b| b.len() == size && b.is_aligned_to(align));
     let mut buf = match reuse.map_or_else(|| AlignedBuf::zeroed(size, align), Ok) {

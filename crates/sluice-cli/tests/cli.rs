@@ -23,6 +23,18 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs `args` and checks the user-mistake contract: exit 2 and one `error: ` line on stderr,
+/// no panic. Returns the line.
+fn one_line_error(args: &[&str]) -> String {
+    let o = run(args);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+    assert!(e.starts_with("error: "), "{args:?}: {e}");
+    assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+    assert!(!e.contains("panicked"), "{args:?}: {e}");
+    e
+}
+
 fn json(o: &Output) -> serde_json::Value {
     assert!(o.status.success(), "failed: {}", stderr(o));
     serde_json::from_slice(&o.stdout)
@@ -162,12 +174,7 @@ fn user_mistakes_exit_2_with_one_line() {
         vec!["run", "--model", m, "--no-such-flag"],
         vec!["run", "--model", m],
     ] {
-        let o = run(&args);
-        let e = stderr(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
-        assert!(e.starts_with("error: "), "{args:?}: {e}");
-        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
-        assert!(!e.contains("panicked"), "{args:?}: {e}");
+        one_line_error(&args);
     }
     // The budget error states the minimum.
     let e = stderr(&run(&[
@@ -226,12 +233,8 @@ fn bench_and_doctor_reject_bad_flags_with_one_line_naming_the_flag() {
         (vec!["doctor", "--blocks", "1MiB,big"], "--blocks"),
         (vec!["doctor", "--file-size", "1KiB"], "--file-size"),
     ] {
-        let o = run(&args);
-        let e = stderr(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
-        assert!(e.starts_with("error: "), "{args:?}: {e}");
+        let e = one_line_error(&args);
         assert!(e.contains(flag), "{args:?}: {e}");
-        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
     }
 }
 
@@ -259,12 +262,8 @@ fn synth_rejects_an_unknown_or_unpackable_experts_format() {
             "--hidden",
         ),
     ] {
-        let o = run(&args);
-        let e = stderr(&o);
-        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
-        assert!(e.starts_with("error: "), "{args:?}: {e}");
+        let e = one_line_error(&args);
         assert!(e.contains(flag), "{args:?}: {e}");
-        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
         assert!(!std::path::Path::new(out).exists(), "{args:?}: wrote {out}");
     }
 }

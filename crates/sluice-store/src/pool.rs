@@ -45,14 +45,7 @@ impl ReaderPool {
 
     /// Runs a background job (a prefetch) when a reader is free; inline without readers.
     pub(crate) fn spawn(&self, f: impl FnOnce() + Send + 'static) {
-        if self.threads.is_empty() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-            return;
-        }
-        if let Ok(mut q) = self.shared.queues.lock() {
-            q.background.push_back(Box::new(f));
-        }
-        self.shared.cond.notify_one();
+        self.enqueue(Box::new(f), false);
     }
 
     /// Runs jobs ahead of background work and waits for all; results in the order given
@@ -60,12 +53,22 @@ impl ReaderPool {
     /// Queues a demand job (ahead of background ones) without waiting for it; with no reader
     /// threads it runs at once on the caller's thread.
     pub(crate) fn submit(&self, f: impl FnOnce() + Send + 'static) {
+        self.enqueue(Box::new(f), true);
+    }
+
+    /// Queues a job on the demand or background queue; with no reader threads it runs at once
+    /// (a panic in it is caught, as on a reader).
+    fn enqueue(&self, f: Job, demand: bool) {
         if self.threads.is_empty() {
             let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
             return;
         }
         if let Ok(mut q) = self.shared.queues.lock() {
-            q.demand.push_back(Box::new(f));
+            if demand {
+                q.demand.push_back(f);
+            } else {
+                q.background.push_back(f);
+            }
         }
         self.shared.cond.notify_one();
     }

@@ -3,10 +3,9 @@
 //! clamped SwiGLU with fused, biased projections.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use sluice_kernels::scalar;
-use sluice_store::{Blob, ExpertStore};
+use sluice_store::{Blob, ExpertStore, Pinned};
 
 use crate::ModelError;
 use crate::config::{ExpertActivation, GluActivation, ModelConfig, RouterKind};
@@ -380,7 +379,7 @@ pub(crate) fn moe(
             // Every expert fits in the cache, so once warm a step reads nothing: take the whole
             // group, then run its GLU blocks (with the last group, the shared expert's too) in
             // two trips to the pool rather than three per expert.
-            let mut blobs: Vec<Option<Arc<Blob>>> = vec![None; chunk.len()];
+            let mut blobs: Vec<Option<Pinned>> = (0..chunk.len()).map(|_| None).collect();
             for arrival in arrivals {
                 let (ci, eb) = arrival?;
                 blobs[ci] = Some(eb);

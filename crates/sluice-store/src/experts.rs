@@ -2,6 +2,7 @@
 //! with a pluggable eviction policy, pins, single-flight reads, a reader pool and prefetch.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, mpsc};
 use std::time::Instant;
 
@@ -98,6 +99,8 @@ enum Entry {
         blob: Arc<Blob>,
         bytes: u64,
         prefetched_step: Option<u64>,
+        /// Live [`Pinned`] handles: a pinned entry is never evicted.
+        pins: u32,
     },
     Loading,
 }
@@ -117,6 +120,12 @@ struct Inner {
     /// Experts already asked for in the current step.
     touched: FixedSet<Key>,
     trace: Option<Vec<TraceEvent>>,
+    /// Tickets of the requests waiting for their turn, oldest first. A request that cannot be
+    /// admitted at once takes a ticket; only the oldest may be admitted, so a request that
+    /// needs the whole cache is not overtaken forever by smaller ones, and newcomers never jump
+    /// the queue.
+    queue: VecDeque<u64>,
+    next_ticket: u64,
 }
 
 struct Shared {
@@ -212,6 +221,8 @@ impl ExpertStore {
             ranks: Vec::new(),
             touched: FixedSet::default(),
             trace: cfg.record_trace.then(Vec::new),
+            queue: VecDeque::new(),
+            next_ticket: 0,
         };
         let shared = Arc::new(Shared {
             reader,
@@ -321,8 +332,8 @@ impl ExpertStore {
     /// The bytes of the given experts of a layer, in the order asked. The handles pin the bytes
     /// until dropped. Misses are read in parallel, in file-offset order; an expert another
     /// request is already reading is waited for, not read twice.
-    pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Arc<Blob>>, StoreError> {
-        let mut out: Vec<Option<Arc<Blob>>> = vec![None; experts.len()];
+    pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Pinned>, StoreError> {
+        let mut out: Vec<Option<Pinned>> = (0..experts.len()).map(|_| None).collect();
         for a in self.fetch_each(layer, experts, &[])? {
             let (i, blob) = a?;
             out[i] = Some(blob);
@@ -348,12 +359,24 @@ impl ExpertStore {
     /// caller computes with the first while the rest are still being read. Every expert asked
     /// for is pinned from this call until its handle is dropped; dropping the iterator early
     /// waits for the reads it started (nothing is left half-read).
+    ///
+    /// # Waiting
+    ///
+    /// A request whose misses do not fit beside the pinned experts of other requests waits,
+    /// holding nothing, until pins are released; waiting requests are admitted strictly in the
+    /// order they arrived, and a request never overtakes one that is waiting. Pins are released
+    /// by dropping the [`Pinned`] handles, which wakes the waiters. Reads land on the reader
+    /// threads whoever asked for them, so no request ever waits on another request's progress —
+    /// only on its pins. A caller must therefore never hold a handle while making another
+    /// request (the model drops a group's handles before fetching the next group): then every
+    /// waiting request is eventually admitted, as long as it asks for no more than
+    /// [`max_pinned`](ExpertStore::max_pinned) experts.
     pub fn fetch_each(
         &self,
         layer: usize,
         experts: &[u32],
         rows: &[u32],
-    ) -> Result<Arrivals<'_>, StoreError> {
+    ) -> Result<Arrivals, StoreError> {
         let sh = &self.shared;
         if !rows.is_empty() && rows.len() != experts.len() {
             return Err(StoreError::Shared(format!(
@@ -370,118 +393,77 @@ impl ExpertStore {
         // Buffers of the experts evicted to make room, for the misses to be read into.
         let mut spare = Vec::new();
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        let mut ticket: Option<u64> = None;
         let (ready, misses) = loop {
-            if keys
-                .iter()
-                .any(|k| matches!(g.entries.get(k), Some(Entry::Loading)))
+            let my_turn = match ticket {
+                None => g.queue.is_empty(),
+                Some(t) => g.queue.front() == Some(&t),
+            };
+            if my_turn
+                && !keys
+                    .iter()
+                    .any(|k| matches!(g.entries.get(k), Some(Entry::Loading)))
             {
-                g = sh.cond.wait(g).map_err(|_| poisoned())?;
-                continue;
-            }
-            let mut misses: Vec<Key> = keys
-                .iter()
-                .copied()
-                .filter(|k| !g.entries.contains_key(k))
-                .collect();
-            misses.sort();
-            misses.dedup();
-            let need: u64 = misses.iter().map(|k| sh.footprint(*k)).sum();
-            if need > sh.capacity {
-                return Err(StoreError::BudgetTooSmall {
-                    budget: sh.capacity,
-                    minimum: need,
-                    what: format!("{} experts of layer {layer} at once", misses.len()),
-                });
-            }
-            if !sh.make_room(&mut g, need, &keys, None, &mut spare) {
-                spare.clear();
-                g = sh.cond.wait(g).map_err(|_| poisoned())?;
-                continue;
-            }
-            // Admitted: account the request and pin the hits.
-            let step = g.step;
-            let mut ready = VecDeque::new();
-            let predicted = g
-                .predicted
-                .get_mut(&(layer as u32))
-                .filter(|p| p.0 == step)
-                .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)));
-            // Once per step and layer, score each rank of the prediction against the router. (When
-            // a layer's experts come in several calls, because the cache cannot pin them all at
-            // once, only the first call's share is seen: prefetch then trusts less, which suits
-            // a cache that small.)
-            if let Some((p, false)) = &predicted {
-                if g.ranks.len() < p.len() {
-                    g.ranks.resize(p.len(), (0, 0));
-                }
-                for (r, e) in p.iter().enumerate() {
-                    g.ranks[r].0 += 1;
-                    g.ranks[r].1 += u64::from(experts.contains(e));
-                }
-            }
-            let predicted = predicted.map(|p| p.0);
-            for (i, &k) in keys.iter().enumerate() {
-                let inner = &mut *g;
-                inner.stats.requests += 1;
-                let n = rows.get(i).copied().unwrap_or(1);
-                inner.policy.request(k, n);
-                if inner.touched.insert(k) {
-                    inner.stats.touched += 1;
-                    inner.stats.touched_bytes += sh.footprint(k);
-                }
-                if let Some(t) = inner.trace.as_mut() {
-                    t.push(TraceEvent {
-                        step,
-                        layer: k.layer,
-                        expert: k.expert,
-                        rows: n,
+                let mut misses: Vec<Key> = keys
+                    .iter()
+                    .copied()
+                    .filter(|k| !g.entries.contains_key(k))
+                    .collect();
+                misses.sort();
+                misses.dedup();
+                let need: u64 = misses.iter().map(|k| sh.footprint(*k)).sum();
+                if need > sh.capacity {
+                    if ticket.is_some() {
+                        g.queue.pop_front();
+                        sh.cond.notify_all();
+                    }
+                    return Err(StoreError::BudgetTooSmall {
+                        budget: sh.capacity,
+                        minimum: need,
+                        what: format!("{} experts of layer {layer} at once", misses.len()),
                     });
                 }
-                if let Some(p) = &predicted {
-                    inner.stats.prefetch_checked += 1;
-                    if p.contains(&k.expert) {
-                        inner.stats.prefetch_predicted += 1;
+                if sh.make_room(&mut g, need, &keys, None, &mut spare) {
+                    if ticket.is_some() {
+                        // The next in line may now try.
+                        g.queue.pop_front();
+                        sh.cond.notify_all();
                     }
+                    break (self.admit(&mut g, layer, &keys, rows, &misses), misses);
                 }
-                match inner.entries.get(&k) {
-                    Some(Entry::Ready {
-                        blob,
-                        prefetched_step,
-                        ..
-                    }) => {
-                        inner.stats.hits += 1;
-                        if *prefetched_step == Some(step) {
-                            inner.stats.prefetch_hits += 1;
-                        } else {
-                            inner.stats.resident_hits += 1;
-                        }
-                        ready.push_back((i, Arc::clone(blob)));
-                        inner.policy.hit(k);
-                    }
-                    _ => inner.stats.misses += 1,
-                }
+                // Evicted buffers are no use to a request that must wait: give them back.
+                spare.clear();
             }
-            for &k in &misses {
-                let bytes = sh.footprint(k);
-                g.entries.insert(k, Entry::Loading);
-                g.used += bytes;
-                g.stats.reads += 1;
+            if ticket.is_none() {
+                let t = g.next_ticket;
+                g.next_ticket += 1;
+                g.queue.push_back(t);
+                ticket = Some(t);
             }
-            g.stats.wait_seconds += t0.elapsed().as_secs_f64();
-            break (ready, misses);
+            g = sh.cond.wait(g).map_err(|_| poisoned())?;
         };
+        g.stats.wait_seconds += t0.elapsed().as_secs_f64();
         drop(g);
 
-        // Read the misses, in file order, in parts on the reader pool.
-        let mut order = misses.clone();
+        // Read the misses, in file order, in parts on the reader pool. Each lands in the cache
+        // on the thread that read its last part, pinned once for every index that asked for it.
+        let mut order = misses;
         order.sort_by_key(|k| {
             sh.specs[k.layer as usize][k.expert as usize]
                 .first()
                 .map(|p| (p.shard, p.offset))
         });
         let (tx, rx) = mpsc::channel();
-        for &k in &order {
+        let outstanding = order.len();
+        for k in order {
+            let idx: Vec<usize> = keys
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| **x == k)
+                .map(|(i, _)| i)
+                .collect();
             let tx = tx.clone();
+            let land_sh = Arc::clone(&self.shared);
             read_blob_parts(
                 &sh.reader,
                 &sh.specs[k.layer as usize][k.expert as usize],
@@ -490,23 +472,104 @@ impl ExpertStore {
                 READ_PART,
                 &|job| self.pool.submit(job),
                 Box::new(move |r| {
-                    let _ = tx.send((k, r));
+                    let landed = Shared::land(&land_sh, k, r, idx.len() as u32, None)
+                        .map(|pins| idx.into_iter().zip(pins).collect());
+                    // The receiver is gone only when the caller's thread unwound: the handles
+                    // are dropped here, which unpins them.
+                    let _ = tx.send(landed);
                 }),
             );
         }
-        let mut waiting: FixedMap<Key, Vec<usize>> = FixedMap::default();
-        for (i, k) in keys.iter().enumerate() {
-            if misses.binary_search(k).is_ok() {
-                waiting.entry(*k).or_default().push(i);
-            }
-        }
         Ok(Arrivals {
-            store: self,
+            shared: Arc::clone(&self.shared),
             ready,
-            waiting,
-            outstanding: order.len(),
+            outstanding,
             rx,
         })
+    }
+
+    /// Accounts an admitted request (policy, statistics, trace, prefetch scoring), pins its
+    /// hits and marks its misses as loading.
+    fn admit(
+        &self,
+        g: &mut MutexGuard<'_, Inner>,
+        layer: usize,
+        keys: &[Key],
+        rows: &[u32],
+        misses: &[Key],
+    ) -> VecDeque<(usize, Pinned)> {
+        let sh = &self.shared;
+        let step = g.step;
+        let mut ready = VecDeque::new();
+        let predicted = g
+            .predicted
+            .get_mut(&(layer as u32))
+            .filter(|p| p.0 == step)
+            .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)));
+        // Once per step and layer, score each rank of the prediction against the router. (When
+        // a layer's experts come in several calls, because the cache cannot pin them all at
+        // once, only the first call's share is seen: prefetch then trusts less, which suits
+        // a cache that small.)
+        if let Some((p, false)) = &predicted {
+            if g.ranks.len() < p.len() {
+                g.ranks.resize(p.len(), (0, 0));
+            }
+            for (r, e) in p.iter().enumerate() {
+                g.ranks[r].0 += 1;
+                g.ranks[r].1 += u64::from(keys.iter().any(|k| k.expert == *e));
+            }
+        }
+        let predicted = predicted.map(|p| p.0);
+        for (i, &k) in keys.iter().enumerate() {
+            let inner = &mut **g;
+            inner.stats.requests += 1;
+            let n = rows.get(i).copied().unwrap_or(1);
+            inner.policy.request(k, n);
+            if inner.touched.insert(k) {
+                inner.stats.touched += 1;
+                inner.stats.touched_bytes += sh.footprint(k);
+            }
+            if let Some(t) = inner.trace.as_mut() {
+                t.push(TraceEvent {
+                    step,
+                    layer: k.layer,
+                    expert: k.expert,
+                    rows: n,
+                });
+            }
+            if let Some(p) = &predicted {
+                inner.stats.prefetch_checked += 1;
+                if p.contains(&k.expert) {
+                    inner.stats.prefetch_predicted += 1;
+                }
+            }
+            match inner.entries.get_mut(&k) {
+                Some(Entry::Ready {
+                    blob,
+                    prefetched_step,
+                    pins,
+                    ..
+                }) => {
+                    inner.stats.hits += 1;
+                    if *prefetched_step == Some(step) {
+                        inner.stats.prefetch_hits += 1;
+                    } else {
+                        inner.stats.resident_hits += 1;
+                    }
+                    *pins += 1;
+                    ready.push_back((i, Pinned::new(&self.shared, k, Arc::clone(blob))));
+                    inner.policy.hit(k);
+                }
+                _ => inner.stats.misses += 1,
+            }
+        }
+        for &k in misses {
+            let bytes = sh.footprint(k);
+            g.entries.insert(k, Entry::Loading);
+            g.used += bytes;
+            g.stats.reads += 1;
+        }
+        ready
     }
 
     /// Takes a prediction of the experts `layer` will ask for in this step, most confident
@@ -517,15 +580,19 @@ impl ExpertStore {
     /// one only moves a read earlier). With a precision of 0 every prediction is read.
     ///
     /// Reads go without pins, and only into room that neither needs a pinned expert evicted
-    /// nor one the policy ranks above the guess ([`Policy::displaces`]): a guess never pushes
-    /// out what the cache has learnt to keep. They queue behind demand reads, in parts. A hint:
-    /// it never changes what a later [`fetch`](ExpertStore::fetch) returns.
+    /// nor one the policy ranks above the guess ([`Policy::displaces`]), and never while a
+    /// request waits for room: a guess never pushes out what the cache has learnt to keep, nor
+    /// takes what a waiting request needs. They queue behind demand reads, in parts. A hint: it
+    /// never changes what a later [`fetch`](ExpertStore::fetch) returns.
     pub fn prefetch(&self, layer: usize, experts: &[u32]) {
         let sh = &self.shared;
         let Ok(mut g) = sh.inner.lock() else { return };
         let step = g.step;
         g.predicted
             .insert(layer as u32, (step, experts.to_vec(), false));
+        if !g.queue.is_empty() {
+            return;
+        }
         let p = sh.prefetch_precision;
         let width = if p <= 0.0 {
             experts.len()
@@ -554,34 +621,12 @@ impl ExpertStore {
         }
         drop(g);
         for k in jobs {
-            let sh = Arc::clone(&self.shared);
+            let land_sh = Arc::clone(&self.shared);
+            let step = Some(step);
+            // A failed prefetch leaves nothing behind; a later fetch reads again and reports
+            // the error.
             let done = Box::new(move |r: Result<Blob, StoreError>| {
-                if let Ok(mut g) = sh.inner.lock() {
-                    let bytes = sh.footprint(k);
-                    match r {
-                        Ok(blob) => {
-                            g.stats.bytes_read +=
-                                sh.read_bytes[k.layer as usize][k.expert as usize];
-                            let step = g.step;
-                            g.entries.insert(
-                                k,
-                                Entry::Ready {
-                                    blob: Arc::new(blob),
-                                    bytes,
-                                    prefetched_step: Some(step),
-                                },
-                            );
-                            g.policy.insert(k);
-                        }
-                        // A failed prefetch leaves nothing behind; a later fetch reads again and
-                        // reports the error.
-                        Err(_) => {
-                            g.entries.remove(&k);
-                            g.used -= bytes;
-                        }
-                    }
-                }
-                sh.cond.notify_all();
+                let _ = Shared::land(&land_sh, k, r, 0, step);
             });
             read_blob_parts(
                 &self.shared.reader,
@@ -603,7 +648,7 @@ impl ExpertStore {
         let keys: Vec<Key> = g
             .entries
             .iter()
-            .filter(|(_, e)| matches!(e, Entry::Ready { blob, .. } if Arc::strong_count(blob) == 1))
+            .filter(|(_, e)| matches!(e, Entry::Ready { pins: 0, .. }))
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
@@ -612,6 +657,13 @@ impl ExpertStore {
                 g.policy.remove(k);
             }
         }
+        drop(g);
+        self.shared.cond.notify_all();
+    }
+
+    /// Requests waiting for their turn now (for tests and diagnostics).
+    pub fn waiting(&self) -> usize {
+        self.shared.inner.lock().map_or(0, |g| g.queue.len())
     }
 }
 
@@ -635,19 +687,90 @@ pub const PREFETCH_PRECISION: f64 = 0.8;
 /// for 1 MiB random reads, 1.01 and 1.16 GB/s for 4 and 16 MiB ones).
 pub const READ_PART: u64 = 1 << 20;
 
+/// The bytes of one cached expert, pinned: while a handle lives the expert is never evicted.
+/// Dropping the last handle of an expert wakes the requests waiting for room.
+pub struct Pinned {
+    /// Released in `drop`, under the store's lock.
+    blob: ManuallyDrop<Arc<Blob>>,
+    key: Key,
+    shared: Arc<Shared>,
+}
+
+impl Pinned {
+    fn new(shared: &Arc<Shared>, key: Key, blob: Arc<Blob>) -> Pinned {
+        Pinned {
+            blob: ManuallyDrop::new(blob),
+            key,
+            shared: Arc::clone(shared),
+        }
+    }
+
+    /// The expert this handle pins.
+    pub fn key(&self) -> Key {
+        self.key
+    }
+}
+
+impl std::ops::Deref for Pinned {
+    type Target = Blob;
+
+    fn deref(&self) -> &Blob {
+        &self.blob
+    }
+}
+
+impl std::fmt::Debug for Pinned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Pinned(layer {} expert {}, {:?})",
+            self.key.layer, self.key.expert, self.blob
+        )
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let sh = &self.shared;
+        // Under the lock, so that a waiter cannot miss the wake-up, and the handle's reference
+        // goes before the entry becomes evictable (its buffer can then be read into again).
+        let mut g = match sh.inner.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // SAFETY: `blob` is taken exactly once, here, and `self` is not used after `drop`.
+        drop(unsafe { ManuallyDrop::take(&mut self.blob) });
+        let unpinned = match g.entries.get_mut(&self.key) {
+            Some(Entry::Ready { pins, .. }) => {
+                *pins = pins.saturating_sub(1);
+                *pins == 0
+            }
+            _ => false,
+        };
+        let wake = unpinned && !g.queue.is_empty();
+        drop(g);
+        if wake {
+            sh.cond.notify_all();
+        }
+    }
+}
+
+/// What a read that landed sends to its request: a handle per index that asked for the
+/// expert, or the read's error.
+type Landed = Result<Vec<(usize, Pinned)>, StoreError>;
+
 /// The experts of one [`fetch_each`](ExpertStore::fetch_each) call as they arrive in memory:
 /// `(index into the experts asked for, bytes)`, or the error of a read that failed (that expert
 /// is not cached; the others still arrive).
-pub struct Arrivals<'s> {
-    store: &'s ExpertStore,
-    ready: VecDeque<(usize, Arc<Blob>)>,
-    /// Misses still being read, with the indices that asked for them.
-    waiting: FixedMap<Key, Vec<usize>>,
+pub struct Arrivals {
+    shared: Arc<Shared>,
+    ready: VecDeque<(usize, Pinned)>,
+    /// Misses still being read.
     outstanding: usize,
-    rx: mpsc::Receiver<(Key, Result<Blob, StoreError>)>,
+    rx: mpsc::Receiver<Landed>,
 }
 
-impl std::fmt::Debug for Arrivals<'_> {
+impl std::fmt::Debug for Arrivals {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
@@ -658,52 +781,26 @@ impl std::fmt::Debug for Arrivals<'_> {
     }
 }
 
-impl Arrivals<'_> {
-    /// Waits for the next read to land and caches it (or forgets it, if it failed).
+impl Arrivals {
+    /// Waits for the next read to land (the reader thread has already cached it, or forgotten
+    /// it if it failed).
     fn land_next(&mut self) -> Result<(), StoreError> {
         let t0 = Instant::now();
-        let (k, r) = self.rx.recv().map_err(|_| {
+        let r = self.rx.recv().map_err(|_| {
             self.outstanding = 0;
             StoreError::Shared("the reader pool stopped with reads outstanding".into())
         })?;
         self.outstanding -= 1;
-        let sh = &self.store.shared;
-        let bytes = sh.footprint(k);
-        let idx = self.waiting.remove(&k).unwrap_or_default();
-        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
-        g.stats.wait_seconds += t0.elapsed().as_secs_f64();
-        let r = match r {
-            Ok(blob) => {
-                let blob = Arc::new(blob);
-                g.stats.bytes_read += sh.read_bytes[k.layer as usize][k.expert as usize];
-                g.entries.insert(
-                    k,
-                    Entry::Ready {
-                        blob: Arc::clone(&blob),
-                        bytes,
-                        prefetched_step: None,
-                    },
-                );
-                g.policy.insert(k);
-                for i in idx {
-                    self.ready.push_back((i, Arc::clone(&blob)));
-                }
-                Ok(())
-            }
-            Err(e) => {
-                g.entries.remove(&k);
-                g.used -= bytes;
-                Err(e)
-            }
-        };
-        drop(g);
-        sh.cond.notify_all();
-        r
+        if let Ok(mut g) = self.shared.inner.lock() {
+            g.stats.wait_seconds += t0.elapsed().as_secs_f64();
+        }
+        self.ready.extend(r?);
+        Ok(())
     }
 }
 
-impl Iterator for Arrivals<'_> {
-    type Item = Result<(usize, Arc<Blob>), StoreError>;
+impl Iterator for Arrivals {
+    type Item = Result<(usize, Pinned), StoreError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         loop {
@@ -720,8 +817,10 @@ impl Iterator for Arrivals<'_> {
     }
 }
 
-impl Drop for Arrivals<'_> {
+impl Drop for Arrivals {
     fn drop(&mut self) {
+        // The reads land whether or not anyone waits; waiting keeps "nothing in flight once
+        // the call is over" true for the caller.
         while self.outstanding > 0 {
             let _ = self.land_next();
         }
@@ -742,6 +841,47 @@ impl Shared {
         self.footprints[k.layer as usize][k.expert as usize]
     }
 
+    /// Puts a finished read of `k` in the cache (`prefetched`: the step of the prefetch that
+    /// read it), pinned `pins` times, or forgets the entry if the read failed; wakes every
+    /// waiter either way. Returns the handles.
+    fn land(
+        sh: &Arc<Shared>,
+        k: Key,
+        r: Result<Blob, StoreError>,
+        pins: u32,
+        prefetched: Option<u64>,
+    ) -> Result<Vec<Pinned>, StoreError> {
+        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        let bytes = sh.footprint(k);
+        let out = match r {
+            Ok(blob) => {
+                let blob = Arc::new(blob);
+                g.stats.bytes_read += sh.read_bytes[k.layer as usize][k.expert as usize];
+                g.entries.insert(
+                    k,
+                    Entry::Ready {
+                        blob: Arc::clone(&blob),
+                        bytes,
+                        prefetched_step: prefetched,
+                        pins,
+                    },
+                );
+                g.policy.insert(k);
+                Ok((0..pins)
+                    .map(|_| Pinned::new(sh, k, Arc::clone(&blob)))
+                    .collect())
+            }
+            Err(e) => {
+                g.entries.remove(&k);
+                g.used -= bytes;
+                Err(e)
+            }
+        };
+        drop(g);
+        sh.cond.notify_all();
+        out
+    }
+
     /// Evicts unpinned experts (never one of `keep`) until `need` more bytes fit, putting their
     /// buffers in `spare` for the reads that need the room. False when pinned or in-flight
     /// experts leave too little room, or, for a speculative read of `guess`, at the first
@@ -758,7 +898,7 @@ impl Shared {
             let inner = &mut **g;
             let entries = &inner.entries;
             let victim = inner.policy.victim(&mut |k| {
-                !keep.contains(&k) && matches!(entries.get(&k), Some(Entry::Ready { blob, .. }) if Arc::strong_count(blob) == 1)
+                !keep.contains(&k) && matches!(entries.get(&k), Some(Entry::Ready { pins: 0, .. }))
             });
             let Some(v) = victim else { return false };
             if let Some(guess) = guess
@@ -768,8 +908,8 @@ impl Shared {
             }
             if let Some(Entry::Ready { bytes, blob, .. }) = inner.entries.remove(&v) {
                 inner.used -= bytes;
-                // Unpinned (the victim filter saw one reference, and new ones are only taken
-                // under this lock), so the buffer is free to be read into again.
+                // Unpinned: every handle gave its reference back (under this lock) before the
+                // pin count reached zero, so the buffer is free to be read into again.
                 if let Ok(b) = Arc::try_unwrap(blob) {
                     spare.push(b.into_buf());
                 }

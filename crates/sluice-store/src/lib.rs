@@ -18,9 +18,9 @@ pub use aligned::AlignedBuf;
 pub use error::StoreError;
 pub use experts::{
     Arrivals, ExpertStats, ExpertStore, ExpertStoreConfig, PREFETCH_PRECISION, PREFETCH_WARMUP,
-    READ_PART,
+    Pinned, READ_PART,
 };
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
 pub use policy::{Key, POLICIES, Policy};
 pub use trace::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};
-pub use trunk::{TrunkStats, TrunkStore, Verifier, part_footprint};
+pub use trunk::{TrunkPart, TrunkStats, TrunkStore, Verifier, part_footprint};

@@ -4,6 +4,8 @@
 //! Not LRU: on the cyclic scan of a forward pass LRU never hits. Pinned parts stay; every other
 //! part passes through the ring each forward pass.
 
+use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Instant;
 
@@ -36,6 +38,10 @@ enum Slot {
 struct Ring {
     slots: Vec<Slot>,
     stats: TrunkStats,
+    /// Tickets of the requests waiting for a free slot, oldest first: slots go to them in the
+    /// order they asked, and a newcomer never takes a slot while someone waits.
+    queue: VecDeque<u64>,
+    next_ticket: u64,
 }
 
 struct Shared {
@@ -101,6 +107,8 @@ impl TrunkStore {
         let ring = Ring {
             slots: (0..ring_slots).map(|_| Slot::Empty).collect(),
             stats: TrunkStats::default(),
+            queue: VecDeque::new(),
+            next_ticket: 0,
         };
         // One reader thread streams the next part while the current one computes.
         let pool = ReaderPool::new(usize::from(ring_slots > 1));
@@ -137,15 +145,17 @@ impl TrunkStore {
     }
 
     /// Part `i`'s bytes. A streamed part is read into a free ring slot unless it is already
-    /// there or on its way; the handle keeps the slot busy until dropped. Callers must not hold
-    /// one part while asking for another, or two streams could wait on each other.
-    pub fn part(&self, i: usize) -> Result<Arc<Blob>, StoreError> {
+    /// there or on its way; the handle keeps the slot busy until dropped, and dropping it wakes
+    /// the requests waiting for a slot. Requests that need a slot get one in the order they
+    /// asked. Callers must not hold one part while asking for another, or two streams could
+    /// wait on each other.
+    pub fn part(&self, i: usize) -> Result<TrunkPart, StoreError> {
         if let Some(Some(b)) = self.pinned.get(i) {
             if let Ok(mut r) = self.shared.ring.lock() {
                 r.stats.requests += 1;
                 r.stats.hits += 1;
             }
-            return Ok(Arc::clone(b));
+            return Ok(TrunkPart::pinned(b));
         }
         if i >= self.shared.parts.len() {
             return Err(StoreError::Shared(format!("no trunk part {i}")));
@@ -155,7 +165,9 @@ impl TrunkStore {
         let mut r = sh.ring.lock().map_err(|_| poisoned())?;
         r.stats.requests += 1;
         let mut counted_hit = false;
+        let mut ticket: Option<u64> = None;
         loop {
+            // A part already in the ring, or on its way, takes no slot: no turn needed.
             if let Some(b) = r.slots.iter().find_map(|s| match s {
                 Slot::Ready(p, b) if *p == i => Some(Arc::clone(b)),
                 _ => None,
@@ -164,26 +176,48 @@ impl TrunkStore {
                     r.stats.hits += 1;
                 }
                 r.stats.wait_seconds += t0.elapsed().as_secs_f64();
-                return Ok(b);
+                if let Some(t) = ticket {
+                    r.queue.retain(|&q| q != t);
+                    drop(r);
+                    sh.cond.notify_all();
+                }
+                return Ok(TrunkPart::streamed(sh, b));
             }
-            if r.slots
+            let loading = r
+                .slots
                 .iter()
-                .any(|s| matches!(s, Slot::Loading(p) if *p == i))
-            {
+                .any(|s| matches!(s, Slot::Loading(p) if *p == i));
+            if loading && !counted_hit {
                 // A prefetch is bringing it: that counts as a hit for the ring.
-                if !counted_hit {
-                    r.stats.hits += 1;
-                    counted_hit = true;
+                r.stats.hits += 1;
+                counted_hit = true;
+            }
+            let my_turn = match ticket {
+                None => r.queue.is_empty(),
+                Some(t) => r.queue.front() == Some(&t),
+            };
+            let free = if loading || !my_turn {
+                None
+            } else {
+                free_slot(&r.slots)
+            };
+            let Some(slot) = free else {
+                if ticket.is_none() && !loading {
+                    let t = r.next_ticket;
+                    r.next_ticket += 1;
+                    r.queue.push_back(t);
+                    ticket = Some(t);
                 }
                 r = sh.cond.wait(r).map_err(|_| poisoned())?;
                 continue;
-            }
-            let Some(slot) = free_slot(&r.slots) else {
-                r = sh.cond.wait(r).map_err(|_| poisoned())?;
-                continue;
             };
+            if ticket.is_some() {
+                r.queue.pop_front();
+            }
             r.slots[slot] = Slot::Loading(i);
             drop(r);
+            // The next in line may look for another slot.
+            sh.cond.notify_all();
             let res = sh.load(i);
             let mut r = sh.ring.lock().map_err(|_| poisoned())?;
             let out = match res {
@@ -191,7 +225,7 @@ impl TrunkStore {
                     let b = Arc::new(b);
                     r.stats.bytes_read += b.footprint() as u64;
                     r.slots[slot] = Slot::Ready(i, Arc::clone(&b));
-                    Ok(b)
+                    Ok(TrunkPart::streamed(sh, b))
                 }
                 Err(e) => {
                     r.slots[slot] = Slot::Empty;
@@ -206,13 +240,13 @@ impl TrunkStore {
     }
 
     /// Part `i` if it is in memory now (pinned or ready in the ring), without waiting or reading.
-    pub fn try_part(&self, i: usize) -> Option<Arc<Blob>> {
+    pub fn try_part(&self, i: usize) -> Option<TrunkPart> {
         if let Some(Some(b)) = self.pinned.get(i) {
-            return Some(Arc::clone(b));
+            return Some(TrunkPart::pinned(b));
         }
         let r = self.shared.ring.lock().ok()?;
         r.slots.iter().find_map(|s| match s {
-            Slot::Ready(p, b) if *p == i => Some(Arc::clone(b)),
+            Slot::Ready(p, b) if *p == i => Some(TrunkPart::streamed(&self.shared, Arc::clone(b))),
             _ => None,
         })
     }
@@ -225,6 +259,10 @@ impl TrunkStore {
         }
         let sh = &self.shared;
         let Ok(mut r) = sh.ring.lock() else { return };
+        // A slot someone waits for is theirs, not a guess's.
+        if !r.queue.is_empty() {
+            return;
+        }
         if r.slots
             .iter()
             .any(|s| matches!(s, Slot::Loading(p) | Slot::Ready(p, _) if *p == i))
@@ -252,6 +290,65 @@ impl TrunkStore {
             }
             sh.cond.notify_all();
         });
+    }
+}
+
+/// The bytes of one trunk part. A part streamed through the ring keeps its slot busy while a
+/// handle lives; dropping the last one frees the slot and wakes the requests waiting for it.
+pub struct TrunkPart {
+    /// Released in `drop`, under the ring's lock for a streamed part.
+    blob: ManuallyDrop<Arc<Blob>>,
+    /// The ring, for a streamed part.
+    ring: Option<Arc<Shared>>,
+}
+
+impl TrunkPart {
+    fn pinned(b: &Arc<Blob>) -> TrunkPart {
+        TrunkPart {
+            blob: ManuallyDrop::new(Arc::clone(b)),
+            ring: None,
+        }
+    }
+
+    fn streamed(sh: &Arc<Shared>, b: Arc<Blob>) -> TrunkPart {
+        TrunkPart {
+            blob: ManuallyDrop::new(b),
+            ring: Some(Arc::clone(sh)),
+        }
+    }
+}
+
+impl std::ops::Deref for TrunkPart {
+    type Target = Blob;
+
+    fn deref(&self) -> &Blob {
+        &self.blob
+    }
+}
+
+impl std::fmt::Debug for TrunkPart {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TrunkPart({:?})", *self.blob)
+    }
+}
+
+impl Drop for TrunkPart {
+    fn drop(&mut self) {
+        // SAFETY: `blob` is taken exactly once, here, and `self` is not used after `drop`.
+        let blob = unsafe { ManuallyDrop::take(&mut self.blob) };
+        let Some(sh) = &self.ring else { return };
+        // Under the lock, so that a waiter that has just found every slot busy cannot miss
+        // the wake-up.
+        let r = match sh.ring.lock() {
+            Ok(r) => r,
+            Err(p) => p.into_inner(),
+        };
+        drop(blob);
+        let wake = !r.queue.is_empty();
+        drop(r);
+        if wake {
+            sh.cond.notify_all();
+        }
     }
 }
 

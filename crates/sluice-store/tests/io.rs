@@ -332,7 +332,7 @@ fn large_experts_arrive_in_parts_one_after_another() {
         store.fetch(0, &[0]).unwrap();
         // 0 is resident and comes first; 1 is asked for twice and read once.
         let asked = [3, 1, 0, 2, 1];
-        let got: Vec<(usize, Arc<sluice_store::Blob>)> = store
+        let got: Vec<(usize, sluice_store::Pinned)> = store
             .fetch_each(0, &asked, &[4, 1, 2, 9, 1])
             .unwrap()
             .map(|a| a.unwrap())

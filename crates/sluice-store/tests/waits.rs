@@ -1,0 +1,293 @@
+//! The wait protocol of the expert cache and the trunk ring: a request that cannot get its room
+//! waits holding nothing, is woken when pins are released (by dropping handles, nothing else),
+//! is admitted in the order it asked, and never waits forever. Every wait below runs under a
+//! watchdog that fails the test instead of hanging it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use sluice_store::policy::by_name;
+use sluice_store::{ExpertStore, ExpertStoreConfig, Piece, ShardSet, TrunkStore};
+
+/// Bytes of one expert (one piece each), and of its buffer once read (aligned up).
+const EXPERT: u64 = 50_000;
+const FOOTPRINT: u64 = 53_248;
+
+/// How long a step of these tests may take before it counts as a hang.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// A shard of `n` experts (or trunk parts) of `EXPERT` bytes, each filled with its own index.
+fn shard(dir: &Path, n: u64) -> (PathBuf, Vec<Vec<Piece>>) {
+    let path = dir.join("shard.bin");
+    let bytes: Vec<u8> = (0..n * EXPERT).map(|i| (i / EXPERT) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let pieces = (0..n)
+        .map(|e| {
+            vec![Piece {
+                shard: 0,
+                offset: e * EXPERT,
+                len: EXPERT,
+            }]
+        })
+        .collect();
+    (path, pieces)
+}
+
+fn store(dir: &Path, layers: usize, experts: u64, cache: u64, readers: usize) -> ExpertStore {
+    let (path, pieces) = shard(dir, experts);
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let cfg = ExpertStoreConfig {
+        capacity: cache * FOOTPRINT,
+        policy: by_name("lfu", cache as usize).unwrap(),
+        readers,
+        record_trace: false,
+        prefetch_precision: 0.0,
+    };
+    let s = ExpertStore::new(shards, vec![pieces; layers], cfg).unwrap();
+    assert_eq!(
+        s.max_pinned(0),
+        cache as usize,
+        "footprint assumed by the test"
+    );
+    s
+}
+
+/// Polls `cond` until it holds; panics (naming `what`) when the watchdog runs out.
+fn until(what: &str, cond: impl Fn() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < WATCHDOG, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn dropping_a_pin_wakes_a_waiting_request() {
+    for readers in [0, 2] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let store = Arc::new(store(dir.path(), 1, 8, 2, readers));
+        // The whole cache pinned here.
+        let held = store.fetch(0, &[0, 1]).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let s = Arc::clone(&store);
+        std::thread::spawn(move || {
+            let b = s.fetch(0, &[2]).map(|b| b[0].piece(0)[0]);
+            let _ = tx.send(b);
+        });
+        until("the second request waits", || store.waiting() == 1);
+        // Nothing else happens in the store: only the pins go.
+        drop(held);
+        let got = rx
+            .recv_timeout(WATCHDOG)
+            .expect("a request waiting for room was never woken when the pins were dropped");
+        assert_eq!(got.unwrap(), 2, "{readers} readers");
+        assert_eq!(store.waiting(), 0);
+    }
+}
+
+#[test]
+fn waiting_requests_are_admitted_in_the_order_they_asked() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store = Arc::new(store(dir.path(), 1, 8, 4, 2));
+    let held = store.fetch(0, &[0, 1]).unwrap();
+    // B needs the whole cache; C would fit beside the held pins at once, but asks after B.
+    let (done_tx, done_rx) = mpsc::channel();
+    let (release_b_tx, release_b_rx) = mpsc::channel::<()>();
+    {
+        let (s, tx) = (Arc::clone(&store), done_tx.clone());
+        std::thread::spawn(move || {
+            let b = s.fetch(0, &[4, 5, 6, 7]).unwrap();
+            tx.send('B').unwrap();
+            let _ = release_b_rx.recv_timeout(WATCHDOG);
+            drop(b);
+        });
+    }
+    until("B waits", || store.waiting() == 1);
+    {
+        let (s, tx) = (Arc::clone(&store), done_tx);
+        std::thread::spawn(move || {
+            let c = s.fetch(0, &[2]).unwrap();
+            drop(c);
+            tx.send('C').unwrap();
+        });
+    }
+    // C must queue behind B rather than take the room B is waiting for.
+    until("C waits behind B", || store.waiting() == 2);
+    drop(held);
+    assert_eq!(done_rx.recv_timeout(WATCHDOG), Ok('B'));
+    // B holds the whole cache: C is still waiting.
+    assert_eq!(store.waiting(), 1);
+    release_b_tx.send(()).unwrap();
+    assert_eq!(done_rx.recv_timeout(WATCHDOG), Ok('C'));
+    assert!(store.used() <= store.capacity());
+}
+
+#[test]
+fn dropping_a_ring_part_wakes_a_waiting_request() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, parts) = shard(dir.path(), 4);
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let trunk =
+        Arc::new(TrunkStore::new(shards, parts, &[true, false, false, false], 1, None).unwrap());
+    assert_eq!(trunk.ring_slots(), 1);
+    let held = trunk.part(1).unwrap();
+    assert_eq!(held.piece(0)[0], 1);
+    let (tx, rx) = mpsc::channel();
+    let t = Arc::clone(&trunk);
+    std::thread::spawn(move || {
+        let p = t.part(2).map(|p| p.piece(0)[0]);
+        let _ = tx.send(p);
+    });
+    // The other request finds the only slot busy and waits; then the holder lets go.
+    std::thread::sleep(Duration::from_millis(100));
+    drop(held);
+    let got = rx
+        .recv_timeout(WATCHDOG)
+        .expect("a request waiting for a ring slot was never woken when the part was dropped");
+    assert_eq!(got.unwrap(), 2);
+}
+
+/// A small deterministic generator (xorshift64*), one per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Many threads fetch random groups of experts of random layers (up to what the cache can pin
+/// at once), hold them for a while, prefetch guesses and clear the cache now and then, on a
+/// cache of three experts: every thread finishes, every byte is right, and the budget holds
+/// after every admission.
+#[test]
+fn randomized_pin_wait_evict_stress_never_hangs() {
+    const LAYERS: usize = 3;
+    const EXPERTS: u64 = 12;
+    for (readers, threads, cache) in [(0, 4, 3), (2, 6, 3), (3, 8, 2), (1, 5, 1)] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let store = Arc::new(store(dir.path(), LAYERS, EXPERTS, cache, readers));
+        let (tx, rx) = mpsc::channel();
+        for t in 0..threads {
+            let (store, tx) = (Arc::clone(&store), tx.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1000_0001));
+                let r = (|| -> Result<(), String> {
+                    for _ in 0..1500 {
+                        let layer = rng.below(LAYERS as u64) as usize;
+                        let n = 1 + rng.below(store.max_pinned(layer) as u64) as usize;
+                        let mut ids: Vec<u32> = Vec::new();
+                        while ids.len() < n {
+                            let e = rng.below(EXPERTS) as u32;
+                            if !ids.contains(&e) {
+                                ids.push(e);
+                            }
+                        }
+                        match rng.below(10) {
+                            0 => store.prefetch(layer, &[rng.below(EXPERTS) as u32]),
+                            1 => store.clear(),
+                            _ => {}
+                        }
+                        let rows: Vec<u32> = ids.iter().map(|_| 1 + rng.below(4) as u32).collect();
+                        let mut seen = 0;
+                        for a in store
+                            .fetch_each(layer, &ids, &rows)
+                            .map_err(|e| e.to_string())?
+                        {
+                            let (i, b) = a.map_err(|e| e.to_string())?;
+                            if store.used() > store.capacity() {
+                                return Err(format!(
+                                    "{} bytes used of {}",
+                                    store.used(),
+                                    store.capacity()
+                                ));
+                            }
+                            if b.piece(0)[0] != ids[i] as u8
+                                || b.piece(0)[EXPERT as usize - 1] != ids[i] as u8
+                            {
+                                return Err(format!("wrong bytes for expert {}", ids[i]));
+                            }
+                            seen += 1;
+                            if rng.below(3) == 0 {
+                                std::thread::yield_now();
+                            }
+                        }
+                        if seen != ids.len() {
+                            return Err(format!("{seen} of {} experts arrived", ids.len()));
+                        }
+                    }
+                    Ok(())
+                })();
+                let _ = tx.send((t, r));
+            });
+        }
+        drop(tx);
+        for _ in 0..threads {
+            let (t, r) = rx.recv_timeout(WATCHDOG).unwrap_or_else(|_| {
+                panic!(
+                    "{readers} readers, {threads} threads, cache of {cache}: a thread never \
+                     finished ({} requests waiting)",
+                    store.waiting()
+                )
+            });
+            r.unwrap_or_else(|e| panic!("thread {t} ({readers} readers): {e}"));
+        }
+        let s = store.stats();
+        assert_eq!(s.requests, s.hits + s.misses);
+        assert_eq!(store.waiting(), 0);
+        assert!(store.used() <= store.capacity());
+    }
+}
+
+/// Several "forward passes" at once stream parts through rings of one and two slots, with
+/// the next part prefetched: every pass finishes with the right bytes.
+#[test]
+fn randomized_ring_stress_never_hangs() {
+    for slots in [1, 2] {
+        let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+        let (path, parts) = shard(dir.path(), 6);
+        let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+        let pin = [true, false, true, false, false, false];
+        let trunk = Arc::new(TrunkStore::new(shards, parts, &pin, slots, None).unwrap());
+        let (tx, rx) = mpsc::channel();
+        for t in 0..5u64 {
+            let (trunk, tx) = (Arc::clone(&trunk), tx.clone());
+            std::thread::spawn(move || {
+                let mut rng = Rng(t * 7919 + 17);
+                let r = (|| -> Result<(), String> {
+                    for _ in 0..400 {
+                        for i in 0..6 {
+                            let p = trunk.part(i).map_err(|e| e.to_string())?;
+                            if p.piece(0)[0] != i as u8 {
+                                return Err(format!("part {i} has wrong bytes"));
+                            }
+                            if rng.below(2) == 0 {
+                                trunk.prefetch((i + 1) % 6);
+                            }
+                            if rng.below(4) == 0 {
+                                std::thread::yield_now();
+                            }
+                        }
+                    }
+                    Ok(())
+                })();
+                let _ = tx.send(r);
+            });
+        }
+        drop(tx);
+        for _ in 0..5 {
+            rx.recv_timeout(WATCHDOG)
+                .unwrap_or_else(|_| panic!("ring of {slots}: a pass never finished"))
+                .unwrap();
+        }
+    }
+}

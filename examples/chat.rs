@@ -19,7 +19,7 @@ fn main() -> Result<(), sluice::Error> {
         sampling: engine.default_sampling().clone(),
         ..Default::default()
     };
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let mut messages: Vec<Message> = Vec::new();
     let mut transcript = String::new();
     for line in std::io::stdin().lock().lines() {

@@ -53,7 +53,7 @@ fn main() -> Result<(), sluice::Error> {
             sampling: engine.default_sampling().clone(),
             ..Default::default()
         };
-        let mut session = engine.session();
+        let mut session = engine.session()?;
         let mut g = session.generate(prompt.clone(), &opts)?;
         let text = g.run()?;
         let s = g.stats();

@@ -27,7 +27,7 @@ fn main() -> Result<(), sluice::Error> {
         ..Default::default()
     };
 
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let mut generation = session.generate(Prompt::Text(&prompt), &opts)?;
     print!("{prompt}");
     for token in generation.by_ref() {

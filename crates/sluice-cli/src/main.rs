@@ -441,7 +441,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         _ => None,
     };
     if a.warmup {
-        let mut s = engine.session();
+        let mut s = engine.session()?;
         let warm = GenerateOptions {
             keep_logits: false,
             ..opts.clone()
@@ -449,7 +449,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         s.generate(prompt.clone(), &warm)?.run()?;
         let _ = engine.take_trace();
     }
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let mut generation = session.generate(prompt, &opts)?;
     let mut live = (!a.json).then(|| live::Live::new(&engine));
     if let (Some(l), Some(p)) = (live.as_mut(), echo) {
@@ -537,7 +537,7 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
         .iter()
         .map(|s| sluice::Message::new("system", s.clone()))
         .collect();
-    let mut session = engine.session();
+    let mut session = engine.session()?;
     let mut transcript = String::new();
     eprintln!(
         "{}: type a message and press Enter; an empty line or end of input quits.{}",

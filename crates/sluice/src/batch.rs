@@ -121,6 +121,8 @@ pub struct BatcherStats {
 
 /// Runs jobs on an engine in batches of up to `max_batch` sequences, on a thread of its own.
 pub struct Batcher {
+    /// The sequences of the memory plan this batcher decodes, held for its life.
+    _claim: crate::engine::SlotClaim,
     engine: Engine,
     tx: Mutex<Option<Sender<Job>>>,
     worker: Option<JoinHandle<()>>,
@@ -150,6 +152,7 @@ impl Batcher {
                 "a batch of {max_batch} sequences needs an engine planned for {max_batch} (EngineBuilder::sequences); this one is planned for {planned}"
             )));
         }
+        let claim = engine.claim(max_batch)?;
         let (tx, rx) = mpsc::channel();
         let counters = Arc::new(Counters::default());
         let e = engine.clone();
@@ -163,6 +166,7 @@ impl Batcher {
                 source,
             })?;
         Ok(Batcher {
+            _claim: claim,
             engine,
             tx: Mutex::new(Some(tx)),
             worker: Some(worker),

@@ -268,6 +268,10 @@ impl EngineBuilder {
                 prefill_chunk: self.prefill_chunk,
                 threads,
                 stats: Mutex::new(EngineStats::default()),
+                slots: Arc::new(Slots {
+                    limit: memory.map(|_| self.sequences),
+                    taken: Mutex::new(0),
+                }),
             }),
         })
     }
@@ -286,6 +290,33 @@ struct Inner {
     prefill_chunk: usize,
     threads: usize,
     stats: Mutex<EngineStats>,
+    slots: Arc<Slots>,
+}
+
+/// The sequences whose state (KV cache, recurrent state) the memory plan holds inside the
+/// budget: each open [`Session`] takes one, a [`crate::batch::Batcher`] takes its width, and
+/// they are given back when those end. Unlimited memory has no limit.
+#[derive(Debug)]
+struct Slots {
+    limit: Option<usize>,
+    taken: Mutex<usize>,
+}
+
+/// A claim on some of the plan's sequences, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct SlotClaim {
+    slots: Arc<Slots>,
+    n: usize,
+}
+
+impl Drop for SlotClaim {
+    fn drop(&mut self) {
+        let mut t = match self.slots.taken.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        *t = t.saturating_sub(self.n);
+    }
 }
 
 /// A loaded model with its tokenizer and chat template. Cheap to clone; `Send + Sync`; any
@@ -399,12 +430,51 @@ impl Engine {
     }
 
     /// A new session (an empty KV cache).
-    pub fn session(&self) -> Session {
-        Session {
+    ///
+    /// Under a memory budget the plan holds the KV cache and recurrent state of
+    /// [`EngineBuilder::sequences`] sequences (default 1), and each open session takes one of
+    /// them until it is dropped (a [`crate::batch::Batcher`] takes as many as it is wide).
+    /// Opening more fails at once with [`Error::Sequences`], so that the sessions' state
+    /// never grows past the budget; it never waits. With [`Memory::Unlimited`] any number of
+    /// sessions may be open. Sessions open at the same time share the expert cache: their
+    /// steps take turns for room in it, in the order they ask, so each one completes.
+    pub fn session(&self) -> Result<Session, Error> {
+        Ok(Session {
+            _claim: self.claim(1)?,
             engine: self.clone(),
             state: self.inner.model.new_state(),
             history: Vec::new(),
+        })
+    }
+
+    /// Takes `n` of the sequences the memory plan holds state for.
+    pub(crate) fn claim(&self, n: usize) -> Result<SlotClaim, Error> {
+        let slots = &self.inner.slots;
+        let mut taken = match slots.taken.lock() {
+            Ok(t) => t,
+            Err(p) => p.into_inner(),
+        };
+        if let Some(limit) = slots.limit
+            && *taken + n > limit
+        {
+            return Err(Error::Sequences {
+                wanted: n,
+                open: *taken,
+                planned: limit,
+            });
         }
+        *taken += n;
+        Ok(SlotClaim {
+            slots: Arc::clone(slots),
+            n,
+        })
+    }
+
+    /// Sequences in use now (open sessions plus the width of running batchers), and how many
+    /// the memory plan holds (None: unlimited memory, no limit).
+    pub fn sequences_in_use(&self) -> (usize, Option<usize>) {
+        let s = &self.inner.slots;
+        (s.taken.lock().map_or(0, |t| *t), s.limit)
     }
 
     /// Token ids of a prompt. Text is encoded with the tokenizer (with its BOS when it adds
@@ -601,6 +671,8 @@ pub fn peak_rss_bytes() -> u64 {
 /// seen (a chat keeps its history).
 #[derive(Debug)]
 pub struct Session {
+    /// Held for the session's life: its place in the memory plan.
+    _claim: SlotClaim,
     engine: Engine,
     state: State,
     history: Vec<u32>,

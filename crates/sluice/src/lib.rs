@@ -11,7 +11,7 @@
 //! ```no_run
 //! use sluice::{Engine, GenerateOptions, Prompt};
 //! let engine = Engine::builder().model("models/demo").threads(2).build()?;
-//! let mut session = engine.session();
+//! let mut session = engine.session()?;
 //! let opts = GenerateOptions { max_tokens: 32, ..Default::default() };
 //! for token in session.generate(Prompt::Text("It is a truth universally acknowledged"), &opts)? {
 //!     print!("{}", token?.text);
@@ -96,6 +96,18 @@ pub enum Error {
     /// The expert store failed.
     #[error(transparent)]
     Store(#[from] sluice_store::StoreError),
+    /// More sequences (sessions, batch slots) than the memory plan holds state for.
+    #[error(
+        "the memory plan holds the KV cache of {planned} sequences inside the budget and {open} are in use, so {wanted} more do not fit: drop a session or batcher, or build the engine for more (EngineBuilder::sequences, --batch-size)"
+    )]
+    Sequences {
+        /// Sequences asked for.
+        wanted: usize,
+        /// Sequences in use (open sessions, batcher widths).
+        open: usize,
+        /// Sequences the plan holds.
+        planned: usize,
+    },
 }
 
 impl Error {
@@ -115,6 +127,7 @@ impl Error {
             | Error::Tokenizer { .. }
             | Error::Template { .. }
             | Error::Sampler(_)
+            | Error::Sequences { .. }
             | Error::Format(_) => true,
             Error::Model(M::Store(s)) | Error::Store(s) => store_input(s),
             Error::Model(m) => matches!(

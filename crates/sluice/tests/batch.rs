@@ -43,7 +43,7 @@ fn solo(engine: &Engine, i: usize) -> (Vec<u32>, String) {
     let OwnedPrompt::Text(t) = &p else {
         unreachable!()
     };
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let mut g = s.generate(Prompt::Text(t), &o).unwrap();
     let text = g.run().unwrap();
     (g.ids().to_vec(), text)

@@ -49,7 +49,7 @@ fn greedy_continuation_matches_transformers() {
         keep_logits: true,
         ..Default::default()
     };
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let mut g = s.generate(Prompt::Text(PROMPT), &greedy).unwrap();
     let text = g.run().unwrap();
     assert_eq!(
@@ -95,7 +95,7 @@ fn a_budget_below_the_model_gives_the_same_text() {
             sampling: engine.default_sampling().clone(),
             ..Default::default()
         };
-        let mut s = engine.session();
+        let mut s = engine.session().unwrap();
         let mut g = s.generate(Prompt::Text(PROMPT), &opts).unwrap();
         let text = g.run().unwrap();
         (text, g.stats())

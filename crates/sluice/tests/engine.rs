@@ -37,10 +37,12 @@ fn eight_concurrent_sessions_match_sequential_runs() {
         .model(demo())
         .memory(Memory::Bytes(14 << 20))
         .threads(2)
+        .sequences(8)
+        .context(232)
         .build()
         .unwrap();
     let job = |i: usize| {
-        let mut s = engine.session();
+        let mut s = engine.session().unwrap();
         let mut g = s
             .generate(Prompt::Text(PROMPTS[i % 4]), &opts(i as u64, 200))
             .unwrap();
@@ -68,7 +70,7 @@ fn eight_concurrent_sessions_match_sequential_runs() {
 fn chat_turns_reuse_the_cache_and_match_a_fresh_session() {
     let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
     let o = opts(3, 12);
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let t1 = "Elizabeth walked to the window.\n".to_owned();
     let a1 = s
         .generate_full(Prompt::Text(&t1), &o)
@@ -84,6 +86,7 @@ fn chat_turns_reuse_the_cache_and_match_a_fresh_session() {
     assert!(before > 0);
     let fresh = engine
         .session()
+        .unwrap()
         .generate_full(Prompt::Text(&t2), &o)
         .unwrap()
         .run()
@@ -99,7 +102,7 @@ fn stop_strings_and_lengths() {
         stop_at_eos: false,
         ..Default::default()
     };
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let full = s
         .generate(
             Prompt::Text("It is a truth universally acknowledged"),
@@ -115,7 +118,7 @@ fn stop_strings_and_lengths() {
         stop: vec![stop.into()],
         ..greedy.clone()
     };
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let mut g = s
         .generate(
             Prompt::Text("It is a truth universally acknowledged"),
@@ -133,7 +136,7 @@ fn stop_strings_and_lengths() {
         g.text(),
         "streamed deltas must add up to the text and never include the stop string"
     );
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     let mut g = s
         .generate(
             Prompt::Text("x"),
@@ -153,6 +156,7 @@ fn chat_needs_a_template_and_says_so() {
     let engine = Engine::builder().model(demo()).threads(1).build().unwrap();
     let e = engine
         .session()
+        .unwrap()
         .generate(
             Prompt::Chat(&[Message::new("user", "hi")]),
             &GenerateOptions::default(),
@@ -179,6 +183,7 @@ fn a_shard_truncated_while_running_ends_that_request_and_the_engine_recovers() {
     let o = opts(11, 24);
     let first = engine
         .session()
+        .unwrap()
         .generate(Prompt::Text("The weather"), &o)
         .unwrap()
         .run()
@@ -192,7 +197,7 @@ fn a_shard_truncated_while_running_ends_that_request_and_the_engine_recovers() {
         .unwrap()
         .set_len(bytes.len() as u64 / 3)
         .unwrap();
-    let mut s = engine.session();
+    let mut s = engine.session().unwrap();
     // The prompt itself may already need a missing expert; otherwise a later step does.
     let e = match s.generate(Prompt::Text("The weather"), &o) {
         Err(e) => e,
@@ -219,9 +224,11 @@ fn a_shard_truncated_while_running_ends_that_request_and_the_engine_recovers() {
         "a read failure is a runtime error (exit 1)"
     );
 
+    drop(s);
     std::fs::write(&shard, &bytes).unwrap();
     let again = engine
         .session()
+        .unwrap()
         .generate(Prompt::Text("The weather"), &o)
         .unwrap()
         .run()
@@ -240,6 +247,7 @@ fn a_prompt_beyond_the_planned_context_is_a_clear_error() {
     let long: Vec<u32> = (0..40).collect();
     let e = engine
         .session()
+        .unwrap()
         .generate(Prompt::Ids(&long), &GenerateOptions::default())
         .unwrap_err();
     assert!(e.to_string().contains("context full"), "{e}");

@@ -34,9 +34,9 @@ const PROMPT: [u32; 7] = [383, 178, 452, 226, 380, 239, 384];
 #[test]
 fn continuing_with_no_ids_is_one_generation() {
     let e = k3();
-    let whole = greedy(&mut e.session(), PROMPT.to_vec(), 8, 64);
+    let whole = greedy(&mut e.session().unwrap(), PROMPT.to_vec(), 8, 64);
     for chunk in [1, 3, 64] {
-        let mut s = e.session();
+        let mut s = e.session().unwrap();
         let mut got = greedy(&mut s, PROMPT.to_vec(), 3, chunk);
         got.extend(greedy(&mut s, Vec::new(), 5, chunk));
         assert_eq!(got, whole, "chunk {chunk}");
@@ -46,14 +46,14 @@ fn continuing_with_no_ids_is_one_generation() {
 #[test]
 fn continuing_with_new_ids_runs_the_pending_token_first() {
     let e = k3();
-    let mut s = e.session();
+    let mut s = e.session().unwrap();
     let first = greedy(&mut s, PROMPT.to_vec(), 2, 4);
     let next = greedy(&mut s, vec![7, 8], 4, 4);
     // The same history in one go.
     let mut ids = PROMPT.to_vec();
     ids.extend(&first);
     ids.extend([7, 8]);
-    let fresh = greedy(&mut e.session(), ids.clone(), 4, 4);
+    let fresh = greedy(&mut e.session().unwrap(), ids.clone(), 4, 4);
     assert_eq!(next, fresh);
     let mut want_history = ids;
     want_history.extend(&next);
@@ -66,9 +66,9 @@ fn recomputing_the_last_position_after_a_prefill() {
     // recomputes the last position: by stepping the recurrent state back one token (prefill in
     // chunks of 1) or by running the history again (prefill in one chunk).
     let e = k3();
-    let whole = greedy(&mut e.session(), PROMPT.to_vec(), 4, 64);
+    let whole = greedy(&mut e.session().unwrap(), PROMPT.to_vec(), 4, 64);
     for chunk in [1, 64] {
-        let mut s = e.session();
+        let mut s = e.session().unwrap();
         assert!(greedy(&mut s, PROMPT.to_vec(), 0, chunk).is_empty());
         assert_eq!(greedy(&mut s, Vec::new(), 4, chunk), whole, "chunk {chunk}");
     }

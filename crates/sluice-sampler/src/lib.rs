@@ -6,6 +6,12 @@
 //! same logits and seed give the same token on every machine — and since sluice's logits are
 //! bit-identical at every memory budget, cache policy and thread count, so is the text.
 //!
+//! The options mean what they mean in Hugging Face transformers' `generate`, applied in its
+//! order (penalties, temperature, top-k, top-p, min-p), and [`Sampler::candidates`] keeps the same
+//! tokens with the same probabilities as its logits processors (`tests/transformers.rs` checks
+//! that against fixtures made with them). Presence and frequency penalties follow OpenAI and
+//! count generated tokens only. README.md's "Sampling" section states every rule.
+//!
 //! ```
 //! use sluice_sampler::{Sampler, SamplingOptions};
 //! let mut s = Sampler::new(SamplingOptions { temperature: 0.8, top_p: 0.9, seed: 7, ..Default::default() }).unwrap();

@@ -308,41 +308,55 @@ impl Sampler {
         if cand.is_empty() || cand.iter().any(|c| c.1 == f64::INFINITY) {
             return only(argmax64(l));
         }
-        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        // `cand` stays in id order until the cuts need the rank order, so the softmax sum does
+        // not depend on how a sort permutes equal keys.
         if o.top_k > 0 && o.top_k < cand.len() {
-            cand.select_nth_unstable_by(o.top_k - 1, by_rank);
-            let kth = cand[o.top_k - 1].1;
+            let mut s: Vec<f64> = cand.iter().map(|c| c.1).collect();
+            let kth = *s
+                .select_nth_unstable_by(o.top_k - 1, |a, b| b.total_cmp(a))
+                .1;
             // Ties with the k-th stay, as in transformers (only `scores < kth` are removed).
-            let mut n = o.top_k;
-            for i in o.top_k..cand.len() {
-                if cand[i].1 >= kth {
-                    cand.swap(n, i);
-                    n += 1;
-                }
-            }
-            cand.truncate(n);
+            cand.retain(|c| c.1 >= kth);
         }
-        cand.sort_unstable_by(by_rank);
-        let max = cand[0].1;
-        let e: Vec<f64> = cand.iter().map(|c| libm::exp(c.1 - max)).collect();
-        let total: f64 = e.iter().sum();
-        let p: Vec<f64> = e.iter().map(|x| x / total).collect();
-        let mut keep = p.len();
-        if o.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &x) in p.iter().enumerate() {
-                acc += x;
-                if acc >= o.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-        }
+        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.1));
+        let total: f64 = cand.iter().map(|c| libm::exp(c.1 - max)).sum();
         if o.min_p > 0.0 {
+            // p ≥ min_p × p_max ⟺ exp(s − max) ≥ min_p. The kept set is a prefix of the rank
+            // order, as top-p's is, so taking it first changes nothing but the work.
             let floor = o.min_p as f64;
-            keep = keep.min(e.iter().take_while(|&&x| x >= floor).count().max(1));
+            cand.retain(|c| libm::exp(c.1 - max) >= floor);
         }
-        let mass: f64 = p[..keep].iter().sum();
+        // Rank order (most likely first, ties to the lower id), only as far as top-p needs.
+        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let mut m = if o.top_p < 1.0 {
+            cand.len().min(256)
+        } else {
+            cand.len()
+        };
+        let keep = loop {
+            if m < cand.len() {
+                cand.select_nth_unstable_by(m - 1, by_rank);
+            }
+            cand[..m].sort_unstable_by(by_rank);
+            if o.top_p >= 1.0 {
+                break m;
+            }
+            let mut acc = 0.0;
+            let reached = cand[..m].iter().position(|c| {
+                acc += libm::exp(c.1 - max) / total;
+                acc >= o.top_p as f64
+            });
+            match reached {
+                Some(i) => break i + 1,
+                None if m == cand.len() => break m,
+                None => m = (m * 4).min(cand.len()),
+            }
+        };
+        let p: Vec<f64> = cand[..keep]
+            .iter()
+            .map(|c| libm::exp(c.1 - max) / total)
+            .collect();
+        let mass: f64 = p.iter().sum();
         // A probability that underflows to 0 (an `s` more than ~745 below the top) is no candidate.
         let kept = cand[..keep]
             .iter()
@@ -765,5 +779,71 @@ mod tests {
             2
         );
         assert_eq!(s.sample(&mut [], &[]), 0);
+    }
+
+    /// The cuts, the plain way: everything sorted, every step over the whole vocabulary.
+    fn naive(o: &SamplingOptions, logits: &[f32]) -> Vec<(u32, f64)> {
+        let t = o.temperature as f64;
+        let mut c: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l as f64 / t))
+            .collect();
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if o.top_k > 0 && o.top_k < c.len() {
+            let kth = c[o.top_k - 1].1;
+            c.retain(|x| x.1 >= kth);
+        }
+        let max = c[0].1;
+        let total: f64 = c.iter().map(|x| (x.1 - max).exp()).sum();
+        let mut p: Vec<(u32, f64)> = c.iter().map(|x| (x.0, (x.1 - max).exp() / total)).collect();
+        let mut acc = 0.0;
+        let mut keep = p.len();
+        for (i, x) in p.iter().enumerate() {
+            acc += x.1;
+            if o.top_p < 1.0 && acc >= o.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        p.truncate(keep);
+        let top = p[0].1;
+        p.retain(|x| x.1 >= o.min_p as f64 * top);
+        let mass: f64 = p.iter().map(|x| x.1).sum();
+        p.iter().map(|x| (x.0, x.1 / mass)).collect()
+    }
+
+    /// Large vocabularies, where top-p's prefix is found 256, 1024, 4096 … tokens at a time.
+    #[test]
+    fn large_vocabularies_agree_with_a_plain_full_sort() {
+        let n = 20_000u64;
+        let logits: Vec<f32> = (0..n)
+            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
+            .collect();
+        for (t, k, p, m) in [
+            (1.0, 0, 0.999, 0.0),
+            (2.0, 0, 0.5, 0.0),
+            (0.5, 0, 0.9, 0.0),
+            (1.0, 5000, 0.97, 0.0),
+            (1.0, 0, 0.99, 0.3),
+            (0.1, 0, 0.9, 0.0),
+            (1.0, 300, 1.0, 0.0),
+        ] {
+            let o = SamplingOptions {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+                min_p: m,
+                ..opts(t)
+            };
+            let got = Sampler::new(o.clone()).unwrap().candidates(&logits, &[], 0);
+            let want = naive(&o, &logits);
+            assert!(want.len() > 50, "{o:?}: {}", want.len());
+            assert_eq!(got.len(), want.len(), "{o:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.id, w.0, "{o:?}");
+                assert!((g.prob - w.1).abs() <= 1e-12 * w.1, "{o:?}: {g:?} {w:?}");
+            }
+        }
     }
 }

@@ -308,15 +308,22 @@ impl Sampler {
         if cand.is_empty() || cand.iter().any(|c| c.1 == f64::INFINITY) {
             return only(argmax64(l));
         }
-        // `cand` stays in id order until the cuts need the rank order, so the softmax sum does
-        // not depend on how a sort permutes equal keys.
+        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        // `cand` is in id order, or after top-k in rank order: either way an order that no sort
+        // algorithm's handling of equal keys can change, so neither can the softmax sum.
         if o.top_k > 0 && o.top_k < cand.len() {
-            let mut s: Vec<f64> = cand.iter().map(|c| c.1).collect();
-            let kth = *s
-                .select_nth_unstable_by(o.top_k - 1, |a, b| b.total_cmp(a))
-                .1;
+            cand.select_nth_unstable_by(o.top_k - 1, by_rank);
+            let kth = cand[o.top_k - 1].1;
             // Ties with the k-th stay, as in transformers (only `scores < kth` are removed).
-            cand.retain(|c| c.1 >= kth);
+            let mut n = o.top_k;
+            for i in o.top_k..cand.len() {
+                if cand[i].1 >= kth {
+                    cand.swap(n, i);
+                    n += 1;
+                }
+            }
+            cand.truncate(n);
+            cand.sort_unstable_by(by_rank);
         }
         let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.1));
         let total: f64 = cand.iter().map(|c| libm::exp(c.1 - max)).sum();
@@ -327,7 +334,6 @@ impl Sampler {
             cand.retain(|c| libm::exp(c.1 - max) >= floor);
         }
         // Rank order (most likely first, ties to the lower id), only as far as top-p needs.
-        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         let mut m = if o.top_p < 1.0 {
             cand.len().min(256)
         } else {

@@ -279,8 +279,8 @@ impl Sampler {
     /// 7. min-p: keep a token iff `p ≥ min_p × p_max`, i.e. `exp(s − max) ≥ min_p`;
     /// 8. renormalise; a token whose probability underflows to 0 is dropped.
     ///
-    /// If no logit is finite, the argmax alone (a `+∞` logit, else token 0 when all are −∞ or
-    /// NaN).
+    /// If some logit is `+∞`, the lowest such id alone; if none is finite, token 0 (no draw is
+    /// taken from the random stream in either case).
     pub fn candidates(&self, logits: &[f32], history: &[u32], generated: usize) -> Vec<Candidate> {
         self.choices(&self.penalised(logits, history, generated)).0
     }

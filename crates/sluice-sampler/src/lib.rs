@@ -6,6 +6,12 @@
 //! same logits and seed give the same token on every machine — and since sluice's logits are
 //! bit-identical at every memory budget, cache policy and thread count, so is the text.
 //!
+//! The options mean what they mean in Hugging Face transformers' `generate`, applied in its
+//! order (penalties, temperature, top-k, top-p, min-p), and [`Sampler::candidates`] keeps the same
+//! tokens with the same probabilities as its logits processors (`tests/transformers.rs` checks
+//! that against fixtures made with them). Presence and frequency penalties follow OpenAI and
+//! count generated tokens only. README.md's "Sampling" section states every rule.
+//!
 //! ```
 //! use sluice_sampler::{Sampler, SamplingOptions};
 //! let mut s = Sampler::new(SamplingOptions { temperature: 0.8, top_p: 0.9, seed: 7, ..Default::default() }).unwrap();
@@ -20,24 +26,36 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 /// Sampling settings. The defaults are greedy decoding.
+///
+/// The order and meaning of every option are those of Hugging Face transformers' `generate`
+/// (`_get_logits_processor` for a `GenerationConfig` with `do_sample`): penalties, then
+/// temperature, top-k, top-p, min-p; see [`Sampler::candidates`] for each step exactly.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SamplingOptions {
-    /// Softmax temperature; 0 means greedy (argmax).
+    /// Softmax temperature; 0 means greedy (argmax). Any temperature > 0 is safe: the logits are
+    /// divided in f64, where even `f32::MAX / 1e-45` is finite, so a tiny temperature gives the
+    /// T → 0 limit (the most likely token; exactly tied maxima equally likely).
     pub temperature: f32,
-    /// Keep only the `top_k` most likely tokens; 0 turns it off.
+    /// Keep only the `top_k` most likely tokens, and every token tied with the `top_k`-th (as
+    /// transformers' `TopKLogitsWarper` does); 0 turns it off.
     pub top_k: usize,
-    /// Keep the smallest set of tokens whose probability reaches `top_p`; 1 turns it off.
+    /// Keep the smallest set of most likely tokens whose probability reaches `top_p`; 1 turns it
+    /// off. Tokens tied at the cut are taken lower id first.
     pub top_p: f32,
-    /// Drop tokens less likely than `min_p` × the most likely one; 0 turns it off.
+    /// Drop tokens less likely than `min_p` × the most likely one (after temperature, top-k and
+    /// top-p); 0 turns it off.
     pub min_p: f32,
-    /// Repetition penalty (as in transformers): a seen token's positive logit is divided by it,
-    /// a negative one multiplied; 1 turns it off.
+    /// Repetition penalty (as in transformers, over every token of the history, prompt included):
+    /// a seen token's logit is divided by it if ≥ 0, multiplied if negative; 1 turns it off.
     pub repetition_penalty: f32,
-    /// Subtracted once from the logit of every token already seen; 0 turns it off.
+    /// OpenAI's presence penalty: subtracted once from the logit of every token that was
+    /// *generated* (not prompt tokens) at least once; 0 turns it off.
     pub presence_penalty: f32,
-    /// Subtracted per occurrence from the logit of every token already seen; 0 turns it off.
+    /// OpenAI's frequency penalty: subtracted once per occurrence among the *generated* tokens
+    /// (not prompt tokens); 0 turns it off.
     pub frequency_penalty: f32,
-    /// Only the last `penalty_last_n` tokens count for penalties; 0 means all of them.
+    /// Only the last `penalty_last_n` tokens of the history count for penalties (for presence
+    /// and frequency: the generated ones among them); 0 means all of them.
     pub penalty_last_n: usize,
     /// Seed of the random stream.
     pub seed: u64,
@@ -120,11 +138,22 @@ impl SamplingOptions {
     }
 }
 
-/// A seeded sampler. Cloning it clones the random stream's position.
+/// A token the sampler may draw, with its probability.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Candidate {
+    /// The token id.
+    pub id: u32,
+    /// Its probability among the candidates (they sum to 1).
+    pub prob: f64,
+}
+
+/// A seeded sampler for one generation. Cloning it clones the random stream's position.
 #[derive(Clone, Debug)]
 pub struct Sampler {
     opts: SamplingOptions,
     rng: ChaCha8Rng,
+    /// How many tokens [`Sampler::sample`] has returned.
+    drawn: usize,
 }
 
 /// The ordering key of a logit: NaN ranks below everything.
@@ -143,12 +172,35 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// [`argmax`] over f64 logits (NaN ranks below everything).
+fn argmax64(logits: &[f64]) -> u32 {
+    let k = |x: f64| if x.is_nan() { f64::NEG_INFINITY } else { x };
+    let mut best = 0usize;
+    for (i, &v) in logits.iter().enumerate() {
+        if k(v) > k(logits[best]) {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Stores penalised logits back into the caller's f32 row.
+fn write_back(logits: &mut [f32], l: &[f64]) {
+    for (x, &p) in logits.iter_mut().zip(l) {
+        *x = p as f32;
+    }
+}
+
 impl Sampler {
     /// A sampler with these options.
     pub fn new(opts: SamplingOptions) -> Result<Sampler, SamplerError> {
         opts.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        Ok(Sampler { opts, rng })
+        Ok(Sampler {
+            opts,
+            rng,
+            drawn: 0,
+        })
     }
 
     /// The options.
@@ -156,91 +208,206 @@ impl Sampler {
         &self.opts
     }
 
-    /// Applies the penalties to `logits` for the tokens in `history`.
-    pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+    /// The logits after the penalties, in f64. `history` is every token of the sequence so far
+    /// (prompt and generated), oldest first; its last `generated` tokens are the generated ones.
+    ///
+    /// 1. Repetition penalty `r` (transformers' `RepetitionPenaltyLogitsProcessor`): for each
+    ///    distinct token of the history, `l / r` if `l ≥ 0`, else `l × r`.
+    /// 2. Presence `a` and frequency `b` penalties (OpenAI's definition): for each token `j`
+    ///    generated `c_j` times, `l_j − a·[c_j > 0] − b·c_j`. Prompt tokens do not count.
+    ///
+    /// With `penalty_last_n = n > 0` only the last `n` tokens of the history count for either.
+    /// Ids outside the vocabulary are ignored.
+    pub fn penalised(&self, logits: &[f32], history: &[u32], generated: usize) -> Vec<f64> {
         let o = &self.opts;
-        if o.repetition_penalty == 1.0 && o.presence_penalty == 0.0 && o.frequency_penalty == 0.0 {
-            return;
-        }
-        let recent = if o.penalty_last_n == 0 || o.penalty_last_n >= history.len() {
-            history
+        let mut l: Vec<f64> = logits.iter().map(|&x| x as f64).collect();
+        let n = if o.penalty_last_n == 0 {
+            history.len()
         } else {
-            &history[history.len() - o.penalty_last_n..]
+            o.penalty_last_n.min(history.len())
         };
-        let mut ids: Vec<u32> = recent
-            .iter()
-            .copied()
-            .filter(|&t| (t as usize) < logits.len())
-            .collect();
-        ids.sort_unstable();
-        for run in ids.chunk_by(|a, b| a == b) {
-            let l = &mut logits[run[0] as usize];
-            if o.repetition_penalty != 1.0 {
-                *l = if *l > 0.0 {
-                    *l / o.repetition_penalty
-                } else {
-                    *l * o.repetition_penalty
-                };
+        let recent = &history[history.len() - n..];
+        let gen_recent = &recent[recent.len() - generated.min(recent.len())..];
+        let runs = |toks: &[u32]| {
+            let mut ids: Vec<u32> = toks
+                .iter()
+                .copied()
+                .filter(|&t| (t as usize) < logits.len())
+                .collect();
+            ids.sort_unstable();
+            ids
+        };
+        if o.repetition_penalty != 1.0 {
+            let r = o.repetition_penalty as f64;
+            let ids = runs(recent);
+            for run in ids.chunk_by(|a, b| a == b) {
+                let x = &mut l[run[0] as usize];
+                *x = if *x < 0.0 { *x * r } else { *x / r };
             }
-            *l -= o.presence_penalty + o.frequency_penalty * run.len() as f32;
+        }
+        if o.presence_penalty != 0.0 || o.frequency_penalty != 0.0 {
+            let (a, b) = (o.presence_penalty as f64, o.frequency_penalty as f64);
+            let ids = runs(gen_recent);
+            for run in ids.chunk_by(|a, b| a == b) {
+                l[run[0] as usize] -= a + b * run.len() as f64;
+            }
+        }
+        l
+    }
+
+    /// Applies the penalties to `logits` (see [`Sampler::penalised`]; the result rounded to f32).
+    pub fn apply_penalties(&self, logits: &mut [f32], history: &[u32], generated: usize) {
+        if self.has_penalties() {
+            let l = self.penalised(logits, history, generated);
+            write_back(logits, &l);
         }
     }
 
-    /// Draws the next token from `logits` (modified in place by the penalties), given the
-    /// tokens seen so far.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        self.apply_penalties(logits, history);
+    /// The tokens the next draw can return and their probabilities, most likely first (ties:
+    /// lower id first). Computed in f64 from the f32 logits, step by step as transformers'
+    /// processors do:
+    ///
+    /// 1. the penalties ([`Sampler::penalised`]);
+    /// 2. greedy (temperature 0): the argmax alone, ties to the lowest id;
+    /// 3. temperature: `s = l / T`; NaN counts as −∞, and −∞ tokens are never candidates;
+    /// 4. top-k: keep the tokens whose `s` is ≥ the k-th largest (ties at the k-th all stay);
+    /// 5. softmax over what is left: `p = exp(s − max) / Σ`;
+    /// 6. top-p: keep a token iff the mass of the tokens before it in the order above is
+    ///    `< top_p` (so the set is the smallest prefix reaching `top_p`; where the mass lands
+    ///    exactly on `top_p` no further token is kept; among tokens tied at the cut, lower ids
+    ///    first — transformers leaves that order to `torch.sort`);
+    /// 7. min-p: keep a token iff `p ≥ min_p × p_max`, i.e. `exp(s − max) ≥ min_p`;
+    /// 8. renormalise; a token whose probability underflows to 0 is dropped.
+    ///
+    /// If some logit is `+∞`, the lowest such id alone; if none is finite, token 0 (no draw is
+    /// taken from the random stream in either case).
+    pub fn candidates(&self, logits: &[f32], history: &[u32], generated: usize) -> Vec<Candidate> {
+        self.choices(&self.penalised(logits, history, generated)).0
+    }
+
+    fn has_penalties(&self) -> bool {
         let o = &self.opts;
-        if o.is_greedy() || logits.len() <= 1 {
-            return argmax(logits);
+        o.repetition_penalty != 1.0 || o.presence_penalty != 0.0 || o.frequency_penalty != 0.0
+    }
+
+    /// [`Sampler::candidates`], and whether a draw takes a number from the random stream (not
+    /// for greedy, a vocabulary of one or no finite logit).
+    fn choices(&self, l: &[f64]) -> (Vec<Candidate>, bool) {
+        let o = &self.opts;
+        let only = |id| (vec![Candidate { id, prob: 1.0 }], false);
+        if o.is_greedy() || l.len() <= 1 {
+            return only(argmax64(l));
         }
-        // Candidates, most likely first; ties to the lower id.
-        let mut cand: Vec<(u32, f32)> = logits
+        let t = o.temperature as f64;
+        let mut cand: Vec<(u32, f64)> = l
             .iter()
             .enumerate()
-            .map(|(i, &l)| (i as u32, key(l) / o.temperature))
+            .map(|(i, &x)| (i as u32, x / t))
+            .filter(|c| c.1 > f64::NEG_INFINITY) // NaN and -inf
             .collect();
-        let by_rank = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if cand.is_empty() || cand.iter().any(|c| c.1 == f64::INFINITY) {
+            return only(argmax64(l));
+        }
+        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        // `cand` is in id order, or after top-k in rank order: either way an order that no sort
+        // algorithm's handling of equal keys can change, so neither can the softmax sum.
         if o.top_k > 0 && o.top_k < cand.len() {
             cand.select_nth_unstable_by(o.top_k - 1, by_rank);
-            cand.truncate(o.top_k);
-        }
-        cand.sort_unstable_by(by_rank);
-        let max = cand[0].1;
-        if !max.is_finite() {
-            return cand[0].0;
-        }
-        let mut p: Vec<f64> = cand.iter().map(|c| libm::exp((c.1 - max) as f64)).collect();
-        let total: f64 = p.iter().sum();
-        for x in &mut p {
-            *x /= total;
-        }
-        let mut keep = p.len();
-        if o.top_p < 1.0 {
-            let mut acc = 0.0;
-            for (i, &x) in p.iter().enumerate() {
-                acc += x;
-                if acc >= o.top_p as f64 {
-                    keep = i + 1;
-                    break;
+            let kth = cand[o.top_k - 1].1;
+            // Ties with the k-th stay, as in transformers (only `scores < kth` are removed).
+            let mut n = o.top_k;
+            for i in o.top_k..cand.len() {
+                if cand[i].1 >= kth {
+                    cand.swap(n, i);
+                    n += 1;
                 }
             }
+            cand.truncate(n);
+            cand.sort_unstable_by(by_rank);
         }
+        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.1));
+        let total: f64 = cand.iter().map(|c| libm::exp(c.1 - max)).sum();
         if o.min_p > 0.0 {
-            let floor = o.min_p as f64 * p[0];
-            keep = keep.min(p.iter().take_while(|&&x| x >= floor).count().max(1));
+            // p ≥ min_p × p_max ⟺ exp(s − max) ≥ min_p. The kept set is a prefix of the rank
+            // order, as top-p's is, so taking it first changes nothing but the work.
+            let floor = o.min_p as f64;
+            cand.retain(|c| libm::exp(c.1 - max) >= floor);
         }
-        let kept = &p[..keep];
-        let mass: f64 = kept.iter().sum();
+        // Rank order (most likely first, ties to the lower id), only as far as top-p needs.
+        let mut m = if o.top_p < 1.0 {
+            cand.len().min(256)
+        } else {
+            cand.len()
+        };
+        let keep = loop {
+            if m < cand.len() {
+                cand.select_nth_unstable_by(m - 1, by_rank);
+            }
+            cand[..m].sort_unstable_by(by_rank);
+            if o.top_p >= 1.0 {
+                break m;
+            }
+            let mut acc = 0.0;
+            let reached = cand[..m].iter().position(|c| {
+                acc += libm::exp(c.1 - max) / total;
+                acc >= o.top_p as f64
+            });
+            match reached {
+                Some(i) => break i + 1,
+                None if m == cand.len() => break m,
+                None => m = (m * 4).min(cand.len()),
+            }
+        };
+        let p: Vec<f64> = cand[..keep]
+            .iter()
+            .map(|c| libm::exp(c.1 - max) / total)
+            .collect();
+        let mass: f64 = p.iter().sum();
+        // A probability that underflows to 0 (an `s` more than ~745 below the top) is no candidate.
+        let kept = cand[..keep]
+            .iter()
+            .zip(&p)
+            .filter(|(_, x)| **x > 0.0)
+            .map(|(c, &x)| Candidate {
+                id: c.0,
+                prob: x / mass,
+            })
+            .collect();
+        (kept, true)
+    }
+
+    /// Draws the next token. `logits` get the penalties applied in place; `history` is every
+    /// token of the sequence so far (prompt and generated), of which the last `generated` were
+    /// generated (they alone count for the presence and frequency penalties).
+    pub fn sample_with(&mut self, logits: &mut [f32], history: &[u32], generated: usize) -> u32 {
+        let l = self.penalised(logits, history, generated);
+        if self.has_penalties() {
+            write_back(logits, &l);
+        }
+        let (cand, random) = self.choices(&l);
+        self.drawn += 1;
+        if !random {
+            return cand[0].id;
+        }
+        let mass: f64 = cand.iter().map(|c| c.prob).sum();
         let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * mass;
         let mut acc = 0.0;
-        for (i, &x) in kept.iter().enumerate() {
-            acc += x;
+        for c in &cand {
+            acc += c.prob;
             if u < acc {
-                return cand[i].0;
+                return c.id;
             }
         }
-        cand[keep - 1].0
+        cand[cand.len() - 1].id
+    }
+
+    /// Draws the next token (see [`Sampler::sample_with`]), taking the generated tokens to be the
+    /// ones this sampler has returned: the last `min(n, history.len())` of `history` after `n`
+    /// draws. That holds when one sampler serves one generation and every token it returns is
+    /// appended to `history` before the next call.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let generated = self.drawn.min(history.len());
+        self.sample_with(logits, history, generated)
     }
 }
 
@@ -393,17 +560,16 @@ mod tests {
     }
 
     #[test]
-    fn penalties() {
+    fn repetition_penalty_counts_the_whole_history() {
         let s = Sampler::new(SamplingOptions {
             repetition_penalty: 2.0,
-            presence_penalty: 0.5,
-            frequency_penalty: 0.25,
             ..opts(1.0)
         })
         .unwrap();
-        let mut l = [4.0f32, -4.0, 1.0];
-        s.apply_penalties(&mut l, &[0, 1, 1, 7]);
-        assert_eq!(l, [4.0 / 2.0 - 0.75, -8.0 - 1.0, 1.0]);
+        let mut l = [4.0f32, -4.0, 1.0, 0.0];
+        // 7 is outside the vocabulary; duplicates count once; prompt tokens count.
+        s.apply_penalties(&mut l, &[0, 1, 1, 7, 3], 0);
+        assert_eq!(l, [2.0, -8.0, 1.0, 0.0]);
         let s = Sampler::new(SamplingOptions {
             repetition_penalty: 2.0,
             penalty_last_n: 1,
@@ -411,7 +577,7 @@ mod tests {
         })
         .unwrap();
         let mut l = [4.0f32, 4.0];
-        s.apply_penalties(&mut l, &[0, 1]);
+        s.apply_penalties(&mut l, &[0, 1], 0);
         assert_eq!(l, [4.0, 2.0]);
         // Greedy with a repetition penalty changes the choice.
         let mut g = Sampler::new(SamplingOptions {
@@ -420,5 +586,270 @@ mod tests {
         })
         .unwrap();
         assert_eq!(g.sample(&mut [2.0, 1.0], &[0]), 1);
+    }
+
+    /// OpenAI: `l_j − presence·[c_j > 0] − frequency·c_j`, `c_j` counted over generated tokens.
+    #[test]
+    fn presence_and_frequency_count_generated_tokens_only() {
+        let s = Sampler::new(SamplingOptions {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..opts(1.0)
+        })
+        .unwrap();
+        // Prompt [2, 2, 0], then generated [1, 1, 3].
+        let history = [2, 2, 0, 1, 1, 3];
+        let l = s.penalised(&[1.0, 2.0, 3.0, 0.5], &history, 3);
+        assert_eq!(l, [1.0, 2.0 - 0.5 - 2.0 * 0.25, 3.0, 0.5 - 0.5 - 0.25]);
+        // Nothing generated: nothing changes, however often the prompt repeats a token.
+        assert_eq!(
+            s.penalised(&[1.0, 2.0, 3.0, 0.5], &history, 0),
+            [1.0, 2.0, 3.0, 0.5]
+        );
+        // `generated` larger than the history: all of it.
+        assert_eq!(
+            s.penalised(&[1.0, 2.0, 3.0, 0.5], &[3], 9),
+            [1.0, 2.0, 3.0, -0.25]
+        );
+        // Negative penalties (OpenAI allows −2..2) encourage repeats.
+        let s = Sampler::new(SamplingOptions {
+            presence_penalty: -1.0,
+            frequency_penalty: -0.5,
+            ..opts(1.0)
+        })
+        .unwrap();
+        assert_eq!(
+            s.penalised(&[0.0, 0.0], &[0, 1, 1], 2),
+            [0.0, 0.0 + 1.0 + 2.0 * 0.5]
+        );
+    }
+
+    #[test]
+    fn all_penalties_together_and_the_window() {
+        let s = Sampler::new(SamplingOptions {
+            repetition_penalty: 2.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..opts(1.0)
+        })
+        .unwrap();
+        // Repetition over prompt + generated {0, 1, 2, 3} first, then presence/frequency over
+        // the generated [1, 1, 3].
+        let history = [2, 2, 0, 1, 1, 3];
+        let l = s.penalised(&[1.0, 2.0, 3.0, 0.5], &history, 3);
+        assert_eq!(l, [0.5, 1.0 - 1.0, 1.5, 0.25 - 0.75]);
+        // penalty_last_n = 2: only [1, 3] count, once each, for every penalty.
+        let s = Sampler::new(SamplingOptions {
+            penalty_last_n: 2,
+            ..s.options().clone()
+        })
+        .unwrap();
+        let l = s.penalised(&[1.0, 2.0, 3.0, 0.5], &history, 3);
+        assert_eq!(l, [1.0, 1.0 - 0.75, 3.0, 0.25 - 0.75]);
+        // The window holds 4 tokens, of which the 3 generated count for presence/frequency.
+        let s = Sampler::new(SamplingOptions {
+            penalty_last_n: 4,
+            ..s.options().clone()
+        })
+        .unwrap();
+        let l = s.penalised(&[1.0, 2.0, 3.0, 0.5], &history, 3);
+        assert_eq!(l, [0.5, 1.0 - 1.0, 3.0, 0.25 - 0.75]);
+    }
+
+    /// `sample` takes the tokens it returned (appended to the history) as the generated ones.
+    #[test]
+    fn sample_tracks_what_it_generated() {
+        let mut g = Sampler::new(SamplingOptions {
+            frequency_penalty: 1.5,
+            ..Default::default()
+        })
+        .unwrap();
+        let logits = [5.0f32, 4.0, 3.0];
+        // Token 0 is in the prompt twice: not penalised.
+        let mut history = vec![0, 0];
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            let t = g.sample(&mut logits.to_vec(), &history);
+            history.push(t);
+            out.push(t);
+        }
+        // Generated so far → penalised logits → pick: [] → 5,4,3 → 0; [0] → 3.5,4,3 → 1;
+        // [0,1] → 3.5,2.5,3 → 0; [0,1,0] → 2,2.5,3 → 2.
+        assert_eq!(out, [0, 1, 0, 2]);
+    }
+
+    #[test]
+    fn top_k_keeps_ties_with_the_kth() {
+        let s = Sampler::new(SamplingOptions {
+            top_k: 2,
+            ..opts(1.0)
+        })
+        .unwrap();
+        let c = s.candidates(&[1.0, 3.0, 2.0, 2.0, 0.0, 2.0], &[], 0);
+        let ids: Vec<u32> = c.iter().map(|c| c.id).collect();
+        assert_eq!(ids, [1, 2, 3, 5]);
+        let s = Sampler::new(SamplingOptions {
+            top_k: 1,
+            ..opts(1.0)
+        })
+        .unwrap();
+        assert_eq!(s.candidates(&[1.0, 3.0, 2.0], &[], 0).len(), 1);
+    }
+
+    #[test]
+    fn top_p_stops_where_the_mass_reaches_it_exactly() {
+        // Four tokens of 1/4 each: top_p = 1/2 is reached exactly by two; ties go to lower ids.
+        let s = Sampler::new(SamplingOptions {
+            top_p: 0.5,
+            ..opts(1.0)
+        })
+        .unwrap();
+        let c = s.candidates(&[0.0, 0.0, f32::NEG_INFINITY, 0.0, 0.0], &[], 0);
+        assert_eq!(
+            c,
+            [
+                Candidate { id: 0, prob: 0.5 },
+                Candidate { id: 1, prob: 0.5 }
+            ]
+        );
+    }
+
+    #[test]
+    fn min_p_is_relative_to_the_tempered_top_token() {
+        // exp(-1) = 0.37 ≥ 0.3 at T = 1, but exp(-2) = 0.14 < 0.3 at T = 0.5.
+        let c = |t| {
+            Sampler::new(SamplingOptions {
+                min_p: 0.3,
+                ..opts(t)
+            })
+            .unwrap()
+            .candidates(&[0.0, -1.0, -9.0], &[], 0)
+            .len()
+        };
+        assert_eq!(c(1.0), 2);
+        assert_eq!(c(0.5), 1);
+        // Relative to the penalised top token: token 0 (5 → 2.5) loses the top to token 1 (3);
+        // exp(2.5 − 3) = 0.61 ≥ 0.5 keeps token 0, where against the unpenalised 5 it would go.
+        let s = Sampler::new(SamplingOptions {
+            min_p: 0.5,
+            repetition_penalty: 2.0,
+            ..opts(1.0)
+        })
+        .unwrap();
+        let ids: Vec<u32> = s
+            .candidates(&[5.0, 3.0, -9.0], &[0], 0)
+            .iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids, [1, 0]);
+    }
+
+    /// Issue 18, class 8: `logits / T` used to overflow f32 for T ≤ ~1e-38 (every positive logit
+    /// became +inf and the lowest id won). Now the division is in f64: the T → 0 limit, greedy.
+    #[test]
+    fn tiny_temperatures_are_greedy() {
+        let logits = [10.0f32, 20.0, 5.0, -3.0, f32::NEG_INFINITY];
+        for t in [1e-38f32, 1e-39, f32::MIN_POSITIVE, 1e-45, 1e-30] {
+            for seed in 0..20 {
+                let mut s = Sampler::new(SamplingOptions { seed, ..opts(t) }).unwrap();
+                assert_eq!(s.sample(&mut logits.clone(), &[]), 1, "T = {t:e}");
+            }
+            let s = Sampler::new(opts(t)).unwrap();
+            assert_eq!(
+                s.candidates(&logits, &[], 0),
+                [Candidate { id: 1, prob: 1.0 }]
+            );
+            // All negative, and the largest f32 logits: still the argmax.
+            let mut s = Sampler::new(opts(t)).unwrap();
+            assert_eq!(s.sample(&mut [-5.0, -1.0, -2.0], &[]), 1);
+            assert_eq!(s.sample(&mut [f32::MAX, -f32::MAX, 3e38], &[]), 0);
+        }
+    }
+
+    #[test]
+    fn no_finite_logit_is_not_a_panic() {
+        let mut s = Sampler::new(SamplingOptions {
+            top_p: 0.5,
+            min_p: 0.2,
+            top_k: 3,
+            ..opts(1.0)
+        })
+        .unwrap();
+        assert_eq!(s.sample(&mut [f32::NAN, f32::NEG_INFINITY], &[]), 0);
+        assert_eq!(
+            s.sample(&mut [f32::NAN, f32::NEG_INFINITY, f32::INFINITY], &[]),
+            2
+        );
+        assert_eq!(
+            s.sample(&mut [f32::NEG_INFINITY, f32::NAN, 0.5], &[9, 9]),
+            2
+        );
+        assert_eq!(s.sample(&mut [], &[]), 0);
+    }
+
+    /// The cuts, the plain way: everything sorted, every step over the whole vocabulary.
+    fn naive(o: &SamplingOptions, logits: &[f32]) -> Vec<(u32, f64)> {
+        let t = o.temperature as f64;
+        let mut c: Vec<(u32, f64)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l as f64 / t))
+            .collect();
+        c.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if o.top_k > 0 && o.top_k < c.len() {
+            let kth = c[o.top_k - 1].1;
+            c.retain(|x| x.1 >= kth);
+        }
+        let max = c[0].1;
+        let total: f64 = c.iter().map(|x| (x.1 - max).exp()).sum();
+        let mut p: Vec<(u32, f64)> = c.iter().map(|x| (x.0, (x.1 - max).exp() / total)).collect();
+        let mut acc = 0.0;
+        let mut keep = p.len();
+        for (i, x) in p.iter().enumerate() {
+            acc += x.1;
+            if o.top_p < 1.0 && acc >= o.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        p.truncate(keep);
+        let top = p[0].1;
+        p.retain(|x| x.1 >= o.min_p as f64 * top);
+        let mass: f64 = p.iter().map(|x| x.1).sum();
+        p.iter().map(|x| (x.0, x.1 / mass)).collect()
+    }
+
+    /// Large vocabularies, where top-p's prefix is found 256, 1024, 4096 … tokens at a time.
+    #[test]
+    fn large_vocabularies_agree_with_a_plain_full_sort() {
+        let n = 20_000u64;
+        let logits: Vec<f32> = (0..n)
+            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
+            .collect();
+        for (t, k, p, m) in [
+            (1.0, 0, 0.999, 0.0),
+            (2.0, 0, 0.5, 0.0),
+            (0.5, 0, 0.9, 0.0),
+            (1.0, 5000, 0.97, 0.0),
+            (1.0, 0, 0.99, 0.3),
+            (0.1, 0, 0.9, 0.0),
+            (1.0, 300, 1.0, 0.0),
+        ] {
+            let o = SamplingOptions {
+                temperature: t,
+                top_k: k,
+                top_p: p,
+                min_p: m,
+                ..opts(t)
+            };
+            let got = Sampler::new(o.clone()).unwrap().candidates(&logits, &[], 0);
+            let want = naive(&o, &logits);
+            assert!(want.len() > 50, "{o:?}: {}", want.len());
+            assert_eq!(got.len(), want.len(), "{o:?}");
+            for (g, w) in got.iter().zip(&want) {
+                assert_eq!(g.id, w.0, "{o:?}");
+                assert!((g.prob - w.1).abs() <= 1e-12 * w.1, "{o:?}: {g:?} {w:?}");
+            }
+        }
     }
 }

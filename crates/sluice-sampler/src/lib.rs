@@ -380,6 +380,12 @@ impl Sampler {
     /// token of the sequence so far (prompt and generated), of which the last `generated` were
     /// generated (they alone count for the presence and frequency penalties).
     pub fn sample_with(&mut self, logits: &mut [f32], history: &[u32], generated: usize) -> u32 {
+        // Greedy without penalties: the argmax of the f32 row is that of its exact f64 copy,
+        // without copying a vocabulary's worth of logits every token.
+        if self.opts.is_greedy() && !self.has_penalties() {
+            self.drawn += 1;
+            return argmax(logits);
+        }
         let l = self.penalised(logits, history, generated);
         if self.has_penalties() {
             write_back(logits, &l);

@@ -181,21 +181,35 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             b(p.ring_slot_bytes)
         );
     }
-    println!(
-        "  KV cache          {} for {} positions",
-        b(p.kv_cache),
-        p.context
-    );
     if p.recurrent > 0 {
         println!("  recurrent state   {}", b(p.recurrent));
     }
     println!("  scratch           {}", b(p.scratch));
+    let share = |x: u64| 100.0 * x as f64 / i.expert_bytes.max(1) as f64;
     println!(
-        "  expert cache      {} ({} experts, {:.1}% of all)",
+        "  at the start      expert cache {} ({} experts, {:.1}% of all), KV cache 0",
         b(p.expert_cache),
         p.expert_cache_experts,
-        100.0 * p.expert_cache as f64 / i.expert_bytes.max(1) as f64
+        share(p.expert_cache)
     );
+    if p.context_fit < p.context {
+        println!(
+            "  at full context   the KV cache fits {} of {} positions ({} per position) beside the expert cache's floor of {}",
+            p.context_fit,
+            p.context,
+            b(i.kv_bytes_per_position),
+            b(p.expert_floor)
+        );
+    } else {
+        println!(
+            "  at full context   expert cache {} ({} experts, {:.1}% of all), KV cache {} for {} positions",
+            b(p.expert_cache_full_context),
+            p.expert_cache_full_context_experts,
+            share(p.expert_cache_full_context),
+            b(p.kv_cache),
+            p.context
+        );
+    }
     Ok(())
 }
 

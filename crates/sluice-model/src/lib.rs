@@ -83,6 +83,17 @@ pub enum ModelError {
         /// Positions available.
         max: usize,
     },
+    /// The KV cache cannot grow: the budget's pool holds no more pages beside the other
+    /// sequences' KV caches and the expert cache's floor.
+    #[error(
+        "KV cache full: {positions} positions needed, the memory budget holds {held} for this sequence now (the other sequences' KV caches and one token's experts take the rest)"
+    )]
+    KvFull {
+        /// Positions needed.
+        positions: usize,
+        /// Positions the sequence holds.
+        held: usize,
+    },
     /// A layer produced NaN or infinite values (NaN/Inf weights in it or in its experts).
     #[error(
         "layer {layer} produced NaN or infinite values: the checkpoint's weights for this layer or its experts are corrupt"

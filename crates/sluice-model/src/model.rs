@@ -22,6 +22,8 @@ use crate::rope::{Angles, Rope};
 use crate::state::State;
 use crate::weights::{AttnResWeights, FfnSpec, WeightLayout};
 
+pub use crate::plan::KV_PAGE;
+
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -288,7 +290,8 @@ impl Model {
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
         let policy = opts.policy.make(slots)?;
         let store_cfg = ExpertStoreConfig {
-            capacity: plan.expert_cache,
+            // The whole pool: KV pages are lent out of it as sequences grow.
+            capacity: plan.pool,
             policy,
             readers: opts.readers,
             record_trace: opts.record_trace,
@@ -299,6 +302,7 @@ impl Model {
             layout.experts.clone(),
             store_cfg,
         )?);
+        experts.set_floor(plan.expert_floor);
         let embed = if plan.embed.1 {
             Some(Arc::new(read_blob(reader.as_ref(), &layout.embed.pieces)?))
         } else {
@@ -332,9 +336,11 @@ impl Model {
         )?;
         let exec = Exec::new(opts.kernels, opts.threads)?;
         let rope = Rope::new(&cfg.rope);
-        // Prefetch is pointless when every expert fits.
-        let prefetch = opts.prefetch && plan.expert_cache < plan.all_expert_bytes;
-        let gather_experts = plan.expert_cache >= plan.all_expert_bytes;
+        // Prefetch is pointless when every expert fits (even beside full-context KV caches,
+        // which also keeps the gathered path, and passes run in the pool, from ever waiting
+        // for room).
+        let prefetch = opts.prefetch && !plan.all_experts_fit();
+        let gather_experts = plan.all_experts_fit();
         let in_pool = plan.trunk_resident() && gather_experts;
         Ok(Model {
             cfg,
@@ -357,6 +363,37 @@ impl Model {
     /// The memory plan in force.
     pub fn plan(&self) -> &MemoryPlan {
         &self.plan
+    }
+
+    /// Positions one sequence may hold: the planned context, or fewer when the budget's pool
+    /// cannot hold that much KV cache beside the expert cache's floor.
+    pub fn max_positions(&self) -> usize {
+        self.plan.context_fit
+    }
+
+    /// Charges `state`'s KV cache for `positions` positions, in pages of [`KV_PAGE`] positions
+    /// taken from the expert cache (which evicts by its policy to give them up), and gives
+    /// its buffers exactly that room. Nothing to do past the context: the pass refuses it.
+    fn reserve_kv(&self, state: &mut State, positions: usize) -> Result<(), ModelError> {
+        let per = self.plan.kv_per_position;
+        if positions <= state.kv_positions || positions > self.plan.context || per == 0 {
+            return Ok(());
+        }
+        let paged = positions.div_ceil(KV_PAGE) * KV_PAGE;
+        let lease = state.kv.0.get_or_insert_with(|| self.experts.lease());
+        let mut got = paged.min(self.plan.context);
+        if lease.grow_to(got as u64 * per).is_err() {
+            // Without the rest of the page, if that much still fits.
+            got = positions;
+            lease
+                .grow_to(got as u64 * per)
+                .map_err(|_| ModelError::KvFull {
+                    positions,
+                    held: (lease.bytes() / per) as usize,
+                })?;
+        }
+        state.reserve_positions(got, &self.cfg);
+        Ok(())
     }
 
     /// How shards are read.
@@ -506,6 +543,16 @@ impl Model {
             .iter()
             .map(|(s, _)| (s.pos, s.routes.as_ref().map(Vec::len)))
             .collect();
+        for (state, toks) in segs.iter_mut() {
+            let positions = state.pos + toks.len();
+            if positions > self.max_positions() {
+                return Err(ModelError::ContextFull {
+                    positions,
+                    max: self.max_positions(),
+                });
+            }
+            self.reserve_kv(state, positions)?;
+        }
         // With everything resident the whole pass runs on one of the compute threads, so the
         // products inside it split their rows with the other threads directly instead of each
         // one waking the pool from outside and waiting for it (hundreds of times per decoded
@@ -550,14 +597,6 @@ impl Model {
                 id: bad,
                 vocab: cfg.vocab,
             });
-        }
-        for (state, toks) in segs.iter() {
-            if state.pos + toks.len() > self.plan.context {
-                return Err(ModelError::ContextFull {
-                    positions: state.pos + toks.len(),
-                    max: self.plan.context,
-                });
-            }
         }
         // Where each segment's rows start, and its first position.
         let mut starts = Vec::with_capacity(segs.len() + 1);

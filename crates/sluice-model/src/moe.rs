@@ -347,13 +347,16 @@ pub(crate) fn moe(
     let k = cfg.moe.top_k;
     let mut outs = vec![0f32; t * k * w];
     let ids: Vec<u32> = users.keys().copied().collect();
-    let group = experts.max_pinned(layer).max(1);
     let mut prefetch_next = prefetch_next;
     let mut shared_y: Option<Vec<f32>> = None;
-    let nchunks = ids.len().div_ceil(group);
-    for (gi, chunk) in ids.chunks(group).enumerate() {
-        let rows: Vec<u32> = chunk.iter().map(|e| users[e].len() as u32).collect();
-        let arrivals = experts.fetch_each(layer, chunk, &rows)?;
+    // In groups of as many experts as the cache can pin at once when each group is admitted
+    // (the capacity moves as KV caches take and give back pages).
+    let mut rest = &ids[..];
+    while !rest.is_empty() {
+        let rows: Vec<u32> = rest.iter().map(|e| users[e].len() as u32).collect();
+        let (n, arrivals) = experts.fetch_some(layer, rest, &rows)?;
+        let chunk = &rest[..n];
+        rest = &rest[n..];
         // Once this layer's first experts are pinned, start reading the next layer's predicted
         // experts so the reads overlap this layer's compute.
         if let Some((nl, next)) = prefetch_next.take() {
@@ -407,7 +410,7 @@ pub(crate) fn moe(
                 }
             }
             if jobs.len() == chunk.len() {
-                let with_shared = gi + 1 == nchunks && shared.is_some();
+                let with_shared = rest.is_empty() && shared.is_some();
                 if let (true, Some(sh)) = (with_shared, shared) {
                     jobs.push(GluJob {
                         spec: sh,

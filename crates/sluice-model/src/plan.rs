@@ -9,7 +9,10 @@ use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
 /// whole layers largest first, then the embedding table — streaming whatever does not fit
-/// through a ring of one or two slots; the expert cache takes the rest.
+/// through a ring of one or two slots. What is left is a pool with two tenants: the expert
+/// cache, which starts with all of it, and the KV caches of the sequences, which take pages
+/// from it as positions are written (the expert cache evicting by its policy to give them
+/// up, never below [`MemoryPlan::expert_floor`]) and give them back when sequences end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
     /// The budget (`u64::MAX` when unlimited).
@@ -29,8 +32,19 @@ pub struct MemoryPlan {
     pub ring_slots: usize,
     /// Bytes of one ring slot (the largest streamed part).
     pub ring_slot_bytes: u64,
-    /// KV cache reserved for `context` positions of each of `sequences` sequences.
+    /// KV cache of `sequences` sequences at full context (`context` positions each). Not
+    /// reserved: it is drawn from [`MemoryPlan::pool`] page by page as positions are written.
     pub kv_cache: u64,
+    /// KV-cache bytes per position of one sequence.
+    pub kv_per_position: u64,
+    /// Bytes shared by the expert cache and the sequences' KV pages (`u64::MAX` unlimited).
+    pub pool: u64,
+    /// The least the expert cache keeps however much KV cache the sequences hold: one token's
+    /// routed experts in the worst layer.
+    pub expert_floor: u64,
+    /// Positions one sequence can hold with every expert but the floor given up (at most
+    /// `context`): a prompt and its generation beyond this are refused up front.
+    pub context_fit: usize,
     /// Recurrent state of the linear-attention (KDA) layers: fixed per sequence, whatever its
     /// length (see [`recurrent_bytes`]), times `sequences`.
     pub recurrent: u64,
@@ -41,8 +55,11 @@ pub struct MemoryPlan {
     pub sequences: usize,
     /// Activations and scratch for a prefill chunk.
     pub scratch: u64,
-    /// Bytes for cached experts.
+    /// Bytes of cached experts at the start (before any KV page is taken), at most all experts.
     pub expert_cache: u64,
+    /// Bytes of cached experts when every planned sequence is at full context (never below the
+    /// floor; when the pool cannot hold that much KV beside the floor, the floor).
+    pub expert_cache_full_context: u64,
     /// Buffer size of the largest routed expert.
     pub expert_bytes: u64,
     /// Routed-expert bytes one token needs in the worst layer (top-k experts).
@@ -52,6 +69,11 @@ pub struct MemoryPlan {
     /// The smallest budget that works (one ring slot, nothing else pinned but the head).
     pub minimum: u64,
 }
+
+/// Positions a sequence's KV cache grows by at a time (each page's bytes are taken from the
+/// expert cache when the first of its positions is written). The minimum budget holds one page
+/// per planned sequence.
+pub const KV_PAGE: usize = 64;
 
 /// Bytes of one sequence's recurrent state: per KDA layer the `heads × head_dim²` state and the
 /// convolution inputs, twice — the state and its snapshot from before the latest forward pass
@@ -159,7 +181,8 @@ impl MemoryPlan {
         let embed = footprint(&layout.embed.pieces);
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed;
-        let kv_cache = kv_bytes_per_position(cfg) * context as u64 * sequences as u64;
+        let kv_per_position = kv_bytes_per_position(cfg);
+        let kv_cache = kv_per_position * context as u64 * sequences as u64;
         let recurrent = recurrent_bytes(cfg) * sequences as u64;
         // A forward pass takes a prefill chunk of one sequence or one row per batched sequence.
         let rows = chunk.max(sequences);
@@ -167,30 +190,37 @@ impl MemoryPlan {
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         let scratch = scratch_bytes(cfg, rows) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
-        let fixed = kv_cache + recurrent + scratch + head;
-        let minimum = fixed + max_layer + per_token_expert_bytes;
+        let fixed = recurrent + scratch + head;
+        let expert_floor = per_token_expert_bytes.max(expert_bytes);
+        // One page of KV cache per sequence, so that the smallest budget still runs a prompt.
+        let kv_page = kv_per_position * KV_PAGE.min(context) as u64 * sequences as u64;
+        let minimum = fixed + max_layer + expert_floor + kv_page;
         let budget_v = budget.unwrap_or(u64::MAX);
         if budget_v < minimum {
             return Err(StoreError::BudgetTooSmall {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "KV cache for {sequences} × {context} positions {} + recurrent state {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {}",
-                    fmt_bytes(kv_cache),
+                    "recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}; the KV cache ({} per position) grows into what is left",
                     fmt_bytes(recurrent),
                     fmt_bytes(scratch),
                     fmt_bytes(head),
                     fmt_bytes(max_layer),
-                    fmt_bytes(per_token_expert_bytes)
+                    fmt_bytes(expert_floor),
+                    fmt_bytes(kv_page),
+                    fmt_bytes(kv_per_position)
                 ),
             });
         }
         let all_experts = all_expert_bytes.max(expert_bytes);
         // Room for the trunk beyond the head, once one token's experts are set aside.
-        let room = budget_v - fixed - per_token_expert_bytes;
+        let room = budget_v - fixed - expert_floor - kv_page;
         let mut pinned = vec![false; layer_bytes.len()];
         let (ring_slots, ring_slot_bytes, embed_pinned);
-        if room >= all_layers + embed {
+        // The embedding table is pinned only with room to spare beside every planned
+        // sequence's full-context KV cache: read a row per token it costs little, while the
+        // bytes it would hold are the KV cache's to grow into.
+        if room >= all_layers + embed + kv_cache {
             pinned.iter_mut().for_each(|p| *p = true);
             ring_slots = 0;
             ring_slot_bytes = 0;
@@ -242,11 +272,20 @@ impl MemoryPlan {
                 .sum::<u64>()
             + if embed_pinned { embed } else { 0 };
         let ring_bytes = ring_slots as u64 * ring_slot_bytes;
-        let expert_cache = if budget.is_none() {
-            all_experts
+        let pool = if budget.is_none() {
+            u64::MAX
         } else {
-            (budget_v - kv_cache - recurrent - scratch - trunk_pinned - ring_bytes).min(all_experts)
+            budget_v - recurrent - scratch - trunk_pinned - ring_bytes
         };
+        let expert_cache = pool.min(all_experts);
+        let expert_cache_full_context = pool
+            .saturating_sub(kv_cache)
+            .max(expert_floor)
+            .min(all_experts);
+        let context_fit = pool
+            .saturating_sub(expert_floor)
+            .checked_div(kv_per_position)
+            .map_or(context, |p| p.min(context as u64) as usize);
         Ok(MemoryPlan {
             budget: budget_v,
             trunk,
@@ -257,11 +296,16 @@ impl MemoryPlan {
             ring_slots,
             ring_slot_bytes,
             kv_cache,
+            kv_per_position,
+            pool,
+            expert_floor,
+            context_fit,
             recurrent,
             context,
             sequences,
             scratch,
             expert_cache,
+            expert_cache_full_context,
             expert_bytes,
             per_token_expert_bytes,
             all_expert_bytes,
@@ -272,6 +316,13 @@ impl MemoryPlan {
     /// Whether the whole trunk is in memory.
     pub fn trunk_resident(&self) -> bool {
         self.ring_slots == 0
+    }
+
+    /// Whether every routed expert stays cached even with every planned sequence at full
+    /// context.
+    pub fn all_experts_fit(&self) -> bool {
+        self.expert_cache_full_context >= self.all_expert_bytes
+            && self.pool.saturating_sub(self.kv_cache) >= self.all_expert_bytes
     }
 }
 

@@ -106,11 +106,25 @@ pub struct Route {
     pub weights: Vec<f32>,
 }
 
+/// The memory a sequence's KV cache holds, lent by the expert cache; given back on drop. A
+/// clone of a state starts without one (it takes its own on its next forward pass).
+#[derive(Debug, Default)]
+pub(crate) struct KvLease(pub(crate) Option<sluice_store::Lease>);
+
+impl Clone for KvLease {
+    fn clone(&self) -> KvLease {
+        KvLease(None)
+    }
+}
+
 /// The state of one sequence: its position, KV cache and recurrent state.
 #[derive(Clone, Debug)]
 pub struct State {
     pub(crate) pos: usize,
     pub(crate) layers: Vec<LayerCache>,
+    /// The memory the KV cache is charged against, and the positions its buffers have room for.
+    pub(crate) kv: KvLease,
+    pub(crate) kv_positions: usize,
     /// When `Some`, every forward pass appends the routing decisions here.
     pub routes: Option<Vec<Route>>,
     /// When `Some`, every forward pass appends named intermediate tensors here (row-major,
@@ -144,6 +158,8 @@ impl State {
         State {
             pos: 0,
             layers,
+            kv: KvLease::default(),
+            kv_positions: 0,
             routes: None,
             debug: None,
         }
@@ -222,6 +238,44 @@ impl State {
             }
         }
         self.pos = pos;
+    }
+
+    /// Gives every softmax-attention layer's buffers room for exactly `positions` positions
+    /// (never less than they hold), so that what the KV cache allocates is what was charged
+    /// for it rather than whatever a doubling growth would give.
+    pub(crate) fn reserve_positions(&mut self, positions: usize, cfg: &ModelConfig) {
+        let room = |v: &mut Vec<f32>, n: usize| {
+            if v.capacity() < n {
+                v.reserve_exact(n - v.len());
+            }
+        };
+        for l in &mut self.layers {
+            match (l, &cfg.attention) {
+                (LayerCache::Gqa { k, v }, AttentionConfig::Gqa { head_dim, .. }) => {
+                    for x in k.iter_mut().chain(v.iter_mut()) {
+                        room(x, positions * head_dim);
+                    }
+                }
+                (
+                    LayerCache::Mla { c, kr },
+                    AttentionConfig::Mla {
+                        kv_lora_rank,
+                        qk_rope_head_dim,
+                        ..
+                    },
+                ) => {
+                    room(c, positions * kv_lora_rank);
+                    room(kr, positions * qk_rope_head_dim);
+                }
+                _ => {}
+            }
+        }
+        self.kv_positions = self.kv_positions.max(positions);
+    }
+
+    /// Bytes the KV cache is charged for (lent by the expert cache).
+    pub fn kv_bytes(&self) -> u64 {
+        self.kv.0.as_ref().map_or(0, |l| l.bytes())
     }
 
     /// Bytes held by the KV cache and the recurrent state (its snapshot included).

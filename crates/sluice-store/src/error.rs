@@ -58,6 +58,18 @@ pub enum StoreError {
     /// Bytes read do not match their checksum.
     #[error("{0}")]
     Corrupt(String),
+    /// A lease on the expert cache's capacity could not grow: the cache is at its floor.
+    #[error(
+        "no room for {wanted} more bytes beside the expert cache's floor of {floor} bytes ({free} bytes could still be lent)"
+    )]
+    NoRoom {
+        /// Bytes asked for.
+        wanted: u64,
+        /// Bytes the cache could still lend.
+        free: u64,
+        /// The least the cache keeps.
+        floor: u64,
+    },
     /// A cache policy name that is not known.
     #[error("unknown cache policy `{0}` (known: lfu, s3fifo, lru, fifo, sieve)")]
     UnknownPolicy(String),

@@ -109,6 +109,11 @@ struct Inner {
     entries: FixedMap<Key, Entry>,
     policy: Box<dyn Policy>,
     used: u64,
+    /// Bytes the cache may hold now: the configured capacity less what is lent out
+    /// ([`Lease`]s: sessions' KV pages).
+    capacity: u64,
+    /// The capacity never goes below this.
+    floor: u64,
     stats: ExpertStats,
     step: u64,
     /// Per layer: the step of the last prediction, the experts predicted (most confident
@@ -136,7 +141,6 @@ struct Shared {
     footprints: Vec<Vec<u64>>,
     /// Bytes one read of each expert takes from the disk (payload widened to the alignment).
     read_bytes: Vec<Vec<u64>>,
-    capacity: u64,
     prefetch_precision: f64,
     inner: Mutex<Inner>,
     cond: Condvar,
@@ -155,7 +159,7 @@ pub struct ExpertStore {
 
 impl std::fmt::Debug for ExpertStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ExpertStore({} bytes)", self.shared.capacity)
+        write!(f, "ExpertStore({} bytes)", self.capacity())
     }
 }
 
@@ -215,6 +219,8 @@ impl ExpertStore {
             entries: FixedMap::default(),
             policy: cfg.policy,
             used: 0,
+            capacity: cfg.capacity,
+            floor: max_footprint,
             stats: ExpertStats::default(),
             step: 0,
             predicted: FixedMap::default(),
@@ -229,7 +235,6 @@ impl ExpertStore {
             specs,
             footprints,
             read_bytes,
-            capacity: cfg.capacity,
             prefetch_precision: cfg.prefetch_precision,
             inner: Mutex::new(inner),
             cond: Condvar::new(),
@@ -261,9 +266,31 @@ impl ExpertStore {
         self.shared.spec(layer, expert)
     }
 
-    /// Bytes of the cache.
+    /// Bytes the cache may hold now (the configured capacity less what [`Lease`]s hold).
     pub fn capacity(&self) -> u64 {
-        self.shared.capacity
+        self.shared.inner.lock().map_or(0, |g| g.capacity)
+    }
+
+    /// Sets the least capacity that leases must leave (at least the largest expert's buffer,
+    /// which is also the default).
+    pub fn set_floor(&self, bytes: u64) {
+        if let Ok(mut g) = self.shared.inner.lock() {
+            g.floor = bytes.max(self.max_footprint);
+        }
+    }
+
+    /// The least capacity leases must leave.
+    pub fn floor(&self) -> u64 {
+        self.shared.inner.lock().map_or(0, |g| g.floor)
+    }
+
+    /// An empty lease on the cache's capacity: memory a caller (a session's KV cache) takes
+    /// from the expert cache as it grows, and gives back when the lease is dropped.
+    pub fn lease(&self) -> Lease {
+        Lease {
+            shared: Arc::clone(&self.shared),
+            bytes: 0,
+        }
     }
 
     /// Bytes held now.
@@ -296,7 +323,7 @@ impl ExpertStore {
             .copied()
             .unwrap_or(0)
             .max(1);
-        usize::try_from(self.shared.capacity / f)
+        usize::try_from(self.capacity() / f)
             .unwrap_or(usize::MAX)
             .max(1)
     }
@@ -370,13 +397,38 @@ impl ExpertStore {
     /// only on its pins. A caller must therefore never hold a handle while making another
     /// request (the model drops a group's handles before fetching the next group): then every
     /// waiting request is eventually admitted, as long as it asks for no more than
-    /// [`max_pinned`](ExpertStore::max_pinned) experts.
+    /// [`max_pinned`](ExpertStore::max_pinned) experts, or uses
+    /// [`fetch_some`](ExpertStore::fetch_some).
     pub fn fetch_each(
         &self,
         layer: usize,
         experts: &[u32],
         rows: &[u32],
     ) -> Result<Arrivals, StoreError> {
+        self.request(layer, experts, rows, true).map(|(_, a)| a)
+    }
+
+    /// Like [`fetch_each`](ExpertStore::fetch_each) for the longest prefix of `experts` that
+    /// the cache can pin at once at the moment it is admitted (at least one expert): returns
+    /// how many were taken and their arrivals. The capacity shrinks and grows as [`Lease`]s
+    /// take and give back memory, so a caller that walks a layer's experts with this never
+    /// asks for more than fits.
+    pub fn fetch_some(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        rows: &[u32],
+    ) -> Result<(usize, Arrivals), StoreError> {
+        self.request(layer, experts, rows, false)
+    }
+
+    fn request(
+        &self,
+        layer: usize,
+        experts: &[u32],
+        rows: &[u32],
+        whole: bool,
+    ) -> Result<(usize, Arrivals), StoreError> {
         let sh = &self.shared;
         if !rows.is_empty() && rows.len() != experts.len() {
             return Err(StoreError::Shared(format!(
@@ -394,17 +446,44 @@ impl ExpertStore {
         let mut spare = Vec::new();
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
         let mut ticket: Option<u64> = None;
-        let (ready, misses) = loop {
+        let (n, ready, misses) = loop {
             let my_turn = match ticket {
                 None => g.queue.is_empty(),
                 Some(t) => g.queue.front() == Some(&t),
             };
+            // The longest prefix whose distinct experts the capacity can hold at once.
+            let (mut n, mut total) = (0, 0u64);
+            let mut distinct: Vec<Key> = Vec::with_capacity(keys.len());
+            for k in &keys {
+                if !distinct.contains(k) {
+                    let f = sh.footprint(*k);
+                    if total + f > g.capacity {
+                        break;
+                    }
+                    total += f;
+                    distinct.push(*k);
+                }
+                n += 1;
+            }
+            if n == 0 || (whole && n < keys.len()) {
+                if ticket.is_some() {
+                    g.queue.retain(|&q| Some(q) != ticket);
+                    sh.cond.notify_all();
+                }
+                let all: u64 = keys.iter().map(|k| sh.footprint(*k)).sum();
+                return Err(StoreError::BudgetTooSmall {
+                    budget: g.capacity,
+                    minimum: all,
+                    what: format!("{} experts of layer {layer} at once", keys.len()),
+                });
+            }
+            let taken = &keys[..n];
             if my_turn
-                && !keys
+                && !taken
                     .iter()
                     .any(|k| matches!(g.entries.get(k), Some(Entry::Loading)))
             {
-                let mut misses: Vec<Key> = keys
+                let mut misses: Vec<Key> = taken
                     .iter()
                     .copied()
                     .filter(|k| !g.entries.contains_key(k))
@@ -412,24 +491,14 @@ impl ExpertStore {
                 misses.sort();
                 misses.dedup();
                 let need: u64 = misses.iter().map(|k| sh.footprint(*k)).sum();
-                if need > sh.capacity {
-                    if ticket.is_some() {
-                        g.queue.pop_front();
-                        sh.cond.notify_all();
-                    }
-                    return Err(StoreError::BudgetTooSmall {
-                        budget: sh.capacity,
-                        minimum: need,
-                        what: format!("{} experts of layer {layer} at once", misses.len()),
-                    });
-                }
-                if sh.make_room(&mut g, need, &keys, None, &mut spare) {
+                if sh.make_room(&mut g, need, taken, None, &mut spare) {
                     if ticket.is_some() {
                         // The next in line may now try.
                         g.queue.pop_front();
                         sh.cond.notify_all();
                     }
-                    break (self.admit(&mut g, layer, &keys, rows, &misses), misses);
+                    let rows = &rows[..n.min(rows.len())];
+                    break (n, self.admit(&mut g, layer, taken, rows, &misses), misses);
                 }
                 // Evicted buffers are no use to a request that must wait: give them back.
                 spare.clear();
@@ -456,7 +525,7 @@ impl ExpertStore {
         let (tx, rx) = mpsc::channel();
         let outstanding = order.len();
         for k in order {
-            let idx: Vec<usize> = keys
+            let idx: Vec<usize> = keys[..n]
                 .iter()
                 .enumerate()
                 .filter(|(_, x)| **x == k)
@@ -480,12 +549,15 @@ impl ExpertStore {
                 }),
             );
         }
-        Ok(Arrivals {
-            shared: Arc::clone(&self.shared),
-            ready,
-            outstanding,
-            rx,
-        })
+        Ok((
+            n,
+            Arrivals {
+                shared: Arc::clone(&self.shared),
+                ready,
+                outstanding,
+                rx,
+            },
+        ))
     }
 
     /// Accounts an admitted request (policy, statistics, trace, prefetch scoring), pins its
@@ -755,6 +827,79 @@ impl Drop for Pinned {
     }
 }
 
+/// Memory lent out of the expert cache's capacity — a session's KV pages — and given back
+/// when the lease is dropped (or shrunk). While lent it is not the cache's: the cache evicts
+/// by its policy to make room, never below its floor.
+pub struct Lease {
+    shared: Arc<Shared>,
+    bytes: u64,
+}
+
+impl Lease {
+    /// Bytes held.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Grows the lease to `bytes` in all, taking the difference from the cache's capacity:
+    /// unpinned experts are evicted by the policy until what the cache holds fits again
+    /// (pinned ones go as their pins are dropped; no new read is admitted until then). Fails,
+    /// changing nothing, when the capacity would fall below the floor.
+    pub fn grow_to(&mut self, bytes: u64) -> Result<(), StoreError> {
+        if bytes <= self.bytes {
+            return Ok(());
+        }
+        let extra = bytes - self.bytes;
+        let sh = &self.shared;
+        let mut g = sh.inner.lock().map_err(|_| poisoned())?;
+        let free = g.capacity.saturating_sub(g.floor);
+        if extra > free {
+            return Err(StoreError::NoRoom {
+                wanted: extra,
+                free,
+                floor: g.floor,
+            });
+        }
+        g.capacity -= extra;
+        self.bytes = bytes;
+        // Evict what no longer fits (its buffers are freed: the memory is the lease's now).
+        let mut spare = Vec::new();
+        let _ = sh.make_room(&mut g, 0, &[], None, &mut spare);
+        drop(g);
+        drop(spare);
+        Ok(())
+    }
+
+    /// Gives back everything above `bytes`.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        if bytes >= self.bytes {
+            return;
+        }
+        let back = self.bytes - bytes;
+        self.bytes = bytes;
+        let sh = &self.shared;
+        let mut g = match sh.inner.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.capacity += back;
+        drop(g);
+        sh.cond.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lease({} bytes)", self.bytes)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.shrink_to(0);
+    }
+}
+
 /// What a read that landed sends to its request: a handle per index that asked for the
 /// expert, or the read's error.
 type Landed = Result<Vec<(usize, Pinned)>, StoreError>;
@@ -894,7 +1039,7 @@ impl Shared {
         guess: Option<Key>,
         spare: &mut Vec<AlignedBuf>,
     ) -> bool {
-        while g.used + need > self.capacity {
+        while g.used + need > g.capacity {
             let inner = &mut **g;
             let entries = &inner.entries;
             let victim = inner.policy.victim(&mut |k| {

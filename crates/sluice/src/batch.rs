@@ -218,7 +218,7 @@ impl Batcher {
         if ids.is_empty() {
             return Err(Error::Usage("empty prompt".into()));
         }
-        let context = self.engine.plan().context;
+        let context = self.engine.model().max_positions();
         if ids.len() + opts.max_tokens > context {
             return Err(Error::Usage(format!(
                 "prompt of {} tokens plus max_tokens {} exceeds the context of {context}",
@@ -397,7 +397,7 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                 continue;
             }
             c.finished.fetch_add(1, Ordering::Relaxed);
-            let stats = stats_since(engine, &s.stats, &s.expert0, s.trunk0);
+            let stats = stats_since(engine, &s.stats, &s.expert0, s.trunk0, &s.state);
             let f = Finished {
                 prompt_ids: s.job.ids.clone(),
                 ids: std::mem::take(&mut s.d.ids),
@@ -464,6 +464,7 @@ fn feed_step(
 fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
     let model = engine.model();
     let t0 = Instant::now();
+    let cache0 = model.experts().capacity();
     let expert0 = engine.expert_stats();
     let trunk0 = model.trunk_bytes_read();
     let mut state = model.new_state();
@@ -495,6 +496,7 @@ fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
         prefill_seconds: t0.elapsed().as_secs_f64(),
         io_mode: model.io_mode().name().to_owned(),
         memory_budget_bytes: engine.budget().unwrap_or(0),
+        expert_cache_start_bytes: cache0,
         policy: model.experts().policy_name(),
         threads: model.threads(),
         isa: model.isa().name().to_owned(),

@@ -627,6 +627,14 @@ pub struct GenerationStats {
     pub peak_rss_bytes: u64,
     /// The memory budget (0: unlimited).
     pub memory_budget_bytes: u64,
+    /// Bytes the expert cache could hold when the generation began (the pool less every
+    /// sequence's KV pages then).
+    pub expert_cache_start_bytes: u64,
+    /// The same when the figures were taken: lower when this or another sequence's KV cache
+    /// grew, higher when a sequence ended.
+    pub expert_cache_end_bytes: u64,
+    /// Bytes of this sequence's KV cache when the figures were taken (whole pages).
+    pub kv_cache_bytes: u64,
     /// Expert-cache policy.
     pub policy: String,
     /// Compute threads.
@@ -774,6 +782,7 @@ impl Session {
         let t0 = Instant::now();
         let expert0 = model.experts().stats();
         let trunk0 = model.trunk_bytes_read();
+        let cache0 = model.experts().capacity();
         let mut prompt_logits = Vec::new();
         let mut last = Vec::new();
         let mut chunk_stats = Vec::new();
@@ -815,6 +824,7 @@ impl Session {
             prefill_chunks: chunk_stats,
             io_mode: model.io_mode().name().to_owned(),
             memory_budget_bytes: self.engine.inner.budget.unwrap_or(0),
+            expert_cache_start_bytes: cache0,
             policy: model.experts().policy_name(),
             threads: model.threads(),
             isa: model.isa().name().to_owned(),
@@ -859,9 +869,12 @@ pub(crate) fn stats_since(
     base: &GenerationStats,
     expert0: &ExpertStats,
     trunk0: u64,
+    state: &State,
 ) -> GenerationStats {
     let mut s = base.clone();
     let now = engine.expert_stats();
+    s.expert_cache_end_bytes = engine.inner.model.experts().capacity();
+    s.kv_cache_bytes = state.kv_bytes();
     s.trunk_bytes_read = engine.inner.model.trunk_bytes_read() - trunk0;
     s.expert_requests = now.requests - expert0.requests;
     s.expert_hits = now.hits - expert0.hits;
@@ -910,6 +923,7 @@ impl Generation<'_> {
             &self.stats,
             &self.expert0,
             self.trunk0,
+            &self.session.state,
         )
     }
 

@@ -80,18 +80,28 @@ pub struct PlanSummary {
     pub ring_slots: usize,
     /// Bytes per ring slot.
     pub ring_slot_bytes: u64,
-    /// KV cache reserved.
+    /// KV cache at full context (not reserved: it takes pages from the expert cache as
+    /// positions are written).
     pub kv_cache: u64,
+    /// Positions a sequence can hold with every expert but one token's given up (at most
+    /// `context`).
+    pub context_fit: usize,
     /// Recurrent state reserved.
     pub recurrent: u64,
     /// Positions it covers.
     pub context: usize,
     /// Scratch.
     pub scratch: u64,
-    /// Expert cache.
+    /// Expert cache at the start (no KV page taken yet).
     pub expert_cache: u64,
-    /// Experts the cache holds.
+    /// Experts the cache holds at the start.
     pub expert_cache_experts: u64,
+    /// Expert cache at full context.
+    pub expert_cache_full_context: u64,
+    /// Experts the cache holds at full context.
+    pub expert_cache_full_context_experts: u64,
+    /// The least the expert cache keeps (one token's experts).
+    pub expert_floor: u64,
 }
 
 /// Inspects a model directory and plans `memory` for it (`context` positions, prefill chunks of
@@ -166,11 +176,16 @@ pub fn inspect(
             ring_slots: plan.ring_slots,
             ring_slot_bytes: plan.ring_slot_bytes,
             kv_cache: plan.kv_cache,
+            context_fit: plan.context_fit,
             recurrent: plan.recurrent,
             context: plan.context,
             scratch: plan.scratch,
             expert_cache: plan.expert_cache,
             expert_cache_experts: plan.expert_cache / plan.expert_bytes.max(1),
+            expert_cache_full_context: plan.expert_cache_full_context,
+            expert_cache_full_context_experts: plan.expert_cache_full_context
+                / plan.expert_bytes.max(1),
+            expert_floor: plan.expert_floor,
         },
     })
 }

@@ -131,6 +131,8 @@ struct Inner {
     /// the queue.
     queue: VecDeque<u64>,
     next_ticket: u64,
+    /// Leases waiting for pinned experts to go so that what is cached fits their new size.
+    lease_waiters: usize,
 }
 
 struct Shared {
@@ -229,6 +231,7 @@ impl ExpertStore {
             trace: cfg.record_trace.then(Vec::new),
             queue: VecDeque::new(),
             next_ticket: 0,
+            lease_waiters: 0,
         };
         let shared = Arc::new(Shared {
             reader,
@@ -819,7 +822,7 @@ impl Drop for Pinned {
             }
             _ => false,
         };
-        let wake = unpinned && !g.queue.is_empty();
+        let wake = unpinned && (!g.queue.is_empty() || g.lease_waiters > 0);
         drop(g);
         if wake {
             sh.cond.notify_all();
@@ -842,9 +845,13 @@ impl Lease {
     }
 
     /// Grows the lease to `bytes` in all, taking the difference from the cache's capacity:
-    /// unpinned experts are evicted by the policy until what the cache holds fits again
-    /// (pinned ones go as their pins are dropped; no new read is admitted until then). Fails,
-    /// changing nothing, when the capacity would fall below the floor.
+    /// unpinned experts are evicted by the policy until what the cache holds fits again, and
+    /// if pinned ones are in the way, this waits for their pins to be dropped (holding none
+    /// itself, like a request; nothing new is admitted meanwhile), so the cache and the
+    /// leases together never hold more than the configured capacity. Fails at once, changing
+    /// nothing, when the capacity would fall below the floor.
+    ///
+    /// Like a request, a caller must not hold a [`Pinned`] handle while growing a lease.
     pub fn grow_to(&mut self, bytes: u64) -> Result<(), StoreError> {
         if bytes <= self.bytes {
             return Ok(());
@@ -863,11 +870,21 @@ impl Lease {
         g.capacity -= extra;
         self.bytes = bytes;
         // Evict what no longer fits (its buffers are freed: the memory is the lease's now).
-        let mut spare = Vec::new();
-        let _ = sh.make_room(&mut g, 0, &[], None, &mut spare);
-        drop(g);
-        drop(spare);
-        Ok(())
+        loop {
+            let mut spare = Vec::new();
+            let fits = sh.make_room(&mut g, 0, &[], None, &mut spare);
+            drop(spare);
+            if fits {
+                return Ok(());
+            }
+            g.lease_waiters += 1;
+            let woken = sh.cond.wait(g);
+            g = match woken {
+                Ok(g) => g,
+                Err(_) => return Err(poisoned()),
+            };
+            g.lease_waiters -= 1;
+        }
     }
 
     /// Gives back everything above `bytes`.

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use sluice_store::policy::by_name;
 use sluice_store::{ExpertStore, ExpertStoreConfig, Piece, ShardSet, TrunkStore};
 
-/// Bytes of one expert (one piece each), and of its buffer once read (aligned up).
+/// Bytes of one expert (one piece each), and of its buffer once read: the shards are read
+/// buffered here, so with no alignment widening.
 const EXPERT: u64 = 50_000;
-const FOOTPRINT: u64 = 53_248;
+const FOOTPRINT: u64 = EXPERT;
 
 /// How long a step of these tests may take before it counts as a hang.
 const WATCHDOG: Duration = Duration::from_secs(60);
@@ -149,6 +150,73 @@ fn dropping_a_ring_part_wakes_a_waiting_request() {
     assert_eq!(got.unwrap(), 2);
 }
 
+#[test]
+fn a_lease_takes_room_from_the_cache_and_gives_it_back() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store = store(dir.path(), 1, 8, 4, 2);
+    drop(store.fetch(0, &[0, 1, 2, 3]).unwrap());
+    assert_eq!(store.used(), 4 * FOOTPRINT);
+    let mut lease = store.lease();
+    lease.grow_to(2 * FOOTPRINT).unwrap();
+    // Two experts were evicted to make the room; the cache now pins at most two.
+    assert_eq!(store.capacity(), 2 * FOOTPRINT);
+    assert_eq!(store.used(), 2 * FOOTPRINT);
+    assert_eq!(store.stats().evictions, 2);
+    assert_eq!(store.max_pinned(0), 2);
+    // Past the floor: refused, nothing changed.
+    store.set_floor(2 * FOOTPRINT);
+    assert!(matches!(
+        lease.grow_to(3 * FOOTPRINT),
+        Err(sluice_store::StoreError::NoRoom { .. })
+    ));
+    assert_eq!(
+        (lease.bytes(), store.capacity()),
+        (2 * FOOTPRINT, 2 * FOOTPRINT)
+    );
+    lease.shrink_to(FOOTPRINT);
+    assert_eq!(store.capacity(), 3 * FOOTPRINT);
+    drop(lease);
+    assert_eq!(store.capacity(), 4 * FOOTPRINT);
+    // A request for more than the shrunken cache holds: fetch_some takes what fits,
+    // fetch_each refuses.
+    let mut lease = store.lease();
+    lease.grow_to(FOOTPRINT).unwrap();
+    let (n, arrivals) = store.fetch_some(0, &[4, 5, 6, 7], &[]).unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(arrivals.count(), 3);
+    assert!(store.fetch_each(0, &[4, 5, 6, 7], &[]).is_err());
+}
+
+#[test]
+fn a_lease_waits_for_the_pins_in_its_way() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store = Arc::new(store(dir.path(), 1, 8, 4, 2));
+    let held = store.fetch(0, &[0, 1, 2]).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let s = Arc::clone(&store);
+    std::thread::spawn(move || {
+        let mut lease = s.lease();
+        let r = lease.grow_to(2 * FOOTPRINT).map(|_| s.used());
+        let _ = tx.send(r);
+        let _ = done_rx.recv_timeout(WATCHDOG);
+    });
+    // Three pinned experts do not fit in two: the lease waits, the capacity already lowered
+    // so that nothing new is admitted meanwhile.
+    until("the capacity shrinks", || store.capacity() == 2 * FOOTPRINT);
+    assert!(
+        rx.recv_timeout(Duration::from_millis(200)).is_err(),
+        "the lease did not wait for the pins"
+    );
+    drop(held);
+    let used = rx
+        .recv_timeout(WATCHDOG)
+        .expect("a lease waiting for pins was never woken when they were dropped")
+        .unwrap();
+    assert!(used <= 2 * FOOTPRINT, "{used}");
+    done_tx.send(()).unwrap();
+}
+
 /// A small deterministic generator (xorshift64*), one per thread.
 struct Rng(u64);
 
@@ -173,7 +241,7 @@ impl Rng {
 fn randomized_pin_wait_evict_stress_never_hangs() {
     const LAYERS: usize = 3;
     const EXPERTS: u64 = 12;
-    for (readers, threads, cache) in [(0, 4, 3), (2, 6, 3), (3, 8, 2), (1, 5, 1)] {
+    for (readers, threads, cache) in [(0, 4, 3), (2, 6, 3), (3, 8, 2), (1, 5, 1), (2, 6, 4)] {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
         let store = Arc::new(store(dir.path(), LAYERS, EXPERTS, cache, readers));
         let (tx, rx) = mpsc::channel();
@@ -181,6 +249,7 @@ fn randomized_pin_wait_evict_stress_never_hangs() {
             let (store, tx) = (Arc::clone(&store), tx.clone());
             std::thread::spawn(move || {
                 let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1000_0001));
+                let mut lease = store.lease();
                 let r = (|| -> Result<(), String> {
                     for _ in 0..1500 {
                         let layer = rng.below(LAYERS as u64) as usize;
@@ -192,23 +261,38 @@ fn randomized_pin_wait_evict_stress_never_hangs() {
                                 ids.push(e);
                             }
                         }
-                        match rng.below(10) {
+                        match rng.below(12) {
                             0 => store.prefetch(layer, &[rng.below(EXPERTS) as u32]),
                             1 => store.clear(),
+                            // Leases of half an expert at a time, while the floor leaves room.
+                            2 => {
+                                let _ = lease.grow_to(lease.bytes() + FOOTPRINT / 2);
+                            }
+                            3 => lease.shrink_to(lease.bytes() / 2),
                             _ => {}
                         }
                         let rows: Vec<u32> = ids.iter().map(|_| 1 + rng.below(4) as u32).collect();
+                        let (n, arrivals) = if rng.below(2) == 0 {
+                            store
+                                .fetch_some(layer, &ids, &rows)
+                                .map_err(|e| e.to_string())?
+                        } else {
+                            match store.fetch_each(layer, &ids, &rows) {
+                                Ok(a) => (ids.len(), a),
+                                // Leases took room since `max_pinned` was asked.
+                                Err(sluice_store::StoreError::BudgetTooSmall { .. }) => continue,
+                                Err(e) => return Err(e.to_string()),
+                            }
+                        };
+                        ids.truncate(n);
                         let mut seen = 0;
-                        for a in store
-                            .fetch_each(layer, &ids, &rows)
-                            .map_err(|e| e.to_string())?
-                        {
+                        for a in arrivals {
                             let (i, b) = a.map_err(|e| e.to_string())?;
-                            if store.used() > store.capacity() {
+                            if store.used() > cache * FOOTPRINT {
                                 return Err(format!(
                                     "{} bytes used of {}",
                                     store.used(),
-                                    store.capacity()
+                                    cache * FOOTPRINT
                                 ));
                             }
                             if b.piece(0)[0] != ids[i] as u8
@@ -227,6 +311,7 @@ fn randomized_pin_wait_evict_stress_never_hangs() {
                     }
                     Ok(())
                 })();
+                drop(lease);
                 let _ = tx.send((t, r));
             });
         }
@@ -244,6 +329,8 @@ fn randomized_pin_wait_evict_stress_never_hangs() {
         let s = store.stats();
         assert_eq!(s.requests, s.hits + s.misses);
         assert_eq!(store.waiting(), 0);
+        // Every thread's lease went back with it.
+        assert_eq!(store.capacity(), cache * FOOTPRINT);
         assert!(store.used() <= store.capacity());
     }
 }

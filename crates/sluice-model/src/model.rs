@@ -376,11 +376,11 @@ impl Model {
     /// its buffers exactly that room. Nothing to do past the context: the pass refuses it.
     fn reserve_kv(&self, state: &mut State, positions: usize) -> Result<(), ModelError> {
         let per = self.plan.kv_per_position;
-        if positions <= state.kv_positions || positions > self.plan.context || per == 0 {
+        if positions <= state.kv.positions || positions > self.plan.context || per == 0 {
             return Ok(());
         }
         let paged = positions.div_ceil(KV_PAGE) * KV_PAGE;
-        let lease = state.kv.0.get_or_insert_with(|| self.experts.lease());
+        let lease = state.kv.lease.get_or_insert_with(|| self.experts.lease());
         let mut got = paged.min(self.plan.context);
         if lease.grow_to(got as u64 * per).is_err() {
             // Without the rest of the page, if that much still fits.

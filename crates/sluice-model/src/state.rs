@@ -106,14 +106,19 @@ pub struct Route {
     pub weights: Vec<f32>,
 }
 
-/// The memory a sequence's KV cache holds, lent by the expert cache; given back on drop. A
-/// clone of a state starts without one (it takes its own on its next forward pass).
+/// The memory a sequence's KV cache is charged for, lent by the expert cache and given back
+/// on drop, and the positions its buffers have room for. A clone of a state starts with
+/// neither (its buffers are cloned without spare room, and it takes its own lease on its next
+/// forward pass).
 #[derive(Debug, Default)]
-pub(crate) struct KvLease(pub(crate) Option<sluice_store::Lease>);
+pub(crate) struct KvLease {
+    pub(crate) lease: Option<sluice_store::Lease>,
+    pub(crate) positions: usize,
+}
 
 impl Clone for KvLease {
     fn clone(&self) -> KvLease {
-        KvLease(None)
+        KvLease::default()
     }
 }
 
@@ -122,9 +127,8 @@ impl Clone for KvLease {
 pub struct State {
     pub(crate) pos: usize,
     pub(crate) layers: Vec<LayerCache>,
-    /// The memory the KV cache is charged against, and the positions its buffers have room for.
+    /// What the KV cache is charged for.
     pub(crate) kv: KvLease,
-    pub(crate) kv_positions: usize,
     /// When `Some`, every forward pass appends the routing decisions here.
     pub routes: Option<Vec<Route>>,
     /// When `Some`, every forward pass appends named intermediate tensors here (row-major,
@@ -159,7 +163,6 @@ impl State {
             pos: 0,
             layers,
             kv: KvLease::default(),
-            kv_positions: 0,
             routes: None,
             debug: None,
         }
@@ -270,12 +273,12 @@ impl State {
                 _ => {}
             }
         }
-        self.kv_positions = self.kv_positions.max(positions);
+        self.kv.positions = self.kv.positions.max(positions);
     }
 
     /// Bytes the KV cache is charged for (lent by the expert cache).
     pub fn kv_bytes(&self) -> u64 {
-        self.kv.0.as_ref().map_or(0, |l| l.bytes())
+        self.kv.lease.as_ref().map_or(0, |l| l.bytes())
     }
 
     /// Bytes held by the KV cache and the recurrent state (its snapshot included).

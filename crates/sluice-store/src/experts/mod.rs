@@ -459,7 +459,7 @@ impl ExpertStore {
             };
             // The longest prefix whose distinct experts the capacity can hold at once.
             let (mut n, mut total) = (0, 0u64);
-            let mut distinct: Vec<Key> = Vec::with_capacity(keys.len());
+            let mut distinct: FixedSet<Key> = FixedSet::default();
             for k in &keys {
                 if !distinct.contains(k) {
                     let f = sh.footprint(*k);
@@ -467,7 +467,7 @@ impl ExpertStore {
                         break;
                     }
                     total += f;
-                    distinct.push(*k);
+                    distinct.insert(*k);
                 }
                 n += 1;
             }
@@ -530,13 +530,13 @@ impl ExpertStore {
         });
         let (tx, rx) = mpsc::channel();
         let outstanding = order.len();
+        // The indices that asked for each miss (an expert may be asked for more than once).
+        let mut asked: FixedMap<Key, Vec<usize>> = FixedMap::default();
+        for (i, k) in keys[..n].iter().enumerate() {
+            asked.entry(*k).or_default().push(i);
+        }
         for k in order {
-            let idx: Vec<usize> = keys[..n]
-                .iter()
-                .enumerate()
-                .filter(|(_, x)| **x == k)
-                .map(|(i, _)| i)
-                .collect();
+            let idx = asked.remove(&k).unwrap_or_default();
             let tx = tx.clone();
             let land_sh = Arc::clone(&self.shared);
             read_blob_parts(

@@ -165,22 +165,26 @@ fn a_batched_step_reads_each_expert_once() {
     )
     .unwrap();
     let ps = prompts(m.config().vocab as u32);
-    let mut states: Vec<State> = ps
-        .iter()
-        .map(|p| {
-            let mut s = m.new_state();
-            m.forward(&mut s, p, Logits::Last).unwrap();
-            s
-        })
-        .collect();
-    let mut solo_states = states.clone();
+    let prefilled = || -> Vec<State> {
+        ps.iter()
+            .map(|p| {
+                let mut s = m.new_state();
+                m.forward(&mut s, p, Logits::Last).unwrap();
+                s
+            })
+            .collect()
+    };
     let ids: Vec<u32> = (0..ps.len() as u32).map(|i| 3 + i).collect();
 
+    let mut states = prefilled();
     let s0 = m.experts().stats();
     let mut refs: Vec<&mut State> = states.iter_mut().collect();
     m.forward_batch(&mut refs, &ids).unwrap();
     let batched = m.experts().stats().bytes_read - s0.bytes_read;
+    // The plan holds the KV caches of five sequences: these go before the solo five come.
+    drop(states);
 
+    let mut solo_states = prefilled();
     let s1 = m.experts().stats();
     for (s, &id) in solo_states.iter_mut().zip(&ids) {
         m.forward(s, &[id], Logits::Last).unwrap();

@@ -159,16 +159,24 @@ impl MemoryPlan {
         let embed = footprint(&layout.embed.pieces);
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed;
-        let kv_cache = kv_bytes_per_position(cfg) * context as u64 * sequences as u64;
-        let recurrent = recurrent_bytes(cfg) * sequences as u64;
+        // Saturating: a context or batch too large for the budget is refused below, not wrapped.
+        let kv_cache = kv_bytes_per_position(cfg)
+            .saturating_mul(context as u64)
+            .saturating_mul(sequences as u64);
+        let recurrent = recurrent_bytes(cfg).saturating_mul(sequences as u64);
         // A forward pass takes a prefill chunk of one sequence or one row per batched sequence.
         let rows = chunk.max(sequences);
         // Embedding rows read on demand need a buffer per row (plus alignment).
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         let scratch = scratch_bytes(cfg, rows) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
-        let fixed = kv_cache + recurrent + scratch + head;
-        let minimum = fixed + max_layer + per_token_expert_bytes;
+        let fixed = kv_cache
+            .saturating_add(recurrent)
+            .saturating_add(scratch)
+            .saturating_add(head);
+        let minimum = fixed
+            .saturating_add(max_layer)
+            .saturating_add(per_token_expert_bytes);
         let budget_v = budget.unwrap_or(u64::MAX);
         if budget_v < minimum {
             return Err(StoreError::BudgetTooSmall {

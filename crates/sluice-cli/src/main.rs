@@ -63,9 +63,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
-        Command::Batch(a) => {
-            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, e))
-        }
+        Command::Batch(a) => batchcmd::open(&a).and_then(|files| {
+            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, files, e))
+        }),
         Command::Serve(a) => serve(a),
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),

@@ -232,7 +232,7 @@ impl EngineBuilder {
         let template = ChatTemplate::from_dir(&dir)?;
         let mut eos = model.config().eos_token_ids.clone();
         let gen_path = dir.join("generation_config.json");
-        let gen_cfg = if gen_path.exists() {
+        let gen_cfg = if sluice_format::file::present(&gen_path) {
             Some(sluice_format::read_json(&gen_path, 16 << 20)?)
         } else {
             None

@@ -46,16 +46,22 @@ fn is_byte_token(s: &str) -> bool {
         && u8::from_str_radix(&s[3..5], 16).is_ok()
 }
 
+/// The largest `tokenizer.json` read (256 MiB; released ones are at most a few tens of MB).
+pub const MAX_TOKENIZER_LEN: u64 = 256 << 20;
+
+/// The largest `tiktoken.model`, `tokenizer_config.json` or `chat_template.jinja` read (64 MiB).
+pub const MAX_SMALL_FILE_LEN: u64 = 64 << 20;
+
 impl Tokenizer {
     /// Loads the tokenizer of a model directory: `tokenizer.json`, else `tiktoken.model` with
     /// `tokenizer_config.json`. `Ok(None)` when the directory has neither.
     pub fn from_dir(dir: &Path) -> Result<Option<Tokenizer>, Error> {
         let json = dir.join("tokenizer.json");
-        if json.exists() {
+        if sluice_format::file::present(&json) {
             return Tokenizer::from_file(&json).map(Some);
         }
         let tt = dir.join("tiktoken.model");
-        if tt.exists() {
+        if sluice_format::file::present(&tt) {
             let t = crate::tiktoken::Tiktoken::from_dir(dir)?;
             return Ok(Some(Tokenizer {
                 inner: Inner::Tiktoken(Box::new(t)),
@@ -66,9 +72,10 @@ impl Tokenizer {
         Ok(None)
     }
 
-    /// Loads a `tokenizer.json`.
+    /// Loads a `tokenizer.json` (a regular file of at most [`MAX_TOKENIZER_LEN`] bytes).
     pub fn from_file(path: &Path) -> Result<Tokenizer, Error> {
-        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bytes = sluice_format::file::read_capped(path, MAX_TOKENIZER_LEN)?;
+        let t = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;

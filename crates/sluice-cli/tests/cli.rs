@@ -526,13 +526,13 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
         rss <= budget + (64 << 20),
         "peak RSS {rss} over budget {budget} + 64 MiB"
     );
-    // Past the planned context: a clear error, not an OOM.
+    // A prompt longer than the planned context: a clear error, not an OOM.
     let o = run(&[
         "run",
         "--model",
         d,
         "--prompt-ids",
-        "1,2,3",
+        "1,2,3,4,5,6,7,8,9",
         "--max-tokens",
         "10",
         "--context",
@@ -540,6 +540,43 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
+}
+
+/// Issue 18 class 9: `run --max-tokens` past the planned context used to generate to the end,
+/// then exit 2 and (with `--json`) print nothing. It stops with `length` when the context is
+/// full — the last token sampled needs no position — and prints the JSON, as batch and serve
+/// decide up front.
+#[test]
+fn max_tokens_past_the_context_stops_with_length() {
+    let m = fixture("deepseek_v3-fp32");
+    let v = json(&run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--ignore-eos",
+        "--json",
+        "--context",
+        "8",
+    ]));
+    assert_eq!(v["finish_reason"], "length", "{v}");
+    assert_eq!(v["ids"].as_array().unwrap().len(), 8 - 3 + 1, "{v}");
+    // Streaming text (no --json) ends the same way, exit 0.
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--context",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

@@ -883,8 +883,11 @@ impl Generation<'_> {
             crate::decoding::Choice::Token(id) => id,
         };
         self.stats.decode_tokens += 1;
-        // Compute the next position's logits unless this was the last token.
-        if self.d.wants_more() {
+        // Compute the next position's logits unless this was the last token — or the last that
+        // fits: with the context full the generation ends here with `length` (issue 18).
+        let context_full =
+            self.d.wants_more() && self.session.state.pos() >= engine.inner.model.plan().context;
+        if self.d.wants_more() && !context_full {
             let l = engine
                 .inner
                 .model
@@ -892,10 +895,12 @@ impl Generation<'_> {
             self.next_logits = Some(l);
         }
         self.session.history.push(id);
-        let delta = self.d.emit(engine.tokenizer(), id)?;
+        let mut delta = self.d.emit(engine.tokenizer(), id)?;
         if self.d.finish.is_some() {
             self.next_logits = None;
             self.count_finished();
+        } else if context_full && let Some(rest) = self.finish_with(FinishReason::Length) {
+            delta.push_str(&rest.text);
         }
         self.stats.decode_seconds += t0.elapsed().as_secs_f64();
         Ok(Some(Token {

@@ -542,6 +542,49 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
     assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
 }
 
+/// Issue 18 class 6: `--threads 50000` used to spawn them all. More than 8 × the available
+/// cores is refused with the limit stated, by every command that builds an engine.
+#[test]
+fn too_many_threads_are_refused_with_the_limit() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let limit = (8 * cores).to_string();
+    let m = fixture("deepseek_v3-fp32");
+    let m = m.to_str().unwrap();
+    for cmd in ["run", "batch", "serve", "chat"] {
+        let mut args = vec![cmd, "--model", m, "--threads", "50000"];
+        if cmd == "run" {
+            args.extend(["--prompt-ids", "1,2"]);
+        }
+        if cmd == "batch" {
+            args.extend([
+                "--input",
+                "/dev/null",
+                "--output",
+                "/tmp/sluice-threads-never.jsonl",
+            ]);
+        }
+        if cmd == "serve" {
+            args.extend(["--port", "0"]);
+        }
+        let e = one_line_error(&args);
+        assert!(e.contains("50000") && e.contains(&limit), "{cmd}: {e}");
+    }
+    // The limit itself is accepted.
+    let v = json(&run(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+        "--threads",
+        &limit,
+        "--json",
+    ]));
+    assert_eq!(v["stats"]["threads"].as_u64(), Some(8 * cores as u64));
+}
+
 /// Issue 18 class 9: `run --max-tokens` past the planned context used to generate to the end,
 /// then exit 2 and (with `--json`) print nothing. It stops with `length` when the context is
 /// full — the last token sampled needs no position — and prints the JSON, as batch and serve

@@ -204,6 +204,12 @@ impl EngineBuilder {
         if threads == 0 {
             return Err(Error::Usage("threads must be at least 1".into()));
         }
+        let (max, cores) = max_threads();
+        if threads > max {
+            return Err(Error::Usage(format!(
+                "threads: {threads} is more than the limit of {max} (8 × the {cores} available cores)"
+            )));
+        }
         if self.prefill_chunk == 0 {
             return Err(Error::Usage("prefill chunk must be at least 1".into()));
         }
@@ -951,6 +957,13 @@ impl Iterator for Generation<'_> {
             }
         }
     }
+}
+
+/// The most compute threads an engine starts, and the cores it is reckoned from: 8 × the
+/// machine's available parallelism (more only adds threads that wait).
+pub fn max_threads() -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores.saturating_mul(8), cores)
 }
 
 /// Sampling defaults as transformers reads them from `generation_config.json`: sampling only

@@ -512,6 +512,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         default_max_tokens: 256.min(max_tokens_limit),
         max_body_bytes: a.max_body,
         model_name: name,
+        read_timeout: std::time::Duration::from_secs(a.read_timeout),
     };
     Ok(sluice::server::serve(engine, opts)?)
 }

@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 mod common;
 use common::{demo, solo};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn batch(input: &Path, output: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -263,4 +263,38 @@ fn an_unwritable_output_is_found_before_generating() {
         assert!(err.starts_with("error: --output"), "{err}");
         assert_eq!(err.trim().lines().count(), 1, "{err}");
     }
+}
+
+/// Issue 18 class 5: a 10 MB batch line under `--memory 20MiB` used to be tokenized whole
+/// (2.2 GB peak RSS) before the context check refused it. A prompt whose byte length cannot fit
+/// the context is now refused before tokenizing — here under a 1 GiB address-space limit
+/// (`ulimit -v`), which the old path could not stay inside.
+#[test]
+fn a_prompt_too_long_for_the_context_is_refused_before_tokenizing() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let big = json!({"id": "big", "prompt": "It is a truth ".repeat(700_000), "max_tokens": 2});
+    let ok = json!({"id": "ok", "prompt": "It is a truth", "max_tokens": 2, "temperature": 0});
+    std::fs::write(&input, format!("{big}\n{ok}\n")).unwrap();
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["batch", "--model"])
+        .arg(demo())
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .args(["--memory", "20MiB", "--batch-size", "1", "--threads", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 1: a prompt of 9800000 bytes cannot fit the context"),
+        "{err}"
+    );
+    assert_eq!(ids(&output), [r#""ok""#]);
 }

@@ -425,6 +425,7 @@ impl Engine {
                         self.dir().display()
                     ))
                 })?;
+                tok.check_fits(t, self.plan().context)?;
                 let mut ids = tok.encode(t, true)?;
                 if let Some(b) = self.inner.bos
                     && ids.first() != Some(&b)
@@ -445,6 +446,7 @@ impl Engine {
                 let tok = self.tokenizer().ok_or_else(|| {
                     Error::Usage("no tokenizer for the chat template's text".into())
                 })?;
+                tok.check_fits(&text, self.plan().context)?;
                 // The template writes BOS itself where the model wants one.
                 tok.encode(&text, false)
             }

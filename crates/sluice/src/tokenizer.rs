@@ -17,6 +17,9 @@ pub struct Tokenizer {
     /// Ids of `<0xNN>` tokens when the decoder has a `ByteFallback` step: a run of them decodes
     /// as one group, so the stream decoder holds them until the run ends.
     byte_fallback: HashSet<u32>,
+    /// The longest token written out, in bytes (at least 1): no token stands for more bytes
+    /// of text, so a text longer than `n × max_token_bytes` needs more than `n` tokens.
+    max_token_bytes: usize,
 }
 
 enum Inner {
@@ -63,10 +66,16 @@ impl Tokenizer {
         let tt = dir.join("tiktoken.model");
         if sluice_format::file::present(&tt) {
             let t = crate::tiktoken::Tiktoken::from_dir(dir)?;
+            let max_token_bytes = (0..t.vocab_size() as u32)
+                .filter_map(|id| t.token_bytes(id).map(<[u8]>::len))
+                .max()
+                .unwrap_or(1)
+                .max(1);
             return Ok(Some(Tokenizer {
                 inner: Inner::Tiktoken(Box::new(t)),
                 path: tt,
                 byte_fallback: HashSet::new(),
+                max_token_bytes,
             }));
         }
         Ok(None)
@@ -88,11 +97,43 @@ impl Tokenizer {
         } else {
             HashSet::new()
         };
+        // A token's written form is never shorter than the text it stands for (byte-level
+        // characters, `▁` for a space and `<0xNN>` are all at least as long).
+        let max_token_bytes = t
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Tokenizer {
             inner: Inner::Hf(Box::new(t)),
             path: path.to_path_buf(),
             byte_fallback,
+            max_token_bytes,
         })
+    }
+
+    /// The longest token in bytes: no token stands for more bytes of text.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// Refuses, before tokenizing, a text too long to fit `context` tokens: more than
+    /// `2 × context × max_token_bytes` bytes (twice, for normalizers that shorten text).
+    /// Tokenizing it would only use memory outside the budget to find it does not fit.
+    pub fn check_fits(&self, text: &str, context: usize) -> Result<(), Error> {
+        let max = context
+            .saturating_mul(self.max_token_bytes)
+            .saturating_mul(2);
+        if text.len() > max {
+            return Err(Error::Usage(format!(
+                "a prompt of {} bytes cannot fit the context of {context} tokens (at most {max} \
+                 bytes with this tokenizer); it is refused before tokenizing",
+                text.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The file it was loaded from.

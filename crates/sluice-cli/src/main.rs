@@ -410,7 +410,40 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
         .collect()
 }
 
+/// Checks, before any work, that the file `path` given to `flag` can be written: an existing
+/// one must be a regular file that opens for writing (it is not truncated here); a new one
+/// must be creatable in its directory (probed with a temporary file, removed again).
+pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), Failure> {
+    let refuse = |why: String| usage(format!("{flag} {}: {why}", path.display()));
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(refuse("not a regular file".into())),
+        Ok(_) => std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(drop)
+            .map_err(|e| refuse(format!("cannot write: {e}"))),
+        Err(_) => {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => std::path::Path::new("."),
+            };
+            tempfile::Builder::new()
+                .prefix(".sluice-probe-")
+                .tempfile_in(dir)
+                .map(drop)
+                .map_err(|e| refuse(format!("cannot write in {}: {e}", dir.display())))
+        }
+    }
+}
+
 fn run(a: RunArgs) -> Result<(), Failure> {
+    // Output files are checked before the model loads, not found unwritable after generating.
+    if let Some(p) = &a.dump_logits {
+        check_writable("--dump-logits", p)?;
+    }
+    if let Some(p) = &a.trace {
+        check_writable("--trace", p)?;
+    }
     let engine = engine(&a.engine, a.trace.is_some(), 1)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
@@ -468,7 +501,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         let vocab = engine.model().config().vocab;
         npy::write_f32(path, &logits, logits.len() / vocab, vocab).map_err(|e| Failure {
             code: 1,
-            msg: format!("{}: {e}", path.display()),
+            msg: format!("{}: write: {e}", path.display()),
         })?;
     }
     if let Some(path) = &a.trace {

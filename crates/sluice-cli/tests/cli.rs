@@ -585,6 +585,59 @@ fn too_many_threads_are_refused_with_the_limit() {
     assert_eq!(v["stats"]["threads"].as_u64(), Some(8 * cores as u64));
 }
 
+/// Issue 18 class 10: an empty stop string means the same everywhere (refused: it would end
+/// every generation at once; serve already said so, run and batch stopped at once silently),
+/// and `--trace` / `--dump-logits` paths are checked before the model loads, not after the
+/// generation.
+#[test]
+fn empty_stops_and_unwritable_outputs_are_refused_up_front() {
+    let m = fixture("deepseek_v3-fp32");
+    let m = m.to_str().unwrap();
+    let e = one_line_error(&["run", "--model", m, "--prompt-ids", "1,2", "--stop", ""]);
+    assert!(e.contains("stop"), "{e}");
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        r#"{"id": 1, "prompt": "It is", "stop": [""], "max_tokens": 2}"#,
+    )
+    .unwrap();
+    let out = d.path().join("out.jsonl");
+    let o = bin()
+        .args(["batch", "--input", input.to_str().unwrap(), "--output"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("line 1: stop: an empty stop string"),
+        "{}",
+        stderr(&o)
+    );
+    let missing = d.path().join("no-such-dir/x");
+    for flag in ["--trace", "--dump-logits"] {
+        for path in [
+            missing.to_str().unwrap(),
+            "/dev/full",
+            d.path().to_str().unwrap(),
+        ] {
+            let e = one_line_error(&[
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1,2",
+                "--max-tokens",
+                "2",
+                flag,
+                path,
+            ]);
+            assert!(e.starts_with(&format!("error: {flag} {path}")), "{e}");
+        }
+    }
+    assert!(!missing.exists());
+}
+
 /// Issue 18 class 9: `run --max-tokens` past the planned context used to generate to the end,
 /// then exit 2 and (with `--json`) print nothing. It stops with `length` when the context is
 /// full — the last token sampled needs no position — and prints the JSON, as batch and serve

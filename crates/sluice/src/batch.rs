@@ -227,6 +227,7 @@ impl Batcher {
         sink: Sink,
     ) -> Result<(), Error> {
         opts.sampling.validate()?;
+        crate::decoding::check_stops(&opts.stop)?;
         if opts.prefill_chunk == 0 {
             return Err(Error::Usage("prefill_chunk must be at least 1".into()));
         }

@@ -331,6 +331,10 @@ pub struct ServeArgs {
     /// The largest request body in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub max_body: usize,
+    /// Seconds a client has to send a request's headers, and then its body; a connection that
+    /// sends half a request is closed after it.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
+    pub read_timeout: u64,
 }
 
 /// `sluice chat`.

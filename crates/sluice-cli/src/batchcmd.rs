@@ -1,8 +1,15 @@
 //! `sluice batch`: a JSONL file of prompts through the batcher, resumable, in input order.
+//!
+//! The files are checked before the engine loads ([`open`]): the output must not be the input
+//! (by path, symlink or hard link) and must be writable, and a torn last line left by an
+//! interrupted run (killed, disk full) is dropped so its id is redone. Each result is then
+//! written as one line in one `write`, and the job fails rather than report success with an id
+//! missing from the output.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, Write};
-use std::path::Path;
+use std::io::{BufRead, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Instant;
 
@@ -12,6 +19,9 @@ use sluice::batch::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, GenerateOptions, Message};
 
 use crate::Failure;
+
+/// The longest input line read (16 MiB): a longer one is a bad line, skipped unread.
+pub const MAX_LINE: usize = 16 << 20;
 
 /// One input line.
 #[derive(Deserialize)]
@@ -39,6 +49,13 @@ fn id_key(v: &Value) -> Option<String> {
     }
 }
 
+/// The id of a finished result line, if it is one.
+fn result_id(line: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(line)
+        .ok()
+        .and_then(|v| v.get("id").and_then(id_key))
+}
+
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
     move |e| Failure {
         code: 1,
@@ -46,41 +63,178 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
     }
 }
 
-/// Runs the job file.
-pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
+/// A job's files, checked before the engine loads.
+pub struct Files {
+    input: std::io::BufReader<std::fs::File>,
+    /// Ids already finished in the output (a resumed run).
+    done: HashSet<String>,
+}
+
+/// Opens the input, checks the output (not the input, writable) and repairs a torn last line
+/// of an existing output. Nothing is created yet.
+pub fn open(a: &crate::args::BatchArgs) -> Result<Files, Failure> {
     let input = std::fs::File::open(&a.input).map_err(|e| Failure {
         code: 2,
         msg: format!("{}: {e}", a.input.display()),
     })?;
-    // Ids already finished in the output (a resumed run).
-    let mut done: HashSet<String> = HashSet::new();
-    if a.output.exists() {
-        let f = std::fs::File::open(&a.output).map_err(io(&a.output))?;
-        for line in std::io::BufReader::new(f).lines() {
-            let line = line.map_err(io(&a.output))?;
-            if let Ok(v) = serde_json::from_str::<Value>(&line)
-                && let Some(k) = v.get("id").and_then(id_key)
-            {
-                done.insert(k);
+    let in_meta = input.metadata().map_err(io(&a.input))?;
+    let mut done = HashSet::new();
+    if let Ok(m) = std::fs::metadata(&a.output) {
+        if m.dev() == in_meta.dev() && m.ino() == in_meta.ino() {
+            return Err(crate::usage(format!(
+                "--output {} is the same file as --input {}; results would overwrite the jobs",
+                a.output.display(),
+                a.input.display()
+            )));
+        }
+        if !m.is_file() {
+            return Err(crate::usage(format!(
+                "--output {}: not a regular file",
+                a.output.display()
+            )));
+        }
+        done = repair_and_read_done(&a.output)?;
+    }
+    // The output is rewritten in input order at the end, through a file beside it: the
+    // directory must be writable too, which is found now rather than after the whole job.
+    check_dir_writable(&a.output)?;
+    Ok(Files {
+        input: std::io::BufReader::new(input),
+        done,
+    })
+}
+
+fn out_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+fn check_dir_writable(output: &Path) -> Result<(), Failure> {
+    let dir = out_dir(output);
+    tempfile::Builder::new()
+        .prefix(".sluice-batch-")
+        .tempfile_in(&dir)
+        .map(drop)
+        .map_err(|e| {
+            crate::usage(format!(
+                "--output {}: cannot write in {}: {e}",
+                output.display(),
+                dir.display()
+            ))
+        })
+}
+
+/// Reads the finished ids of an existing output. A last line without its newline is what an
+/// interruption leaves (a result cut part way, perhaps inside a UTF-8 sequence): it is cut off
+/// the file so the id is redone and the next result does not glue onto it — unless it is a
+/// whole result, which then gets its newline.
+fn repair_and_read_done(output: &Path) -> Result<HashSet<String>, Failure> {
+    let writable = |e: std::io::Error| {
+        crate::usage(format!("--output {}: cannot write: {e}", output.display()))
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(output)
+        .map_err(writable)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes).map_err(io(output))?;
+    if let Some(&last) = bytes.last()
+        && last != b'\n'
+    {
+        let start = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        if result_id(&bytes[start..]).is_some() {
+            f.write_all(b"\n").map_err(io(output))?;
+            bytes.push(b'\n');
+        } else {
+            f.set_len(start as u64).map_err(io(output))?;
+            eprintln!(
+                "{}: dropped a torn last line ({} bytes, from an interrupted run); its id is redone",
+                output.display(),
+                bytes.len() - start
+            );
+            bytes.truncate(start);
+        }
+    }
+    Ok(bytes.split(|&b| b == b'\n').filter_map(result_id).collect())
+}
+
+/// The next line of `r` without its newline, at most `max` bytes: `Ok(None)` at the end,
+/// `Ok(Some(Err(len)))` for a longer line (skipped to its end unread).
+fn next_line(
+    r: &mut impl BufRead,
+    max: usize,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<Result<(), usize>>> {
+    buf.clear();
+    let n = r.by_ref().take(max as u64 + 1).read_until(b'\n', buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(Some(Ok(())));
+    }
+    if buf.len() <= max {
+        return Ok(Some(Ok(()))); // the last line, without a newline
+    }
+    // Too long: skip the rest of the line.
+    let mut len = buf.len();
+    loop {
+        let chunk = r.fill_buf()?;
+        if chunk.is_empty() {
+            break;
+        }
+        match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                len += i;
+                r.consume(i + 1);
+                break;
+            }
+            None => {
+                let k = chunk.len();
+                len += k;
+                r.consume(k);
             }
         }
     }
+    buf.clear();
+    Ok(Some(Err(len)))
+}
+
+/// Runs the job file (checked by [`open`]).
+pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<(), Failure> {
+    let Files { mut input, done } = files;
     // Parse every line first: bad lines are reported and skipped.
     let mut jobs: Vec<(usize, String, Value, OwnedPrompt, GenerateOptions)> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     let mut order: Vec<String> = Vec::new();
     let defaults = engine.default_sampling().clone();
     let mut bad_lines = 0usize;
-    for (n, line) in std::io::BufReader::new(input).lines().enumerate() {
-        let line = line.map_err(io(&a.input))?;
+    let mut buf = Vec::new();
+    let mut n = 0usize;
+    while let Some(read) = next_line(&mut input, MAX_LINE, &mut buf).map_err(io(&a.input))? {
+        n += 1;
+        let mut bad = |msg: String| {
+            bad_lines += 1;
+            eprintln!("{}: line {n}: {msg}; skipped", a.input.display())
+        };
+        if let Err(len) = read {
+            bad(format!(
+                "{len} bytes is longer than the {MAX_LINE} accepted"
+            ));
+            continue;
+        }
+        let Ok(line) = std::str::from_utf8(&buf) else {
+            bad("not valid UTF-8".into());
+            continue;
+        };
         if line.trim().is_empty() {
             continue;
         }
-        let mut bad = |msg: String| {
-            bad_lines += 1;
-            eprintln!("{}: line {}: {msg}; skipped", a.input.display(), n + 1)
-        };
-        let l: Line = match serde_json::from_str(&line) {
+        let l: Line = match serde_json::from_str(line) {
             Ok(l) => l,
             Err(e) => {
                 bad(e.to_string());
@@ -131,7 +285,7 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
             prefill_chunk: a.engine.prefill_chunk,
             ..Default::default()
         };
-        jobs.push((n + 1, key, l.id, prompt, opts));
+        jobs.push((n, key, l.id, prompt, opts));
     }
     let skipped = order.len() - jobs.len();
     if skipped > 0 {
@@ -144,6 +298,7 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
     let batcher = Batcher::new(engine, a.batch_size)?;
     let (tx, rx) = mpsc::channel::<(String, Value, Result<sluice::batch::Finished, String>)>();
     let mut submitted = 0;
+    let mut rejected = HashSet::new();
     for (n, key, id, prompt, opts) in jobs {
         let tx = tx.clone();
         let (k2, id2) = (key.clone(), id.clone());
@@ -167,6 +322,7 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
             Ok(()) => submitted += 1,
             Err(e) => {
                 bad_lines += 1;
+                rejected.insert(key);
                 eprintln!("{}: line {n}: {e}; skipped", a.input.display())
             }
         }
@@ -187,7 +343,8 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
     let t0 = Instant::now();
     let mut tokens = 0u64;
     let mut failed = 0;
-    for (_key, id, r) in rx {
+    let mut failed_ids = HashSet::new();
+    for (key, id, r) in rx {
         match r {
             Ok(f) => {
                 tokens += f.ids.len() as u64;
@@ -200,13 +357,15 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
                     "prefill_seconds": f.stats.prefill_seconds,
                     "decode_seconds": f.stats.decode_seconds,
                 });
-                // Written (and flushed) as soon as it finishes: an interruption loses nothing.
-                writeln!(out, "{line}")
-                    .and_then(|_| out.flush())
-                    .map_err(io(&a.output))?;
+                // Written as soon as it finishes, the whole line in one write: an interruption
+                // leaves at most a torn last line, which the next run drops and redoes.
+                let mut text = line.to_string();
+                text.push('\n');
+                out.write_all(text.as_bytes()).map_err(io(&a.output))?;
             }
             Err(e) => {
                 failed += 1;
+                failed_ids.insert(key);
                 bar.suspend(|| eprintln!("id {id}: {e}"));
             }
         }
@@ -218,7 +377,29 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
     }
     bar.finish_and_clear();
     drop(out);
-    sort_output(&a.output, &order)?;
+    let present = sort_output(&a.output, &order)?;
+    // Never report success with a result missing: every id submitted or already done must be
+    // in the output, unless it failed (reported below).
+    let missing: Vec<&String> = order
+        .iter()
+        .filter(|k| !present.contains(*k) && !failed_ids.contains(*k) && !rejected.contains(*k))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Failure {
+            code: 1,
+            msg: format!(
+                "{}: {} ids have no result ({}); run again to redo them",
+                a.output.display(),
+                missing.len(),
+                missing
+                    .iter()
+                    .take(5)
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
     eprintln!(
         "{} sequences, {tokens} tokens in {:.1}s ({:.1} tokens/s){}; results in {}",
         submitted,
@@ -249,26 +430,40 @@ pub fn run(a: crate::args::BatchArgs, engine: Engine) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Rewrites the output in input order (atomically), keeping every finished line.
-fn sort_output(path: &Path, order: &[String]) -> Result<(), Failure> {
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
-    let mut by_id: BTreeMap<String, String> = BTreeMap::new();
+/// Rewrites the output in input order (atomically, through a temporary file beside it with
+/// the output's permissions), keeping every finished line. Returns the ids it holds.
+fn sort_output(path: &Path, order: &[String]) -> Result<HashSet<String>, Failure> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    let mut by_id: BTreeMap<String, &[u8]> = BTreeMap::new();
     let mut others = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        match serde_json::from_str::<Value>(line)
-            .ok()
-            .and_then(|v| v.get("id").and_then(id_key))
-        {
+    for line in bytes
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.trim_ascii().is_empty())
+    {
+        match result_id(line) {
             Some(k) => {
-                by_id.insert(k, line.to_owned());
+                by_id.insert(k, line);
             }
-            None => others.push(line.to_owned()),
+            None => others.push(line),
         }
     }
-    let mut sorted: Vec<String> = order.iter().filter_map(|k| by_id.remove(k)).collect();
+    let present: HashSet<String> = by_id.keys().cloned().collect();
+    let mut sorted: Vec<&[u8]> = order.iter().filter_map(|k| by_id.remove(k)).collect();
     sorted.extend(by_id.into_values());
     sorted.extend(others);
-    let tmp = path.with_extension("sluice-sorting");
-    std::fs::write(&tmp, sorted.join("\n") + "\n").map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io(path))
+    let mut text = sorted.join(&b'\n');
+    text.push(b'\n');
+    let dir = out_dir(path);
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".sluice-batch-")
+        .tempfile_in(&dir)
+        .map_err(io(&dir))?;
+    tmp.write_all(&text).map_err(io(tmp.path()))?;
+    if let Ok(m) = std::fs::metadata(path) {
+        tmp.as_file()
+            .set_permissions(m.permissions())
+            .map_err(io(path))?;
+    }
+    tmp.persist(path).map_err(|e| io(path)(e.error))?;
+    Ok(present)
 }

@@ -63,9 +63,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
-        Command::Batch(a) => {
-            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, e))
-        }
+        Command::Batch(a) => batchcmd::open(&a).and_then(|files| {
+            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, files, e))
+        }),
         Command::Serve(a) => serve(a),
         Command::Synth(a) => synth(a),
         Command::Inspect(a) => inspect(a),
@@ -424,7 +424,40 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, Failure> {
         .collect()
 }
 
+/// Checks, before any work, that the file `path` given to `flag` can be written: an existing
+/// one must be a regular file that opens for writing (it is not truncated here); a new one
+/// must be creatable in its directory (probed with a temporary file, removed again).
+pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), Failure> {
+    let refuse = |why: String| usage(format!("{flag} {}: {why}", path.display()));
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(refuse("not a regular file".into())),
+        Ok(_) => std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(drop)
+            .map_err(|e| refuse(format!("cannot write: {e}"))),
+        Err(_) => {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => std::path::Path::new("."),
+            };
+            tempfile::Builder::new()
+                .prefix(".sluice-probe-")
+                .tempfile_in(dir)
+                .map(drop)
+                .map_err(|e| refuse(format!("cannot write in {}: {e}", dir.display())))
+        }
+    }
+}
+
 fn run(a: RunArgs) -> Result<(), Failure> {
+    // Output files are checked before the model loads, not found unwritable after generating.
+    if let Some(p) = &a.dump_logits {
+        check_writable("--dump-logits", p)?;
+    }
+    if let Some(p) = &a.trace {
+        check_writable("--trace", p)?;
+    }
     let engine = engine(&a.engine, a.trace.is_some(), 1)?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
@@ -482,7 +515,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         let vocab = engine.model().config().vocab;
         npy::write_f32(path, &logits, logits.len() / vocab, vocab).map_err(|e| Failure {
             code: 1,
-            msg: format!("{}: {e}", path.display()),
+            msg: format!("{}: write: {e}", path.display()),
         })?;
     }
     if let Some(path) = &a.trace {
@@ -518,7 +551,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         .dir()
         .file_name()
         .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
-    let max_tokens_limit = a.max_tokens_limit.min(engine.plan().context);
+    let max_tokens_limit = a.max_tokens_limit.min(engine.model().max_positions());
     let opts = sluice::server::ServerOptions {
         addr: std::net::SocketAddr::new(ip, a.port),
         batch_size: a.batch_size,
@@ -526,6 +559,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         default_max_tokens: 256.min(max_tokens_limit),
         max_body_bytes: a.max_body,
         model_name: name,
+        read_timeout: std::time::Duration::from_secs(a.read_timeout),
     };
     Ok(sluice::server::serve(engine, opts)?)
 }

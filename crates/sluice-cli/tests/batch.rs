@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 
 mod common;
 use common::{demo, solo};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn batch(input: &Path, output: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
@@ -144,4 +144,157 @@ fn a_zero_batch_size_is_refused_by_name() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("--batch-size"), "{err}");
     assert!(!output.exists());
+}
+
+fn ids(path: &Path) -> Vec<String> {
+    lines(path).iter().map(|v| v["id"].to_string()).collect()
+}
+
+/// Issue 18 class 4: a result used to be written in many `write()` calls, so an interruption
+/// could leave a torn last line; the next run glued the redone result onto it, lost that id
+/// and exited 0. A torn last line (here cut inside a UTF-8 sequence, and cut inside the JSON)
+/// is now dropped and its id redone.
+#[test]
+fn a_torn_last_line_is_dropped_and_redone() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"id": "a", "prompt": "It is a truth", "max_tokens": 6, "temperature": 0}"#,
+            "\n",
+            r#"{"id": "b", "prompt": "The weather", "max_tokens": 6, "temperature": 0}"#,
+            "\n"
+        ),
+    )
+    .unwrap();
+    let o = batch(&input, &output);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let full = lines(&output);
+    for torn in [
+        "{\"id\":\"b\",\"text\":\"caf\u{e9}".as_bytes(),
+        b"{\"id\":\"b\",\"text\":\"caf\xc3".as_slice(),
+        b"{\"id\":\"b\",\"te".as_slice(),
+    ] {
+        let mut bytes = format!("{}\n", full[0]).into_bytes();
+        bytes.extend_from_slice(torn);
+        std::fs::write(&output, &bytes).unwrap();
+        let o = batch(&input, &output);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(err.contains("torn last line"), "{err}");
+        let now = lines(&output);
+        assert_eq!(now.len(), 2, "after a torn {torn:?}");
+        assert_eq!(now[0], full[0], "the kept line is kept as it was");
+        for k in ["id", "text", "completion_tokens", "finish_reason"] {
+            assert_eq!(now[1][k], full[1][k], "after a torn {torn:?}");
+        }
+    }
+}
+
+/// Issue 18 class 4: `--output` naming the input — by path, through a symlink or a hard link —
+/// is refused before anything is written; the jobs file is unchanged.
+#[test]
+fn the_output_may_not_be_the_input() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let jobs = r#"{"id": "a", "prompt": "It is a truth", "max_tokens": 3, "temperature": 0}"#;
+    std::fs::write(&input, jobs).unwrap();
+    std::os::unix::fs::symlink(&input, d.path().join("sym.jsonl")).unwrap();
+    std::fs::hard_link(&input, d.path().join("hard.jsonl")).unwrap();
+    for out in ["in.jsonl", "sym.jsonl", "hard.jsonl"] {
+        let o = batch(&input, &d.path().join(out));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{out}: {err}");
+        assert!(err.contains("same file as --input"), "{out}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert_eq!(std::fs::read_to_string(&input).unwrap(), jobs, "{out}");
+    }
+}
+
+/// Issue 18 class 4: a line of invalid UTF-8 used to abort the whole job; it is a bad line
+/// like any other (named by number, skipped, exit 2), as is a line over the length cap.
+#[test]
+fn invalid_utf8_and_overlong_lines_are_bad_lines() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let mut bytes =
+        br#"{"id": "a", "prompt": "It is a truth", "max_tokens": 3, "temperature": 0}"#.to_vec();
+    bytes.extend_from_slice(b"\n{\"id\": \"b\", \"prompt\": \"caf\xe9\"}\n");
+    bytes.extend_from_slice(b"{\"id\": \"c\", \"prompt\": \"");
+    bytes.resize(bytes.len() + (17 << 20), b'x');
+    bytes.extend_from_slice(b"\"}\n");
+    bytes.extend_from_slice(
+        br#"{"id": "d", "prompt": "The weather", "max_tokens": 3, "temperature": 0}"#,
+    );
+    std::fs::write(&input, &bytes).unwrap();
+    let o = batch(&input, &output);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("line 2: not valid UTF-8"), "{err}");
+    assert!(
+        err.contains("line 3: ") && err.contains("longer than"),
+        "{err}"
+    );
+    assert_eq!(ids(&output), [r#""a""#, r#""d""#]);
+}
+
+/// Issue 18 class 4: an output that cannot be written used to be found after the whole job;
+/// it is now refused (exit 2) before the engine loads or anything is generated.
+#[test]
+fn an_unwritable_output_is_found_before_generating() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        r#"{"id": "a", "prompt": "It is a truth", "max_tokens": 3, "temperature": 0}"#,
+    )
+    .unwrap();
+    for out in [
+        d.path().join("missing-dir/out.jsonl"),
+        d.path().to_path_buf(),
+        "/dev/full".into(),
+    ] {
+        let o = batch(&input, &out);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{}: {err}", out.display());
+        assert!(err.starts_with("error: --output"), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
+
+/// Issue 18 class 5: a 10 MB batch line under `--memory 20MiB` used to be tokenized whole
+/// (2.2 GB peak RSS) before the context check refused it. A prompt whose byte length cannot fit
+/// the context is now refused before tokenizing — here under a 1 GiB address-space limit
+/// (`ulimit -v`), which the old path could not stay inside.
+#[test]
+fn a_prompt_too_long_for_the_context_is_refused_before_tokenizing() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let big = json!({"id": "big", "prompt": "It is a truth ".repeat(700_000), "max_tokens": 2});
+    let ok = json!({"id": "ok", "prompt": "It is a truth", "max_tokens": 2, "temperature": 0});
+    std::fs::write(&input, format!("{big}\n{ok}\n")).unwrap();
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 1048576; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_sluice"))
+        .args(["batch", "--model"])
+        .arg(demo())
+        .arg("--input")
+        .arg(&input)
+        .arg("--output")
+        .arg(&output)
+        .args(["--memory", "20MiB", "--batch-size", "1", "--threads", "2"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 1: a prompt of 9800000 bytes cannot fit the context"),
+        "{err}"
+    );
+    assert_eq!(ids(&output), [r#""ok""#]);
 }

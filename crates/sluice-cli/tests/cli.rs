@@ -526,13 +526,13 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
         rss <= budget + (64 << 20),
         "peak RSS {rss} over budget {budget} + 64 MiB"
     );
-    // Past the planned context: a clear error, not an OOM.
+    // A prompt longer than the planned context: a clear error, not an OOM.
     let o = run(&[
         "run",
         "--model",
         d,
         "--prompt-ids",
-        "1,2,3",
+        "1,2,3,4,5,6,7,8,9",
         "--max-tokens",
         "10",
         "--context",
@@ -540,6 +540,139 @@ fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("context full"), "{}", stderr(&o));
+}
+
+/// Issue 18 class 6: `--threads 50000` used to spawn them all. More than 8 × the available
+/// cores is refused with the limit stated, by every command that builds an engine.
+#[test]
+fn too_many_threads_are_refused_with_the_limit() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let limit = (8 * cores).to_string();
+    let m = fixture("deepseek_v3-fp32");
+    let m = m.to_str().unwrap();
+    for cmd in ["run", "batch", "serve", "chat"] {
+        let mut args = vec![cmd, "--model", m, "--threads", "50000"];
+        if cmd == "run" {
+            args.extend(["--prompt-ids", "1,2"]);
+        }
+        if cmd == "batch" {
+            args.extend([
+                "--input",
+                "/dev/null",
+                "--output",
+                "/tmp/sluice-threads-never.jsonl",
+            ]);
+        }
+        if cmd == "serve" {
+            args.extend(["--port", "0"]);
+        }
+        let e = one_line_error(&args);
+        assert!(e.contains("50000") && e.contains(&limit), "{cmd}: {e}");
+    }
+    // The limit itself is accepted.
+    let v = json(&run(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "1",
+        "--threads",
+        &limit,
+        "--json",
+    ]));
+    assert_eq!(v["stats"]["threads"].as_u64(), Some(8 * cores as u64));
+}
+
+/// Issue 18 class 10: an empty stop string means the same everywhere (refused: it would end
+/// every generation at once; serve already said so, run and batch stopped at once silently),
+/// and `--trace` / `--dump-logits` paths are checked before the model loads, not after the
+/// generation.
+#[test]
+fn empty_stops_and_unwritable_outputs_are_refused_up_front() {
+    let m = fixture("deepseek_v3-fp32");
+    let m = m.to_str().unwrap();
+    let e = one_line_error(&["run", "--model", m, "--prompt-ids", "1,2", "--stop", ""]);
+    assert!(e.contains("stop"), "{e}");
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        r#"{"id": 1, "prompt": "It is", "stop": [""], "max_tokens": 2}"#,
+    )
+    .unwrap();
+    let out = d.path().join("out.jsonl");
+    let o = bin()
+        .args(["batch", "--input", input.to_str().unwrap(), "--output"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("line 1: stop: an empty stop string"),
+        "{}",
+        stderr(&o)
+    );
+    let missing = d.path().join("no-such-dir/x");
+    for flag in ["--trace", "--dump-logits"] {
+        for path in [
+            missing.to_str().unwrap(),
+            "/dev/full",
+            d.path().to_str().unwrap(),
+        ] {
+            let e = one_line_error(&[
+                "run",
+                "--model",
+                m,
+                "--prompt-ids",
+                "1,2",
+                "--max-tokens",
+                "2",
+                flag,
+                path,
+            ]);
+            assert!(e.starts_with(&format!("error: {flag} {path}")), "{e}");
+        }
+    }
+    assert!(!missing.exists());
+}
+
+/// Issue 18 class 9: `run --max-tokens` past the planned context used to generate to the end,
+/// then exit 2 and (with `--json`) print nothing. It stops with `length` when the context is
+/// full — the last token sampled needs no position — and prints the JSON, as batch and serve
+/// decide up front.
+#[test]
+fn max_tokens_past_the_context_stops_with_length() {
+    let m = fixture("deepseek_v3-fp32");
+    let v = json(&run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--ignore-eos",
+        "--json",
+        "--context",
+        "8",
+    ]));
+    assert_eq!(v["finish_reason"], "length", "{v}");
+    assert_eq!(v["ids"].as_array().unwrap().len(), 8 - 3 + 1, "{v}");
+    // Streaming text (no --json) ends the same way, exit 0.
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2,3",
+        "--max-tokens",
+        "10",
+        "--context",
+        "8",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]

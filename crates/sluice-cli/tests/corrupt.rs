@@ -231,3 +231,61 @@ fn a_packed_trunk_with_a_bad_checksum() {
     std::fs::write(&t, &b).unwrap();
     refused(&pack, &["trunk.bin", "checksum"]);
 }
+
+/// Issue 18 class 2: sizes in config.json used to be allocated before they were checked
+/// (`num_hidden_layers: 1000000000` aborted with a backtrace, 10^18 panicked with "capacity
+/// overflow"), `n_shared_experts: 10^18` wrapped, `rms_norm_eps: 1e308` became ∞ as an f32
+/// and a config with fewer layers than the checkpoint silently ran a truncated model. Each is
+/// now a one-line error naming the field.
+#[test]
+fn hostile_sizes_in_config_are_refused_naming_the_field() {
+    let cases: [(&str, serde_json::Value, &[&str]); 9] = [
+        (
+            "num_hidden_layers",
+            1_000_000_000u64.into(),
+            &["num_hidden_layers", "4096"],
+        ),
+        (
+            "num_hidden_layers",
+            1_000_000_000_000_000_000u64.into(),
+            &["num_hidden_layers"],
+        ),
+        (
+            "n_shared_experts",
+            1_000_000_000_000_000_000u64.into(),
+            &["n_shared_experts"],
+        ),
+        (
+            "n_shared_experts",
+            65_537u64.into(),
+            &["n_shared_experts", "65536"],
+        ),
+        ("vocab_size", u64::MAX.into(), &["vocab_size"]),
+        ("rms_norm_eps", 1e308.into(), &["rms_norm_eps", "32-bit"]),
+        (
+            "rms_norm_eps",
+            (-1e-6).into(),
+            &["rms_norm_eps", "positive"],
+        ),
+        (
+            "routed_scaling_factor",
+            (-2.5).into(),
+            &["routed_scaling_factor", "positive"],
+        ),
+        (
+            "num_hidden_layers",
+            2u64.into(),
+            &["num_hidden_layers", "model.layers.2.", "unused"],
+        ),
+    ];
+    for (field, value, names) in cases {
+        let d = copy();
+        let p = d.path().join("config.json");
+        let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        c[field] = value;
+        std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+        let mut want = vec!["config.json"];
+        want.extend_from_slice(names);
+        refused(d.path(), &want);
+    }
+}

@@ -219,8 +219,16 @@ fn malformed_requests_get_clear_4xx() {
             "{b}"
         );
     }
+    // Issue 18 class 7: a 413 is an OpenAI-style JSON error too (it was plain text).
     let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(5000));
-    assert_eq!(post(&s, "/v1/completions", &big).0, 413);
+    let (st, b) = post(&s, "/v1/completions", &big);
+    assert_eq!(st, 413, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap_or_else(|_| panic!("413 not JSON: {b}"));
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{b}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("2000"),
+        "{b}"
+    );
     // The server is fine afterwards.
     assert_eq!(
         post(
@@ -316,4 +324,156 @@ fn concurrent_requests_each_get_their_solo_output() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(got, want);
+}
+
+/// POSTs `body` with the given Content-Type (or none); returns (status, body).
+fn post_typed(s: &Server, path: &str, content_type: Option<&str>, body: &str) -> (u16, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut r = agent.post(&url(s, path));
+    if let Some(t) = content_type {
+        r = r.header("content-type", t);
+    }
+    let mut r = r.send(body).unwrap();
+    let status = r.status().as_u16();
+    (status, r.body_mut().read_to_string().unwrap())
+}
+
+fn health(s: &Server) -> Value {
+    ureq::Agent::new_with_defaults()
+        .get(&url(s, "/health"))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_json()
+        .unwrap()
+}
+
+/// Issue 18 class 7: only `application/json` bodies are taken (a web page in the user's
+/// browser can POST a form or `text/plain` to a local server without asking; it must not be
+/// able to make it generate), and ids outside the vocabulary count as rejected, not failed.
+#[test]
+fn non_json_content_types_are_refused_and_bad_ids_are_rejected_not_failed() {
+    let s = start(&demo(), &[]);
+    let body = r#"{"prompt":"The weather","max_tokens":2}"#;
+    for t in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+    ] {
+        let (st, b) = post_typed(&s, "/v1/completions", t, body);
+        assert_eq!(st, 415, "{t:?}: {b}");
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("application/json")
+        );
+    }
+    for t in [
+        "application/json",
+        "application/json; charset=utf-8",
+        "Application/JSON",
+    ] {
+        assert_eq!(
+            post_typed(&s, "/v1/completions", Some(t), body).0,
+            200,
+            "{t}"
+        );
+    }
+    let (st, b) = post(
+        &s,
+        "/v1/completions",
+        r#"{"prompt":[5, 99999999],"max_tokens":2}"#,
+    );
+    assert_eq!(st, 400, "{b}");
+    assert!(b.contains("vocabulary"), "{b}");
+    let h = health(&s);
+    assert_eq!(h["rejected"], 1, "{h}");
+    assert_eq!(h["failed"], 0, "{h}");
+    assert_eq!(h["finished"], 3, "{h}");
+}
+
+/// Reads from `c` until the server closes it; returns what it sent. The socket's read timeout
+/// is a guard so that a server that never closes fails the test instead of hanging it.
+fn read_until_closed(c: &mut TcpStream) -> String {
+    c.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the server kept the connection open: {e} (got {got:?})"),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// Issue 18 class 7: a client that sends half a request used to hold its connection forever
+/// and block Ctrl-C. Half-sent headers are closed after `--read-timeout`, a half-sent body
+/// gets a 408 JSON error, and Ctrl-C stops the server with idle and half-read connections open.
+#[test]
+fn half_sent_requests_time_out_and_ctrl_c_drops_them() {
+    let s = start(&demo(), &["--read-timeout", "1"]);
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    read_until_closed(&mut c);
+    let mut c = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(
+        c,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\nConnection: close\r\n\r\n{{\"prompt\":"
+    )
+    .unwrap();
+    let got = read_until_closed(&mut c);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("invalid_request_error"), "{got}");
+    // Still serving.
+    assert_eq!(health(&s)["status"], "ok");
+    drop(s);
+
+    // Ctrl-C with a half-read, a half-sent-body and an idle keep-alive connection open (the
+    // read timeout is the default 30 s, so it is the shutdown that drops them).
+    let mut s = start(&demo(), &[]);
+    let mut half = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(half, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n").unwrap();
+    let mut body = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(
+        body,
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\n\r\n{{"
+    )
+    .unwrap();
+    let mut idle = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    write!(idle, "GET /health HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = [0u8; 512];
+    assert!(idle.read(&mut buf).unwrap() > 0);
+    std::thread::sleep(std::time::Duration::from_millis(200)); // the server has read them
+    let ok = Command::new("kill")
+        .args(["-INT", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // A guard, not a timing assertion: 25 s is less than the 30 s read timeout, so only the
+    // shutdown itself can close these connections in time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(25);
+    let status = loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Ctrl-C did not stop the server while half-read connections were open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    drop((half, body, idle));
 }

@@ -88,27 +88,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
     }
 }
 
-/// Reads a JSON file of at most `cap` bytes.
+/// Reads a JSON file of at most `cap` bytes (a regular file: see [`crate::file`]).
 pub fn read_json(path: &Path, cap: u64) -> Result<Value, FormatError> {
-    let meta = std::fs::metadata(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            FormatError::MissingFile {
-                path: path.to_path_buf(),
-            }
-        } else {
-            FormatError::Io {
-                path: path.to_path_buf(),
-                source: e,
-            }
-        }
-    })?;
-    if meta.len() > cap {
-        return Err(FormatError::ConfigJson {
-            path: path.to_path_buf(),
-            msg: format!("{} bytes is larger than the {cap} accepted", meta.len()),
-        });
-    }
-    let text = std::fs::read(path).map_err(io_err(path))?;
+    let text = crate::file::read_capped(path, cap)?;
     serde_json::from_slice(&text).map_err(|e| FormatError::ConfigJson {
         path: path.to_path_buf(),
         msg: format!("not valid JSON: {e}"),
@@ -121,7 +103,7 @@ impl Checkpoint {
     /// then come from the packed trunk file, routed experts from the source's shards).
     pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint, FormatError> {
         let dir = dir.as_ref();
-        if dir.join(MANIFEST).is_file() {
+        if crate::file::present(&dir.join(MANIFEST)) {
             return Checkpoint::open_packed(dir);
         }
         Checkpoint::open_hf(dir)
@@ -149,7 +131,7 @@ impl Checkpoint {
             )));
         }
         let tpath = dir.join(&manifest.file);
-        let file = File::open(&tpath).map_err(io_err(&tpath))?;
+        let file = crate::file::open_regular(&tpath)?;
         let len = file.metadata().map_err(io_err(&tpath))?.len();
         if len != manifest.file_len {
             return Err(FormatError::Manifest {
@@ -191,7 +173,7 @@ impl Checkpoint {
         // The pack directory holds its own copies of the small files.
         ck.config = read_json(&dir.join("config.json"), MAX_CONFIG_LEN)?;
         let gen_path = dir.join("generation_config.json");
-        ck.generation_config = if gen_path.exists() {
+        ck.generation_config = if crate::file::present(&gen_path) {
             Some(read_json(&gen_path, MAX_CONFIG_LEN)?)
         } else {
             None
@@ -234,17 +216,17 @@ impl Checkpoint {
             });
         }
         let gen_path = dir.join("generation_config.json");
-        let generation_config = if gen_path.exists() {
+        let generation_config = if crate::file::present(&gen_path) {
             Some(read_json(&gen_path, MAX_CONFIG_LEN)?)
         } else {
             None
         };
 
         let index_path = dir.join(INDEX_FILE);
-        let (shard_names, weight_map) = if index_path.exists() {
+        let (shard_names, weight_map) = if crate::file::present(&index_path) {
             let index = read_index(&index_path)?;
             (index.shards, Some(index.weight_map))
-        } else if dir.join(SINGLE_FILE).exists() {
+        } else if crate::file::present(&dir.join(SINGLE_FILE)) {
             (vec![SINGLE_FILE.to_owned()], None)
         } else {
             return Err(FormatError::NoCheckpoint { dir });
@@ -255,7 +237,7 @@ impl Checkpoint {
         let mut by_name: HashMap<String, usize> = HashMap::new();
         for (si, name) in shard_names.iter().enumerate() {
             let path = dir.join(name);
-            if !path.exists() {
+            if !crate::file::present(&path) {
                 if let Some(map) = &weight_map {
                     let tensor = map
                         .iter()
@@ -271,7 +253,7 @@ impl Checkpoint {
                 return Err(FormatError::MissingFile { path });
             }
             let (header, len) = read_header(&path)?;
-            let file = File::open(&path).map_err(io_err(&path))?;
+            let file = crate::file::open_regular(&path)?;
             for e in header.tensors {
                 if let Some(map) = &weight_map
                     && map.get(&e.name) != Some(name)
@@ -456,14 +438,7 @@ pub fn parse_index(bytes: &[u8], path: &Path) -> Result<ShardIndex, FormatError>
 
 /// Reads `model.safetensors.index.json` (at most [`MAX_INDEX_LEN`] bytes) and parses it.
 fn read_index(path: &Path) -> Result<ShardIndex, FormatError> {
-    let len = std::fs::metadata(path).map_err(io_err(path))?.len();
-    if len > MAX_INDEX_LEN {
-        return Err(FormatError::IndexJson {
-            path: path.to_path_buf(),
-            msg: format!("{len} bytes is larger than the {MAX_INDEX_LEN} accepted"),
-        });
-    }
-    let bytes = std::fs::read(path).map_err(io_err(path))?;
+    let bytes = crate::file::read_capped(path, MAX_INDEX_LEN)?;
     parse_index(&bytes, path)
 }
 

@@ -32,6 +32,24 @@ pub enum FormatError {
         /// The underlying error (`UnexpectedEof` when the file is shorter than its header says).
         source: io::Error,
     },
+    /// A file that must be a regular file is a FIFO, a device, a directory or a socket.
+    #[error("{}: {kind}, not a regular file", path.display())]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is instead.
+        kind: &'static str,
+    },
+    /// A file is larger than the size accepted for it.
+    #[error("{}: {len} bytes is larger than the {cap} accepted", path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its length (at least).
+        len: u64,
+        /// The most accepted.
+        cap: u64,
+    },
     /// A required file is missing.
     #[error("{}: no such file", path.display())]
     MissingFile {

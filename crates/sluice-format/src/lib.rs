@@ -24,6 +24,7 @@
 mod checkpoint;
 mod dtype;
 mod error;
+pub mod file;
 pub mod packed;
 pub mod safetensors;
 

@@ -192,22 +192,7 @@ impl Manifest {
     /// Reads and validates `dir/sluice-trunk.json`.
     pub fn read(dir: &Path) -> Result<Manifest, FormatError> {
         let path = dir.join(MANIFEST);
-        let len = std::fs::metadata(&path)
-            .map_err(|e| FormatError::Io {
-                path: path.clone(),
-                source: e,
-            })?
-            .len();
-        if len > MAX_MANIFEST_LEN {
-            return Err(FormatError::Manifest {
-                path,
-                msg: format!("{len} bytes is larger than the {MAX_MANIFEST_LEN} accepted"),
-            });
-        }
-        let bytes = std::fs::read(&path).map_err(|e| FormatError::Io {
-            path: path.clone(),
-            source: e,
-        })?;
+        let bytes = crate::file::read_capped(&path, MAX_MANIFEST_LEN)?;
         Manifest::parse(&bytes, &path)
     }
 

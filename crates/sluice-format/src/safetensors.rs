@@ -305,7 +305,7 @@ pub fn read_header(path: &Path) -> Result<(Header, u64), FormatError> {
         path: PathBuf::from(path),
         source,
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut f = crate::file::open_regular(path)?;
     let file_len = f.metadata().map_err(io)?.len();
     let mut prefix = [0u8; 8];
     if file_len < 8 {

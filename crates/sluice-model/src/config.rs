@@ -405,6 +405,40 @@ pub struct ModelConfig {
     pub residual: Residual,
     /// The activation of dense layers and shared experts.
     pub mlp_act: GluActivation,
+    /// Draft layers after the last (`num_nextn_predict_layers`, DeepSeek-V3's multi-token
+    /// prediction): their tensors may be in the checkpoint, and are not used.
+    pub draft_layers: usize,
+}
+
+/// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any
+/// released model (the largest vocabularies are about 260,000) and small enough that a product
+/// of two sizes cannot overflow, so a hostile config is refused before anything proportional to
+/// it is allocated. Fields with their own limits are in [`limit_of`].
+pub const MAX_SIZE: usize = 1 << 24;
+/// The most layers a config may declare (released models have at most a few hundred).
+pub const MAX_LAYERS: usize = 4096;
+/// The most routed experts per layer (released models have at most a few hundred).
+pub const MAX_EXPERTS: usize = 1 << 16;
+/// The most positions a config may declare (2^32).
+pub const MAX_POSITIONS: usize = 1 << 32;
+
+/// The limit of the size field `field` (its name without any `text_config.` prefix).
+pub fn limit_of(field: &str) -> usize {
+    match field {
+        "num_hidden_layers" => MAX_LAYERS,
+        "n_routed_experts"
+        | "num_experts"
+        | "num_local_experts"
+        | "num_experts_per_tok"
+        | "num_experts_per_token"
+        | "n_shared_experts"
+        | "num_shared_experts"
+        | "n_group"
+        | "num_expert_group"
+        | "topk_group" => MAX_EXPERTS,
+        "max_position_embeddings" | "model_max_length" | "sliding_window" => MAX_POSITIONS,
+        _ => MAX_SIZE,
+    }
 }
 
 /// A JSON object with the file it came from, for error messages.
@@ -432,11 +466,22 @@ impl<'a> Cfg<'a> {
             .ok_or_else(|| self.err(field, "required field is missing"))
     }
 
+    /// A size field: a non-negative integer of at most [`MAX_SIZE`] (or the field's own limit
+    /// from [`limit_of`]), so nothing proportional to it is allocated before it is checked.
     fn usize(&self, field: &str) -> Result<usize, ModelError> {
         let v = self.req(field)?;
-        v.as_u64()
+        let n = v
+            .as_u64()
             .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| self.err(field, format!("expected a non-negative integer, got {v}")))
+            .ok_or_else(|| self.err(field, format!("expected a non-negative integer, got {v}")))?;
+        let max = limit_of(field);
+        if n > max {
+            return Err(self.err(
+                field,
+                format!("{n} is more than the {max} sluice accepts for this field"),
+            ));
+        }
+        Ok(n)
     }
 
     fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
@@ -466,6 +511,33 @@ impl<'a> Cfg<'a> {
             None => Ok(None),
             Some(_) => self.f64(field).map(Some),
         }
+    }
+
+    /// A number used as an `f32`: finite as an `f32` too (`1e308` is refused, not made ∞).
+    fn f32(&self, field: &str) -> Result<f32, ModelError> {
+        let x = self.f64(field)?;
+        let y = x as f32;
+        if !y.is_finite() {
+            return Err(self.err(field, format!("{x} does not fit in a 32-bit float")));
+        }
+        Ok(y)
+    }
+
+    fn opt_f32(&self, field: &str) -> Result<Option<f32>, ModelError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(_) => self.f32(field).map(Some),
+        }
+    }
+
+    /// A positive `f32` (an epsilon, a scaling factor): 0, negative values and values that
+    /// underflow to 0 as an `f32` are refused.
+    fn pos_f32(&self, field: &str) -> Result<f32, ModelError> {
+        let y = self.f32(field)?;
+        if y <= 0.0 {
+            return Err(self.err(field, format!("{} must be positive", self.f64(field)?)));
+        }
+        Ok(y)
     }
 
     fn bool_or(&self, field: &str, default: bool) -> Result<bool, ModelError> {
@@ -554,7 +626,7 @@ impl ModelConfig {
         let vocab = c.pos_usize("vocab_size")?;
         let hidden = c.pos_usize("hidden_size")?;
         let layers = c.pos_usize("num_hidden_layers")?;
-        let eps = c.f64("rms_norm_eps")? as f32;
+        let eps = c.pos_f32("rms_norm_eps")?;
         let heads = c.pos_usize("num_attention_heads")?;
         let max_positions = c.pos_usize("max_position_embeddings")?;
         // transformers' default for every architecture here is `false`.
@@ -643,7 +715,7 @@ impl ModelConfig {
                     _ => QkNorm::None,
                 };
                 let clip_qkv = if arch == Arch::Olmoe {
-                    c.opt_f64("clip_qkv")?.map(|x| x as f32)
+                    c.opt_f32("clip_qkv")?
                 } else {
                     None
                 };
@@ -704,7 +776,7 @@ impl ModelConfig {
         let (moe, mlp) = read_moe(&c, arch, layers)?;
         let bos_token_id = c.token_ids("bos_token_id")?.first().copied();
         let eos_token_ids = c.token_ids("eos_token_id")?;
-        Ok(ModelConfig {
+        let cfg = ModelConfig {
             arch,
             vocab,
             hidden,
@@ -725,7 +797,10 @@ impl ModelConfig {
             kda: None,
             residual: Residual::Add,
             mlp_act: GluActivation::Silu,
-        })
+            draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
+        };
+        check_widths(&c, &cfg)?;
+        Ok(cfg)
     }
 
     /// Reads and validates `config.json` from a file.
@@ -958,7 +1033,7 @@ fn read_moe(
                 n_group,
                 topk_group,
                 norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
-                routed_scaling_factor: c.f64("routed_scaling_factor")? as f32,
+                routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
             }
         }
         Arch::GptOss => RouterKind::TopKSoftmax,
@@ -977,10 +1052,13 @@ fn read_moe(
     let shared = match arch {
         Arch::DeepseekV3 => {
             let n = c.usize("n_shared_experts")?;
-            (n > 0).then_some(SharedExpert {
-                intermediate: n * intermediate,
-                gated: false,
-            })
+            (n > 0)
+                .then(|| shared_width(c, "n_shared_experts", n, intermediate))
+                .transpose()?
+                .map(|intermediate| SharedExpert {
+                    intermediate,
+                    gated: false,
+                })
         }
         Arch::Qwen2Moe => {
             let n = c.usize("shared_expert_intermediate_size")?;
@@ -1052,8 +1130,8 @@ fn read_moe(
     let activation = match arch {
         Arch::GptOss => {
             // transformers defaults (GPT-OSS releases set only the limit).
-            let alpha = c.opt_f64("swiglu_alpha")?.unwrap_or(1.702) as f32;
-            let limit = c.opt_f64("swiglu_limit")?.unwrap_or(7.0) as f32;
+            let alpha = c.opt_f32("swiglu_alpha")?.unwrap_or(1.702);
+            let limit = c.opt_f32("swiglu_limit")?.unwrap_or(7.0);
             if limit <= 0.0 {
                 return Err(c.err("swiglu_limit", "must be positive"));
             }
@@ -1073,6 +1151,70 @@ fn read_moe(
         },
         mlp,
     ))
+}
+
+/// `n` shared experts of `intermediate` each, as one MLP: refused, naming `field`, when the
+/// product is more than [`MAX_SIZE`].
+fn shared_width(
+    c: &Cfg<'_>,
+    field: &str,
+    n: usize,
+    intermediate: usize,
+) -> Result<usize, ModelError> {
+    n.checked_mul(intermediate)
+        .filter(|&w| w <= MAX_SIZE)
+        .ok_or_else(|| {
+            c.err(
+                field,
+                format!(
+                    "{n} shared experts of {intermediate} make an MLP wider than the {MAX_SIZE} \
+                     sluice accepts"
+                ),
+            )
+        })
+}
+
+/// Checks the widths the model's arithmetic multiplies out (attention projections, KDA), so
+/// that no shape product can overflow: each must be at most [`MAX_SIZE`].
+fn check_widths(c: &Cfg<'_>, cfg: &ModelConfig) -> Result<(), ModelError> {
+    let too_wide = |field: &str, what: &str| {
+        c.err(
+            field,
+            format!("{what} is wider than the {MAX_SIZE} sluice accepts"),
+        )
+    };
+    let width = |a: usize, b: usize| a.checked_mul(b).filter(|&w| w <= MAX_SIZE);
+    match &cfg.attention {
+        AttentionConfig::Gqa {
+            heads, head_dim, ..
+        } => {
+            width(*heads, *head_dim)
+                .ok_or_else(|| too_wide("num_attention_heads", "num_attention_heads × head_dim"))?;
+        }
+        AttentionConfig::Mla {
+            heads,
+            qk_nope_head_dim,
+            qk_rope_head_dim,
+            v_head_dim,
+            ..
+        } => {
+            width(*heads, qk_nope_head_dim + qk_rope_head_dim + v_head_dim).ok_or_else(|| {
+                too_wide(
+                    "num_attention_heads",
+                    "num_attention_heads × (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)",
+                )
+            })?;
+        }
+    }
+    if let Some(k) = &cfg.kda {
+        width(k.heads, k.head_dim).ok_or_else(|| {
+            too_wide(
+                "linear_attn_config.num_heads",
+                "linear_attn_config num_heads × head_dim",
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// GPT-OSS `layer_types`: true for `sliding_attention`. transformers' default when absent:
@@ -1306,5 +1448,74 @@ mod tests {
             v["head_dim"] = json!(0);
             assert_eq!(field_of(parse(&v).unwrap_err()), "head_dim", "{model_type}");
         }
+    }
+
+    /// Issue 18 class 2: sizes are checked before anything proportional to them is allocated,
+    /// shape products cannot wrap, and floats must fit an f32 and be positive where they scale.
+    #[test]
+    fn hostile_sizes_and_floats_are_refused_naming_the_field() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            (
+                "num_hidden_layers",
+                json!(1_000_000_000u64),
+                "num_hidden_layers",
+            ),
+            ("num_hidden_layers", json!(u64::MAX), "num_hidden_layers"),
+            (
+                "n_shared_experts",
+                json!(1_000_000_000_000_000_000u64),
+                "n_shared_experts",
+            ),
+            ("n_routed_experts", json!(1u64 << 40), "n_routed_experts"),
+            ("vocab_size", json!(1u64 << 25), "vocab_size"),
+            (
+                "max_position_embeddings",
+                json!(1u64 << 40),
+                "max_position_embeddings",
+            ),
+            ("rms_norm_eps", json!(1e308), "rms_norm_eps"),
+            ("rms_norm_eps", json!(-1e-6), "rms_norm_eps"),
+            ("rms_norm_eps", json!(0.0), "rms_norm_eps"),
+            ("rms_norm_eps", json!(1e-300), "rms_norm_eps"),
+            (
+                "routed_scaling_factor",
+                json!(-2.5),
+                "routed_scaling_factor",
+            ),
+            (
+                "routed_scaling_factor",
+                json!(1e39),
+                "routed_scaling_factor",
+            ),
+            (
+                "num_attention_heads",
+                json!(1u64 << 20),
+                "num_attention_heads",
+            ),
+        ];
+        for (field, value, named) in cases {
+            let mut v = ds();
+            v[field] = value.clone();
+            if field == "num_attention_heads" {
+                v["num_key_value_heads"] = value.clone(); // MLA: one latent for all heads
+            }
+            let e = parse(&v).unwrap_err();
+            assert_eq!(field_of(e), named, "{field} = {value}");
+        }
+        // n_shared_experts × moe_intermediate_size beyond MAX_SIZE (it used to wrap).
+        let mut v = ds();
+        v["n_shared_experts"] = json!(MAX_EXPERTS);
+        v["moe_intermediate_size"] = json!(MAX_SIZE);
+        let e = parse(&v).unwrap_err();
+        assert!(e.to_string().contains("wider"), "{e}");
+        assert_eq!(field_of(e), "n_shared_experts");
+        // GPT-OSS's clamp and the Kimi floats go through the same checks.
+        let mut v = gpt_oss();
+        v["swiglu_limit"] = json!(1e300);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "swiglu_limit");
+        // The largest accepted values still parse.
+        let mut v = ds();
+        v["num_hidden_layers"] = json!(MAX_LAYERS);
+        assert!(parse(&v).is_ok(), "{:?}", parse(&v).err());
     }
 }

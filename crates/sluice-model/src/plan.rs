@@ -182,19 +182,27 @@ impl MemoryPlan {
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed;
         let kv_per_position = kv_bytes_per_position(cfg);
-        let kv_cache = kv_per_position * context as u64 * sequences as u64;
-        let recurrent = recurrent_bytes(cfg) * sequences as u64;
+        // Saturating: a context or batch too large for the budget is refused below, not wrapped.
+        let kv_cache = kv_per_position
+            .saturating_mul(context as u64)
+            .saturating_mul(sequences as u64);
+        let recurrent = recurrent_bytes(cfg).saturating_mul(sequences as u64);
         // A forward pass takes a prefill chunk of one sequence or one row per batched sequence.
         let rows = chunk.max(sequences);
         // Embedding rows read on demand need a buffer per row (plus alignment).
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         let scratch = scratch_bytes(cfg, rows) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
-        let fixed = recurrent + scratch + head;
+        let fixed = recurrent.saturating_add(scratch).saturating_add(head);
         let expert_floor = per_token_expert_bytes.max(expert_bytes);
         // One page of KV cache per sequence, so that the smallest budget still runs a prompt.
-        let kv_page = kv_per_position * KV_PAGE.min(context) as u64 * sequences as u64;
-        let minimum = fixed + max_layer + expert_floor + kv_page;
+        let kv_page = kv_per_position
+            .saturating_mul(KV_PAGE.min(context) as u64)
+            .saturating_mul(sequences as u64);
+        let minimum = fixed
+            .saturating_add(max_layer)
+            .saturating_add(expert_floor)
+            .saturating_add(kv_page);
         let budget_v = budget.unwrap_or(u64::MAX);
         if budget_v < minimum {
             return Err(StoreError::BudgetTooSmall {
@@ -214,13 +222,16 @@ impl MemoryPlan {
         }
         let all_experts = all_expert_bytes.max(expert_bytes);
         // Room for the trunk beyond the head, once one token's experts are set aside.
-        let room = budget_v - fixed - expert_floor - kv_page;
+        let room = budget_v
+            .saturating_sub(fixed)
+            .saturating_sub(expert_floor)
+            .saturating_sub(kv_page);
         let mut pinned = vec![false; layer_bytes.len()];
         let (ring_slots, ring_slot_bytes, embed_pinned);
         // The embedding table is pinned only with room to spare beside every planned
         // sequence's full-context KV cache: read a row per token it costs little, while the
         // bytes it would hold are the KV cache's to grow into.
-        if room >= all_layers + embed + kv_cache {
+        if room >= all_layers.saturating_add(embed).saturating_add(kv_cache) {
             pinned.iter_mut().for_each(|p| *p = true);
             ring_slots = 0;
             ring_slot_bytes = 0;

@@ -1371,6 +1371,58 @@ fn a_log(
     })
 }
 
+/// The config's `num_hidden_layers` against the layers the checkpoint has tensors for, before
+/// anything proportional to it is built: more layers than the checkpoint names the first
+/// missing tensor; fewer (a silently truncated model) names the tensors that would go unused.
+/// Draft layers (`num_nextn_predict_layers`) directly after the last may be present.
+fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelError> {
+    let head = format!("{}model.layers.", cfg.prefix);
+    let layer_of = |name: &str| -> Option<usize> {
+        let rest = name.strip_prefix(&head)?;
+        rest.split('.').next()?.parse().ok()
+    };
+    let config = ck.dir().join("config.json");
+    let used = cfg.layers.saturating_add(cfg.draft_layers);
+    let mut unused: Vec<&str> = ck
+        .tensors()
+        .iter()
+        .filter(|t| layer_of(&t.name).is_some_and(|l| l >= used))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !unused.is_empty() {
+        unused.sort_unstable();
+        let n = unused.len();
+        let shown = unused[..n.min(3)].join(", ");
+        return Err(ModelError::Config {
+            file: config,
+            field: "num_hidden_layers".into(),
+            msg: format!(
+                "{} layers, but the checkpoint has more: {n} tensors would go unused ({shown}{})",
+                cfg.layers,
+                if n > 3 { ", …" } else { "" }
+            ),
+        });
+    }
+    let present = ck
+        .tensors()
+        .iter()
+        .filter_map(|t| layer_of(&t.name))
+        .max()
+        .map_or(0, |l| l + 1);
+    if cfg.layers > present {
+        return Err(ModelError::Config {
+            file: config,
+            field: "num_hidden_layers".into(),
+            msg: format!(
+                "{} layers, but the checkpoint has tensors for {present} (nothing named \
+                 {head}{present}.*)",
+                cfg.layers
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl WeightLayout {
     /// Finds and checks every tensor the model needs, packed ones against the model's
     /// `quantization_config`.
@@ -1384,6 +1436,7 @@ impl WeightLayout {
             arch: cfg.arch,
             prefix: cfg.prefix.clone(),
         };
+        check_layer_count(ck, cfg)?;
         let h = cfg.hidden;
         let attn_res = matches!(cfg.residual, Residual::AttnRes { .. });
 

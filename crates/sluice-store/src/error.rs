@@ -17,6 +17,14 @@ pub enum StoreError {
         /// The underlying error.
         source: io::Error,
     },
+    /// An operating-system error writing a file (a trace, a scratch file).
+    #[error("{}: write: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
     /// The file ended before the bytes its header promised.
     #[error("{}: short read at offset {offset}: wanted {wanted} bytes, got {got} (file truncated?)", path.display())]
     ShortRead {

@@ -190,13 +190,18 @@ impl ProbeFile {
     /// pages from the page cache.
     pub fn create(dir: &Path, bytes: u64) -> Result<ProbeFile, StoreError> {
         let path = dir.join(format!(".sluice-doctor-{}.tmp", std::process::id()));
-        let io = |e: std::io::Error| StoreError::Io {
+        let io = |e: std::io::Error| StoreError::Write {
             path: path.clone(),
-            offset: 0,
             source: e,
         };
+        // A new file only (a file of the user's by that name is neither overwritten nor, by
+        // the guard below, removed).
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io)?;
         let file = ProbeFile { path: path.clone() };
-        let mut f = std::fs::File::create(&path).map_err(io)?;
         let mut chunk = vec![0u8; 8 << 20];
         let mut rng = 0x5eed_u64;
         let mut left = bytes;

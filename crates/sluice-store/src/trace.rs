@@ -37,9 +37,8 @@ impl TraceEvent {
 
 /// Writes a trace as text, one `step layer expert` line per request.
 pub fn write_trace(path: &Path, events: &[TraceEvent]) -> Result<(), StoreError> {
-    let io = |e| StoreError::Io {
+    let io = |e| StoreError::Write {
         path: path.to_path_buf(),
-        offset: 0,
         source: e,
     };
     let mut f = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
@@ -200,6 +199,16 @@ pub fn belady(trace: &[TraceEvent], capacity: usize) -> SimResult {
 mod tests {
     use super::*;
     use crate::policy::{Lru, POLICIES, by_name};
+
+    /// Issue 18 class 10: a failed trace write said "read at offset 0".
+    #[test]
+    fn a_failed_write_says_write() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("missing-dir/trace.txt");
+        let e = write_trace(&p, &[]).unwrap_err().to_string();
+        assert!(e.contains("trace.txt: write: "), "{e}");
+        assert!(!e.contains("read"), "{e}");
+    }
 
     fn ev(step: u64, experts: &[u32]) -> Vec<TraceEvent> {
         experts

@@ -102,6 +102,9 @@ struct Counters {
     cancelled: AtomicU64,
     /// Sequences that failed.
     failed: AtomicU64,
+    /// Jobs refused at submission (bad options, a prompt that does not fit, ids outside the
+    /// vocabulary).
+    rejected: AtomicU64,
 }
 
 /// A batcher's counters at one moment.
@@ -117,6 +120,9 @@ pub struct BatcherStats {
     pub cancelled: u64,
     /// Sequences that ended with an error.
     pub failed: u64,
+    /// Jobs refused when submitted: bad options, a prompt that does not fit the context, token
+    /// ids outside the vocabulary. They never ran, so they are not `failed`.
+    pub rejected: u64,
 }
 
 /// Runs jobs on an engine in batches of up to `max_batch` sequences, on a thread of its own.
@@ -194,6 +200,7 @@ impl Batcher {
             finished: c.finished.load(Ordering::Relaxed),
             cancelled: c.cancelled.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
         }
     }
 
@@ -210,13 +217,33 @@ impl Batcher {
         opts: GenerateOptions,
         sink: Sink,
     ) -> Result<(), Error> {
+        let r = self.submit_checked(prompt, opts, sink);
+        if r.is_err() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn submit_checked(
+        &self,
+        prompt: &OwnedPrompt,
+        opts: GenerateOptions,
+        sink: Sink,
+    ) -> Result<(), Error> {
         opts.sampling.validate()?;
+        crate::decoding::check_stops(&opts.stop)?;
         if opts.prefill_chunk == 0 {
             return Err(Error::Usage("prefill_chunk must be at least 1".into()));
         }
         let ids = self.engine.encode(&prompt.as_prompt())?;
         if ids.is_empty() {
             return Err(Error::Usage("empty prompt".into()));
+        }
+        let vocab = self.engine.model().config().vocab;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(Error::Usage(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
         }
         let context = self.engine.model().max_positions();
         if ids.len() + opts.max_tokens > context {

@@ -96,16 +96,21 @@ impl ChatTemplate {
     /// `Ok(None)` when there is no template.
     pub fn from_dir(dir: &Path) -> Result<Option<ChatTemplate>, Error> {
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.exists() {
-            Some(sluice_format::read_json(&cfg_path, 64 << 20)?)
+        let cfg = if sluice_format::file::present(&cfg_path) {
+            Some(sluice_format::read_json(
+                &cfg_path,
+                crate::tokenizer::MAX_SMALL_FILE_LEN,
+            )?)
         } else {
             None
         };
         let jinja = dir.join("chat_template.jinja");
-        let (source, path) = if jinja.exists() {
-            let s = std::fs::read_to_string(&jinja).map_err(|e| Error::Io {
+        let (source, path) = if sluice_format::file::present(&jinja) {
+            let bytes =
+                sluice_format::file::read_capped(&jinja, crate::tokenizer::MAX_SMALL_FILE_LEN)?;
+            let s = String::from_utf8(bytes).map_err(|_| Error::Template {
                 path: jinja.clone(),
-                source: e,
+                msg: "not valid UTF-8".into(),
             })?;
             (s, jinja)
         } else {

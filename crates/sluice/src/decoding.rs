@@ -26,8 +26,21 @@ pub(crate) struct Decoding {
     pub(crate) finish: Option<FinishReason>,
 }
 
+/// Stop strings must be non-empty: an empty one would match before any text, so every
+/// generation would end at once. The same rule in `run`, `batch`, `serve` and the library.
+pub(crate) fn check_stops(stop: &[String]) -> Result<(), Error> {
+    if stop.iter().any(String::is_empty) {
+        return Err(Error::Usage(
+            "stop: an empty stop string would end every generation at once; give non-empty strings"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Decoding {
     pub(crate) fn new(opts: &GenerateOptions) -> Result<Decoding, Error> {
+        check_stops(&opts.stop)?;
         Ok(Decoding {
             opts: opts.clone(),
             sampler: Sampler::new(opts.sampling.clone())?,

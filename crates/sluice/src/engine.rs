@@ -204,6 +204,12 @@ impl EngineBuilder {
         if threads == 0 {
             return Err(Error::Usage("threads must be at least 1".into()));
         }
+        let (max, cores) = max_threads();
+        if threads > max {
+            return Err(Error::Usage(format!(
+                "threads: {threads} is more than the limit of {max} (8 × the {cores} available cores)"
+            )));
+        }
         if self.prefill_chunk == 0 {
             return Err(Error::Usage("prefill chunk must be at least 1".into()));
         }
@@ -232,7 +238,7 @@ impl EngineBuilder {
         let template = ChatTemplate::from_dir(&dir)?;
         let mut eos = model.config().eos_token_ids.clone();
         let gen_path = dir.join("generation_config.json");
-        let gen_cfg = if gen_path.exists() {
+        let gen_cfg = if sluice_format::file::present(&gen_path) {
             Some(sluice_format::read_json(&gen_path, 16 << 20)?)
         } else {
             None
@@ -489,6 +495,7 @@ impl Engine {
                         self.dir().display()
                     ))
                 })?;
+                tok.check_fits(t, self.model().max_positions())?;
                 let mut ids = tok.encode(t, true)?;
                 if let Some(b) = self.inner.bos
                     && ids.first() != Some(&b)
@@ -509,6 +516,7 @@ impl Engine {
                 let tok = self.tokenizer().ok_or_else(|| {
                     Error::Usage("no tokenizer for the chat template's text".into())
                 })?;
+                tok.check_fits(&text, self.model().max_positions())?;
                 // The template writes BOS itself where the model wants one.
                 tok.encode(&text, false)
             }
@@ -969,8 +977,11 @@ impl Generation<'_> {
             crate::decoding::Choice::Token(id) => id,
         };
         self.stats.decode_tokens += 1;
-        // Compute the next position's logits unless this was the last token.
-        if self.d.wants_more() {
+        // Compute the next position's logits unless this was the last token — or the last that
+        // fits: with the context full the generation ends here with `length` (issue 18).
+        let context_full =
+            self.d.wants_more() && self.session.state.pos() >= engine.inner.model.max_positions();
+        if self.d.wants_more() && !context_full {
             let l = engine
                 .inner
                 .model
@@ -978,10 +989,12 @@ impl Generation<'_> {
             self.next_logits = Some(l);
         }
         self.session.history.push(id);
-        let delta = self.d.emit(engine.tokenizer(), id)?;
+        let mut delta = self.d.emit(engine.tokenizer(), id)?;
         if self.d.finish.is_some() {
             self.next_logits = None;
             self.count_finished();
+        } else if context_full && let Some(rest) = self.finish_with(FinishReason::Length) {
+            delta.push_str(&rest.text);
         }
         self.stats.decode_seconds += t0.elapsed().as_secs_f64();
         Ok(Some(Token {
@@ -1032,6 +1045,13 @@ impl Iterator for Generation<'_> {
             }
         }
     }
+}
+
+/// The most compute threads an engine starts, and the cores it is reckoned from: 8 × the
+/// machine's available parallelism (more only adds threads that wait).
+pub fn max_threads() -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores.saturating_mul(8), cores)
 }
 
 /// Sampling defaults as transformers reads them from `generation_config.json`: sampling only

@@ -36,7 +36,7 @@ mod tokenizer;
 pub use chat::{ChatTemplate, Message};
 pub use engine::{
     Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
-    Memory, PrefillChunkStats, Prompt, Session, Token, peak_rss_bytes, resolve_memory,
+    Memory, PrefillChunkStats, Prompt, Session, Token, max_threads, peak_rss_bytes, resolve_memory,
 };
 pub use inspect::{Inspection, PlanSummary, inspect};
 pub use sluice_kernels::Isa;

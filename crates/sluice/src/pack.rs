@@ -3,8 +3,9 @@
 //! checksum per run. Routed experts are referenced in the original shards, never copied.
 //!
 //! The pack is written under a temporary name beside the output and renamed at the end: an
-//! interrupted pack leaves the output untouched (and a `.<name>.sluice-partial` directory that
-//! the next run removes).
+//! interrupted pack leaves the output untouched. A pack that fails (disk full, a read error)
+//! removes its `.<name>.sluice-partial` directory; one left by a killed process is removed by
+//! the next run, but only when it holds nothing but the files a pack writes.
 
 use std::fs::File;
 use std::io::Write;
@@ -31,6 +32,65 @@ pub const COPIED_FILES: [&str; 7] = [
     "tiktoken.model",
     "chat_template.jinja",
 ];
+
+/// The partial pack directory while it is being written: removed on drop unless disarmed
+/// (`.0 = None`) once it has been renamed into place.
+struct Partial(Option<PathBuf>);
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// Whether `name` is a file `pack` writes into a pack directory.
+fn is_pack_file(name: &str) -> bool {
+    name == TRUNK_FILE || name == MANIFEST || COPIED_FILES.contains(&name)
+}
+
+/// `Ok` when `dir` is a real directory (not a symlink) holding only regular files with the
+/// names `pack` writes; otherwise why not.
+fn check_only_pack_files(dir: &Path) -> Result<(), String> {
+    let meta = dir
+        .symlink_metadata()
+        .map_err(|e| format!("cannot be read ({e})"))?;
+    if !meta.is_dir() {
+        return Err("is not a directory".into());
+    }
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot be listed ({e})"))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("cannot be listed ({e})"))?;
+        let fname = entry.file_name();
+        let ok_name = fname.to_str().is_some_and(is_pack_file);
+        let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+        if !ok_name || !is_file {
+            return Err(format!(
+                "holds {}, which sluice pack does not write",
+                fname.to_string_lossy()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `--force` replaces only a pack: a directory with a valid sluice manifest and nothing but
+/// the files a pack holds. Anything else at OUT is the user's, and is refused.
+fn check_pack_written_by_sluice(out: &Path) -> Result<(), Error> {
+    let refuse = |why: String| {
+        Error::Usage(format!(
+            "{} {why}; --force replaces only a pack sluice wrote, so it is left alone",
+            out.display()
+        ))
+    };
+    check_only_pack_files(out).map_err(refuse)?;
+    if !out.join(MANIFEST).is_file() {
+        return Err(refuse(format!("has no {MANIFEST}")));
+    }
+    Manifest::read(out).map_err(|e| refuse(format!("has no valid sluice manifest ({e})")))?;
+    Ok(())
+}
 
 /// What a pack wrote.
 #[derive(Clone, Debug)]
@@ -75,9 +135,11 @@ pub fn pack_size(src: &Path) -> Result<u64, Error> {
 
 /// Packs the trunk of the Hugging Face checkpoint `src` into the directory `out`.
 ///
-/// Refuses when `out` exists (unless `force`, which replaces it only once the new pack is
-/// complete), when `out` lies inside `src` (nothing is ever written into a model directory), and
-/// when the source does not validate. `progress(done, total)` is called as bytes are copied.
+/// Refuses when `out` exists (unless `force` and `out` is a pack sluice wrote: it is then
+/// replaced only once the new pack is complete), when `out` lies inside `src` (nothing is ever
+/// written into a model directory) or `src` inside `out` (symlinks and `..` resolved), and when
+/// the source does not validate. A failed pack removes its partial directory.
+/// `progress(done, total)` is called as bytes are copied.
 pub fn pack(
     src: &Path,
     out: &Path,
@@ -107,18 +169,47 @@ pub fn pack(
         .file_name()
         .ok_or_else(|| Error::Usage(format!("{}: not a directory name", out.display())))?;
     let out = out_parent.join(name);
-    if out.starts_with(&src) {
+    // Where OUT really is: an existing OUT (or a symlink) resolved, else its resolved parent.
+    let exists = out.symlink_metadata().is_ok();
+    let out_real = if exists {
+        out.canonicalize().map_err(io(&out))?
+    } else {
+        out.clone()
+    };
+    if out_real.starts_with(&src) {
         return Err(Error::Usage(format!(
             "{}: the pack must not go inside the model directory {}",
             out.display(),
             src.display()
         )));
     }
-    if out.exists() && !force {
+    if src.starts_with(&out_real) {
         return Err(Error::Usage(format!(
-            "{} exists; pass --force to replace it",
+            "the model directory {} lies inside the output {}; choose an output outside it",
+            src.display(),
             out.display()
         )));
+    }
+    if exists {
+        if !force {
+            return Err(Error::Usage(format!(
+                "{} exists; pass --force to replace it",
+                out.display()
+            )));
+        }
+        check_pack_written_by_sluice(&out)?;
+    }
+    let tmp = out_parent.join(format!(".{}.sluice-partial", name.to_string_lossy()));
+    let old = out_parent.join(format!(".{}.sluice-old", name.to_string_lossy()));
+    for leftover in [&tmp, &old] {
+        if leftover.symlink_metadata().is_ok() {
+            check_only_pack_files(leftover).map_err(|why| {
+                Error::Usage(format!(
+                    "{} exists and {why}; it is not a leftover of sluice pack, so it is not removed",
+                    leftover.display()
+                ))
+            })?;
+        }
     }
 
     // Validate the source completely before writing anything.
@@ -127,11 +218,13 @@ pub fn pack(
     let layout = WeightLayout::new(&ck, &cfg)?;
     let total = layout.trunk_bytes();
 
-    let tmp = out_parent.join(format!(".{}.sluice-partial", name.to_string_lossy()));
     if tmp.exists() {
+        // A pack interrupted before it could clean up (checked above: only files pack writes).
         std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
     }
     std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+    // From here on any error (disk full, a failed read) removes the partial pack again.
+    let mut partial = Partial(Some(tmp.clone()));
     let tpath = tmp.join(TRUNK_FILE);
     let mut f = File::create(&tpath).map_err(io(&tpath))?;
     let mut pos = 0u64;
@@ -216,16 +309,21 @@ pub fn pack(
         .map_err(io(&tmp))?;
 
     // Swap into place; an existing pack goes only once the new one is complete.
-    if out.exists() {
-        let old = out_parent.join(format!(".{}.sluice-old", name.to_string_lossy()));
+    if out.symlink_metadata().is_ok() {
         if old.exists() {
             std::fs::remove_dir_all(&old).map_err(io(&old))?;
         }
         std::fs::rename(&out, &old).map_err(io(&out))?;
-        std::fs::rename(&tmp, &out).map_err(io(&out))?;
+        if let Err(e) = std::fs::rename(&tmp, &out) {
+            // Put the old pack back rather than leave nothing at OUT.
+            let _ = std::fs::rename(&old, &out);
+            return Err(io(&out)(e));
+        }
+        partial.0 = None;
         std::fs::remove_dir_all(&old).map_err(io(&old))?;
     } else {
         std::fs::rename(&tmp, &out).map_err(io(&out))?;
+        partial.0 = None;
     }
     Ok(PackReport {
         out,

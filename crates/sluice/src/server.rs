@@ -6,12 +6,12 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -39,7 +39,14 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// The model name reported by `/v1/models` and in responses.
     pub model_name: String,
+    /// How long a client has to send a request's headers, and then its body (30 s by default
+    /// in `sluice serve`): a connection that sends half a request is closed after it.
+    pub read_timeout: Duration,
 }
+
+/// How long, after Ctrl-C, requests being answered get to finish before every connection is
+/// dropped (idle and half-read ones are closed at once).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 struct App {
     batcher: Batcher,
@@ -52,7 +59,14 @@ struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = json!({"error": {"message": self.1, "type": "invalid_request_error", "param": null, "code": null}});
+        // OpenAI's types: the server's own failures are `server_error`, the client's mistakes
+        // `invalid_request_error`.
+        let kind = if self.0.is_server_error() {
+            "server_error"
+        } else {
+            "invalid_request_error"
+        };
+        let body = json!({"error": {"message": self.1, "type": kind, "param": null, "code": null}});
         (self.0, axum::Json(body)).into_response()
     }
 }
@@ -260,6 +274,55 @@ impl App {
     }
 }
 
+/// Reads a request body: only `application/json` (a web page can send a form or `text/plain`
+/// to a local server without the browser asking first; it cannot send JSON that way), at most
+/// `max_body_bytes` (413 otherwise, as an OpenAI-style error), within the read timeout (408).
+async fn read_body(app: &App, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let json_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case("application/json"));
+    if !json_type {
+        return Err(ApiError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "Content-Type must be application/json".into(),
+        ));
+    }
+    let max = app.opts.max_body_bytes;
+    let too_large = || {
+        ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is over this server's limit of {max} bytes (--max-body)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    match tokio::time::timeout(app.opts.read_timeout, axum::body::to_bytes(body, max)).await {
+        Err(_) => Err(ApiError(
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the request body did not arrive within {} s",
+                app.opts.read_timeout.as_secs_f64()
+            ),
+        )),
+        Ok(Err(e)) => {
+            let e = e.into_inner();
+            if e.is::<http_body_util::LengthLimitError>() {
+                Err(too_large())
+            } else {
+                Err(bad(format!("reading the request body: {e}")))
+            }
+        }
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| bad(format!("bad request body: {e}")))
 }
@@ -287,6 +350,7 @@ async fn health(State(app): State<Arc<App>>) -> impl IntoResponse {
         "finished": s.finished,
         "cancelled": s.cancelled,
         "failed": s.failed,
+        "rejected": s.rejected,
         "max_batch": app.batcher.max_batch(),
     }))
 }
@@ -297,7 +361,12 @@ async fn models(State(app): State<Arc<App>>) -> impl IntoResponse {
     )
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
     let req: CompletionRequest = parse(&body)?;
     if req.echo == Some(true) {
         return Err(bad("`echo` is not supported"));
@@ -326,7 +395,12 @@ async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Respons
     .into_response())
 }
 
-async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
     let req: ChatRequest = parse(&body)?;
     if req.messages.is_empty() {
         return Err(bad("`messages` is empty"));
@@ -476,7 +550,6 @@ pub fn router(engine: Engine, opts: ServerOptions) -> Result<Router, Error> {
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
-        .layer(DefaultBodyLimit::max(opts.max_body_bytes))
         .with_state(app))
 }
 
@@ -503,14 +576,80 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
             source: e,
         })?;
         eprintln!("sluice serving `{name}` on http://{local} (batch {batch}); Ctrl-C stops");
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .map_err(|e| Error::Io {
-                path: "server".into(),
-                source: e,
-            })
+        // hyper directly rather than axum::serve, for a header read timeout (which needs a
+        // timer) and a shutdown that does not wait for connections that never finish a request.
+        let mut http = hyper::server::conn::http1::Builder::new();
+        http.timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(opts.read_timeout);
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut conns = tokio::task::JoinSet::new();
+        let ctrl_c = tokio::signal::ctrl_c();
+        tokio::pin!(ctrl_c);
+        loop {
+            tokio::select! {
+                _ = &mut ctrl_c => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = listener.accept() => {
+                    let Ok((tcp, _)) = accepted else {
+                        // Out of descriptors, say: back off rather than spin.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    };
+                    let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+                    let conn = http.serve_connection(hyper_util::rt::TokioIo::new(tcp), svc);
+                    let mut stop = stop_rx.clone();
+                    conns.spawn(async move {
+                        tokio::pin!(conn);
+                        tokio::select! {
+                            _ = conn.as_mut() => return,
+                            _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+                        }
+                        let _ = conn.await;
+                    });
+                }
+            }
+        }
+        drop(listener);
+        // Idle connections close at once; a request being answered gets SHUTDOWN_GRACE to
+        // finish; anything still open then (a client that sent half a request) is dropped.
+        let _ = stop_tx.send(true);
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        conns.abort_all();
+        Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error_type(status: StatusCode) -> String {
+        let r = ApiError(status, "x".into()).into_response();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let b = rt
+            .block_on(axum::body::to_bytes(r.into_body(), 1 << 20))
+            .unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        v["error"]["type"].as_str().unwrap().to_owned()
+    }
+
+    /// Issue 18 class 7: 500s said `invalid_request_error`; the server's own failures are
+    /// `server_error`.
+    #[test]
+    fn server_failures_are_server_errors() {
+        assert_eq!(
+            error_type(StatusCode::INTERNAL_SERVER_ERROR),
+            "server_error"
+        );
+        assert_eq!(error_type(StatusCode::BAD_REQUEST), "invalid_request_error");
+        assert_eq!(
+            error_type(StatusCode::PAYLOAD_TOO_LARGE),
+            "invalid_request_error"
+        );
+    }
 }

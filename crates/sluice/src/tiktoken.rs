@@ -84,13 +84,17 @@ impl Tiktoken {
     /// Loads `tiktoken.model` and `tokenizer_config.json` (optional) from a model directory.
     pub fn from_dir(dir: &Path) -> Result<Tiktoken, Error> {
         let model = dir.join("tiktoken.model");
-        let text = std::fs::read_to_string(&model).map_err(|e| Error::Io {
+        let bytes = sluice_format::file::read_capped(&model, crate::tokenizer::MAX_SMALL_FILE_LEN)?;
+        let text = String::from_utf8(bytes).map_err(|_| Error::Tokenizer {
             path: model.clone(),
-            source: e,
+            msg: "not valid UTF-8".into(),
         })?;
         let cfg_path = dir.join("tokenizer_config.json");
-        let cfg = if cfg_path.exists() {
-            Some(sluice_format::read_json(&cfg_path, 64 << 20)?)
+        let cfg = if sluice_format::file::present(&cfg_path) {
+            Some(sluice_format::read_json(
+                &cfg_path,
+                crate::tokenizer::MAX_SMALL_FILE_LEN,
+            )?)
         } else {
             None
         };

@@ -17,6 +17,9 @@ pub struct Tokenizer {
     /// Ids of `<0xNN>` tokens when the decoder has a `ByteFallback` step: a run of them decodes
     /// as one group, so the stream decoder holds them until the run ends.
     byte_fallback: HashSet<u32>,
+    /// The longest token written out, in bytes (at least 1): no token stands for more bytes
+    /// of text, so a text longer than `n × max_token_bytes` needs more than `n` tokens.
+    max_token_bytes: usize,
 }
 
 enum Inner {
@@ -46,29 +49,42 @@ fn is_byte_token(s: &str) -> bool {
         && u8::from_str_radix(&s[3..5], 16).is_ok()
 }
 
+/// The largest `tokenizer.json` read (256 MiB; released ones are at most a few tens of MB).
+pub const MAX_TOKENIZER_LEN: u64 = 256 << 20;
+
+/// The largest `tiktoken.model`, `tokenizer_config.json` or `chat_template.jinja` read (64 MiB).
+pub const MAX_SMALL_FILE_LEN: u64 = 64 << 20;
+
 impl Tokenizer {
     /// Loads the tokenizer of a model directory: `tokenizer.json`, else `tiktoken.model` with
     /// `tokenizer_config.json`. `Ok(None)` when the directory has neither.
     pub fn from_dir(dir: &Path) -> Result<Option<Tokenizer>, Error> {
         let json = dir.join("tokenizer.json");
-        if json.exists() {
+        if sluice_format::file::present(&json) {
             return Tokenizer::from_file(&json).map(Some);
         }
         let tt = dir.join("tiktoken.model");
-        if tt.exists() {
+        if sluice_format::file::present(&tt) {
             let t = crate::tiktoken::Tiktoken::from_dir(dir)?;
+            let max_token_bytes = (0..t.vocab_size() as u32)
+                .filter_map(|id| t.token_bytes(id).map(<[u8]>::len))
+                .max()
+                .unwrap_or(1)
+                .max(1);
             return Ok(Some(Tokenizer {
                 inner: Inner::Tiktoken(Box::new(t)),
                 path: tt,
                 byte_fallback: HashSet::new(),
+                max_token_bytes,
             }));
         }
         Ok(None)
     }
 
-    /// Loads a `tokenizer.json`.
+    /// Loads a `tokenizer.json` (a regular file of at most [`MAX_TOKENIZER_LEN`] bytes).
     pub fn from_file(path: &Path) -> Result<Tokenizer, Error> {
-        let t = tokenizers::Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bytes = sluice_format::file::read_capped(path, MAX_TOKENIZER_LEN)?;
+        let t = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
@@ -81,11 +97,43 @@ impl Tokenizer {
         } else {
             HashSet::new()
         };
+        // A token's written form is never shorter than the text it stands for (byte-level
+        // characters, `▁` for a space and `<0xNN>` are all at least as long).
+        let max_token_bytes = t
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
         Ok(Tokenizer {
             inner: Inner::Hf(Box::new(t)),
             path: path.to_path_buf(),
             byte_fallback,
+            max_token_bytes,
         })
+    }
+
+    /// The longest token in bytes: no token stands for more bytes of text.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// Refuses, before tokenizing, a text too long to fit `context` tokens: more than
+    /// `2 × context × max_token_bytes` bytes (twice, for normalizers that shorten text).
+    /// Tokenizing it would only use memory outside the budget to find it does not fit.
+    pub fn check_fits(&self, text: &str, context: usize) -> Result<(), Error> {
+        let max = context
+            .saturating_mul(self.max_token_bytes)
+            .saturating_mul(2);
+        if text.len() > max {
+            return Err(Error::Usage(format!(
+                "a prompt of {} bytes cannot fit the context of {context} tokens (at most {max} \
+                 bytes with this tokenizer); it is refused before tokenizing",
+                text.len()
+            )));
+        }
+        Ok(())
     }
 
     /// The file it was loaded from.

@@ -190,3 +190,95 @@ fn a_changed_source_is_refused() {
     let e = logits(&out, None).unwrap_err().to_string();
     assert!(e.contains("changed since it was packed"), "{e}");
 }
+
+/// A private copy of a fixture directory at `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+/// Issue 18 class 1: `pack dir/model dir --force` used to delete the whole checkpoint and exit
+/// 0, and `--force` over any existing directory deleted the user's files. The source inside
+/// the output is refused however it is spelt (`..`, a symlink), `--force` replaces only a pack
+/// sluice wrote, and nothing is removed in either case.
+#[test]
+fn force_never_deletes_what_pack_did_not_write() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("dir");
+    let src = dir.join("model");
+    copy_dir(&fixture("deepseek_v3-fp32"), &src);
+    let before = snapshot(&src);
+    std::os::unix::fs::symlink(&dir, tmp.path().join("link")).unwrap();
+    for (out, force) in [
+        (dir.clone(), true),
+        (dir.clone(), false),
+        (src.join(".."), true),
+        (tmp.path().join("link"), true),
+        (tmp.path().to_path_buf(), true),
+    ] {
+        let e = sluice::pack::pack(&src, &out, force, &mut |_, _| {}).unwrap_err();
+        assert!(
+            matches!(e, sluice::Error::Usage(_)),
+            "{}: {e}",
+            out.display()
+        );
+        assert_eq!(
+            snapshot(&src),
+            before,
+            "{}: the source changed",
+            out.display()
+        );
+    }
+    let e = sluice::pack::pack(&src, &dir, true, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lies inside the output"), "{e}");
+
+    // An existing directory of the user's (not a pack) is refused with --force, untouched.
+    let user = tmp.path().join("notes");
+    std::fs::create_dir(&user).unwrap();
+    std::fs::write(user.join("thesis.txt"), b"years of work").unwrap();
+    let e = sluice::pack::pack(&src, &user, true, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("thesis.txt") && e.contains("--force"), "{e}");
+    assert_eq!(
+        std::fs::read(user.join("thesis.txt")).unwrap(),
+        b"years of work"
+    );
+    // Nor is a user's file at OUT replaced, nor a directory with a fake manifest.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, b"mine").unwrap();
+    assert!(sluice::pack::pack(&src, &file, true, &mut |_, _| {}).is_err());
+    assert_eq!(std::fs::read(&file).unwrap(), b"mine");
+    let fake = tmp.path().join("fake");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(fake.join("sluice-trunk.json"), b"{}").unwrap();
+    let e = sluice::pack::pack(&src, &fake, true, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("manifest"), "{e}");
+    assert!(fake.join("sluice-trunk.json").exists());
+
+    // A pack sluice wrote is replaced with --force; a file added to it makes it the user's.
+    let out = tmp.path().join("p");
+    sluice::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
+    sluice::pack::pack(&src, &out, true, &mut |_, _| {}).unwrap();
+    std::fs::write(out.join("my-notes.txt"), b"keep").unwrap();
+    assert!(sluice::pack::pack(&src, &out, true, &mut |_, _| {}).is_err());
+    assert_eq!(std::fs::read(out.join("my-notes.txt")).unwrap(), b"keep");
+
+    // A directory that happens to have the partial pack's name but is not one stays.
+    let stray = tmp.path().join(".q.sluice-partial");
+    std::fs::create_dir(&stray).unwrap();
+    std::fs::write(stray.join("data"), b"x").unwrap();
+    let e = sluice::pack::pack(&src, &tmp.path().join("q"), false, &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not removed"), "{e}");
+    assert!(stray.join("data").exists());
+    assert_eq!(snapshot(&src), before);
+}

@@ -175,7 +175,7 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let vocab = t.pos_usize("vocab_size")?;
     let hidden = t.pos_usize("hidden_size")?;
     let layers = t.pos_usize("num_hidden_layers")?;
-    let eps = t.f64("rms_norm_eps")? as f32;
+    let eps = t.pos_f32("rms_norm_eps")?;
     let max_positions = alias_usize(&t, &["max_position_embeddings", "model_max_length"])?
         .ok_or_else(|| t.err("max_position_embeddings", "required field is missing"))?;
     let tie_embeddings = {
@@ -208,11 +208,11 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         "silu" => GluActivation::Silu,
         "situ" => {
             // Moonshot's code: `beta or 1.0`; linear_beta optional.
-            let beta = match t.opt_f64("activation_situ_beta")? {
-                Some(b) if b != 0.0 => b as f32,
+            let beta = match t.opt_f32("activation_situ_beta")? {
+                Some(b) if b != 0.0 => b,
                 _ => 1.0,
             };
-            let linear_beta = t.opt_f64("activation_situ_linear_beta")?.map(|b| b as f32);
+            let linear_beta = t.opt_f32("activation_situ_linear_beta")?;
             if linear_beta == Some(0.0) {
                 return Err(t.err("activation_situ_linear_beta", "must not be 0"));
             }
@@ -341,12 +341,15 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
              transformers renormalises it to 1; refusing the ambiguity",
         ));
     }
-    let routed_scaling_factor = t.f64("routed_scaling_factor")? as f32;
+    let routed_scaling_factor = t.pos_f32("routed_scaling_factor")?;
     let n_shared = alias_usize(&t, &["num_shared_experts", "n_shared_experts"])?.unwrap_or(0);
-    let shared = (n_shared > 0).then_some(SharedExpert {
-        intermediate: n_shared * intermediate,
-        gated: false,
-    });
+    let shared = (n_shared > 0)
+        .then(|| super::shared_width(&t, "num_shared_experts", n_shared, intermediate))
+        .transpose()?
+        .map(|intermediate| SharedExpert {
+            intermediate,
+            gated: false,
+        });
     let latent = match t.opt_usize("routed_expert_hidden_size")? {
         Some(0) => return Err(t.err("routed_expert_hidden_size", "must be positive")),
         Some(dim) => Some(LatentMoe {
@@ -422,7 +425,7 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let bos_token_id = ids("bos_token_id")?.first().copied();
     let eos_token_ids = ids("eos_token_id")?;
 
-    Ok(ModelConfig {
+    let cfg = ModelConfig {
         arch: Arch::KimiLinear,
         vocab,
         hidden,
@@ -456,7 +459,10 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         kda: Some(kda),
         residual,
         mlp_act,
-    })
+        draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
+    };
+    super::check_widths(&t, &cfg)?;
+    Ok(cfg)
 }
 
 /// `linear_attn_config` (and transformers' `layer_types` / `linear_*`): KDA's shape and which
@@ -500,9 +506,9 @@ fn read_linear(t: &Cfg<'_>, layers: usize) -> Result<(KdaConfig, Vec<LayerAttent
             ));
         }
     }
-    let gate = match lc.opt_f64("gate_lower_bound")? {
+    let gate = match lc.opt_f32("gate_lower_bound")? {
         None => KdaGate::Softplus,
-        Some(b) if b < 0.0 => KdaGate::LowerBound(b as f32),
+        Some(b) if b < 0.0 => KdaGate::LowerBound(b),
         Some(b) => {
             return Err(lc.err(
                 "gate_lower_bound",

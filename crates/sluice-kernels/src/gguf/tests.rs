@@ -1,0 +1,138 @@
+use std::path::PathBuf;
+
+use super::*;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gguf/blocks")
+}
+
+/// `(format, rows, cols, raw blocks, gguf-py's f32 values)` for every fixture.
+type Fixture = (BlockFormat, String, usize, usize, Vec<u8>, Vec<f32>);
+
+fn fixtures() -> Vec<Fixture> {
+    let manifest = std::fs::read_to_string(dir().join("manifest.txt")).expect("manifest");
+    let mut out = Vec::new();
+    for line in manifest.lines().filter(|l| !l.starts_with('#')) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (name, id, rows, cols) = (
+            f[0],
+            f[1].parse::<u32>().unwrap(),
+            f[2].parse::<usize>().unwrap(),
+            f[3].parse::<usize>().unwrap(),
+        );
+        let fmt = BlockFormat::from_ggml_id(id).unwrap_or_else(|| panic!("{name}: id {id}"));
+        let blocks = std::fs::read(dir().join(format!("{name}.blocks"))).unwrap();
+        let vals: Vec<f32> = std::fs::read(dir().join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(vals.len(), rows * cols, "{name}");
+        assert_eq!(blocks.len(), rows * fmt.row_bytes(cols).unwrap(), "{name}");
+        out.push((fmt, name.to_owned(), rows, cols, blocks, vals));
+    }
+    out
+}
+
+fn same(a: f32, b: f32) -> bool {
+    // NaN payloads are not part of the contract (numpy's f16 casts may quiet them).
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn gguf_dequant_matches_gguf_py_bit_for_bit() {
+    let fx = fixtures();
+    for f in BlockFormat::ALL {
+        assert!(fx.iter().any(|x| x.0 == f), "no fixture for {f:?}");
+    }
+    for (fmt, name, rows, cols, blocks, want) in &fx {
+        assert_eq!(format!("{fmt:?}"), *name);
+        let rb = fmt.row_bytes(*cols).unwrap();
+        let mut got = vec![0f32; *cols];
+        let mut finite = 0usize;
+        for r in 0..*rows {
+            dequantize_row(*fmt, &blocks[r * rb..(r + 1) * rb], &mut got).unwrap();
+            for (j, (&g, &w)) in got.iter().zip(&want[r * cols..(r + 1) * cols]).enumerate() {
+                assert!(
+                    same(g, w),
+                    "{name}: row {r} element {j}: got {g:e} ({:#010x}), gguf-py {w:e} ({:#010x})",
+                    g.to_bits(),
+                    w.to_bits()
+                );
+                finite += g.is_finite() as usize;
+            }
+        }
+        // The fixture must exercise real values, not only NaNs.
+        assert!(
+            finite > rows * cols / 2,
+            "{name}: only {finite} finite values"
+        );
+    }
+}
+
+fn xs(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn gguf_dot_row_is_the_contract_dot_of_the_dequantized_row() {
+    for (fmt, name, rows, cols, blocks, _) in fixtures() {
+        let rb = fmt.row_bytes(cols).unwrap();
+        let x = xs(cols, 7 + fmt as u64);
+        let mut w = vec![0f32; cols];
+        for r in 0..rows {
+            let row = &blocks[r * rb..(r + 1) * rb];
+            dequantize_row(fmt, row, &mut w).unwrap();
+            let want = crate::scalar::dot(&w, &x);
+            let got = dot_row(fmt, row, &x).unwrap();
+            assert!(same(got, want), "{name}: row {r}: {got} vs {want}");
+        }
+    }
+    // A length that is not a multiple of 16 (only 1-element blocks allow it), longer than a chunk.
+    let n = 300;
+    let w = xs(n, 1);
+    let x = xs(n, 2);
+    let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let got = dot_row(BlockFormat::F32, &bytes, &x).unwrap();
+    assert_eq!(got.to_bits(), crate::scalar::dot(&w, &x).to_bits());
+}
+
+#[test]
+fn gguf_row_lengths_are_checked() {
+    let mut out = [0f32; 64];
+    assert!(dequantize_row(BlockFormat::Q8_0, &[0u8; 68], &mut out).is_ok());
+    assert!(dequantize_row(BlockFormat::Q8_0, &[0u8; 67], &mut out).is_err());
+    assert!(dequantize_row(BlockFormat::Q4_K, &[0u8; 144], &mut out).is_err());
+    assert!(dot_row(BlockFormat::Q8_0, &[0u8; 34], &[0.0; 33]).is_err());
+    assert_eq!(BlockFormat::Q6_K.row_bytes(512), Some(420));
+    assert_eq!(BlockFormat::Q6_K.row_bytes(500), None);
+}
+
+#[test]
+fn gguf_formats_agree_with_the_format_crate() {
+    use sluice_format::gguf::GgmlType;
+    for f in BlockFormat::ALL {
+        let t = GgmlType::from_id(f.ggml_id()).unwrap_or_else(|| panic!("{f:?}"));
+        assert_eq!(t.name(), format!("{f:?}"));
+        assert_eq!(t.block_size(), f.block_size() as u64, "{f:?}");
+        assert_eq!(t.type_size(), f.type_size() as u64, "{f:?}");
+        assert_eq!(BlockFormat::from_ggml_id(f.ggml_id()), Some(f));
+    }
+}
+
+#[test]
+fn gguf_e8m0_half_is_exact() {
+    assert_eq!(e8m0_to_f32_half(127), 0.5);
+    assert_eq!(e8m0_to_f32_half(128), 1.0);
+    assert_eq!(e8m0_to_f32_half(1), 2f32.powi(-127));
+    assert_eq!(e8m0_to_f32_half(0), 2f32.powi(-128));
+    assert_eq!(e8m0_to_f32_half(255), 2f32.powi(127));
+}

@@ -397,6 +397,28 @@ impl GgufTensor {
     pub fn row_bytes(&self) -> u64 {
         self.row_len() / self.ty.block_size() * self.ty.type_size()
     }
+
+    /// The tensor as a matrix `(rows, cols)`: `cols = ne[0]`, `rows` the product of the other
+    /// dims (ggml's row-major layout).
+    pub fn matrix_dims(&self) -> (u64, u64) {
+        let cols = self.row_len();
+        (self.elements().checked_div(cols).unwrap_or(0), cols)
+    }
+
+    /// The absolute `(offset, len)` of slab `i` along the outermost dimension — one expert of a
+    /// stacked `ffn_{gate,up,down}_exps` tensor `[n_expert, rows, cols]` — or `None` past the
+    /// end (or for a 1-D tensor).
+    pub fn slab(&self, i: u64) -> Option<(u64, u64)> {
+        if self.dims.len() < 2 {
+            return None;
+        }
+        let n = *self.dims.last()?;
+        if i >= n {
+            return None;
+        }
+        let len = self.len / n;
+        Some((self.offset + i * len, len))
+    }
 }
 
 /// A parsed and validated GGUF header.
@@ -804,16 +826,24 @@ fn parse_prefix(bytes: &[u8], file_len: u64, path: &Path) -> Result<Gguf, Stop> 
             })
         })?;
         let rel = c.u64(&|| format!("offset of `{name}`"))?;
-        let elements = dims
-            .iter()
-            .try_fold(1u64, |a, &d| a.checked_mul(d))
+        // The product must fit with zero dims counted as 1 too, so that no partial product
+        // (a row, a slab) can overflow in a tensor of no elements.
+        dims.iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d.max(1)))
             .filter(|&n| n <= i64::MAX as u64)
             .ok_or_else(|| terr(format!("element count of {dims:?} overflows")))?;
+        let elements: u64 = dims.iter().product();
         if !dims[0].is_multiple_of(ty.block_size()) {
             return Err(terr(format!(
                 "row length {} is not a multiple of the {ty} block size {}",
                 dims[0],
                 ty.block_size()
+            )));
+        }
+        if ty.bytes_for(dims[0]).is_none() {
+            return Err(terr(format!(
+                "byte size of a row of {} {ty} overflows",
+                dims[0]
             )));
         }
         let len = ty
@@ -1407,6 +1437,9 @@ mod tests {
         );
         refused(&t(&[1 << 40, 1 << 40], 0, 0), "overflows");
         refused(&t(&[u64::MAX], 0, 0), "exceeds i64::MAX");
+        // Found by the fuzz target: no elements, but a row whose byte size overflows.
+        refused(&t(&[1 << 62, 0], 24 + 3, 0), "overflows");
+        refused(&t(&[1 << 62, 0, 4], 0, 0), "overflows");
         refused(
             &t(&[1], 0, 8),
             "offset 8 is not a multiple of the alignment 32",

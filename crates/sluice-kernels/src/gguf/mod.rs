@@ -489,5 +489,95 @@ pub fn dot_row(f: BlockFormat, row: &[u8], x: &[f32]) -> Result<f32, KernelError
     Ok(tree(&acc))
 }
 
+/// A borrowed weight matrix stored as GGUF blocks: `rows` rows of `cols` elements, row-major
+/// (ggml's layout: `ne[0]` is `cols`, each row a whole number of blocks). This is how a loader
+/// multiplies packed GGUF weights — a cached expert keeps its packed size — without expanding
+/// them to f32.
+#[derive(Clone, Copy, Debug)]
+pub struct BlockMatrix<'a> {
+    format: BlockFormat,
+    data: &'a [u8],
+    rows: usize,
+    cols: usize,
+    row_bytes: usize,
+}
+
+impl<'a> BlockMatrix<'a> {
+    /// A matrix over `data`, which must hold exactly `rows` rows of `cols` elements.
+    pub fn new(
+        format: BlockFormat,
+        data: &'a [u8],
+        rows: usize,
+        cols: usize,
+    ) -> Result<Self, KernelError> {
+        let row_bytes = format.row_bytes(cols).ok_or_else(|| {
+            KernelError::Layout(format!(
+                "{format:?}: {cols} columns are not a whole number of {}-element blocks",
+                format.block_size()
+            ))
+        })?;
+        let want = row_bytes.checked_mul(rows);
+        if want != Some(data.len()) {
+            return Err(KernelError::Layout(format!(
+                "{format:?} [{rows}, {cols}] needs {want:?} bytes, got {}",
+                data.len()
+            )));
+        }
+        Ok(BlockMatrix {
+            format,
+            data,
+            rows,
+            cols,
+            row_bytes,
+        })
+    }
+
+    /// The block format.
+    pub fn format(&self) -> BlockFormat {
+        self.format
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// The stored bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// `y[b, r − rows.start] = row r · x[b]` for every activation row `b` (of `cols` values) and
+    /// `r` in `rows`, each by [`dot_row`]: the result does not depend on the batch or the range.
+    ///
+    /// # Panics
+    /// When `x.len()` is not a multiple of `cols`, `y.len()` is not `b × rows.len()`, or `rows`
+    /// runs past the matrix.
+    pub fn matmul(&self, x: &[f32], y: &mut [f32], rows: std::ops::Range<usize>) {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "rows {rows:?}"
+        );
+        let nr = rows.len();
+        let cols = self.cols.max(1);
+        assert!(x.len().is_multiple_of(cols), "activations of {}", x.len());
+        assert_eq!(y.len(), x.len() / cols * nr, "output of {}", y.len());
+        if nr == 0 {
+            return;
+        }
+        for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
+            for (k, r) in rows.clone().enumerate() {
+                // Lengths were checked at construction and above.
+                yb[k] = dot_row(self.format, self.row(r), xb).unwrap_or(f32::NAN);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

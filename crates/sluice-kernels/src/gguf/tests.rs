@@ -136,3 +136,38 @@ fn gguf_e8m0_half_is_exact() {
     assert_eq!(e8m0_to_f32_half(0), 2f32.powi(-128));
     assert_eq!(e8m0_to_f32_half(255), 2f32.powi(127));
 }
+
+#[test]
+fn gguf_block_matrix_multiplies_a_stacked_expert_in_place() {
+    use sluice_format::gguf::GgufFile;
+    let path = dir().join("../files/tiny.gguf");
+    let g = GgufFile::open(&path).unwrap().header;
+    let bytes = std::fs::read(&path).unwrap();
+    let t = g.tensor("experts").unwrap();
+    let fmt = BlockFormat::from_ggml_id(t.ty.id()).unwrap();
+    // [2 experts, 3 rows, 32 columns]: expert 1 is the second slab.
+    let (off, len) = t.slab(1).unwrap();
+    let (rows, cols) = (t.dims[1] as usize, t.dims[0] as usize);
+    let m = BlockMatrix::new(fmt, &bytes[off as usize..(off + len) as usize], rows, cols).unwrap();
+    let x = xs(2 * cols, 3);
+    let mut y = vec![0f32; 2 * rows];
+    m.matmul(&x, &mut y, 0..rows);
+    let mut y1 = vec![0f32; 1];
+    for b in 0..2 {
+        for r in 0..rows {
+            let mut w = vec![0f32; cols];
+            dequantize_row(fmt, m.row(r), &mut w).unwrap();
+            let want = crate::scalar::dot(&w, &x[b * cols..(b + 1) * cols]);
+            assert_eq!(
+                y[b * rows + r].to_bits(),
+                want.to_bits(),
+                "batch {b} row {r}"
+            );
+            // One row, one activation row: the same bits.
+            m.matmul(&x[b * cols..(b + 1) * cols], &mut y1, r..r + 1);
+            assert_eq!(y1[0].to_bits(), want.to_bits());
+        }
+    }
+    assert!(BlockMatrix::new(fmt, &bytes[..len as usize - 1], rows, cols).is_err());
+    assert!(BlockMatrix::new(fmt, &bytes[..len as usize], rows, 31).is_err());
+}

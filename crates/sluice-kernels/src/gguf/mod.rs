@@ -547,6 +547,19 @@ impl<'a> BlockMatrix<'a> {
         self.cols
     }
 
+    /// The same matrix as a dense [`crate::Matrix`] when the format is F32, F16 or BF16, so that
+    /// [`crate::Kernels::matmul`] (SIMD) can multiply it: the weights are exact, so it gives the
+    /// bits of [`BlockMatrix::matmul`] on every ISA. `None` for block formats.
+    pub fn dense_view(&self) -> Option<crate::Matrix<'a>> {
+        let codes = match self.format {
+            BlockFormat::F32 => crate::Codes::F32,
+            BlockFormat::F16 => crate::Codes::F16,
+            BlockFormat::BF16 => crate::Codes::BF16,
+            _ => return None,
+        };
+        crate::Matrix::dense(codes, self.data, self.rows, self.cols).ok()
+    }
+
     /// The stored bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]

@@ -171,3 +171,25 @@ fn gguf_block_matrix_multiplies_a_stacked_expert_in_place() {
     assert!(BlockMatrix::new(fmt, &bytes[..len as usize - 1], rows, cols).is_err());
     assert!(BlockMatrix::new(fmt, &bytes[..len as usize], rows, 31).is_err());
 }
+
+#[test]
+fn gguf_dense_formats_take_the_simd_matmul_with_the_same_bits() {
+    for (fmt, name, rows, cols, blocks, _) in fixtures() {
+        let m = BlockMatrix::new(fmt, &blocks, rows, cols).unwrap();
+        let Some(dense) = m.dense_view() else {
+            assert!(fmt.block_size() > 1, "{name} has no dense view");
+            continue;
+        };
+        let x = xs(3 * cols, 11);
+        let mut want = vec![0f32; 3 * rows];
+        m.matmul(&x, &mut want, 0..rows);
+        for isa in crate::Isa::available() {
+            let k = crate::Kernels::new(isa).unwrap();
+            let mut got = vec![0f32; 3 * rows];
+            k.matmul(&dense, &x, &mut got, 0..rows);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(same(*g, *w), "{name} on {isa}: output {i}: {g} vs {w}");
+            }
+        }
+    }
+}

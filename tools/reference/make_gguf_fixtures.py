@@ -42,6 +42,7 @@ TYPES = [
     (T.IQ4_NL, 6, 128), (T.IQ4_XS, 6, 512), (T.MXFP4, 6, 128),
     (T.IQ2_XXS, 6, 512), (T.IQ2_XS, 6, 512), (T.IQ2_S, 6, 512), (T.IQ3_XXS, 6, 512),
     (T.IQ3_S, 6, 512), (T.IQ1_S, 6, 512), (T.IQ1_M, 6, 512),
+    (T.TQ1_0, 6, 512), (T.TQ2_0, 6, 512),
 ]
 
 # Byte offsets of the f16 scales inside one block, set to sane values in the "sane" rows.
@@ -49,9 +50,9 @@ F16_FIELDS = {
     T.Q8_0: [0], T.Q4_0: [0], T.Q5_0: [0], T.IQ4_NL: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
     T.IQ4_XS: [0], T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0], T.IQ3_S: [0],
-    T.IQ1_S: [0],
+    T.IQ1_S: [0], T.TQ1_0: [52], T.TQ2_0: [64],
 }
-QUANTIZABLE = {T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4}
+QUANTIZABLE = {T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4, T.TQ1_0, T.TQ2_0}
 
 
 def sane_f16(rng, n):

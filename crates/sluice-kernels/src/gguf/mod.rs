@@ -34,6 +34,7 @@
 //! | IQ3_XXS | 256 | `((d × (0.5 + s)) × 0.5 × g) × ±1` |
 //! | IQ3_S | 256 | `(d × (1 + 2s) × g) × ±1` |
 //! | IQ1_S, IQ1_M | 256 | `(d × (2s + 1)) × (g + ±0.125)` |
+//! | TQ1_0 / TQ2_0 | 256 | `d × (t − 1)`, t a base-3 / 2-bit digit |
 
 mod grids;
 
@@ -75,10 +76,12 @@ pub enum BlockFormat {
     IQ3_S,
     IQ1_S,
     IQ1_M,
+    TQ1_0,
+    TQ2_0,
 }
 
 /// `(format, ggml type id, elements per block, bytes per block)`.
-const FORMATS: [(BlockFormat, u32, usize, usize); 23] = {
+const FORMATS: [(BlockFormat, u32, usize, usize); 25] = {
     use BlockFormat::*;
     [
         (F32, 0, 1, 4),
@@ -104,15 +107,17 @@ const FORMATS: [(BlockFormat, u32, usize, usize); 23] = {
         (IQ3_S, 21, QK_K, 110),
         (IQ1_S, 19, QK_K, 50),
         (IQ1_M, 29, QK_K, 56),
+        (TQ1_0, 34, QK_K, 54),
+        (TQ2_0, 35, QK_K, 66),
     ]
 };
 
 impl BlockFormat {
     /// Every format, in the order of the table above.
-    pub const ALL: [BlockFormat; 23] = {
-        let mut a = [BlockFormat::F32; 23];
+    pub const ALL: [BlockFormat; 25] = {
+        let mut a = [BlockFormat::F32; 25];
         let mut i = 0;
-        while i < 23 {
+        while i < 25 {
             a[i] = FORMATS[i].0;
             i += 1;
         }
@@ -431,6 +436,32 @@ pub fn dequantize_block(f: BlockFormat, b: &[u8], out: &mut [f32]) {
                 let idx = qs[k] as usize | (((nib & 7) as usize) << 8);
                 let delta: f32 = if nib & 8 == 0 { 0.125 } else { -0.125 };
                 *o = dl * (IQ1S_GRID[idx][j % 8] as f32 + delta);
+            }
+        }
+        TQ1_0 => {
+            // Base-3 digits: byte × 3^p (mod 256, as uint8 arithmetic wraps), then the top
+            // two bits of × 3 give the digit 0..2.
+            const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+            let d = h(b, 52);
+            for (j, o) in out.iter_mut().enumerate() {
+                let v = if j < 160 {
+                    b[j % 32].wrapping_mul(POW3[j / 32])
+                } else if j < 240 {
+                    let k = j - 160;
+                    b[32 + k % 16].wrapping_mul(POW3[k / 16])
+                } else {
+                    let k = j - 240;
+                    b[48 + k % 4].wrapping_mul(POW3[k / 4])
+                };
+                let q = (((v as u16) * 3) >> 8) as i32 - 1;
+                *o = d * (q as f32);
+            }
+        }
+        TQ2_0 => {
+            let d = h(b, 64);
+            for (j, o) in out.iter_mut().enumerate() {
+                let q = (b[(j / 128) * 32 + j % 32] >> (2 * ((j % 128) / 32))) & 3;
+                *o = d * ((q as i32 - 1) as f32);
             }
         }
     }

@@ -42,7 +42,7 @@ TYPES = [
     (T.IQ4_NL, 6, 128), (T.IQ4_XS, 6, 512), (T.MXFP4, 6, 128),
     (T.IQ2_XXS, 6, 512), (T.IQ2_XS, 6, 512), (T.IQ2_S, 6, 512), (T.IQ3_XXS, 6, 512),
     (T.IQ3_S, 6, 512), (T.IQ1_S, 6, 512), (T.IQ1_M, 6, 512),
-    (T.TQ1_0, 6, 512), (T.TQ2_0, 6, 512),
+    (T.TQ1_0, 6, 512), (T.TQ2_0, 6, 512), (T.NVFP4, 6, 128),
 ]
 
 # Byte offsets of the f16 scales inside one block, set to sane values in the "sane" rows.

@@ -93,10 +93,12 @@ pub enum GgmlType {
     TQ1_0,
     TQ2_0,
     MXFP4,
+    NVFP4,
+    Q1_0,
 }
 
 /// `(type, id, name, block elements, block bytes)` as gguf-py's `GGML_QUANT_SIZES` gives them.
-const TYPES: [(GgmlType, u32, &str, u32, u32); 32] = {
+const TYPES: [(GgmlType, u32, &str, u32, u32); 34] = {
     use GgmlType::*;
     const K: u32 = 256;
     [
@@ -132,6 +134,8 @@ const TYPES: [(GgmlType, u32, &str, u32, u32); 32] = {
         (TQ1_0, 34, "TQ1_0", K, 2 + 4 * 13),
         (TQ2_0, 35, "TQ2_0", K, 2 + 64),
         (MXFP4, 39, "MXFP4", 32, 1 + 16),
+        (NVFP4, 40, "NVFP4", 64, 4 + 32),
+        (Q1_0, 41, "Q1_0", 128, 2 + 16),
     ]
 };
 

@@ -35,6 +35,7 @@
 //! | IQ3_S | 256 | `(d × (1 + 2s) × g) × ±1` |
 //! | IQ1_S, IQ1_M | 256 | `(d × (2s + 1)) × (g + ±0.125)` |
 //! | TQ1_0 / TQ2_0 | 256 | `d × (t − 1)`, t a base-3 / 2-bit digit |
+//! | NVFP4 | 64 | `ue4m3_half(s) × 2·e2m1[q]` per 16 |
 
 mod grids;
 
@@ -78,10 +79,11 @@ pub enum BlockFormat {
     IQ1_M,
     TQ1_0,
     TQ2_0,
+    NVFP4,
 }
 
 /// `(format, ggml type id, elements per block, bytes per block)`.
-const FORMATS: [(BlockFormat, u32, usize, usize); 25] = {
+const FORMATS: [(BlockFormat, u32, usize, usize); 26] = {
     use BlockFormat::*;
     [
         (F32, 0, 1, 4),
@@ -109,15 +111,16 @@ const FORMATS: [(BlockFormat, u32, usize, usize); 25] = {
         (IQ1_M, 29, QK_K, 56),
         (TQ1_0, 34, QK_K, 54),
         (TQ2_0, 35, QK_K, 66),
+        (NVFP4, 40, 64, 36),
     ]
 };
 
 impl BlockFormat {
     /// Every format, in the order of the table above.
-    pub const ALL: [BlockFormat; 25] = {
-        let mut a = [BlockFormat::F32; 25];
+    pub const ALL: [BlockFormat; 26] = {
+        let mut a = [BlockFormat::F32; 26];
         let mut i = 0;
-        while i < 25 {
+        while i < 26 {
             a[i] = FORMATS[i].0;
             i += 1;
         }
@@ -173,6 +176,24 @@ pub fn e8m0_to_f32_half(e: u8) -> f32 {
     } else {
         f32::from_bits(((e as u32) - 1) << 23)
     }
+}
+
+/// Half of an unsigned E4M3 scale (bias 7, bit 7 ignored) as gguf-py's `NVFP4.ue4m3_to_fp32`
+/// computes it: `0` and `0x7f` give 0, exponent 0 gives `m × 2^-9`, otherwise
+/// `(1 + m/8) × 2^(e − 7)`; then × 0.5. Every step is exact.
+#[inline(always)]
+pub fn ue4m3_to_f32_half(x: u8) -> f32 {
+    if x == 0 || x == 0x7f {
+        return 0.0;
+    }
+    let e = ((x >> 3) & 15) as i32;
+    let m = (x & 7) as f32;
+    let v = if e == 0 {
+        m * f32::from_bits(118 << 23) // 2^-9
+    } else {
+        (1.0 + m / 8.0) * f32::from_bits(((e - 7 + 127) as u32) << 23)
+    };
+    v * 0.5
 }
 
 #[inline(always)]
@@ -455,6 +476,15 @@ pub fn dequantize_block(f: BlockFormat, b: &[u8], out: &mut [f32]) {
                 };
                 let q = (((v as u16) * 3) >> 8) as i32 - 1;
                 *o = d * (q as f32);
+            }
+        }
+        NVFP4 => {
+            for (s, o16) in out.chunks_exact_mut(16).enumerate() {
+                let d = ue4m3_to_f32_half(b[s]);
+                for (j, o) in o16.iter_mut().enumerate() {
+                    let q = (b[4 + 8 * s + j % 8] >> (4 * (j / 8))) & 15;
+                    *o = d * (MXFP4_KVALUES[q as usize] as f32);
+                }
             }
         }
         TQ2_0 => {

@@ -608,6 +608,49 @@ impl<'a> BlockMatrix<'a> {
         self.cols
     }
 
+    /// [`BlockMatrix::matmul`] with the dot products on `k`'s ISA: each row is dequantized
+    /// once (into a scratch row of `cols` values, never the whole matrix) and dotted with every
+    /// activation row by [`crate::Kernels::dot`], which returns the contract's bits on every
+    /// ISA — so the result is [`BlockMatrix::matmul`]'s, bit for bit, and the decoding is shared
+    /// across the batch.
+    ///
+    /// # Panics
+    /// As [`BlockMatrix::matmul`].
+    pub fn matmul_with(
+        &self,
+        k: &crate::Kernels,
+        x: &[f32],
+        y: &mut [f32],
+        rows: std::ops::Range<usize>,
+    ) {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "rows {rows:?}"
+        );
+        let nr = rows.len();
+        let cols = self.cols.max(1);
+        assert!(x.len().is_multiple_of(cols), "activations of {}", x.len());
+        assert_eq!(y.len(), x.len() / cols * nr, "output of {}", y.len());
+        if nr == 0 || self.cols == 0 {
+            y.iter_mut().for_each(|v| *v = 0.0);
+            return;
+        }
+        let mut w = vec![0f32; self.cols];
+        for (i, r) in rows.enumerate() {
+            for (j, b) in self
+                .row(r)
+                .chunks_exact(self.format.type_size())
+                .enumerate()
+            {
+                let bs = self.format.block_size();
+                dequantize_block(self.format, b, &mut w[j * bs..(j + 1) * bs]);
+            }
+            for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
+                yb[i] = k.dot(&w, xb);
+            }
+        }
+    }
+
     /// The same matrix as a dense [`crate::Matrix`] when the format is F32, F16 or BF16, so that
     /// [`crate::Kernels::matmul`] (SIMD) can multiply it: the weights are exact, so it gives the
     /// bits of [`BlockMatrix::matmul`] on every ISA. `None` for block formats.

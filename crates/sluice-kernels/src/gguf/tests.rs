@@ -193,3 +193,30 @@ fn gguf_dense_formats_take_the_simd_matmul_with_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn gguf_matmul_with_simd_dots_gives_the_scalar_bits_on_every_isa() {
+    for (fmt, name, rows, cols, blocks, _) in fixtures() {
+        let m = BlockMatrix::new(fmt, &blocks, rows, cols).unwrap();
+        let x = xs(3 * cols, 5);
+        let mut want = vec![0f32; 3 * rows];
+        m.matmul(&x, &mut want, 0..rows);
+        for isa in crate::Isa::available() {
+            let k = crate::Kernels::new(isa).unwrap();
+            let mut got = vec![0f32; 3 * rows];
+            m.matmul_with(&k, &x, &mut got, 0..rows);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(same(*g, *w), "{name} on {isa}: output {i}: {g} vs {w}");
+            }
+            // A sub-range gives the same bits as the whole.
+            let mut part = vec![0f32; 3];
+            m.matmul_with(&k, &x, &mut part, 1..2);
+            for b in 0..3 {
+                assert!(
+                    same(part[b], want[b * rows + 1]),
+                    "{name} on {isa}: batch {b}"
+                );
+            }
+        }
+    }
+}

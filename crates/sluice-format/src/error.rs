@@ -236,6 +236,52 @@ pub enum FormatError {
         /// The checksum of the bytes read.
         actual: String,
     },
+    /// A GGUF header is malformed (magic, version, counts, truncation, caps).
+    #[error("{}: GGUF: {msg}", path.display())]
+    GgufHeader {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A GGUF metadata entry is malformed, missing, or of another type than asked for.
+    #[error("{}: GGUF key `{key}`: {msg}", path.display())]
+    GgufKey {
+        /// The file.
+        path: PathBuf,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A GGUF tensor info is malformed.
+    #[error("{}: GGUF tensor `{tensor}`: {msg}", path.display())]
+    GgufTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor (`#i` when its name could not be read).
+        tensor: String,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A GGUF tensor of a ggml type this crate does not know.
+    #[error("{}: GGUF tensor `{tensor}`: unknown ggml type {type_id}", path.display())]
+    GgufUnknownType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The type id as stored.
+        type_id: u32,
+    },
+    /// The parts of a split GGUF model do not agree.
+    #[error("{}: GGUF split: {msg}", path.display())]
+    GgufSplit {
+        /// The part.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// No tensor of that name exists in the checkpoint.
     #[error("{}: no tensor `{tensor}` in the checkpoint", dir.display())]
     TensorNotFound {

@@ -8,6 +8,9 @@
 //! against the shards. For every tensor it yields the file, byte offset, byte length, dtype and
 //! shape, so experts can be read in place; trunk tensors can be read into memory.
 //!
+//! [`gguf`] reads llama.cpp's GGUF files (v2/v3, little-endian, split sets included) with the
+//! same care: header, metadata, tensor infos and byte ranges validated before anything uses them.
+//!
 //! Checkpoint files are treated as hostile: nothing here panics on any input, and every error
 //! names the file and, where one is involved, the tensor.
 //!
@@ -25,6 +28,7 @@ mod checkpoint;
 mod dtype;
 mod error;
 pub mod file;
+pub mod gguf;
 pub mod packed;
 pub mod safetensors;
 

@@ -52,6 +52,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod decode;
+pub mod gguf;
 mod matrix;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]

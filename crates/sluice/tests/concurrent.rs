@@ -4,20 +4,18 @@
 //! and sessions beyond what the plan holds are refused at once with a typed error. The same
 //! through the batcher with more requests than its width.
 
-use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use sluice::batch::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, Error, GenerateOptions, Memory, Prompt, SamplingOptions};
 
+mod common;
+use common::demo;
+
 /// How long one run of concurrent sessions may take before it counts as a hang (a run takes
 /// well under a second).
 const WATCHDOG: Duration = Duration::from_secs(120);
-
-fn demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
-}
 
 const PROMPTS: [&str; 4] = [
     "It is a truth universally acknowledged",
@@ -58,21 +56,9 @@ fn builder(sequences: usize) -> sluice::EngineBuilder {
         .sequences(sequences)
 }
 
-/// The smallest budget the plan accepts for `sequences` sequences, from the refusal of a
-/// budget far too small.
+/// The smallest budget the plan accepts for `sequences` sequences.
 fn minimum(sequences: usize) -> u64 {
-    let e = builder(sequences)
-        .memory(Memory::Bytes(1 << 20))
-        .build()
-        .unwrap_err();
-    let s = match &e {
-        Error::Store(s) | Error::Model(sluice_model::ModelError::Store(s)) => s,
-        other => panic!("expected a budget refusal, got {other}"),
-    };
-    match s {
-        sluice_store::StoreError::BudgetTooSmall { minimum, .. } => *minimum,
-        other => panic!("expected a budget refusal, got {other}"),
-    }
+    common::minimum(builder(sequences))
 }
 
 /// `n` sessions in parallel threads; fails (naming the setting) instead of hanging.

@@ -3,13 +3,10 @@
 //! policy), yet every output bit is what an unlimited run gives, at every budget, policy and
 //! thread count; a prompt that cannot fit even with every expert given up is refused up front.
 
-use std::path::{Path, PathBuf};
-
 use sluice::{Engine, Error, GenerateOptions, Memory, Prompt};
 
-fn demo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
-}
+mod common;
+use common::demo;
 
 const PROMPT: &str = "It is a truth universally acknowledged";
 
@@ -22,18 +19,7 @@ fn opts(max_tokens: usize) -> GenerateOptions {
 }
 
 fn minimum() -> u64 {
-    let e = Engine::builder()
-        .model(demo())
-        .memory(Memory::Bytes(1 << 20))
-        .build()
-        .unwrap_err();
-    match e {
-        Error::Store(sluice_store::StoreError::BudgetTooSmall { minimum, .. })
-        | Error::Model(sluice_model::ModelError::Store(
-            sluice_store::StoreError::BudgetTooSmall { minimum, .. },
-        )) => minimum,
-        other => panic!("expected a budget refusal, got {other}"),
-    }
+    common::minimum(Engine::builder().model(demo()))
 }
 
 #[test]

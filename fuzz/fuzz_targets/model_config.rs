@@ -263,11 +263,13 @@ fn check(v: &Value) {
     assert!(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts);
     assert!(c.rope.theta > 0.0 && c.rope.theta.is_finite());
     match &c.attention {
+        // The rotary part must be even only when it is rotated (Kimi's MLA is NoPE).
         AttentionConfig::Mla {
             heads,
             qk_rope_head_dim,
+            rope,
             ..
-        } => assert!(*heads > 0 && qk_rope_head_dim % 2 == 0),
+        } => assert!(*heads > 0 && (!rope || qk_rope_head_dim % 2 == 0)),
         AttentionConfig::Gqa {
             heads,
             kv_heads,

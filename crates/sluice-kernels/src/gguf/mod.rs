@@ -623,14 +623,7 @@ impl<'a> BlockMatrix<'a> {
         y: &mut [f32],
         rows: std::ops::Range<usize>,
     ) {
-        assert!(
-            rows.start <= rows.end && rows.end <= self.rows,
-            "rows {rows:?}"
-        );
-        let nr = rows.len();
-        let cols = self.cols.max(1);
-        assert!(x.len().is_multiple_of(cols), "activations of {}", x.len());
-        assert_eq!(y.len(), x.len() / cols * nr, "output of {}", y.len());
+        let (nr, cols) = self.check_shapes(x, y, &rows);
         if nr == 0 || self.cols == 0 {
             y.iter_mut().for_each(|v| *v = 0.0);
             return;
@@ -664,6 +657,20 @@ impl<'a> BlockMatrix<'a> {
         crate::Matrix::dense(codes, self.data, self.rows, self.cols).ok()
     }
 
+    /// The rows asked for and the activation width, after checking the shapes of a product
+    /// (the panics documented on [`BlockMatrix::matmul`]).
+    fn check_shapes(&self, x: &[f32], y: &[f32], rows: &std::ops::Range<usize>) -> (usize, usize) {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "rows {rows:?}"
+        );
+        let nr = rows.len();
+        let cols = self.cols.max(1);
+        assert!(x.len().is_multiple_of(cols), "activations of {}", x.len());
+        assert_eq!(y.len(), x.len() / cols * nr, "output of {}", y.len());
+        (nr, cols)
+    }
+
     /// The stored bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
@@ -676,14 +683,7 @@ impl<'a> BlockMatrix<'a> {
     /// When `x.len()` is not a multiple of `cols`, `y.len()` is not `b × rows.len()`, or `rows`
     /// runs past the matrix.
     pub fn matmul(&self, x: &[f32], y: &mut [f32], rows: std::ops::Range<usize>) {
-        assert!(
-            rows.start <= rows.end && rows.end <= self.rows,
-            "rows {rows:?}"
-        );
-        let nr = rows.len();
-        let cols = self.cols.max(1);
-        assert!(x.len().is_multiple_of(cols), "activations of {}", x.len());
-        assert_eq!(y.len(), x.len() / cols * nr, "output of {}", y.len());
+        let (nr, cols) = self.check_shapes(x, y, &rows);
         if nr == 0 {
             return;
         }

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sluice_format::Checkpoint;
 use sluice_kernels::{Codes, Kernels, scalar};
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, StoreError,
-    TrunkStore, Verifier, read_blob,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, TrunkStore,
+    read_blob,
 };
 
 use crate::ModelError;
-use crate::attention::attention;
 use crate::config::{ModelConfig, Residual};
+use crate::desc::Description;
 use crate::exec::Exec;
 use crate::moe::{glu, moe};
 use crate::plan::MemoryPlan;
@@ -22,6 +22,7 @@ use crate::rope::{Angles, Rope};
 use crate::state::State;
 use crate::weights::{AttnResWeights, FfnSpec, WeightLayout};
 
+pub use crate::options::{ModelOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
 
 /// Which logits a forward pass returns.
@@ -33,119 +34,6 @@ pub enum Logits {
     Last,
     /// None (prefill of a chunk that is not the last).
     None,
-}
-
-/// How to build a model.
-#[derive(Clone)]
-pub struct ModelOptions {
-    /// Kernels (their ISA).
-    pub kernels: Kernels,
-    /// Compute threads.
-    pub threads: usize,
-    /// Memory budget in bytes for everything sluice allocates (None: unlimited).
-    pub memory: Option<u64>,
-    /// Expert-cache eviction policy.
-    pub policy: PolicyChoice,
-    /// Lookahead prefetch of the next layer's predicted experts.
-    pub prefetch: bool,
-    /// Share of a confidence rank's lookahead predictions that must have come true before
-    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`].
-    pub prefetch_precision: f64,
-    /// Reader threads for expert reads.
-    pub readers: usize,
-    /// Read shards with O_DIRECT where the file system allows it.
-    pub direct_io: bool,
-    /// Record every expert request for offline replay.
-    pub record_trace: bool,
-    /// Positions the KV cache is planned for (capped by the model's maximum).
-    pub context: usize,
-    /// Prompt tokens per prefill chunk the scratch is planned for.
-    pub chunk: usize,
-    /// Sequences decoded together ([`Model::forward_batch`]): the KV cache, recurrent state and
-    /// scratch are planned for this many.
-    pub sequences: usize,
-    /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
-    /// numbered: layers `0..layers`, the head `layers`, the embedding table `layers + 1`.
-    pub verify: Option<Verifier>,
-    /// For a pack directory: verify the packed trunk's checksums (at load, and on every read of
-    /// a streamed layer).
-    pub verify_pack: bool,
-}
-
-/// A verifier that checks parts read from a packed trunk against the manifest's checksums.
-pub fn pack_verifier(
-    m: &sluice_format::packed::Manifest,
-    trunk_file: &Path,
-    layers: usize,
-) -> Verifier {
-    let sums: Vec<(String, String)> = (0..layers + 2)
-        .map(|i| {
-            let name = if i < layers {
-                format!("layer.{i}")
-            } else if i == layers {
-                "head".to_owned()
-            } else {
-                "embed".to_owned()
-            };
-            let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
-            (name, sum)
-        })
-        .collect();
-    let path = trunk_file.to_path_buf();
-    Arc::new(move |i, blob| {
-        let Some((name, want)) = sums.get(i) else {
-            return Ok(());
-        };
-        let got = sluice_format::packed::xxh3_hex((0..blob.pieces()).map(|k| blob.piece(k)));
-        if &got != want {
-            return Err(StoreError::Corrupt(format!(
-                "{}: {name}: checksum mismatch (stored {want}, computed {got}): the packed trunk is corrupt; pack it again",
-                path.display()
-            )));
-        }
-        Ok(())
-    })
-}
-
-impl std::fmt::Debug for ModelOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelOptions")
-            .field("isa", &self.kernels.isa())
-            .field("threads", &self.threads)
-            .field("memory", &self.memory)
-            .field("policy", &self.policy)
-            .field("prefetch", &self.prefetch)
-            .field("prefetch_precision", &self.prefetch_precision)
-            .field("readers", &self.readers)
-            .field("direct_io", &self.direct_io)
-            .field("record_trace", &self.record_trace)
-            .field("context", &self.context)
-            .field("chunk", &self.chunk)
-            .field("verify", &self.verify.is_some())
-            .field("verify_pack", &self.verify_pack)
-            .finish()
-    }
-}
-
-impl Default for ModelOptions {
-    fn default() -> Self {
-        ModelOptions {
-            kernels: Kernels::best(),
-            threads: 1,
-            memory: None,
-            policy: PolicyChoice::default(),
-            prefetch: true,
-            prefetch_precision: sluice_store::PREFETCH_PRECISION,
-            readers: 4,
-            direct_io: true,
-            record_trace: false,
-            context: 4096,
-            chunk: 64,
-            sequences: 1,
-            verify: None,
-            verify_pack: true,
-        }
-    }
 }
 
 /// Makes a policy for a cache of about `n` experts.
@@ -208,16 +96,30 @@ pub struct Model {
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
     in_pool: bool,
+    /// `generation_config.json`, when the model has one.
+    generation: Option<serde_json::Value>,
 }
 
 impl Model {
     /// Opens the checkpoint in `dir` with every trunk tensor resident and experts read on demand.
     pub fn open(dir: impl AsRef<Path>, opts: ModelOptions) -> Result<Model, ModelError> {
-        let ck = Checkpoint::open(dir.as_ref())?;
-        let cfg = ModelConfig::from_json(ck.config(), &ck.dir().join("config.json"))?;
-        let layout = WeightLayout::new(&ck, &cfg)?;
-        let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
-        let shards = Arc::new(ShardSet::open(&paths, opts.direct_io)?);
+        Model::from_description(Description::open(dir)?, opts)
+    }
+
+    /// Builds the runtime of a described model: thread pool, trunk and expert stores, reader.
+    pub fn from_description(desc: Description, opts: ModelOptions) -> Result<Model, ModelError> {
+        let Description {
+            checkpoint: ck,
+            config: cfg,
+            layout,
+        } = desc;
+        let shards = Arc::new(ShardSet::open(
+            &ck.shards()
+                .iter()
+                .map(|s| s.path.clone())
+                .collect::<Vec<_>>(),
+            opts.direct_io,
+        )?);
         let mode = shards.mode();
         let mut opts = opts;
         if let Some(m) = ck.packed()
@@ -226,8 +128,9 @@ impl Model {
         {
             opts.verify = Some(pack_verifier(m, &ck.dir().join(&m.file), cfg.layers));
         }
-        let model = Model::with_reader(cfg, layout, shards, mode, opts)?;
+        let mut model = Model::with_reader(cfg, layout, shards, mode, opts)?;
         model.check_finite(&ck)?;
+        model.generation = ck.generation_config().cloned();
         Ok(model)
     }
 
@@ -276,17 +179,8 @@ impl Model {
         io_mode: IoMode,
         opts: ModelOptions,
     ) -> Result<Model, ModelError> {
-        let context = opts.context.min(cfg.max_positions).max(1);
         // The plan comes first: nothing large is allocated for a budget that cannot work.
-        let plan = MemoryPlan::new(
-            &cfg,
-            &layout,
-            reader.as_ref(),
-            opts.memory,
-            context,
-            opts.chunk.max(1),
-            opts.sequences,
-        )?;
+        let plan = crate::desc::plan(&cfg, &layout, reader.as_ref(), &opts)?;
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
         let policy = opts.policy.make(slots)?;
         let store_cfg = ExpertStoreConfig {
@@ -357,6 +251,7 @@ impl Model {
             io_mode,
             gather_experts,
             in_pool,
+            generation: None,
         })
     }
 
@@ -392,7 +287,7 @@ impl Model {
                     held: (lease.bytes() / per) as usize,
                 })?;
         }
-        state.reserve_positions(got, &self.cfg);
+        state.reserve_positions(got);
         Ok(())
     }
 
@@ -404,6 +299,12 @@ impl Model {
     /// Whether lookahead prefetch runs.
     pub fn prefetch(&self) -> bool {
         self.prefetch
+    }
+
+    /// `generation_config.json`, parsed, when the model has one (read once, with the
+    /// checkpoint).
+    pub fn generation_config(&self) -> Option<&serde_json::Value> {
+        self.generation.as_ref()
     }
 
     /// The configuration.
@@ -569,7 +470,7 @@ impl Model {
         };
         if r.is_err() {
             for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {
-                state.rollback(pos0, &self.cfg);
+                state.rollback(pos0);
                 if let (Some(r), Some(n)) = (state.routes.as_mut(), routes0) {
                     r.truncate(n);
                 }
@@ -653,11 +554,15 @@ impl Model {
                         if toks.is_empty() {
                             continue;
                         }
-                        let a = attention(
-                            &self.exec,
-                            cfg,
-                            &self.rope,
-                            &angles[si],
+                        let cx = crate::attention::Ctx {
+                            exec: &self.exec,
+                            rope: &self.rope,
+                            angles: &angles[si],
+                            hidden: h,
+                            eps: cfg.eps,
+                        };
+                        let a = cfg.layer_plan[l].attention.forward(
+                            &cx,
                             &spec.attn,
                             blob,
                             &mut state.layers[l],

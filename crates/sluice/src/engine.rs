@@ -237,12 +237,7 @@ impl EngineBuilder {
         let tokenizer = Tokenizer::from_dir(&dir)?;
         let template = ChatTemplate::from_dir(&dir)?;
         let mut eos = model.config().eos_token_ids.clone();
-        let gen_path = dir.join("generation_config.json");
-        let gen_cfg = if sluice_format::file::present(&gen_path) {
-            Some(sluice_format::read_json(&gen_path, 16 << 20)?)
-        } else {
-            None
-        };
+        let gen_cfg = model.generation_config().cloned();
         if let Some(g) = &gen_cfg
             && let Some(v) = g.get("eos_token_id")
         {
@@ -745,7 +740,7 @@ impl Session {
             keep = keep.saturating_sub(1);
         }
         let model = &self.engine.inner.model;
-        if self.state.truncate(keep, model.config()).is_err() {
+        if self.state.truncate(keep).is_err() {
             // A recurrent state (KDA) cannot step back to an arbitrary prefix: start over,
             // which gives the same bits.
             keep = 0;
@@ -779,7 +774,7 @@ impl Session {
             // back only to where its latest pass began; otherwise the whole history runs again
             // (the same bits: chunking changes none).
             let last = fed - 1;
-            if self.state.truncate(last, model.config()).is_ok() {
+            if self.state.truncate(last).is_ok() {
                 feed.push(self.history[last]);
                 self.history.truncate(last);
             } else {

@@ -41,7 +41,7 @@ pub use engine::{
 pub use inspect::{Inspection, PlanSummary, inspect};
 pub use sluice_kernels::Isa;
 pub use sluice_model::synth::{ExpertFormat, SynthSpec};
-pub use sluice_model::{Arch, ModelConfig};
+pub use sluice_model::{Description, ModelConfig};
 pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
 
 pub use sluice_sampler::SamplingOptions;

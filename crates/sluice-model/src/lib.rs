@@ -32,6 +32,7 @@ mod moe;
 mod options;
 pub mod plan;
 pub mod quant;
+mod residual;
 mod rope;
 mod state;
 pub mod synth;

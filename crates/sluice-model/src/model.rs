@@ -6,21 +6,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::Checkpoint;
-use sluice_kernels::{Codes, Kernels, scalar};
+use sluice_kernels::{Codes, scalar};
 use sluice_store::{
     Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, TrunkStore,
     read_blob,
 };
 
 use crate::ModelError;
-use crate::config::{ModelConfig, Residual};
+use crate::config::ModelConfig;
 use crate::desc::Description;
 use crate::exec::Exec;
 use crate::moe::{glu, moe};
 use crate::plan::MemoryPlan;
+use crate::residual::{Mixing, Stream};
 use crate::rope::{Angles, Rope};
 use crate::state::State;
-use crate::weights::{AttnResWeights, FfnSpec, WeightLayout};
+use crate::weights::{FfnSpec, WeightLayout};
 
 pub use crate::options::{ModelOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
@@ -516,20 +517,17 @@ impl Model {
         if single && let Some(d) = segs[0].0.debug.as_mut() {
             d.push(("embeddings".into(), hs.clone()));
         }
-        let mut stream = match cfg.residual {
-            Residual::Add => Stream::Add(hs),
-            Residual::AttnRes { block_size } => Stream::AttnRes {
-                block_size,
-                blocks: Vec::new(),
-                prefix: hs,
-            },
-        };
-
+        let mut stream = Stream::new(cfg.residual, hs);
         let angles: Vec<Angles> = segs
             .iter()
             .map(|(s, toks)| Angles::new(&self.rope, s.pos, toks.len()))
             .collect();
         let k = self.exec.kernels();
+        let mixing = Mixing {
+            k,
+            eps: cfg.eps,
+            hidden: h,
+        };
         let norm_rows = |src: &[f32], w: &[f32]| -> Vec<f32> {
             let mut x = vec![0f32; src.len()];
             for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
@@ -577,67 +575,14 @@ impl Model {
                     Ok(out)
                 };
             // Attention, then the input of the feed-forward block (before its norm).
-            let mlp_in = match &mut stream {
-                Stream::Add(hs) => {
-                    let a = attend(&norm_rows(hs, &input_norm), segs)?;
-                    for (s, v) in hs.iter_mut().zip(&a) {
-                        *s += v;
-                    }
-                    None
-                }
-                Stream::AttnRes {
-                    block_size,
-                    blocks,
-                    prefix,
-                } => {
-                    let w = spec.attn_res.as_ref().ok_or_else(|| {
-                        ModelError::Internal("attention residuals without their weights".into())
-                    })?;
-                    let a_in = if blocks.is_empty() {
-                        None
-                    } else {
-                        Some(attn_res_mix(
-                            k,
-                            blocks,
-                            prefix,
-                            &w[0],
-                            blob,
-                            cfg.eps,
-                            h,
-                            0..t,
-                        ))
-                    };
-                    let x = norm_rows(a_in.as_deref().unwrap_or(prefix), &input_norm);
-                    // A block boundary: the running sum becomes a source and restarts.
-                    let boundary = l.is_multiple_of(*block_size);
-                    if boundary {
-                        blocks.push(std::mem::take(prefix));
-                    }
-                    let a = attend(&x, segs)?;
-                    if boundary {
-                        *prefix = a;
-                    } else {
-                        for (s, v) in prefix.iter_mut().zip(&a) {
-                            *s += v;
-                        }
-                    }
-                    Some(attn_res_mix(
-                        k,
-                        blocks,
-                        prefix,
-                        &w[1],
-                        blob,
-                        cfg.eps,
-                        h,
-                        0..t,
-                    ))
-                }
-            };
-            let mlp_src: &[f32] = match (&mlp_in, &stream) {
-                (Some(m), _) => m,
-                (None, Stream::Add(hs)) => hs,
-                (None, Stream::AttnRes { prefix, .. }) => prefix,
-            };
+            let res = spec.attn_res.as_ref();
+            let x = norm_rows(
+                &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
+                &input_norm,
+            );
+            stream.add_attention(l, attend(&x, segs)?);
+            let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
+            let mlp_src: &[f32] = &mlp_in;
             let x = norm_rows(mlp_src, &post_norm);
             // Lookahead only on decode steps (one token per sequence): a prefill chunk's
             // predicted union adds the mispredicted experts of every token to what the chunk
@@ -682,20 +627,16 @@ impl Model {
                     y
                 }
             };
-            let (out, blocks) = match &mut stream {
-                Stream::Add(hs) => (hs, None),
-                Stream::AttnRes { blocks, prefix, .. } => (prefix, Some(&*blocks)),
-            };
-            for (s, v) in out.iter_mut().zip(&f) {
-                *s += v;
-            }
+            drop(mlp_in);
+            stream.add_ffn(&f);
+            let (out, blocks) = (stream.output(), stream.blocks());
             // NaN or infinite weights in a streamed layer or an expert end the request here
             // rather than producing garbage tokens.
             if out.iter().any(|v| !v.is_finite()) {
                 return Err(ModelError::NonFinite { layer: l });
             }
             if single && let Some(d) = segs[0].0.debug.as_mut() {
-                d.push((format!("layer{l}.output"), out.clone()));
+                d.push((format!("layer{l}.output"), out.to_vec()));
                 if let Some(b) = blocks {
                     let mut br = Vec::with_capacity(t * b.len() * h);
                     for i in 0..t {
@@ -726,17 +667,12 @@ impl Model {
         let head_blob = self.trunk.part(cfg.layers)?;
         let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * h);
         for rows in runs {
-            match &stream {
-                Stream::Add(hs) => final_in.extend_from_slice(&hs[rows.start * h..rows.end * h]),
-                Stream::AttnRes { blocks, prefix, .. } => {
-                    let w = head.attn_res.as_ref().ok_or_else(|| {
-                        ModelError::Internal("attention residuals without their weights".into())
-                    })?;
-                    final_in.extend(attn_res_mix(
-                        k, blocks, prefix, w, &head_blob, cfg.eps, h, rows,
-                    ));
-                }
-            }
+            final_in.extend(stream.final_rows(
+                &mixing,
+                head.attn_res.as_ref(),
+                &head_blob,
+                rows,
+            )?);
         }
         let xn = norm_rows(&final_in, &head.norm.to_f32(&head_blob));
         if single && let Some(d) = segs[0].0.debug.as_mut() {
@@ -785,63 +721,4 @@ impl Model {
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(Some((l, ranked.into_iter().map(|p| p.0).collect())))
     }
-}
-
-/// The residual stream of a forward pass.
-enum Stream {
-    /// `h`, to which every attention and feed-forward output is added.
-    Add(Vec<f32>),
-    /// Attention residuals: the completed blocks' sums, the embeddings first, and the running
-    /// sum of the current block (`[t, hidden]` each).
-    AttnRes {
-        /// Layers per block.
-        block_size: usize,
-        /// Completed blocks.
-        blocks: Vec<Vec<f32>>,
-        /// The current block's running sum (the embeddings before layer 0).
-        prefix: Vec<f32>,
-    },
-}
-
-/// The attention-residual mix of rows `rows` (Kimi K3): per row, the sources are the completed
-/// blocks in order and then `cur`; each is scored `Σ (norm ⊙ proj) ⊙ v · r` with `r =
-/// 1/√(mean(v²) + eps)` (the RMSNorm-ed source dotted with the projection), the scores go
-/// through a softmax and the mix is the weighted sum of the raw sources, accumulated in source
-/// order.
-#[allow(clippy::too_many_arguments)]
-fn attn_res_mix(
-    k: &Kernels,
-    blocks: &[Vec<f32>],
-    cur: &[f32],
-    w: &AttnResWeights,
-    blob: &Blob,
-    eps: f32,
-    h: usize,
-    rows: std::ops::Range<usize>,
-) -> Vec<f32> {
-    let norm = w.norm.to_f32(blob);
-    let proj = w.proj.to_f32(blob);
-    let sw: Vec<f32> = norm.iter().zip(&proj).map(|(a, b)| a * b).collect();
-    let n = blocks.len() + 1;
-    let mut out = vec![0f32; rows.len() * h];
-    let mut tmp = vec![0f32; h];
-    let mut scores = vec![0f32; n];
-    for (o, i) in out.chunks_exact_mut(h).zip(rows) {
-        let src = |j: usize| -> &[f32] {
-            if j < blocks.len() {
-                &blocks[j][i * h..(i + 1) * h]
-            } else {
-                &cur[i * h..(i + 1) * h]
-            }
-        };
-        for (j, s) in scores.iter_mut().enumerate() {
-            k.rmsnorm(src(j), &sw, eps, &mut tmp);
-            *s = k.sum(&tmp);
-        }
-        k.softmax(&mut scores);
-        for (j, &p) in scores.iter().enumerate() {
-            k.axpy(p, src(j), o);
-        }
-    }
-    out
 }

@@ -30,6 +30,7 @@ mod exec;
 mod model;
 mod moe;
 mod options;
+mod pass;
 pub mod plan;
 pub mod quant;
 mod residual;

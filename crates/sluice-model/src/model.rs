@@ -16,10 +16,8 @@ use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::desc::Description;
 use crate::exec::Exec;
-use crate::moe::{glu, moe};
 use crate::plan::MemoryPlan;
-use crate::residual::{Mixing, Stream};
-use crate::rope::{Angles, Rope};
+use crate::rope::Rope;
 use crate::state::State;
 use crate::weights::{FfnSpec, WeightLayout};
 
@@ -92,7 +90,7 @@ pub struct Model {
     prefetch: bool,
     io_mode: IoMode,
     /// Every expert fits in the cache: a layer's experts are taken as a group and computed
-    /// together (see [`moe`]).
+    /// together (see `moe`).
     gather_experts: bool,
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
@@ -318,6 +316,21 @@ impl Model {
         &self.layout
     }
 
+    /// Kernels and threads.
+    pub(crate) fn exec(&self) -> &Exec {
+        &self.exec
+    }
+
+    /// The rotary table.
+    pub(crate) fn rope(&self) -> &Rope {
+        &self.rope
+    }
+
+    /// Whether a layer's experts are taken as a group (every expert fits; see [`moe`]).
+    pub(crate) fn gathers_experts(&self) -> bool {
+        self.gather_experts
+    }
+
     /// The instruction set of the kernels in use.
     pub fn isa(&self) -> sluice_kernels::Isa {
         self.exec.kernels().isa()
@@ -344,7 +357,7 @@ impl Model {
     }
 
     /// The embeddings of `tokens`, `[t, hidden]`: from the pinned table, or read row by row.
-    fn embed_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+    pub(crate) fn embed_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         let spec = &self.layout.embed_spec;
         let h = self.cfg.hidden;
         let mut hs = vec![0f32; tokens.len() * h];
@@ -480,215 +493,14 @@ impl Model {
         r
     }
 
-    /// The forward pass over segments (one sequence's tokens each) sharing every row-wise step;
-    /// `want` applies per segment.
-    fn forward_inner(
-        &self,
-        segs: &mut [(&mut State, &[u32])],
-        want: Logits,
-    ) -> Result<Vec<f32>, ModelError> {
-        let cfg = &self.cfg;
-        let h = cfg.hidden;
-        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
-        let t = tokens.len();
-        if t == 0 {
-            return Ok(Vec::new());
-        }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
-            return Err(ModelError::Token {
-                id: bad,
-                vocab: cfg.vocab,
-            });
-        }
-        // Where each segment's rows start, and its first position.
-        let mut starts = Vec::with_capacity(segs.len() + 1);
-        starts.push(0usize);
-        for (_, toks) in segs.iter() {
-            starts.push(starts.last().copied().unwrap_or(0) + toks.len());
-        }
-        let single_token_steps = starts.windows(2).all(|w| w[1] - w[0] <= 1);
-        let pos0s: Vec<usize> = segs.iter().map(|(s, _)| s.pos).collect();
-        // Intermediate tensors are recorded for a single sequence only.
-        let single = segs.len() == 1;
-        let recording_routes = segs.iter().any(|(s, _)| s.routes.is_some());
-        self.experts.begin_step();
-
-        let hs = self.embed_rows(&tokens)?;
-        if single && let Some(d) = segs[0].0.debug.as_mut() {
-            d.push(("embeddings".into(), hs.clone()));
-        }
-        let mut stream = Stream::new(cfg.residual, hs);
-        let angles: Vec<Angles> = segs
-            .iter()
-            .map(|(s, toks)| Angles::new(&self.rope, s.pos, toks.len()))
-            .collect();
-        let k = self.exec.kernels();
-        let mixing = Mixing {
-            k,
-            eps: cfg.eps,
-            hidden: h,
-        };
-        let norm_rows = |src: &[f32], w: &[f32]| -> Vec<f32> {
-            let mut x = vec![0f32; src.len()];
-            for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
-                k.rmsnorm(s, w, cfg.eps, o);
-            }
-            x
-        };
-        for l in 0..cfg.layers {
-            let part = self.trunk.part(l)?;
-            // Stream the next layer (or layer 0 for the next step) while this one computes.
-            self.trunk
-                .prefetch(if l + 1 < cfg.layers { l + 1 } else { 0 });
-            let blob: &Blob = &part;
-            let spec = &self.layout.layer_specs[l];
-            let input_norm = spec.input_norm.to_f32(blob);
-            let post_norm = spec.post_norm.to_f32(blob);
-            // Attention per segment, each against its own cache.
-            let attend =
-                |x: &[f32], segs: &mut [(&mut State, &[u32])]| -> Result<Vec<f32>, ModelError> {
-                    let mut out = Vec::with_capacity(x.len());
-                    for (si, (state, toks)) in segs.iter_mut().enumerate() {
-                        if toks.is_empty() {
-                            continue;
-                        }
-                        let cx = crate::attention::Ctx {
-                            exec: &self.exec,
-                            rope: &self.rope,
-                            angles: &angles[si],
-                            hidden: h,
-                            eps: cfg.eps,
-                        };
-                        let a = cfg.layer_plan[l].attention.forward(
-                            &cx,
-                            &spec.attn,
-                            blob,
-                            &mut state.layers[l],
-                            pos0s[si],
-                            &x[starts[si] * h..starts[si + 1] * h],
-                        )?;
-                        if out.is_empty() && starts[si + 1] - starts[si] == t {
-                            return Ok(a);
-                        }
-                        out.extend_from_slice(&a);
-                    }
-                    Ok(out)
-                };
-            // Attention, then the input of the feed-forward block (before its norm).
-            let res = spec.attn_res.as_ref();
-            let x = norm_rows(
-                &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
-                &input_norm,
-            );
-            stream.add_attention(l, attend(&x, segs)?);
-            let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
-            let mlp_src: &[f32] = &mlp_in;
-            let x = norm_rows(mlp_src, &post_norm);
-            // Lookahead only on decode steps (one token per sequence): a prefill chunk's
-            // predicted union adds the mispredicted experts of every token to what the chunk
-            // reads (measured 7-11% more bytes than the experts it touched at 64 tokens) and
-            // brought no measurable speed.
-            let next = if self.prefetch && single_token_steps {
-                self.predict(l + 1, mlp_src)?
-            } else {
-                None
-            };
-            let f = match &spec.ffn {
-                FfnSpec::Dense(m) => {
-                    if let Some((nl, ids)) = &next {
-                        self.experts.prefetch(*nl, ids);
-                    }
-                    glu(&self.exec, m, blob, &x, t, cfg.mlp_act)?
-                }
-                moe_spec @ FfnSpec::Moe { .. } => {
-                    // Routes come back with their row index as position.
-                    let mut routes = recording_routes.then(Vec::new);
-                    let y = moe(
-                        &self.exec,
-                        cfg,
-                        l,
-                        moe_spec,
-                        blob,
-                        &self.experts,
-                        &self.layout.expert_specs[l],
-                        &x,
-                        0,
-                        routes.as_mut(),
-                        next.as_ref(),
-                        self.gather_experts,
-                    )?;
-                    for mut r in routes.into_iter().flatten() {
-                        let si = starts.partition_point(|&s| s <= r.pos) - 1;
-                        r.pos = pos0s[si] + (r.pos - starts[si]);
-                        if let Some(v) = segs[si].0.routes.as_mut() {
-                            v.push(r);
-                        }
-                    }
-                    y
-                }
-            };
-            drop(mlp_in);
-            stream.add_ffn(&f);
-            let (out, blocks) = (stream.output(), stream.blocks());
-            // NaN or infinite weights in a streamed layer or an expert end the request here
-            // rather than producing garbage tokens.
-            if out.iter().any(|v| !v.is_finite()) {
-                return Err(ModelError::NonFinite { layer: l });
-            }
-            if single && let Some(d) = segs[0].0.debug.as_mut() {
-                d.push((format!("layer{l}.output"), out.to_vec()));
-                if let Some(b) = blocks {
-                    let mut br = Vec::with_capacity(t * b.len() * h);
-                    for i in 0..t {
-                        for blk in b {
-                            br.extend_from_slice(&blk[i * h..(i + 1) * h]);
-                        }
-                    }
-                    d.push((format!("layer{l}.block_residual"), br));
-                }
-            }
-        }
-        for (state, toks) in segs.iter_mut() {
-            state.pos += toks.len();
-        }
-
-        // The rows whose logits are wanted, as runs of consecutive rows.
-        let runs: Vec<std::ops::Range<usize>> = match want {
-            Logits::All => std::iter::once(0..t).collect(),
-            Logits::Last => starts
-                .windows(2)
-                .filter(|w| w[1] > w[0])
-                .map(|w| w[1] - 1..w[1])
-                .collect(),
-            Logits::None => return Ok(Vec::new()),
-        };
-        let n_rows: usize = runs.iter().map(|r| r.len()).sum();
-        let head = &self.layout.head_spec;
-        let head_blob = self.trunk.part(cfg.layers)?;
-        let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * h);
-        for rows in runs {
-            final_in.extend(stream.final_rows(
-                &mixing,
-                head.attn_res.as_ref(),
-                &head_blob,
-                rows,
-            )?);
-        }
-        let xn = norm_rows(&final_in, &head.norm.to_f32(&head_blob));
-        if single && let Some(d) = segs[0].0.debug.as_mut() {
-            d.push(("final_norm_input".into(), final_in));
-            d.push(("final_hidden".into(), xn.clone()));
-        }
-        let mut logits = vec![0f32; n_rows * cfg.vocab];
-        self.exec
-            .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
-        Ok(logits)
-    }
-
     /// Lookahead: the experts layer `l`'s router would pick from the current residual stream
     /// (`[t, hidden]`), most confident (largest routing weight, summed over rows) first, as a
     /// hint for prefetch. `None` when `l` has no routed experts.
-    fn predict(&self, l: usize, hs: &[f32]) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
+    pub(crate) fn predict(
+        &self,
+        l: usize,
+        hs: &[f32],
+    ) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
         if l >= self.cfg.layers || !self.cfg.is_moe(l) {
             return Ok(None);
         }

@@ -1,0 +1,305 @@
+//! One forward pass over segments (one sequence's tokens each) sharing every row-wise step:
+//! embeddings, per layer attention (per segment, against its own cache) and the feed-forward
+//! block (over all rows), then the head for the rows whose logits are wanted.
+
+use sluice_store::Blob;
+
+use crate::ModelError;
+use crate::model::{Logits, Model};
+use crate::moe::{glu, moe};
+use crate::residual::{Mixing, Stream};
+use crate::rope::Angles;
+use crate::state::State;
+use crate::weights::{FfnSpec, LayerSpec};
+
+/// The geometry of a pass: where each segment's rows start, its first position and angles.
+struct Pass {
+    /// Rows.
+    t: usize,
+    /// Row where each segment starts, and the total at the end.
+    starts: Vec<usize>,
+    /// Each segment's first position.
+    pos0s: Vec<usize>,
+    /// Each segment's rotary angles.
+    angles: Vec<Angles>,
+    /// Every segment has at most one token (a decode step).
+    single_token_steps: bool,
+    /// Intermediate tensors are recorded for a single sequence only.
+    single: bool,
+    /// Some segment records its routes.
+    recording_routes: bool,
+}
+
+type Segs<'s, 'a, 'b> = [(&'a mut State, &'b [u32])];
+
+impl Model {
+    /// The forward pass over segments; `want` applies per segment.
+    pub(crate) fn forward_inner(
+        &self,
+        segs: &mut Segs<'_, '_, '_>,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = self.config();
+        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
+        let t = tokens.len();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
+            return Err(ModelError::Token {
+                id: bad,
+                vocab: cfg.vocab,
+            });
+        }
+        let mut starts = Vec::with_capacity(segs.len() + 1);
+        starts.push(0usize);
+        for (_, toks) in segs.iter() {
+            starts.push(starts.last().copied().unwrap_or(0) + toks.len());
+        }
+        let pass = Pass {
+            t,
+            single_token_steps: starts.windows(2).all(|w| w[1] - w[0] <= 1),
+            starts,
+            pos0s: segs.iter().map(|(s, _)| s.pos).collect(),
+            angles: segs
+                .iter()
+                .map(|(s, toks)| Angles::new(self.rope(), s.pos, toks.len()))
+                .collect(),
+            single: segs.len() == 1,
+            recording_routes: segs.iter().any(|(s, _)| s.routes.is_some()),
+        };
+        self.experts().begin_step();
+
+        let hs = self.embed_rows(&tokens)?;
+        record(&pass, segs, || ("embeddings".into(), hs.clone()));
+        let mut stream = Stream::new(cfg.residual, hs);
+        for l in 0..cfg.layers {
+            self.layer(&pass, segs, &mut stream, l)?;
+        }
+        for (state, toks) in segs.iter_mut() {
+            state.pos += toks.len();
+        }
+        self.head(&pass, segs, &stream, want)
+    }
+
+    /// RMSNorm of each `[hidden]` row of `src` with weights `w`.
+    fn norm_rows(&self, src: &[f32], w: &[f32]) -> Vec<f32> {
+        let (h, eps) = (self.config().hidden, self.config().eps);
+        let mut x = vec![0f32; src.len()];
+        for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
+            self.exec().kernels().rmsnorm(s, w, eps, o);
+        }
+        x
+    }
+
+    fn mixing(&self) -> Mixing<'_> {
+        Mixing {
+            k: self.exec().kernels(),
+            eps: self.config().eps,
+            hidden: self.config().hidden,
+        }
+    }
+
+    /// Layer `l`: attention, then the feed-forward block, each added to the stream.
+    fn layer(
+        &self,
+        pass: &Pass,
+        segs: &mut Segs<'_, '_, '_>,
+        stream: &mut Stream,
+        l: usize,
+    ) -> Result<(), ModelError> {
+        let cfg = self.config();
+        let part = self.trunk().part(l)?;
+        // Stream the next layer (or layer 0 for the next step) while this one computes.
+        self.trunk()
+            .prefetch(if l + 1 < cfg.layers { l + 1 } else { 0 });
+        let blob: &Blob = &part;
+        let spec = &self.layout().layer_specs[l];
+        let mixing = self.mixing();
+        let res = spec.attn_res.as_ref();
+        let x = self.norm_rows(
+            &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
+            &spec.input_norm.to_f32(blob),
+        );
+        stream.add_attention(l, self.attend(pass, segs, l, spec, blob, &x)?);
+        let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
+        let f = self.feed_forward(pass, segs, l, spec, blob, &mlp_in)?;
+        drop(mlp_in);
+        stream.add_ffn(&f);
+        let out = stream.output();
+        // NaN or infinite weights in a streamed layer or an expert end the request here
+        // rather than producing garbage tokens.
+        if out.iter().any(|v| !v.is_finite()) {
+            return Err(ModelError::NonFinite { layer: l });
+        }
+        record(pass, segs, || (format!("layer{l}.output"), out.to_vec()));
+        if let Some(b) = stream.blocks() {
+            let h = cfg.hidden;
+            record(pass, segs, || {
+                let mut br = Vec::with_capacity(pass.t * b.len() * h);
+                for i in 0..pass.t {
+                    for blk in b {
+                        br.extend_from_slice(&blk[i * h..(i + 1) * h]);
+                    }
+                }
+                (format!("layer{l}.block_residual"), br)
+            });
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention over the normed rows `x`, per segment against its own cache.
+    fn attend(
+        &self,
+        pass: &Pass,
+        segs: &mut Segs<'_, '_, '_>,
+        l: usize,
+        spec: &LayerSpec,
+        blob: &Blob,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = self.config();
+        let h = cfg.hidden;
+        let starts = &pass.starts;
+        let mut out = Vec::with_capacity(x.len());
+        for (si, (state, toks)) in segs.iter_mut().enumerate() {
+            if toks.is_empty() {
+                continue;
+            }
+            let cx = crate::attention::Ctx {
+                exec: self.exec(),
+                rope: self.rope(),
+                angles: &pass.angles[si],
+                hidden: h,
+                eps: cfg.eps,
+            };
+            let a = cfg.layer_plan[l].attention.forward(
+                &cx,
+                &spec.attn,
+                blob,
+                &mut state.layers[l],
+                pass.pos0s[si],
+                &x[starts[si] * h..starts[si + 1] * h],
+            )?;
+            if out.is_empty() && starts[si + 1] - starts[si] == pass.t {
+                return Ok(a);
+            }
+            out.extend_from_slice(&a);
+        }
+        Ok(out)
+    }
+
+    /// Layer `l`'s feed-forward block over `src` (its input before the norm), routes recorded
+    /// into the segments that ask for them.
+    fn feed_forward(
+        &self,
+        pass: &Pass,
+        segs: &mut Segs<'_, '_, '_>,
+        l: usize,
+        spec: &LayerSpec,
+        blob: &Blob,
+        src: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = self.config();
+        let x = self.norm_rows(src, &spec.post_norm.to_f32(blob));
+        // Lookahead only on decode steps (one token per sequence): a prefill chunk's
+        // predicted union adds the mispredicted experts of every token to what the chunk
+        // reads (measured 7-11% more bytes than the experts it touched at 64 tokens) and
+        // brought no measurable speed.
+        let next = if self.prefetch() && pass.single_token_steps {
+            self.predict(l + 1, src)?
+        } else {
+            None
+        };
+        match &spec.ffn {
+            FfnSpec::Dense(m) => {
+                if let Some((nl, ids)) = &next {
+                    self.experts().prefetch(*nl, ids);
+                }
+                glu(self.exec(), m, blob, &x, pass.t, cfg.mlp_act)
+            }
+            moe_spec @ FfnSpec::Moe { .. } => {
+                // Routes come back with their row index as position.
+                let mut routes = pass.recording_routes.then(Vec::new);
+                let y = moe(
+                    self.exec(),
+                    cfg,
+                    l,
+                    moe_spec,
+                    blob,
+                    self.experts(),
+                    &self.layout().expert_specs[l],
+                    &x,
+                    0,
+                    routes.as_mut(),
+                    next.as_ref(),
+                    self.gathers_experts(),
+                )?;
+                let starts = &pass.starts;
+                for mut r in routes.into_iter().flatten() {
+                    let si = starts.partition_point(|&s| s <= r.pos) - 1;
+                    r.pos = pass.pos0s[si] + (r.pos - starts[si]);
+                    if let Some(v) = segs[si].0.routes.as_mut() {
+                        v.push(r);
+                    }
+                }
+                Ok(y)
+            }
+        }
+    }
+
+    /// The final norm and lm_head over the rows whose logits are wanted.
+    fn head(
+        &self,
+        pass: &Pass,
+        segs: &mut Segs<'_, '_, '_>,
+        stream: &Stream,
+        want: Logits,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = self.config();
+        // The rows whose logits are wanted, as runs of consecutive rows.
+        let runs: Vec<std::ops::Range<usize>> = match want {
+            Logits::All => std::iter::once(0..pass.t).collect(),
+            Logits::Last => pass
+                .starts
+                .windows(2)
+                .filter(|w| w[1] > w[0])
+                .map(|w| w[1] - 1..w[1])
+                .collect(),
+            Logits::None => return Ok(Vec::new()),
+        };
+        let n_rows: usize = runs.iter().map(|r| r.len()).sum();
+        let head = &self.layout().head_spec;
+        let head_blob = self.trunk().part(cfg.layers)?;
+        let mixing = self.mixing();
+        let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * cfg.hidden);
+        for rows in runs {
+            final_in.extend(stream.final_rows(
+                &mixing,
+                head.attn_res.as_ref(),
+                &head_blob,
+                rows,
+            )?);
+        }
+        let xn = self.norm_rows(&final_in, &head.norm.to_f32(&head_blob));
+        if pass.single
+            && let Some(d) = segs[0].0.debug.as_mut()
+        {
+            d.push(("final_norm_input".into(), final_in));
+            d.push(("final_hidden".into(), xn.clone()));
+        }
+        let mut logits = vec![0f32; n_rows * cfg.vocab];
+        self.exec()
+            .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
+        Ok(logits)
+    }
+}
+
+/// Appends the named tensor `f` makes to the single segment's debug record, if it keeps one.
+fn record(pass: &Pass, segs: &mut Segs<'_, '_, '_>, f: impl FnOnce() -> (String, Vec<f32>)) {
+    if pass.single
+        && let Some(d) = segs[0].0.debug.as_mut()
+    {
+        d.push(f());
+    }
+}

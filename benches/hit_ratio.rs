@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
-use sluice_store::{POLICIES, TraceEvent, belady, policy::by_name, simulate};
+use sluice_store::{PolicyChoice, TraceEvent, belady, simulate};
 
 /// Records the expert requests of a greedy generation of up to 128 tokens after a 16-token
 /// prompt (fewer where the model's context is shorter).
@@ -76,7 +76,7 @@ fn zipf(n: u32, steps: u64) -> Vec<TraceEvent> {
 fn table(name: &str, trace: &[TraceEvent], experts: usize) {
     println!("\n{name}: {} requests over {experts} experts", trace.len());
     print!("{:>8} {:>8}", "cache", "belady");
-    for p in POLICIES {
+    for p in PolicyChoice::ALL {
         print!(" {p:>8}");
     }
     println!();
@@ -87,8 +87,8 @@ fn table(name: &str, trace: &[TraceEvent], experts: usize) {
             pct,
             100.0 * belady(trace, cap).hit_rate()
         );
-        for p in POLICIES {
-            let r = simulate(by_name(p, cap).expect("policy").as_mut(), trace, cap);
+        for p in PolicyChoice::ALL {
+            let r = simulate(p.make(cap).as_mut(), trace, cap);
             print!(" {:>7.1}%", 100.0 * r.hit_rate());
         }
         println!();

@@ -1,8 +1,12 @@
 //! Command-line arguments.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::builder::{PossibleValue, TypedValueParser};
+use clap::error::ErrorKind;
+use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand};
+use sluice::PolicyChoice;
 
 /// Run mixture-of-experts language models far larger than RAM on one CPU.
 #[derive(Parser, Debug)]
@@ -78,9 +82,15 @@ pub struct BenchArgs {
     /// (half-way between the smallest workable budget and a resident trunk) or `unlimited`.
     #[arg(long, default_value = "below-trunk,5%,10%,25%,50%,100%")]
     pub ladder: String,
-    /// Policies, comma-separated.
-    #[arg(long, default_value = "lfu,s3fifo,lru,fifo,sieve")]
-    pub policies: String,
+    /// Policies, comma-separated (default: every one that ships).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_parser = PolicyParser,
+        default_values_t = PolicyChoice::ALL,
+        hide_default_value = true
+    )]
+    pub policies: Vec<PolicyChoice>,
     /// Prefetch settings, comma-separated: on, all, off (as for `run`).
     #[arg(long, default_value = "on,off")]
     pub prefetch: String,
@@ -198,9 +208,9 @@ pub struct EngineOpts {
     /// `auto` (available memory minus headroom) or `unlimited`.
     #[arg(long, default_value = "unlimited", value_name = "SIZE|auto")]
     pub memory: String,
-    /// Expert-cache eviction policy: lfu, s3fifo, lru, fifo or sieve.
-    #[arg(long, default_value = "lfu")]
-    pub policy: String,
+    /// Expert-cache eviction policy.
+    #[arg(long, value_parser = PolicyParser, default_value_t = PolicyChoice::default())]
+    pub policy: PolicyChoice,
     /// Lookahead prefetch of the next layer's experts: on (read the predictions that have
     /// proved right often enough), all (read every prediction) or off.
     #[arg(long, default_value = "on")]
@@ -352,4 +362,35 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
+}
+
+/// Parses a shipped policy by name (`PolicyChoice`'s `FromStr`), and lists them all in the
+/// help. A bad name is a one-line error naming the flag and the known policies.
+#[derive(Clone, Debug)]
+pub struct PolicyParser;
+
+impl TypedValueParser for PolicyParser {
+    type Value = PolicyChoice;
+
+    fn parse_ref(
+        &self,
+        cmd: &ClapCommand,
+        arg: Option<&Arg>,
+        value: &OsStr,
+    ) -> Result<PolicyChoice, clap::Error> {
+        let flag = arg
+            .and_then(Arg::get_long)
+            .map_or_else(|| "policy".to_owned(), |l| format!("--{l}"));
+        let text = value.to_string_lossy();
+        text.trim().parse().map_err(|e| {
+            cmd.clone()
+                .error(ErrorKind::InvalidValue, format!("{flag}: {e}"))
+        })
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(
+            PolicyChoice::all().map(|p| PossibleValue::new(p.name())),
+        ))
+    }
 }

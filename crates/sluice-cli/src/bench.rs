@@ -125,9 +125,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
             "bench: need --prompt-tokens ≥ 1, --max-tokens ≥ 2, --prefill-chunk ≥ 1",
         ));
     }
-    let policies = list("--policies", &a.policies, |x| {
-        sluice::POLICIES.contains(&x).then(|| x.to_owned())
-    })?;
+    let policies = &a.policies;
     let prefetch = list("--prefetch", &a.prefetch, |x| {
         matches!(x, "on" | "all" | "off").then(|| x.to_owned())
     })?;
@@ -225,7 +223,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
                             context,
                             io,
                             rung: r,
-                            policy,
+                            policy: policy.name(),
                             prefetch: pf,
                             trace: &trace,
                             threads,

@@ -339,13 +339,6 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
     if sequences == 0 {
         return Err(usage("--batch-size must be at least 1"));
     }
-    if !sluice::POLICIES.contains(&a.policy.as_str()) {
-        return Err(usage(format!(
-            "--policy `{}`: expected one of {}",
-            a.policy,
-            sluice::POLICIES.join(", ")
-        )));
-    }
     let (prefetch, precision) = match a.prefetch.as_str() {
         "on" | "true" | "yes" => (true, sluice::PREFETCH_PRECISION),
         "all" => (true, 0.0),
@@ -359,7 +352,7 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
     let mut b = Engine::builder()
         .model(&dir)
         .memory(memory(&a.memory)?)
-        .policy(&a.policy)
+        .policy(a.policy.clone())
         .prefetch(prefetch)
         .prefetch_precision(precision)
         .direct_io(match a.io.as_str() {

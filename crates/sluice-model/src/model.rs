@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sluice_format::Checkpoint;
 use sluice_kernels::{Codes, scalar};
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, TrunkStore,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, TrunkStore,
     read_blob,
 };
 
@@ -35,42 +35,7 @@ pub enum Logits {
     None,
 }
 
-/// Makes a policy for a cache of about `n` experts.
-pub type PolicyFactory = Arc<dyn Fn(usize) -> Box<dyn Policy> + Send + Sync>;
-
-/// Which eviction policy the expert cache uses.
-#[derive(Clone)]
-pub enum PolicyChoice {
-    /// One that ships, by name: `lfu` (the default), `s3fifo`, `lru`, `fifo`, `sieve`.
-    Named(String),
-    /// A policy of your own, made for a cache of about `n` experts.
-    Custom(PolicyFactory),
-}
-
-impl Default for PolicyChoice {
-    fn default() -> Self {
-        PolicyChoice::Named("lfu".into())
-    }
-}
-
-impl std::fmt::Debug for PolicyChoice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PolicyChoice::Named(n) => write!(f, "{n}"),
-            PolicyChoice::Custom(_) => write!(f, "custom"),
-        }
-    }
-}
-
-impl PolicyChoice {
-    /// The policy for a cache of about `n` experts.
-    pub fn make(&self, n: usize) -> Result<Box<dyn Policy>, ModelError> {
-        match self {
-            PolicyChoice::Named(name) => Ok(sluice_store::policy::by_name(name, n)?),
-            PolicyChoice::Custom(f) => Ok(f(n)),
-        }
-    }
-}
+pub use sluice_store::policy::{PolicyChoice, PolicyFactory};
 
 /// A loaded model, immutable and shareable across threads; per-sequence state lives in [`State`].
 #[derive(Debug)]
@@ -181,7 +146,7 @@ impl Model {
         // The plan comes first: nothing large is allocated for a budget that cannot work.
         let plan = crate::desc::plan(&cfg, &layout, reader.as_ref(), &opts)?;
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
-        let policy = opts.policy.make(slots)?;
+        let policy = opts.policy.make(slots);
         let store_cfg = ExpertStoreConfig {
             // The whole pool: KV pages are lent out of it as sequences grow.
             capacity: plan.pool,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sluice_kernels::Kernels;
 use sluice_store::{StoreError, Verifier};
 
-use crate::model::PolicyChoice;
+use sluice_store::policy::PolicyChoice;
 
 /// How to build a model.
 #[derive(Clone)]

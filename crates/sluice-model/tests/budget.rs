@@ -9,7 +9,6 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
-use sluice_store::POLICIES;
 
 /// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
 /// has a `/` (`kimi/kimi_linear-fp32`).
@@ -75,10 +74,10 @@ fn generate_chunked(m: &Model, chunk: usize) -> Run {
     Run { ids, logits }
 }
 
-fn opts(memory: Option<u64>, policy: &str, prefetch: bool, threads: usize) -> ModelOptions {
+fn opts(memory: Option<u64>, policy: PolicyChoice, prefetch: bool, threads: usize) -> ModelOptions {
     ModelOptions {
         memory,
-        policy: PolicyChoice::Named(policy.into()),
+        policy,
         prefetch,
         // Read every prediction, so that prefetch reads happen in these runs.
         prefetch_precision: 0.0,
@@ -97,7 +96,7 @@ struct Baseline {
 }
 
 fn baseline(dir: &Path) -> Baseline {
-    let m = Model::open(dir, opts(None, "lru", false, 1)).unwrap();
+    let m = Model::open(dir, opts(None, PolicyChoice::Lru, false, 1)).unwrap();
     let p = m.plan().clone();
     Baseline {
         run: generate(&m),
@@ -112,12 +111,12 @@ fn check(
     dir: &Path,
     base: &Baseline,
     memory: u64,
-    policy: &str,
+    policy: PolicyChoice,
     prefetch: bool,
     threads: usize,
     chunk: usize,
 ) -> Result<(), TestCaseError> {
-    let m = Model::open(dir, opts(Some(memory), policy, prefetch, threads)).unwrap();
+    let m = Model::open(dir, opts(Some(memory), policy.clone(), prefetch, threads)).unwrap();
     let r = generate_chunked(&m, chunk);
     let s = m.experts().stats();
     prop_assert_eq!(
@@ -164,7 +163,7 @@ macro_rules! fixture_budget_test {
             #[test]
             fn $name(
                 frac in 0.0f64..=1.0,
-                policy in 0..POLICIES.len(),
+                policy in 0..PolicyChoice::ALL.len(),
                 prefetch: bool,
                 threads in 1usize..=3,
                 chunk in proptest::sample::select(vec![1usize, 3, 7]),
@@ -175,7 +174,7 @@ macro_rules! fixture_budget_test {
                 // From the minimum to all experts resident.
                 let span = (base.fixed + base.all_experts).saturating_sub(base.minimum);
                 let memory = base.minimum + (span as f64 * frac) as u64;
-                check(&dir, base, memory, POLICIES[policy], prefetch, threads, chunk)?;
+                check(&dir, base, memory, PolicyChoice::ALL[policy].clone(), prefetch, threads, chunk)?;
             }
         }
     };
@@ -191,7 +190,7 @@ fixture_budget_test!(kimi_k3_mxfp4, "kimi/k3/k3-tiny-mxfp4");
 proptest! {
     #![proptest_config(cases())]
     #[test]
-    fn synthetic_experts_ten_times_the_cache(frac in 0.0f64..=1.0, policy in 0..POLICIES.len(), prefetch: bool, threads in 1usize..=3) {
+    fn synthetic_experts_ten_times_the_cache(frac in 0.0f64..=1.0, policy in 0..PolicyChoice::ALL.len(), prefetch: bool, threads in 1usize..=3) {
         static BASE: OnceLock<Baseline> = OnceLock::new();
         let dir = synthetic();
         let base = BASE.get_or_init(|| baseline(dir));
@@ -199,7 +198,7 @@ proptest! {
         let top = base.fixed + base.all_experts / 10;
         prop_assume!(top > base.minimum);
         let memory = base.minimum + ((top - base.minimum) as f64 * frac) as u64;
-        check(dir, base, memory, POLICIES[policy], prefetch, threads, 3)?;
+        check(dir, base, memory, PolicyChoice::ALL[policy].clone(), prefetch, threads, 3)?;
     }
 }
 
@@ -208,7 +207,7 @@ fn the_budget_is_refused_below_the_minimum_with_the_figure() {
     let base = baseline(&fixture("deepseek_v3-fp32"));
     let e = Model::open(
         fixture("deepseek_v3-fp32"),
-        opts(Some(base.minimum - 1), "s3fifo", true, 1),
+        opts(Some(base.minimum - 1), PolicyChoice::S3Fifo, true, 1),
     )
     .unwrap_err();
     let msg = e.to_string();
@@ -216,7 +215,7 @@ fn the_budget_is_refused_below_the_minimum_with_the_figure() {
     assert!(
         Model::open(
             fixture("deepseek_v3-fp32"),
-            opts(Some(base.minimum), "s3fifo", true, 1)
+            opts(Some(base.minimum), PolicyChoice::S3Fifo, true, 1)
         )
         .is_ok()
     );
@@ -230,7 +229,7 @@ fn small_caches_stream_and_prefetch_predicts() {
         dir,
         opts(
             Some(base.minimum + base.all_experts / 20),
-            "s3fifo",
+            PolicyChoice::S3Fifo,
             true,
             2,
         ),

@@ -5,7 +5,6 @@ use std::path::Path;
 
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
-use sluice_store::POLICIES;
 
 fn hash_generation(dir: &Path, opts: ModelOptions) -> String {
     let m = Model::open(dir, opts).unwrap();
@@ -56,13 +55,13 @@ fn matrix(fixture: &str) {
     let want = hash_generation(&dir, base.clone());
     let mut runs = 0;
     for &memory in &budgets {
-        for policy in POLICIES {
+        for policy in PolicyChoice::ALL {
             for prefetch in [false, true] {
                 for threads in [1, 2] {
                     for isa in Isa::available() {
                         let o = ModelOptions {
                             memory: Some(memory),
-                            policy: PolicyChoice::Named(policy.into()),
+                            policy: policy.clone(),
                             prefetch,
                             // Every prediction read, so prefetch reads happen.
                             prefetch_precision: 0.0,
@@ -81,6 +80,9 @@ fn matrix(fixture: &str) {
             }
         }
     }
-    assert_eq!(runs, 12 * POLICIES.len() * 2 * 2 * Isa::available().len());
+    assert_eq!(
+        runs,
+        12 * PolicyChoice::ALL.len() * 2 * 2 * Isa::available().len()
+    );
     eprintln!("{fixture}: {runs} configurations, one hash: {want}");
 }

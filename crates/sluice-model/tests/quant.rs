@@ -13,7 +13,6 @@ use common::{Reference, argmax, compare};
 use sluice_format::{Checkpoint, Dtype};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions, PolicyChoice};
-use sluice_store::POLICIES;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -479,10 +478,15 @@ fn generate(m: &Model) -> Run {
     Run { ids, logits }
 }
 
-fn budget_opts(memory: Option<u64>, policy: &str, prefetch: bool, threads: usize) -> ModelOptions {
+fn budget_opts(
+    memory: Option<u64>,
+    policy: PolicyChoice,
+    prefetch: bool,
+    threads: usize,
+) -> ModelOptions {
     ModelOptions {
         memory,
-        policy: PolicyChoice::Named(policy.into()),
+        policy,
         prefetch,
         // Read every prediction, so that prefetch reads happen in these runs.
         prefetch_precision: 0.0,
@@ -501,7 +505,7 @@ struct Baseline {
 }
 
 fn baseline(dir: &Path) -> Baseline {
-    let m = Model::open(dir, budget_opts(None, "lru", false, 1)).unwrap();
+    let m = Model::open(dir, budget_opts(None, PolicyChoice::Lru, false, 1)).unwrap();
     let p = m.plan().clone();
     Baseline {
         run: generate(&m),
@@ -526,20 +530,20 @@ macro_rules! budget_test {
         proptest! {
             #![proptest_config(cases())]
             #[test]
-            fn $name(frac in 0.0f64..=1.0, policy in 0..POLICIES.len(), prefetch: bool, threads in 1usize..=3) {
+            fn $name(frac in 0.0f64..=1.0, policy in 0..PolicyChoice::ALL.len(), prefetch: bool, threads in 1usize..=3) {
                 static BASE: OnceLock<Baseline> = OnceLock::new();
                 let dir = fixture($fixture);
                 let base = BASE.get_or_init(|| baseline(&dir));
                 let span = (base.fixed + base.all_experts).saturating_sub(base.minimum);
                 let memory = base.minimum + (span as f64 * frac) as u64;
-                let m = Model::open(&dir, budget_opts(Some(memory), POLICIES[policy], prefetch, threads)).unwrap();
+                let m = Model::open(&dir, budget_opts(Some(memory), PolicyChoice::ALL[policy].clone(), prefetch, threads)).unwrap();
                 let r = generate(&m);
                 let s = m.experts().stats();
                 prop_assert_eq!(&r.ids, &base.run.ids, "ids differ at budget {}", memory);
                 prop_assert!(
                     r.logits.iter().zip(&base.run.logits).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "logits differ at budget {}, {}, prefetch {}, {} threads",
-                    memory, POLICIES[policy], prefetch, threads
+                    memory, PolicyChoice::ALL[policy], prefetch, threads
                 );
                 prop_assert_eq!(s.requests, s.hits + s.misses);
                 prop_assert!(m.experts().used() <= m.experts().capacity());

@@ -79,7 +79,7 @@ pub enum StoreError {
         floor: u64,
     },
     /// A cache policy name that is not known.
-    #[error("unknown cache policy `{0}` (known: lfu, s3fifo, lru, fifo, sieve)")]
+    #[error("unknown cache policy `{0}` (known: {known})", known = crate::policy::known())]
     UnknownPolicy(String),
     /// An earlier read of the same bytes failed; the failure is shared with every waiter.
     #[error("{0}")]

@@ -21,6 +21,6 @@ pub use experts::{
     PREFETCH_WARMUP, Pinned, READ_PART,
 };
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
-pub use policy::{Key, POLICIES, Policy};
+pub use policy::{Key, Policy, PolicyChoice, PolicyFactory};
 pub use trace::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};
 pub use trunk::{TrunkPart, TrunkStats, TrunkStore, Verifier, part_footprint};

@@ -198,7 +198,7 @@ pub fn belady(trace: &[TraceEvent], capacity: usize) -> SimResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{Lru, POLICIES, by_name};
+    use crate::policy::{Lru, PolicyChoice};
 
     /// Issue 18 class 10: a failed trace write said "read at offset 0".
     #[test]
@@ -261,8 +261,8 @@ mod tests {
         }
         for cap in [8, 16, 48, 96] {
             let b = belady(&t, cap);
-            for name in POLICIES {
-                let s = simulate(by_name(name, cap).unwrap().as_mut(), &t, cap);
+            for name in PolicyChoice::ALL {
+                let s = simulate(name.make(cap).as_mut(), &t, cap);
                 assert_eq!(s.requests, b.requests);
                 assert!(
                     s.hits <= b.hits,

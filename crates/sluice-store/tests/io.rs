@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
+use sluice_store::PolicyChoice;
 use sluice_store::io::{has_direct_flag, page_cache_residency};
-use sluice_store::policy::by_name;
 use sluice_store::{ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, StoreError};
 
 const EXPERT: u64 = 3 * 40_000 + 17;
@@ -52,7 +52,7 @@ fn write_shard(dir: &Path) -> (PathBuf, Vec<Vec<Vec<Piece>>>) {
 fn config(capacity: u64) -> ExpertStoreConfig {
     ExpertStoreConfig {
         capacity,
-        policy: by_name("s3fifo", 4).unwrap(),
+        policy: PolicyChoice::S3Fifo.make(4),
         readers: 2,
         record_trace: false,
         prefetch_precision: sluice_store::PREFETCH_PRECISION,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use sluice_store::policy::by_name;
+use sluice_store::PolicyChoice;
 use sluice_store::{ExpertStore, ExpertStoreConfig, Piece, ShardSet, TrunkStore};
 
 /// Bytes of one expert (one piece each), and of its buffer once read: the shards are read
@@ -41,7 +41,7 @@ fn store(dir: &Path, layers: usize, experts: u64, cache: u64, readers: usize) ->
     let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
     let cfg = ExpertStoreConfig {
         capacity: cache * FOOTPRINT,
-        policy: by_name("lfu", cache as usize).unwrap(),
+        policy: PolicyChoice::Lfu.make(cache as usize),
         readers,
         record_trace: false,
         prefetch_precision: 0.0,

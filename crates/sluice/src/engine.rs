@@ -114,9 +114,10 @@ impl EngineBuilder {
         self
     }
 
-    /// The expert-cache eviction policy by name: `lfu` (default), `s3fifo`, `lru`, `fifo`, `sieve`.
-    pub fn policy(mut self, name: &str) -> Self {
-        self.policy = PolicyChoice::Named(name.to_owned());
+    /// The expert-cache eviction policy (default [`PolicyChoice::Lfu`]; a shipped one parses
+    /// from its name, e.g. `"s3fifo".parse()?`, and [`PolicyChoice::ALL`] lists them).
+    pub fn policy(mut self, policy: PolicyChoice) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -126,7 +127,7 @@ impl EngineBuilder {
         mut self,
         make: impl Fn(usize) -> Box<dyn crate::Policy> + Send + Sync + 'static,
     ) -> Self {
-        self.policy = PolicyChoice::Custom(Arc::new(make));
+        self.policy = PolicyChoice::custom(make);
         self
     }
 

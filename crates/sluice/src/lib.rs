@@ -46,8 +46,8 @@ pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
 
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
-    ExpertStats, IoMode, Key as ExpertKey, POLICIES, PREFETCH_PRECISION, Policy, SimResult,
-    TraceEvent, belady, read_trace, simulate, write_trace,
+    ExpertStats, IoMode, Key as ExpertKey, PREFETCH_PRECISION, Policy, PolicyChoice, PolicyFactory,
+    SimResult, TraceEvent, belady, read_trace, simulate, write_trace,
 };
 pub use tokenizer::{StreamDecoder, Tokenizer};
 

@@ -3,7 +3,7 @@
 //! policy), yet every output bit is what an unlimited run gives, at every budget, policy and
 //! thread count; a prompt that cannot fit even with every expert given up is refused up front.
 
-use sluice::{Engine, Error, GenerateOptions, Memory, Prompt};
+use sluice::{Engine, Error, GenerateOptions, Memory, PolicyChoice, Prompt};
 
 mod common;
 use common::demo;
@@ -41,13 +41,13 @@ fn kv_growth_shrinks_the_expert_cache_mid_generation_and_changes_no_bit() {
     // Budgets where the trunk is resident and the expert cache starts with 11 to 25 of the
     // 80 experts; 300 tokens' KV pages then take 4 of them back.
     for kib in [12u64 << 10, (12 << 10) + 512, 14 << 10] {
-        for policy in ["lfu", "s3fifo"] {
+        for policy in [PolicyChoice::Lfu, PolicyChoice::S3Fifo] {
             for threads in [1, 2] {
                 let what = format!("{kib} KiB, {policy}, {threads} threads");
                 let engine = Engine::builder()
                     .model(demo())
                     .memory(Memory::Bytes(kib << 10))
-                    .policy(policy)
+                    .policy(policy.clone())
                     .threads(threads)
                     .build()
                     .unwrap();

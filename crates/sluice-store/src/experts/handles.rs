@@ -1,13 +1,12 @@
-//! The handles the expert store gives out: [`Pinned`] experts, the [`Arrivals`] of one request,
-//! and [`Lease`]s on the cache's capacity. Each gives back what it holds when dropped, under the
-//! store's lock, and wakes whoever waits for it.
+//! The guards the expert store gives out: [`Pinned`] experts (the pin guard) and [`Lease`]s on
+//! the cache's capacity. Each gives back what it holds when dropped, under the store's lock,
+//! and wakes whoever waits for it. (The third handle, a request's
+//! [`Arrivals`](super::Arrivals), lives with the reads in [`super::arrivals`].)
 
-use std::collections::VecDeque;
 use std::mem::ManuallyDrop;
-use std::sync::{Arc, mpsc};
-use std::time::Instant;
+use std::sync::Arc;
 
-use super::{Entry, Shared, poisoned};
+use super::{Shared, poisoned};
 use crate::StoreError;
 use crate::io::Blob;
 use crate::policy::Key;
@@ -65,14 +64,8 @@ impl Drop for Pinned {
         };
         // SAFETY: `blob` is taken exactly once, here, and `self` is not used after `drop`.
         drop(unsafe { ManuallyDrop::take(&mut self.blob) });
-        let unpinned = match g.entries.get_mut(&self.key) {
-            Some(Entry::Ready { pins, .. }) => {
-                *pins = pins.saturating_sub(1);
-                *pins == 0
-            }
-            _ => false,
-        };
-        let wake = unpinned && (!g.queue.is_empty() || g.lease_waiters > 0);
+        let unpinned = g.cache.unpin(self.key);
+        let wake = unpinned && g.turns.anyone_waits();
         drop(g);
         if wake {
             sh.cond.notify_all();
@@ -109,31 +102,31 @@ impl Lease {
         let extra = bytes - self.bytes;
         let sh = &self.shared;
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
-        let free = g.capacity.saturating_sub(g.floor);
+        let free = g.cache.capacity.saturating_sub(g.cache.floor);
         if extra > free {
             return Err(StoreError::NoRoom {
                 wanted: extra,
                 free,
-                floor: g.floor,
+                floor: g.cache.floor,
             });
         }
-        g.capacity -= extra;
+        g.cache.capacity -= extra;
         self.bytes = bytes;
         // Evict what no longer fits (its buffers are freed: the memory is the lease's now).
         loop {
             let mut spare = Vec::new();
-            let fits = sh.make_room(&mut g, 0, &[], None, &mut spare);
+            let fits = g.make_room(0, &[], None, &mut spare);
             drop(spare);
             if fits {
                 return Ok(());
             }
-            g.lease_waiters += 1;
+            g.turns.lease_waiters += 1;
             let woken = sh.cond.wait(g);
             g = match woken {
                 Ok(g) => g,
                 Err(_) => return Err(poisoned()),
             };
-            g.lease_waiters -= 1;
+            g.turns.lease_waiters -= 1;
         }
     }
 
@@ -149,7 +142,7 @@ impl Lease {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        g.capacity += back;
+        g.cache.capacity += back;
         drop(g);
         sh.cond.notify_all();
     }
@@ -164,77 +157,5 @@ impl std::fmt::Debug for Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.shrink_to(0);
-    }
-}
-
-/// What a read that landed sends to its request: a handle per index that asked for the
-/// expert, or the read's error.
-type Landed = Result<Vec<(usize, Pinned)>, StoreError>;
-
-/// The experts of one [`fetch_each`](ExpertStore::fetch_each) call as they arrive in memory:
-/// `(index into the experts asked for, bytes)`, or the error of a read that failed (that expert
-/// is not cached; the others still arrive).
-pub struct Arrivals {
-    pub(super) shared: Arc<Shared>,
-    pub(super) ready: VecDeque<(usize, Pinned)>,
-    /// Misses still being read.
-    pub(super) outstanding: usize,
-    pub(super) rx: mpsc::Receiver<Landed>,
-}
-
-impl std::fmt::Debug for Arrivals {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Arrivals({} ready, {} being read)",
-            self.ready.len(),
-            self.outstanding
-        )
-    }
-}
-
-impl Arrivals {
-    /// Waits for the next read to land (the reader thread has already cached it, or forgotten
-    /// it if it failed).
-    fn land_next(&mut self) -> Result<(), StoreError> {
-        let t0 = Instant::now();
-        let r = self.rx.recv().map_err(|_| {
-            self.outstanding = 0;
-            StoreError::Shared("the reader pool stopped with reads outstanding".into())
-        })?;
-        self.outstanding -= 1;
-        if let Ok(mut g) = self.shared.inner.lock() {
-            g.stats.wait_seconds += t0.elapsed().as_secs_f64();
-        }
-        self.ready.extend(r?);
-        Ok(())
-    }
-}
-
-impl Iterator for Arrivals {
-    type Item = Result<(usize, Pinned), StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if let Some(x) = self.ready.pop_front() {
-                return Some(Ok(x));
-            }
-            if self.outstanding == 0 {
-                return None;
-            }
-            if let Err(e) = self.land_next() {
-                return Some(Err(e));
-            }
-        }
-    }
-}
-
-impl Drop for Arrivals {
-    fn drop(&mut self) {
-        // The reads land whether or not anyone waits; waiting keeps "nothing in flight once
-        // the call is over" true for the caller.
-        while self.outstanding > 0 {
-            let _ = self.land_next();
-        }
     }
 }

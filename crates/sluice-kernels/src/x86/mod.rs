@@ -51,9 +51,9 @@ macro_rules! per_codes {
 
 /// Declares the `#[target_feature]` entry points of the row decoder and the transposed
 /// products of [`generic::xw`] for one ISA: `$v` its vector, `$features` its target
-/// features, `K1`, `K`, `B` its tile shape (see [`generic::xw()`]).
+/// features, `$r` the weight rows streamed together (see [`generic::xw()`]).
 macro_rules! xw_ops {
-    ($v:ty, $features:literal, $k1:literal, $k:literal, $b:literal) => {
+    ($v:ty, $features:literal, $r:literal) => {
         /// [`crate::scalar::decode_row`].
         ///
         /// # Safety
@@ -83,11 +83,7 @@ macro_rules! xw_ops {
             cols: Range<usize>,
         ) {
             // SAFETY: as in `decode_row`.
-            unsafe {
-                per_codes!(m.codes(), |C| generic::xw::<$v, C, $k1, $k, $b>(
-                    m, rows, x, y, cols
-                ))
-            }
+            unsafe { per_codes!(m.codes(), |C| generic::xw::<$v, C, $r>(m, rows, x, y, cols)) }
         }
 
         /// [`crate::scalar::matmul_xw`].

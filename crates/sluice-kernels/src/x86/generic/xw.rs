@@ -9,8 +9,8 @@
 //! scale group and starts on a byte for the nibble codes) are decoded into a vector, scaled
 //! with one multiply, and accumulated with one fused multiply-add per row; lanes outside the
 //! requested columns are computed and dropped. Every output value sees exactly the operations
-//! of the specification in the same order, so the bits are the same; tiles of `K` blocks ×
-//! `B` activation rows only share loads and decoding.
+//! of the specification in the same order, so the bits are the same; rows streamed together
+//! only share loads and decoding.
 
 use std::ops::Range;
 
@@ -19,7 +19,7 @@ use crate::decode::scale_at;
 use crate::matrix::Matrix;
 use crate::scalar::LANES;
 
-/// Block `jb / 16` (`jb` a multiple of 16) of the stored row `row` of a matrix of `n` columns,
+/// Block `jb / 16` (`jb` a multiple of 16) of row `r` of `m`,
 /// decoded and scaled (`code × scale`, one rounding, for quantized codes). The last partial
 /// block of a row is read from a copy padded with [`Codec::PAD`].
 ///
@@ -96,15 +96,19 @@ pub(crate) unsafe fn decode_row<V: Vector, C: Codec<V>>(
 /// `y[b, o − cols.start] = Σ_i x[b, i] · m[rows.start + i, o]` for `o` in `cols`, each sum
 /// accumulated over `i` in order with one fma per term from `+0.0`, as
 /// [`crate::scalar::matmul_xw`] does (which is this over all rows; [`crate::scalar::absorb`]
-/// and [`crate::scalar::weighted_sum`] are it for one activation row over all columns). `K1`
-/// blocks per tile for one activation row; `K` blocks × `B` activation rows for several.
+/// and [`crate::scalar::weighted_sum`] are it for one activation row over all columns).
+///
+/// The weights stream through once, row by row, `R` rows at a time (`R` sequential streams):
+/// each block of the `R` rows is decoded once, then for every activation row its 16
+/// accumulators are loaded from a buffer (kept in the decoder's lane layout, so nothing is
+/// permuted until the end), take the `R` rows' terms in row order, and are stored back.
 ///
 /// # Safety
 /// The ISA of `V` is available, `m.codes()` is the coding `C` decodes, `rows` and `cols` lie
 /// inside the matrix, `x.len() == batch × rows.len()` and `y.len() == batch × cols.len()` for
 /// some `batch`.
 #[inline(always)]
-pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const K1: usize, const K: usize, const B: usize>(
+pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize>(
     m: &Matrix<'_>,
     rows: Range<usize>,
     x: &[f32],
@@ -120,86 +124,65 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const K1: usize, const K: usize,
     assert!(rows.end <= m.rows() && cols.end <= m.cols());
     let first = cols.start / LANES * LANES;
     let nblocks = (cols.end - first).div_ceil(LANES);
-    let mut t = Tiles {
-        m,
-        rows,
-        x,
-        y,
-        cols,
-    };
-    let mut k = 0;
-    // SAFETY: forwarded from this function's contract; every block index is below `nblocks`.
+    // Accumulators of activation row `b`, block `k`: `acc[(b × nblocks + k) × 16 ..][..16]`.
+    let mut acc = vec![0f32; batch * nblocks * LANES];
+    let mut i = rows.start;
+    // SAFETY: forwarded from this function's contract; every block starts below `cols.end`,
+    // and every accumulator index is inside `acc`.
     unsafe {
-        if batch == 1 {
-            while k + K1 <= nblocks {
-                t.tile::<V, C, K1, 1>(first + k * LANES, 0);
-                k += K1;
-            }
-        } else {
-            while k + K <= nblocks {
-                let mut b = 0;
-                while b + B <= batch {
-                    t.tile::<V, C, K, B>(first + k * LANES, b);
-                    b += B;
-                }
-                while b < batch {
-                    t.tile::<V, C, K, 1>(first + k * LANES, b);
-                    b += 1;
-                }
-                k += K;
-            }
+        while i + R <= rows.end {
+            rows_step::<V, C, R>(m, i, rows.start, x, n_in, &mut acc, first, nblocks, batch);
+            i += R;
         }
-        while k < nblocks {
-            for b in 0..batch {
-                t.tile::<V, C, 1, 1>(first + k * LANES, b);
+        while i < rows.end {
+            rows_step::<V, C, 1>(m, i, rows.start, x, n_in, &mut acc, first, nblocks, batch);
+            i += 1;
+        }
+        for (b, out) in y.chunks_exact_mut(w).enumerate() {
+            for k in 0..nblocks {
+                let a = V::load(acc.as_ptr().add((b * nblocks + k) * LANES));
+                put::<V, C>(a, first + k * LANES, &cols, out);
             }
-            k += 1;
         }
     }
 }
 
-/// The operands of one [`xw`] call.
-struct Tiles<'a, 'm> {
-    m: &'a Matrix<'m>,
-    rows: Range<usize>,
-    x: &'a [f32],
-    y: &'a mut [f32],
-    cols: Range<usize>,
-}
-
-impl Tiles<'_, '_> {
-    /// Blocks at columns `j0, j0 + 16, …` (`K` of them, `j0` a multiple of 16) × activation
-    /// rows `b0 .. b0 + B`, over every input row.
-    ///
-    /// # Safety
-    /// The ISA of `V` is available, `C` decodes `m.codes()`, the `K` blocks start inside the
-    /// matrix and the activation rows exist.
-    #[inline(always)]
-    unsafe fn tile<V: Vector, C: Codec<V>, const K: usize, const B: usize>(
-        &mut self,
-        j0: usize,
-        b0: usize,
-    ) {
-        let n_in = self.rows.len();
-        let xb: [&[f32]; B] = std::array::from_fn(|b| &self.x[(b0 + b) * n_in..][..n_in]);
-        // SAFETY: forwarded from this function's contract.
-        unsafe {
-            let mut acc = [[V::zero(); B]; K];
-            for (i, r) in self.rows.clone().enumerate() {
-                let xs: [V; B] = std::array::from_fn(|b| V::splat(xb[b][i]));
-                for (k, ak) in acc.iter_mut().enumerate() {
-                    let wv = block::<V, C>(self.m, r, j0 + k * LANES);
-                    for (a, &xv) in ak.iter_mut().zip(&xs) {
-                        *a = xv.mul_add(wv, *a);
-                    }
-                }
+/// Rows `i0 .. i0 + R` of [`xw`]: their terms added to every accumulator, in row order.
+///
+/// # Safety
+/// As [`xw`], with `i0 + R ≤ rows.end` and `acc` holding `batch × nblocks` blocks.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_step<V: Vector, C: Codec<V>, const R: usize>(
+    m: &Matrix<'_>,
+    i0: usize,
+    row0: usize,
+    x: &[f32],
+    n_in: usize,
+    acc: &mut [f32],
+    first: usize,
+    nblocks: usize,
+    batch: usize,
+) {
+    let ap = acc.as_mut_ptr();
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        for k in 0..nblocks {
+            let jb = first + k * LANES;
+            // A loop, not `array::from_fn`: a closure might not be inlined into the
+            // `#[target_feature]` entry point, and the decoder must be.
+            let mut wv = [V::zero(); R];
+            for (r, wr) in wv.iter_mut().enumerate() {
+                *wr = block::<V, C>(m, i0 + r, jb);
             }
-            let w = self.cols.len();
-            for (k, ak) in acc.iter().enumerate() {
-                for (b, &a) in ak.iter().enumerate() {
-                    let out = &mut self.y[(b0 + b) * w..][..w];
-                    put::<V, C>(a, j0 + k * LANES, &self.cols, out);
+            for b in 0..batch {
+                let xb = &x[b * n_in + i0 - row0..][..R];
+                let p = ap.add((b * nblocks + k) * LANES);
+                let mut a = V::load(p);
+                for (wr, &xv) in wv.iter().zip(xb) {
+                    a = V::splat(xv).mul_add(*wr, a);
                 }
+                a.store(p);
             }
         }
     }

@@ -1,7 +1,12 @@
 //! sluice's arithmetic.
 //!
-//! Every number sluice computes goes through this crate: products of packed weight matrices
-//! with f32 activations ([`Kernels::matmul`]), and the row ops of a transformer (RMSNorm,
+//! Every number sluice computes goes through this crate, and every stored weight format is
+//! defined here: the coding of a stored dtype ([`Codes::for_dtype`], [`ScaleType::for_dtype`]),
+//! exact decoding ([`decode`], [`Kernels::decode_row`]), products of packed weight matrices
+//! with f32 activations ([`Kernels::matmul`]), the transposed products that accumulate decoded
+//! rows ([`Kernels::matmul_xw`] for matrices stored `[in, out]`, [`Kernels::absorb`] for
+//! multi-head latent attention, [`Kernels::weighted_sum`] for attention's `probs · V`), and the
+//! row ops of a transformer (RMSNorm,
 //! softmax, SwiGLU, SiTU-GLU, sigmoid, tanh, softplus, L2 norm, RoPE, top-k, the short causal
 //! convolution and the delta-rule step of Kimi Delta Attention). Because sluice promises byte-identical output at
 //! every memory budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and
@@ -17,8 +22,8 @@
 //! lengths, then calls the implementation of its ISA: the scalar functions of [`scalar`], or
 //! (on x86-64 only) `#[target_feature]` functions compiled for AVX2+FMA+F16C or AVX-512
 //! F/BW/VL/DQ. Nothing is compiled for the build machine's CPU (no `target-cpu=native`).
-//! Kernels are single-threaded over a range of output rows; the caller splits rows across
-//! threads, so the thread count cannot change a bit.
+//! Kernels are single-threaded over a range of output rows (the transposed products: output
+//! columns); the caller splits them across threads, so the thread count cannot change a bit.
 //!
 //! # How the SIMD paths keep the contract
 //!

@@ -17,7 +17,7 @@
 //! 3. `general.alignment`, when present, a `u32` power of two at most [`MAX_ALIGNMENT`];
 //! 4. per tensor: name at most [`MAX_NAME_LEN`] bytes and not seen before, rank 1 to
 //!    [`MAX_DIMS`], every dim at most `i64::MAX`, ggml type known (else
-//!    [`FormatError::GgufUnknownType`] naming the tensor and the id), the row length (dim 0) a
+//!    [`crate::FormatError::GgufUnknownType`] naming the tensor and the id), the row length (dim 0) a
 //!    multiple of the type's block size, byte size = elements / block size × type size without
 //!    overflow, offset a multiple of the alignment, data inside the file;
 //! 5. across tensors: no two byte ranges overlap.
@@ -30,8 +30,8 @@
 //! read until the header fits (at most [`MAX_HEADER_BYTES`]). [`GgufSet::open`] opens a split
 //! model, `NAME-0000N-of-0000M.gguf`.
 //!
-//! The code is in [`types`] (ggml types and metadata values), [`header`] (the parser and the
-//! validated header) and [`file`] (reading headers from files and split sets).
+//! The code is in `types.rs` (ggml types and metadata values), `header.rs` (the parser and the
+//! validated header) and `file.rs` (reading headers from files and split sets).
 
 mod file;
 mod header;

@@ -6,7 +6,9 @@
 //! - the read bandwidth of a streaming sum over a 1 GiB buffer (far larger than any L3);
 //! - matrix × activations for every weight format and every SIMD ISA this CPU has, at
 //!   4096 × 4096 and 7168 × 2048, batch 1 (decode) and batch 8 and 32 (prefill), plus the
-//!   scalar specification at batch 1 for scale.
+//!   scalar specification at batch 1 for scale;
+//! - the transposed products `matmul_xw` (GPT-OSS's BF16 experts, batch 1 and 8) and `absorb`
+//!   (one head of DeepSeek's FP8 `kv_b_proj`), against the model's former decode-then-`axpy`.
 //!
 //! Weights are cycled through a 1 GiB pool of copies, so every call streams them from memory
 //! as decode does. Results print as criterion's usual lines and, at the end, as one table:
@@ -299,6 +301,101 @@ fn bench_matmul(c: &mut Criterion, pool: &mut [u8], kernels: &[Kernels]) {
     }
 }
 
+/// The transposed products: `matmul_xw` over GPT-OSS's fused BF16 `gate_up_proj` of one
+/// expert (`[2880, 5760]` stored `[in, out]`), batch 1 and 8, and `absorb` over one head's
+/// 128 rows of DeepSeek's FP8 `kv_b_proj` (`[128, 512]` of a `[32768, 512]` matrix, 128 × 128
+/// f32 block scales). Each also runs as the model crate computed it before the kernels owned
+/// it (`model-axpy`: the scalar row decoder, then the ISA's `axpy` per row), for comparison.
+fn bench_transposed(c: &mut Criterion, kernels: &[Kernels]) {
+    let (n_in, n_out) = (2880, 5760);
+    let mut w = vec![0u8; n_in * n_out * 2];
+    fill(&mut w, Codes::BF16);
+    let m = Matrix::dense(Codes::BF16, &w, n_in, n_out).unwrap();
+    let mut g = c.benchmark_group(format!("matmul_xw/bf16/{n_in}x{n_out}"));
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Bytes(w.len() as u64));
+    for &k in kernels {
+        for batch in [1usize, 8] {
+            let mut rng = Rng(5);
+            let x: Vec<f32> = (0..batch * n_in).map(|_| rng.unit()).collect();
+            let mut y = vec![0f32; batch * n_out];
+            let id = format!("{}/b{batch}", k.isa());
+            g.bench_function(&id, |b| {
+                b.iter_custom(|iters| {
+                    timed(&format!("matmul_xw/{id}"), iters, || {
+                        k.matmul_xw(&m, &x, &mut y, 0..n_out)
+                    })
+                })
+            });
+            if k.isa() == Isa::Scalar {
+                continue;
+            }
+            let id = format!("{}-model-axpy/b{batch}", k.isa());
+            let mut row = vec![0f32; n_out];
+            g.bench_function(&id, |b| {
+                b.iter_custom(|iters| {
+                    timed(&format!("matmul_xw/{id}"), iters, || {
+                        y.fill(0.0);
+                        for i in 0..n_in {
+                            sluice_kernels::scalar::decode_row(&m, i, 0..n_out, &mut row);
+                            for bi in 0..batch {
+                                let yb = &mut y[bi * n_out..(bi + 1) * n_out];
+                                k.axpy(x[bi * n_in + i], &row, yb);
+                            }
+                        }
+                    })
+                })
+            });
+        }
+    }
+    g.finish();
+
+    let (rows, cols) = (32768, 512);
+    let mut w = vec![0u8; rows * cols];
+    fill(&mut w, Codes::E4M3);
+    let sc = scale_fill(rows.div_ceil(128) * cols.div_ceil(128), ScaleType::F32);
+    let scales = Scales {
+        data: &sc,
+        ty: ScaleType::F32,
+        group_cols: 128,
+        group_rows: 128,
+    };
+    let m = Matrix::quantized(Codes::E4M3, &w, rows, cols, scales).unwrap();
+    let mut g = c.benchmark_group(format!("absorb/fp8-e4m3-b128/128x{cols}"));
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Bytes(128 * cols as u64));
+    let mut rng = Rng(9);
+    let x: Vec<f32> = (0..128).map(|_| rng.unit()).collect();
+    let mut out = vec![0f32; cols];
+    for &k in kernels {
+        let id = k.isa().to_string();
+        g.bench_function(&id, |b| {
+            b.iter_custom(|iters| {
+                timed(&format!("absorb/{id}"), iters, || {
+                    k.absorb(&m, 256..384, &x, &mut out)
+                })
+            })
+        });
+        if k.isa() == Isa::Scalar {
+            continue;
+        }
+        let id = format!("{}-model-axpy", k.isa());
+        let mut row = vec![0f32; cols];
+        g.bench_function(&id, |b| {
+            b.iter_custom(|iters| {
+                timed(&format!("absorb/{id}"), iters, || {
+                    out.fill(0.0);
+                    for (i, r) in (256..384).enumerate() {
+                        sluice_kernels::scalar::decode_row(&m, r, 0..cols, &mut row);
+                        k.axpy(x[i], &row, &mut out);
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
 fn print_table() {
     let res = RESULTS.lock().unwrap();
     println!();
@@ -367,6 +464,7 @@ fn main() {
         let pool = vec![1.0f32; POOL_BYTES / 4];
         bench_bandwidth(&mut c, &pool, best);
     }
+    bench_transposed(&mut c, &kernels);
     let mut pool = vec![0u8; POOL_BYTES];
     bench_matmul(&mut c, &mut pool, &kernels);
     c.final_summary();

@@ -207,6 +207,106 @@ impl Manifest {
     }
 }
 
+/// The name of part `i` in the numbering the model loads parts by: layers `0..layers` are
+/// `layer.N`, part `layers` is `head`, part `layers + 1` is `embed`; anything past is `None`.
+pub fn part_name(i: usize, layers: usize) -> Option<String> {
+    match i.checked_sub(layers) {
+        None => Some(format!("layer.{i}")),
+        Some(0) => Some("head".to_owned()),
+        Some(1) => Some("embed".to_owned()),
+        Some(_) => None,
+    }
+}
+
+/// A packed trunk that fails verification.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PackedError {
+    /// The bytes of a part do not hash to the manifest's checksum.
+    #[error(
+        "{}: {part}: checksum mismatch (stored {stored}, computed {computed}): the packed trunk is corrupt; pack it again",
+        file.display()
+    )]
+    Checksum {
+        /// The trunk file.
+        file: PathBuf,
+        /// The part's name (`layer.N`, `head`, `embed`).
+        part: String,
+        /// The manifest's checksum (empty when the manifest has no such part).
+        stored: String,
+        /// The checksum of the bytes read.
+        computed: String,
+    },
+}
+
+/// The manifest's checksum of every part of a packed trunk, by part number ([`part_name`]),
+/// to verify parts as they are read.
+///
+/// ```
+/// # use sluice_format::packed::{TrunkChecksums, Manifest};
+/// # fn demo(m: &Manifest, pieces: &[&[u8]]) -> Result<(), sluice_format::packed::PackedError> {
+/// let sums = TrunkChecksums::new(m, std::path::Path::new("pack/trunk.bin"), 2);
+/// sums.verify(0, pieces.iter().copied())?; // layer.0, its tensors in file order
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrunkChecksums {
+    file: PathBuf,
+    /// (name, stored checksum) of parts `0..layers + 2`.
+    sums: Vec<(String, String)>,
+}
+
+impl TrunkChecksums {
+    /// The checksums of parts `0..layers + 2` of `m`; `trunk_file` is the path errors name. A
+    /// part missing from the manifest has the empty checksum, which nothing matches.
+    pub fn new(m: &Manifest, trunk_file: &Path, layers: usize) -> TrunkChecksums {
+        let sums = (0..layers + 2)
+            .filter_map(|i| part_name(i, layers))
+            .map(|name| {
+                let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
+                (name, sum)
+            })
+            .collect();
+        TrunkChecksums {
+            file: trunk_file.to_path_buf(),
+            sums,
+        }
+    }
+
+    /// Checks that `pieces` (the bytes of part `part`, in file order) hash to the stored
+    /// checksum. Part numbers past the trunk have nothing to check and pass.
+    pub fn verify<'a>(
+        &self,
+        part: usize,
+        pieces: impl IntoIterator<Item = &'a [u8]>,
+    ) -> Result<(), PackedError> {
+        let Some((name, stored)) = self.sums.get(part) else {
+            return Ok(());
+        };
+        verify_part(&self.file, name, stored, pieces)
+    }
+}
+
+/// Checks that `pieces` hash ([`xxh3_hex`]) to `stored`, the checksum of part `part` of the
+/// trunk file `file`.
+pub fn verify_part<'a>(
+    file: &Path,
+    part: &str,
+    stored: &str,
+    pieces: impl IntoIterator<Item = &'a [u8]>,
+) -> Result<(), PackedError> {
+    let computed = xxh3_hex(pieces);
+    if computed != stored {
+        return Err(PackedError::Checksum {
+            file: file.to_path_buf(),
+            part: part.to_owned(),
+            stored: stored.to_owned(),
+            computed,
+        });
+    }
+    Ok(())
+}
+
 /// xxh3-64 of a sequence of byte slices, as 16 hex digits.
 pub fn xxh3_hex<'a>(chunks: impl IntoIterator<Item = &'a [u8]>) -> String {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
@@ -326,6 +426,42 @@ mod tests {
     fn hash_is_streaming() {
         assert_eq!(xxh3_hex([&b"ab"[..], &b"cd"[..]]), xxh3_hex([&b"abcd"[..]]));
         assert_ne!(xxh3_hex([&b"abce"[..]]), xxh3_hex([&b"abcd"[..]]));
+    }
+
+    #[test]
+    fn checksums_by_part_number() {
+        assert_eq!(part_name(0, 2).as_deref(), Some("layer.0"));
+        assert_eq!(part_name(2, 2).as_deref(), Some("head"));
+        assert_eq!(part_name(3, 2).as_deref(), Some("embed"));
+        assert_eq!(part_name(4, 2), None);
+        let mut m = sample();
+        let bytes = [7u8; 24];
+        m.parts[0].xxh3 = xxh3_hex([&bytes[..10], &bytes[10..]]);
+        let file = Path::new("/p/trunk.bin");
+        let sums = TrunkChecksums::new(&m, file, 1);
+        assert_eq!(sums.verify(0, [&bytes[..]]), Ok(()));
+        assert_eq!(sums.verify(3, [&b"anything"[..]]), Ok(()));
+        let e = sums.verify(0, [&bytes[1..]]).unwrap_err();
+        let PackedError::Checksum {
+            ref part,
+            ref stored,
+            ref computed,
+            ..
+        } = e;
+        assert_eq!((part.as_str(), stored), ("layer.0", &m.parts[0].xxh3));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "/p/trunk.bin: layer.0: checksum mismatch (stored {stored}, computed {computed}): \
+                 the packed trunk is corrupt; pack it again"
+            )
+        );
+        // The head is not in the manifest: nothing matches the empty checksum.
+        let e = sums.verify(1, [&bytes[..]]).unwrap_err().to_string();
+        assert!(
+            e.contains("head: checksum mismatch (stored , computed"),
+            "{e}"
+        );
     }
 
     proptest::proptest! {

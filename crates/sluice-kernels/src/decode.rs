@@ -116,6 +116,17 @@ pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
     }
 }
 
+/// The first `len` stored values of `codes` in `bytes` as f32, exactly (the unscaled codes for
+/// quantized codings): a norm weight or bias vector as the kernels take it.
+///
+/// # Panics
+/// When `bytes` holds fewer than `len` values.
+pub fn decode_vec(codes: crate::Codes, bytes: &[u8], len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|j| crate::scalar::code(codes, bytes, j))
+        .collect()
+}
+
 /// Scale `g` of a row of scales, as f32 (exact for every scale type).
 #[inline(always)]
 pub fn scale_at(ty: ScaleType, row: &[u8], g: usize) -> f32 {

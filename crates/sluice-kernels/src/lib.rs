@@ -1,7 +1,12 @@
 //! sluice's arithmetic.
 //!
-//! Every number sluice computes goes through this crate: products of packed weight matrices
-//! with f32 activations ([`Kernels::matmul`]), and the row ops of a transformer (RMSNorm,
+//! Every number sluice computes goes through this crate, and every stored weight format is
+//! defined here: the coding of a stored dtype ([`Codes::for_dtype`], [`ScaleType::for_dtype`]),
+//! exact decoding ([`decode`], [`Kernels::decode_row`]), products of packed weight matrices
+//! with f32 activations ([`Kernels::matmul`]), the transposed products that accumulate decoded
+//! rows ([`Kernels::matmul_xw`] for matrices stored `[in, out]`, [`Kernels::absorb`] for
+//! multi-head latent attention, [`Kernels::weighted_sum`] for attention's `probs · V`), and the
+//! row ops of a transformer (RMSNorm,
 //! softmax, SwiGLU, SiTU-GLU, sigmoid, tanh, softplus, L2 norm, RoPE, top-k, the short causal
 //! convolution and the delta-rule step of Kimi Delta Attention). Because sluice promises byte-identical output at
 //! every memory budget, thread count and CPU, there is one numeric contract (see [`scalar`]) and
@@ -17,8 +22,8 @@
 //! lengths, then calls the implementation of its ISA: the scalar functions of [`scalar`], or
 //! (on x86-64 only) `#[target_feature]` functions compiled for AVX2+FMA+F16C or AVX-512
 //! F/BW/VL/DQ. Nothing is compiled for the build machine's CPU (no `target-cpu=native`).
-//! Kernels are single-threaded over a range of output rows; the caller splits rows across
-//! threads, so the thread count cannot change a bit.
+//! Kernels are single-threaded over a range of output rows (the transposed products: output
+//! columns); the caller splits them across threads, so the thread count cannot change a bit.
 //!
 //! # How the SIMD paths keep the contract
 //!
@@ -169,7 +174,10 @@ macro_rules! dispatch {
 
 /// The scalar specification under the names the dispatch uses.
 mod scalar_op {
-    pub(crate) use crate::scalar::{axpy, dot, matmul, rmsnorm, silu_mul, softmax, sum};
+    pub(crate) use crate::scalar::{
+        absorb, axpy, decode_row, dot, matmul, matmul_xw, rmsnorm, silu_mul, softmax, sum,
+        weighted_sum,
+    };
 
     pub(crate) fn sigmoid(x: &mut [f32]) {
         x.iter_mut().for_each(|v| *v = crate::scalar::sigmoid(*v));
@@ -254,6 +262,92 @@ impl Kernels {
             return scalar::matmul(m, x, y, rows);
         }
         dispatch!(self, matmul(m, x, y, rows))
+    }
+
+    /// Columns `cols` of row `r` of `m` decoded to f32 (see [`scalar::decode_row`]): the stored
+    /// values, times their group's scale for quantized codings.
+    ///
+    /// # Panics
+    /// When `r` is not a row of `m`, `cols` runs past `m.cols()`, or `out.len() != cols.len()`.
+    pub fn decode_row(&self, m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
+        assert!(r < m.rows(), "row {r} outside {} rows", m.rows());
+        check_cols(m, &cols);
+        assert_eq!(
+            out.len(),
+            cols.len(),
+            "decode_row into {} values for {} columns",
+            out.len(),
+            cols.len()
+        );
+        dispatch!(self, decode_row(m, r, cols, out))
+    }
+
+    /// The transposed product `y = x · W` over a range of output columns, for a matrix stored
+    /// `[in, out]` (`in = m.rows()`, `out = m.cols()`; GPT-OSS's fused experts). `x` holds `b`
+    /// activation rows of `m.rows()` values; `y` receives `b` rows of `cols.len()` values,
+    /// `y[i, o − cols.start] = Σ_r x[i, r] · m[r, o]`, each accumulated over `r` in order with
+    /// one fma per term from `+0.0` (see [`scalar::matmul_xw`]). A value depends only on its
+    /// column, so the caller may split the columns across threads.
+    ///
+    /// # Panics
+    /// When `cols` runs past `m.cols()`, `x.len()` is not `b × m.rows()` or `y.len()` is not
+    /// `b × cols.len()` for one `b`.
+    pub fn matmul_xw(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32], cols: Range<usize>) {
+        check_cols(m, &cols);
+        let n_in = m.rows();
+        let batch = y
+            .len()
+            .checked_div(cols.len())
+            .unwrap_or(x.len().checked_div(n_in).unwrap_or(0));
+        assert!(
+            x.len() == batch * n_in && y.len() == batch * cols.len(),
+            "matmul_xw: activations of {} values and output of {} for [{n_in}, {}] over {} columns",
+            x.len(),
+            y.len(),
+            m.cols(),
+            cols.len()
+        );
+        dispatch!(self, matmul_xw(m, x, y, cols))
+    }
+
+    /// `out = Σ_i x[i] · m[rows.start + i, :]`: the transposed product over a range of rows
+    /// (multi-head latent attention's weight absorption), accumulated row by row from `+0.0`
+    /// with one fma per term (see [`scalar::absorb`]).
+    ///
+    /// # Panics
+    /// When `rows` runs past `m.rows()`, `x.len() != rows.len()` or `out.len() != m.cols()`.
+    pub fn absorb(&self, m: &Matrix<'_>, rows: Range<usize>, x: &[f32], out: &mut [f32]) {
+        assert!(
+            rows.start <= rows.end && rows.end <= m.rows(),
+            "row range {rows:?} outside {} rows",
+            m.rows()
+        );
+        assert!(
+            x.len() == rows.len() && out.len() == m.cols(),
+            "absorb: {} weights for {} rows into {} values for {} columns",
+            x.len(),
+            rows.len(),
+            out.len(),
+            m.cols()
+        );
+        dispatch!(self, absorb(m, rows, x, out))
+    }
+
+    /// `out[d] = Σ_j p[j] · v[j, d]` (attention's `probs · V`), accumulated from `+0.0` in
+    /// position order with one fma per term (see [`scalar::weighted_sum`]). `v` holds at least
+    /// `p.len()` rows of `dim` values; rows past them are not read.
+    ///
+    /// # Panics
+    /// When `out.len() != dim` or `v` holds fewer than `p.len() × dim` values.
+    pub fn weighted_sum(&self, p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) {
+        assert!(
+            out.len() == dim && p.len().checked_mul(dim).is_some_and(|n| n <= v.len()),
+            "weighted_sum of {} rows of {dim} from {} values into {}",
+            p.len(),
+            v.len(),
+            out.len()
+        );
+        dispatch!(self, weighted_sum(p, v, dim, out))
     }
 
     /// `a · b` by the contract.
@@ -433,6 +527,15 @@ impl Kernels {
             self.axpy(qi, row, out);
         }
     }
+}
+
+/// Panics unless `cols` is a range of columns of `m`.
+fn check_cols(m: &Matrix<'_>, cols: &Range<usize>) {
+    assert!(
+        cols.start <= cols.end && cols.end <= m.cols(),
+        "column range {cols:?} outside {} columns",
+        m.cols()
+    );
 }
 
 #[cfg(test)]

@@ -1,5 +1,7 @@
 //! Weight matrices as stored: dense or packed with group scales, borrowed as raw bytes.
 
+use sluice_format::Dtype;
+
 use crate::KernelError;
 
 /// How the elements of a weight matrix are coded.
@@ -29,6 +31,37 @@ impl Codes {
         !matches!(self, Codes::F32 | Codes::BF16 | Codes::F16)
     }
 
+    /// The coding of a tensor stored as `dtype`, where the dtype alone decides it: F32, BF16
+    /// and F16 (dense), F8_E4M3 and I8 (quantized: their matrices need scales). `None` for every
+    /// other dtype, including the containers of packed codes ([`Codes::Int4`] in I32 words,
+    /// [`Codes::E2M1`] in U8 bytes), which only a checkpoint's layout identifies: see
+    /// [`Codes::container`].
+    pub fn for_dtype(dtype: Dtype) -> Option<Codes> {
+        Some(match dtype {
+            Dtype::F32 => Codes::F32,
+            Dtype::BF16 => Codes::BF16,
+            Dtype::F16 => Codes::F16,
+            Dtype::F8E4M3 => Codes::E4M3,
+            Dtype::I8 => Codes::I8,
+            _ => return None,
+        })
+    }
+
+    /// The dtype tensors of this coding are stored as: the dtype itself for the codings of
+    /// [`Codes::for_dtype`], I32 for [`Codes::Int4`] (compressed-tensors `pack-quantized`
+    /// words) and U8 for [`Codes::E2M1`] (MXFP4 blocks).
+    pub fn container(self) -> Dtype {
+        match self {
+            Codes::F32 => Dtype::F32,
+            Codes::BF16 => Dtype::BF16,
+            Codes::F16 => Dtype::F16,
+            Codes::E4M3 => Dtype::F8E4M3,
+            Codes::I8 => Dtype::I8,
+            Codes::Int4 => Dtype::I32,
+            Codes::E2M1 => Dtype::U8,
+        }
+    }
+
     /// Bytes for one row of `cols` elements.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
         match self {
@@ -54,6 +87,18 @@ pub enum ScaleType {
 }
 
 impl ScaleType {
+    /// The scale type of a scale tensor stored as `dtype`: F32, BF16, F16, and E8M0 for both
+    /// F8_E8M0 and U8 (biased exponents, as MXFP4 checkpoints store them). `None` otherwise.
+    pub fn for_dtype(dtype: Dtype) -> Option<ScaleType> {
+        Some(match dtype {
+            Dtype::F32 => ScaleType::F32,
+            Dtype::BF16 => ScaleType::BF16,
+            Dtype::F16 => ScaleType::F16,
+            Dtype::F8E8M0 | Dtype::U8 => ScaleType::E8M0,
+            _ => return None,
+        })
+    }
+
     /// Bytes per scale.
     pub fn size(self) -> usize {
         match self {

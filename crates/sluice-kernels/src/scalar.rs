@@ -127,6 +127,94 @@ pub fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Range<usize>) {
     }
 }
 
+/// Columns `cols` of row `r` of `m` as f32: the stored value, times its group's scale for
+/// quantized codings (`code × scale`, one rounding). Every value is exact but for that one
+/// rounding, so any correct decoder gives these bits.
+pub fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
+    let bytes = m.row(r);
+    match m.scales() {
+        // The dense codings, one match per row rather than per element: the same exact
+        // conversions as `code`, in loops the compiler vectorises.
+        None => match m.codes() {
+            Codes::BF16 => {
+                let src = &bytes[2 * cols.start..2 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            Codes::F32 => {
+                let src = &bytes[4 * cols.start..4 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Codes::F16 => {
+                let src = &bytes[2 * cols.start..2 * cols.end];
+                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
+                    *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            codes => {
+                for (o, j) in out.iter_mut().zip(cols) {
+                    *o = code(codes, bytes, j);
+                }
+            }
+        },
+        Some(s) => {
+            let srow = m.scale_row(r);
+            for (o, j) in out.iter_mut().zip(cols) {
+                let sc = scale_at(s.ty, srow, j / s.group_cols);
+                *o = code(m.codes(), bytes, j) * sc;
+            }
+        }
+    }
+}
+
+/// The transposed product `y = x · W` over output columns `cols`, for a matrix stored
+/// `[in, out]` (the `x @ W` layout, `in = m.rows()`, `out = m.cols()`): `x` is `[b, in]` and
+/// `y` is `[b, cols.len()]`, `y[b, o − cols.start] = Σ_i x[b, i] · W[i, o]`.
+///
+/// Each output is accumulated over the input rows in order, `acc = fma(x[b, i], W[i, o],
+/// acc)` from `+0.0` ([`axpy`] of each row decoded by [`decode_row`]). A value depends only on
+/// its column, so splitting the columns (across threads) or the batch cannot change a bit.
+pub fn matmul_xw(m: &Matrix<'_>, x: &[f32], y: &mut [f32], cols: Range<usize>) {
+    let n_in = m.rows();
+    let w = cols.len();
+    y.fill(0.0);
+    if w == 0 {
+        return;
+    }
+    let batch = y.len() / w;
+    let mut row = vec![0f32; w];
+    for i in 0..n_in {
+        decode_row(m, i, cols.clone(), &mut row);
+        for b in 0..batch {
+            axpy(x[b * n_in + i], &row, &mut y[b * w..(b + 1) * w]);
+        }
+    }
+}
+
+/// `out = Σ_i x[i] · m[rows.start + i, :]`: the transposed product over a range of rows (the
+/// weight absorption of multi-head latent attention), accumulated row by row from `+0.0` with
+/// [`axpy`] over each row decoded by [`decode_row`] (packed rows with their scales).
+pub fn absorb(m: &Matrix<'_>, rows: Range<usize>, x: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    let mut row = vec![0f32; m.cols()];
+    for (i, r) in rows.enumerate() {
+        decode_row(m, r, 0..m.cols(), &mut row);
+        axpy(x[i], &row, out);
+    }
+}
+
+/// `probs · V` over cached rows: `out[d] = Σ_j p[j] · v[j, d]` for `v` holding `p.len()` rows of
+/// `dim` values, accumulated from `+0.0` in position order with [`axpy`].
+pub fn weighted_sum(p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for (j, &pj) in p.iter().enumerate() {
+        axpy(pj, &v[j * dim..(j + 1) * dim], out);
+    }
+}
+
 /// `a · b` for f32 vectors of equal length, by the contract.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();

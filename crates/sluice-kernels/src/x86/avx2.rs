@@ -413,6 +413,8 @@ pub(crate) unsafe fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Rang
     }
 }
 
+xw_ops!(V256, "avx2,fma,f16c", 4);
+
 /// Declares `#[target_feature]` entry points for the row ops of [`generic`].
 macro_rules! row_ops {
     ($($(#[$doc:meta])* fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)?;)*) => {$(

@@ -12,6 +12,131 @@
 //! contract's pairwise tree. Lane `i` of the contract still sees exactly columns `i`, `i + 16`,
 //! `i + 32`, … in order, so the bits do not change.
 
+/// Evaluates `$body` with the type `$C` standing for the decoder (in the invoking ISA module)
+/// of the coding `$codes`.
+macro_rules! per_codes {
+    ($codes:expr, |$C:ident| $body:expr) => {
+        match $codes {
+            Codes::F32 => {
+                type $C = F32;
+                $body
+            }
+            Codes::BF16 => {
+                type $C = Bf16;
+                $body
+            }
+            Codes::F16 => {
+                type $C = F16;
+                $body
+            }
+            Codes::E4M3 => {
+                type $C = E4m3;
+                $body
+            }
+            Codes::Int4 => {
+                type $C = Int4;
+                $body
+            }
+            Codes::E2M1 => {
+                type $C = E2m1;
+                $body
+            }
+            Codes::I8 => {
+                type $C = I8;
+                $body
+            }
+        }
+    };
+}
+
+/// Declares the `#[target_feature]` entry points of the row decoder and the transposed
+/// products of [`generic::xw`] for one ISA: `$v` its vector, `$features` its target
+/// features, `$r` the weight rows streamed together (see [`generic::xw()`]).
+macro_rules! xw_ops {
+    ($v:ty, $features:literal, $r:literal) => {
+        /// [`crate::scalar::decode_row`].
+        ///
+        /// # Safety
+        /// The CPU has the ISA; the arguments pass the checks of [`crate::Kernels::decode_row`].
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn decode_row(
+            m: &Matrix<'_>,
+            r: usize,
+            cols: Range<usize>,
+            out: &mut [f32],
+        ) {
+            // SAFETY: the ISA is available and the shapes are checked (this function's
+            // contract); each arm decodes the coding it matches.
+            unsafe { per_codes!(m.codes(), |C| generic::decode_row::<$v, C>(m, r, cols, out)) }
+        }
+
+        /// `y[b, o − cols.start] = Σ_i x[b, i] · m[rows.start + i, o]` (see [`generic::xw()`]).
+        ///
+        /// # Safety
+        /// The CPU has the ISA; the shapes are as [`generic::xw()`] requires.
+        #[target_feature(enable = $features)]
+        unsafe fn xw(
+            m: &Matrix<'_>,
+            rows: Range<usize>,
+            x: &[f32],
+            y: &mut [f32],
+            cols: Range<usize>,
+        ) {
+            // SAFETY: as in `decode_row`.
+            unsafe { per_codes!(m.codes(), |C| generic::xw::<$v, C, $r>(m, rows, x, y, cols)) }
+        }
+
+        /// [`crate::scalar::matmul_xw`].
+        ///
+        /// # Safety
+        /// The CPU has the ISA; the arguments pass the checks of [`crate::Kernels::matmul_xw`].
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn matmul_xw(
+            m: &Matrix<'_>,
+            x: &[f32],
+            y: &mut [f32],
+            cols: Range<usize>,
+        ) {
+            // SAFETY: this function's contract is `xw`'s over every row.
+            unsafe { xw(m, 0..m.rows(), x, y, cols) }
+        }
+
+        /// [`crate::scalar::absorb`].
+        ///
+        /// # Safety
+        /// The CPU has the ISA; the arguments pass the checks of [`crate::Kernels::absorb`].
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn absorb(
+            m: &Matrix<'_>,
+            rows: Range<usize>,
+            x: &[f32],
+            out: &mut [f32],
+        ) {
+            // SAFETY: this function's contract is `xw`'s for one activation row over every
+            // column.
+            unsafe { xw(m, rows, x, out, 0..m.cols()) }
+        }
+
+        /// [`crate::scalar::weighted_sum`].
+        ///
+        /// # Safety
+        /// The CPU has the ISA; the arguments pass the checks of
+        /// [`crate::Kernels::weighted_sum`].
+        #[target_feature(enable = $features)]
+        pub(crate) unsafe fn weighted_sum(p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) {
+            let n = p.len();
+            let v = &v[..n * dim];
+            // SAFETY: any initialised f32 is four initialised bytes, and `u8` needs no
+            // alignment: the bytes of `v`, borrowed for as long as `v`.
+            let bytes = unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), 4 * v.len()) };
+            let m = Matrix::dense(Codes::F32, bytes, n, dim).expect("an f32 matrix of n x dim");
+            // SAFETY: `m` is `[n, dim]` and `p`, `out` are one activation row of `n` and `dim`
+            // values: `xw`'s contract.
+            unsafe { xw(&m, 0..n, p, out, 0..dim) }
+        }
+    };
+}
+
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod generic;

@@ -3,8 +3,7 @@
 
 use std::ops::Range;
 
-use sluice_kernels::decode::{bf16_to_f32, f16_to_f32};
-use sluice_kernels::{Codes, Kernels, Matrix, scalar};
+use sluice_kernels::{Kernels, Matrix};
 
 use crate::ModelError;
 
@@ -153,25 +152,17 @@ impl Exec {
     /// `y = x · W` for a matrix stored `[in, out]` (the `x @ W` layout): `x` is `[b, in]` and
     /// `y` is `[b, out]`, with `in = m.rows()`, `out = m.cols()`.
     ///
-    /// Each output is accumulated over the input features in order, `acc = fma(x[i], W[i, o],
-    /// acc)` from `+0.0` (the kernels' [`axpy`](Kernels::axpy), which every ISA computes
-    /// alike), with `W[i, o]` decoded exactly as [`decode_row`] does. Threads own ranges of
-    /// output columns, so neither the thread count nor the batch changes a bit.
+    /// The kernels' [`Kernels::matmul_xw`] over ranges of output columns, one range per task:
+    /// a value depends only on its column, so neither the thread count nor the batch changes a
+    /// bit.
     pub fn matmul_xw(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
         let (n_in, n_out) = (m.rows(), m.cols());
         let batch = x.len().checked_div(n_in).unwrap_or(0);
         debug_assert_eq!(y.len(), batch * n_out);
         let k = &self.kernels;
         let columns = |cols: Range<usize>| -> Vec<f32> {
-            let w = cols.len();
-            let mut part = vec![0f32; batch * w];
-            let mut row = vec![0f32; w];
-            for i in 0..n_in {
-                decode_row(m, i, cols.clone(), &mut row);
-                for b in 0..batch {
-                    k.axpy(x[b * n_in + i], &row, &mut part[b * w..(b + 1) * w]);
-                }
-            }
+            let mut part = vec![0f32; batch * cols.len()];
+            k.matmul_xw(m, x, &mut part, cols);
             part
         };
         let Some(pool) = self
@@ -179,7 +170,7 @@ impl Exec {
             .as_ref()
             .filter(|_| n_out >= 2 * MIN_ROWS_PER_TASK)
         else {
-            y.copy_from_slice(&columns(0..n_out));
+            k.matmul_xw(m, x, y, 0..n_out);
             return;
         };
         let tasks = (self.threads * 2).min(n_out / MIN_ROWS_PER_TASK).max(1);
@@ -246,49 +237,6 @@ impl Exec {
                 .zip(b.chunks_mut(cb))
                 .enumerate()
                 .for_each(|(i, (x, y))| f(i, x, y)),
-        }
-    }
-}
-
-/// Columns `cols` of row `r` of `m` as f32: the stored value, times its group's scale for packed
-/// codings (`code × scale`, one rounding).
-pub(crate) fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
-    let bytes = m.row(r);
-    match m.scales() {
-        // The dense codings, one match per row rather than per element (the attention
-        // absorption decodes a whole kv_b_proj block per head and token): the same exact
-        // conversions as `scalar::code`, in loops the compiler vectorises.
-        None => match m.codes() {
-            Codes::BF16 => {
-                let src = &bytes[2 * cols.start..2 * cols.end];
-                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-                }
-            }
-            Codes::F32 => {
-                let src = &bytes[4 * cols.start..4 * cols.end];
-                for (o, b) in out.iter_mut().zip(src.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            Codes::F16 => {
-                let src = &bytes[2 * cols.start..2 * cols.end];
-                for (o, b) in out.iter_mut().zip(src.chunks_exact(2)) {
-                    *o = f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
-                }
-            }
-            codes => {
-                for (o, j) in out.iter_mut().zip(cols) {
-                    *o = scalar::code(codes, bytes, j);
-                }
-            }
-        },
-        Some(s) => {
-            let srow = m.scale_row(r);
-            for (o, j) in out.iter_mut().zip(cols) {
-                let sc = sluice_kernels::decode::scale_at(s.ty, srow, j / s.group_cols);
-                *o = scalar::code(m.codes(), bytes, j) * sc;
-            }
         }
     }
 }

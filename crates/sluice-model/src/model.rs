@@ -6,10 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::Checkpoint;
-use sluice_kernels::{Codes, scalar};
+use sluice_kernels::Codes;
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, TrunkStore,
-    read_blob,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, TrunkStore, read_blob,
 };
 
 use crate::ModelError;
@@ -114,11 +113,8 @@ impl Model {
                 let (Some(t), Some(piece)) = (ck.get(name), part.piece_of(name)) else {
                     continue;
                 };
-                let codes = match t.dtype {
-                    sluice_format::Dtype::F32 => Codes::F32,
-                    sluice_format::Dtype::BF16 => Codes::BF16,
-                    sluice_format::Dtype::F16 => Codes::F16,
-                    _ => continue,
+                let Some(codes) = Codes::for_dtype(t.dtype) else {
+                    continue;
                 };
                 if let Some(at) = sluice_kernels::decode::first_non_finite(codes, blob.piece(piece))
                 {
@@ -327,9 +323,7 @@ impl Model {
         let h = self.cfg.hidden;
         let mut hs = vec![0f32; tokens.len() * h];
         let decode = |row: &[u8], out: &mut [f32]| {
-            for (j, v) in out.iter_mut().enumerate() {
-                *v = scalar::code(spec.codes, row, j);
-            }
+            out.copy_from_slice(&sluice_kernels::decode::decode_vec(spec.codes, row, h));
         };
         match &self.embed {
             Some(b) => {

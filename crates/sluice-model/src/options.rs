@@ -46,38 +46,17 @@ pub struct ModelOptions {
     pub verify_pack: bool,
 }
 
-/// A verifier that checks parts read from a packed trunk against the manifest's checksums.
+/// A verifier that checks parts read from a packed trunk against the manifest's checksums
+/// (see [`sluice_format::packed::TrunkChecksums`]).
 pub fn pack_verifier(
     m: &sluice_format::packed::Manifest,
     trunk_file: &Path,
     layers: usize,
 ) -> Verifier {
-    let sums: Vec<(String, String)> = (0..layers + 2)
-        .map(|i| {
-            let name = if i < layers {
-                format!("layer.{i}")
-            } else if i == layers {
-                "head".to_owned()
-            } else {
-                "embed".to_owned()
-            };
-            let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
-            (name, sum)
-        })
-        .collect();
-    let path = trunk_file.to_path_buf();
+    let sums = sluice_format::packed::TrunkChecksums::new(m, trunk_file, layers);
     Arc::new(move |i, blob| {
-        let Some((name, want)) = sums.get(i) else {
-            return Ok(());
-        };
-        let got = sluice_format::packed::xxh3_hex((0..blob.pieces()).map(|k| blob.piece(k)));
-        if &got != want {
-            return Err(StoreError::Corrupt(format!(
-                "{}: {name}: checksum mismatch (stored {want}, computed {got}): the packed trunk is corrupt; pack it again",
-                path.display()
-            )));
-        }
-        Ok(())
+        sums.verify(i, (0..blob.pieces()).map(|k| blob.piece(k)))
+            .map_err(|e| StoreError::Corrupt(e.to_string()))
     })
 }
 

@@ -4,7 +4,7 @@
 
 use sluice_store::Blob;
 
-use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows, weighted_sum};
+use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows};
 use crate::ModelError;
 use crate::weights::{MatSpec, PartBuilder, VecSpec};
 
@@ -253,7 +253,8 @@ impl GqaConfig {
                 scores[n] = sk[head];
             }
             exec.kernels().softmax(&mut scores);
-            weighted_sum(exec, &scores[..n], &vc[g][lo * hd..(p + 1) * hd], hd, o);
+            exec.kernels()
+                .weighted_sum(&scores[..n], &vc[g][lo * hd..(p + 1) * hd], hd, o);
         });
         let mut y = vec![0f32; t * h];
         exec.matmul(&w.o.view(blob)?, &out, &mut y);

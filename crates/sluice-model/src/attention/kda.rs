@@ -183,8 +183,8 @@ fn a_log(p: &mut PartBuilder<'_, '_>, name: &str, heads: usize) -> Result<VecSpe
     let codes = crate::weights::vector_codes(t)?;
     if p.resolving() {
         let bytes = p.checkpoint().read(t)?;
-        if let Some(i) = (heads..n).find(|&i| sluice_kernels::scalar::code(codes, &bytes, i) != 0.0)
-        {
+        let values = sluice_kernels::decode::decode_vec(codes, &bytes, n);
+        if let Some(i) = (heads..n).find(|&i| values[i] != 0.0) {
             return Err(crate::weights::tensor_err(
                 name,
                 format!(
@@ -194,7 +194,7 @@ fn a_log(p: &mut PartBuilder<'_, '_>, name: &str, heads: usize) -> Result<VecSpe
             ));
         }
     }
-    Ok(p.vector_as(name, t.dtype, heads))
+    Ok(p.vector_as(name, codes, heads))
 }
 
 /// The state of one KDA layer: fixed in size, whatever the sequence length.

@@ -5,7 +5,7 @@
 
 use sluice_store::Blob;
 
-use super::{Ctx, absorb, add_bias, f32_matrix, rmsnorm_rows, weighted_sum};
+use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows};
 use crate::ModelError;
 use crate::weights::{MatSpec, PartBuilder, VecSpec};
 
@@ -245,7 +245,8 @@ impl MlaConfig {
             // Absorb W_uk into the query: q_lat = W_ukᵀ q_nope.
             let base = head * (nope + vd);
             let mut q_lat = vec![0f32; r];
-            absorb(exec, &kvb, base..base + nope, &qh[..nope], &mut q_lat);
+            exec.kernels()
+                .absorb(&kvb, base..base + nope, &qh[..nope], &mut q_lat);
             let mut scores = vec![0f32; n];
             let mut rs = vec![0f32; n];
             if let (Ok(cm), Ok(km)) = (
@@ -260,7 +261,8 @@ impl MlaConfig {
             }
             exec.kernels().softmax(&mut scores);
             let mut o_lat = vec![0f32; r];
-            weighted_sum(exec, &scores, &cc[..n * r], r, &mut o_lat);
+            exec.kernels()
+                .weighted_sum(&scores, &cc[..n * r], r, &mut o_lat);
             // Values: W_uv o_lat.
             exec.kernels()
                 .matmul(&kvb, &o_lat, o, base + nope..base + nope + vd);

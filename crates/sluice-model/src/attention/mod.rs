@@ -19,7 +19,7 @@ pub use kda::{KdaConfig, KdaGate, KdaWeights};
 pub use mla::{MlaConfig, MlaWeights};
 
 use crate::ModelError;
-use crate::exec::{Exec, decode_row};
+use crate::exec::Exec;
 use crate::rope::{Angles, Rope};
 use crate::weights::PartBuilder;
 
@@ -252,24 +252,5 @@ fn rmsnorm_rows(exec: &Exec, x: &mut [f32], w: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(w.len()) {
         exec.kernels().rmsnorm(row, w, eps, &mut tmp);
         row.copy_from_slice(&tmp);
-    }
-}
-
-/// `probs · V` over cached rows: `out[d] = Σ_j p[j] · v[j, d]`, accumulated in position order.
-fn weighted_sum(exec: &Exec, p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) {
-    out.fill(0.0);
-    for (j, &pj) in p.iter().enumerate() {
-        exec.kernels().axpy(pj, &v[j * dim..(j + 1) * dim], out);
-    }
-}
-
-/// `out = Σ_i x[i] · m[rows.start + i, :]` (a transposed product over a row range), accumulated
-/// row by row with fma; packed rows are decoded with their scales (FP8 `kv_b_proj`).
-fn absorb(exec: &Exec, m: &Matrix<'_>, rows: std::ops::Range<usize>, x: &[f32], out: &mut [f32]) {
-    out.fill(0.0);
-    let mut row = vec![0f32; m.cols()];
-    for (i, r) in rows.enumerate() {
-        decode_row(m, r, 0..m.cols(), &mut row);
-        exec.kernels().axpy(x[i], &row, out);
     }
 }

@@ -146,7 +146,7 @@ impl PartBuilder<'_, '_> {
         check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
         Ok(VecSpec {
             piece: layout.piece(name),
-            dtype: t.dtype,
+            codes: codes_of(t)?,
             len,
         })
     }
@@ -163,15 +163,15 @@ impl PartBuilder<'_, '_> {
         self.vector(name, len).map(Some)
     }
 
-    /// The first `len` elements of the vector tensor `name` of `dtype`, which the caller has
-    /// checked.
-    pub(crate) fn vector_as(&mut self, name: &str, dtype: Dtype, len: usize) -> VecSpec {
+    /// The first `len` elements of the vector tensor `name` coded `codes`, which the caller
+    /// has checked.
+    pub(crate) fn vector_as(&mut self, name: &str, codes: Codes, len: usize) -> VecSpec {
         self.declare(name);
         match &self.layout {
             None => placeholder(len),
             Some(layout) => VecSpec {
                 piece: layout.piece(name),
-                dtype,
+                codes,
                 len,
             },
         }
@@ -181,7 +181,7 @@ impl PartBuilder<'_, '_> {
 fn placeholder(len: usize) -> VecSpec {
     VecSpec {
         piece: 0,
-        dtype: Dtype::F32,
+        codes: Codes::F32,
         len,
     }
 }
@@ -192,16 +192,17 @@ pub(crate) fn vector_codes(t: &TensorInfo) -> Result<Codes, ModelError> {
     codes_of(t)
 }
 
+/// The coding of a plain (dense, unscaled) weight: F32, BF16 or F16.
 pub(super) fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {
-    match t.dtype {
-        Dtype::F32 => Ok(Codes::F32),
-        Dtype::BF16 => Ok(Codes::BF16),
-        Dtype::F16 => Ok(Codes::F16),
-        d => Err(ModelError::Tensor {
+    Codes::for_dtype(t.dtype)
+        .filter(|c| matches!(c, Codes::F32 | Codes::BF16 | Codes::F16))
+        .ok_or_else(|| ModelError::Tensor {
             tensor: t.name.clone(),
-            msg: format!("dtype {d} is not supported for a weight matrix here"),
-        }),
-    }
+            msg: format!(
+                "dtype {} is not supported for a weight matrix here",
+                t.dtype
+            ),
+        })
 }
 
 pub(crate) fn tensor_err(tensor: &str, msg: impl Into<String>) -> ModelError {
@@ -236,15 +237,11 @@ pub(super) fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Resu
     Ok(())
 }
 
-/// The scale type of a scale tensor's dtype.
+/// The scale type of a scale tensor, its dtype one of `allowed`.
 pub(super) fn scale_type(t: &TensorInfo, allowed: &[Dtype]) -> Result<ScaleType, ModelError> {
     check_dtype(t, allowed, "scales")?;
-    Ok(match t.dtype {
-        Dtype::F32 => ScaleType::F32,
-        Dtype::BF16 => ScaleType::BF16,
-        Dtype::F16 => ScaleType::F16,
-        _ => ScaleType::E8M0, // U8 / F8_E8M0: biased exponents
-    })
+    ScaleType::for_dtype(t.dtype)
+        .ok_or_else(|| tensor_err(&t.name, format!("dtype {} is not a scale type", t.dtype)))
 }
 
 /// Checks a plain matrix tensor's shape and dtype and records its spec.
@@ -267,7 +264,7 @@ fn vec(ck: &Checkpoint, part: &PartLayout, name: &str, len: usize) -> Result<Vec
     check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
     Ok(VecSpec {
         piece: part.piece(name),
-        dtype: t.dtype,
+        codes: codes_of(t)?,
         len,
     })
 }

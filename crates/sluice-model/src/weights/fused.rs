@@ -142,7 +142,7 @@ pub(super) fn fused_experts(
             };
             let b = VecSpec {
                 piece: part.piece(&format!("{}.bias", f.stem)),
-                dtype: f.bias.dtype,
+                codes: codes_of(f.bias)?,
                 len: f.rows,
             };
             Ok((m, b))

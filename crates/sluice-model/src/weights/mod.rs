@@ -15,7 +15,7 @@ mod linear;
 
 use std::collections::HashMap;
 
-use sluice_format::{Checkpoint, Dtype};
+use sluice_format::Checkpoint;
 use sluice_kernels::{Codes, Matrix, ScaleType, Scales};
 use sluice_store::{Blob, Piece};
 
@@ -101,8 +101,8 @@ impl MatSpec {
 pub struct VecSpec {
     /// Piece.
     pub piece: usize,
-    /// Element type (F32, BF16 or F16).
-    pub dtype: Dtype,
+    /// Element coding (F32, BF16 or F16).
+    pub codes: Codes,
     /// Elements.
     pub len: usize,
 }
@@ -110,15 +110,7 @@ pub struct VecSpec {
 impl VecSpec {
     /// The vector as f32 (exact conversion).
     pub fn to_f32(&self, blob: &Blob) -> Vec<f32> {
-        let b = blob.piece(self.piece);
-        let codes = match self.dtype {
-            Dtype::BF16 => Codes::BF16,
-            Dtype::F16 => Codes::F16,
-            _ => Codes::F32,
-        };
-        (0..self.len)
-            .map(|j| sluice_kernels::scalar::code(codes, b, j))
-            .collect()
+        sluice_kernels::decode::decode_vec(self.codes, blob.piece(self.piece), self.len)
     }
 }
 

@@ -13,11 +13,11 @@ use serde::Deserialize;
 use sluice_model::{Logits, State};
 
 use crate::Error;
-use crate::chat::Message;
 use crate::decoding::{Choice, Decoding};
 use crate::engine::{
     Engine, FinishReason, GenerateOptions, GenerationStats, Prompt, Token, stats_since,
 };
+use sluice_text::Message;
 
 /// A prompt owned by a job.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -11,9 +11,8 @@ use sluice_sampler::SamplingOptions;
 use sluice_store::{ExpertStats, TraceEvent};
 
 use crate::Error;
-use crate::chat::{ChatTemplate, Message};
 use crate::decoding::Decoding;
-use crate::tokenizer::Tokenizer;
+use sluice_text::{ChatTemplate, Message, Tokenizer};
 
 /// How much memory sluice may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -518,7 +517,7 @@ impl Engine {
                 })?;
                 tok.check_fits(&text, self.model().max_positions())?;
                 // The template writes BOS itself where the model wants one.
-                tok.encode(&text, false)
+                Ok(tok.encode(&text, false)?)
             }
         }
     }

@@ -22,7 +22,6 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
-mod chat;
 mod decoding;
 pub mod doctor;
 mod engine;
@@ -30,10 +29,7 @@ mod inspect;
 pub mod pack;
 #[cfg(feature = "server")]
 pub mod server;
-pub mod tiktoken;
-mod tokenizer;
 
-pub use chat::{ChatTemplate, Message};
 pub use engine::{
     Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
     Memory, PrefillChunkStats, Prompt, Session, Token, max_threads, peak_rss_bytes, resolve_memory,
@@ -43,13 +39,13 @@ pub use sluice_kernels::Isa;
 pub use sluice_model::synth::{ExpertFormat, SynthSpec};
 pub use sluice_model::{Arch, ModelConfig};
 pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
+pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
 
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
     ExpertStats, IoMode, Key as ExpertKey, POLICIES, PREFETCH_PRECISION, Policy, SimResult,
     TraceEvent, belady, read_trace, simulate, write_trace,
 };
-pub use tokenizer::{StreamDecoder, Tokenizer};
 
 use std::path::PathBuf;
 
@@ -108,6 +104,20 @@ pub enum Error {
         /// Sequences the plan holds.
         planned: usize,
     },
+}
+
+impl From<sluice_text::Error> for Error {
+    fn from(e: sluice_text::Error) -> Error {
+        use sluice_text::Error as T;
+        match e {
+            T::Tokenizer { path, msg } => Error::Tokenizer { path, msg },
+            T::Template { path, msg } => Error::Template { path, msg },
+            T::Format(f) => Error::Format(f),
+            // A prompt too long for the context is the caller's input.
+            e @ T::PromptTooLong { .. } => Error::Usage(e.to_string()),
+            e => Error::Usage(e.to_string()),
+        }
+    }
 }
 
 impl Error {

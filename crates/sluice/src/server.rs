@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::batch::{Batcher, Event, Finished, OwnedPrompt};
-use crate::chat::Message;
 use crate::engine::{FinishReason, GenerateOptions};
 use crate::{Engine, Error};
+use sluice_text::Message;
 
 /// Server settings.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 use sluice_sampler::Sampler;
 
 use crate::Error;
-use crate::engine::{FinishReason, GenerateOptions};
+use crate::generate::{FinishReason, GenerateOptions};
 use sluice_text::{StreamDecoder, Tokenizer};
 
 /// What the sampler decided.

@@ -25,21 +25,24 @@ pub mod batch;
 mod decoding;
 pub mod doctor;
 mod engine;
+mod generate;
 mod inspect;
 pub mod pack;
 #[cfg(feature = "server")]
 pub mod server;
+mod session;
+mod stats;
 
-pub use engine::{
-    Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
-    Memory, PrefillChunkStats, Prompt, Session, Token, max_threads, peak_rss_bytes, resolve_memory,
-};
+pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
+pub use generate::{FinishReason, GenerateOptions, Token};
 pub use inspect::{Inspection, PlanSummary, inspect};
+pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
 pub use sluice_model::synth::{ExpertFormat, SynthSpec};
 pub use sluice_model::{Arch, ModelConfig};
 pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
 pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
+pub use stats::{EngineStats, GenerationStats, PrefillChunkStats, peak_rss_bytes};
 
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::batch::{Batcher, Event, Finished, OwnedPrompt};
-use crate::engine::{FinishReason, GenerateOptions};
+use crate::generate::{FinishReason, GenerateOptions};
 use crate::{Engine, Error};
 use sluice_text::Message;
 

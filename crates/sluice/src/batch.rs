@@ -164,8 +164,8 @@ impl Batcher {
         let worker = std::thread::Builder::new()
             .name("sluice-batcher".into())
             .spawn(move || run(&e, &rx, max, &c))
-            .map_err(|source| Error::Io {
-                path: "sluice-batcher thread".into(),
+            .map_err(|source| Error::Thread {
+                name: "sluice-batcher",
                 source,
             })?;
         Ok(Batcher {
@@ -207,7 +207,8 @@ impl Batcher {
     }
 
     /// Queues a job. The prompt is encoded and the options checked here, so mistakes come back
-    /// at once; everything after arrives through `sink`.
+    /// at once (input errors, [`Error::is_input_error`], counted as `rejected`; a stopped
+    /// batcher gives [`Error::BatcherStopped`]); everything after arrives through `sink`.
     pub fn submit(
         &self,
         prompt: &OwnedPrompt,
@@ -215,7 +216,9 @@ impl Batcher {
         sink: Sink,
     ) -> Result<(), Error> {
         let r = self.submit_checked(prompt, opts, sink);
-        if r.is_err() {
+        if let Err(e) = &r
+            && e.is_input_error()
+        {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         }
         r
@@ -246,17 +249,12 @@ impl Batcher {
                 opts.max_tokens
             )));
         }
-        let tx = self
-            .tx
-            .lock()
-            .map_err(|_| Error::Usage("batcher stopped".into()))?;
-        let tx = tx
-            .as_ref()
-            .ok_or_else(|| Error::Usage("batcher stopped".into()))?;
+        let tx = self.tx.lock().map_err(|_| Error::BatcherStopped)?;
+        let tx = tx.as_ref().ok_or(Error::BatcherStopped)?;
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
         tx.send(Job { ids, opts, sink }).map_err(|_| {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            Error::Usage("batcher stopped".into())
+            Error::BatcherStopped
         })
     }
 
@@ -278,7 +276,8 @@ impl Batcher {
                 Event::Failed(e) => return Err(e),
             }
         }
-        Err(Error::Usage("batcher stopped".into()))
+        // The worker dropped the job without a word: it stopped.
+        Err(Error::BatcherStopped)
     }
 }
 

@@ -570,7 +570,7 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
         let addr = opts.addr;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| Error::Usage(format!("cannot listen on {addr}: {e}")))?;
+            .map_err(|source| Error::Listen { addr, source })?;
         let local = listener.local_addr().map_err(|e| Error::Io {
             path: "socket".into(),
             source: e,

@@ -168,7 +168,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Prompt tokens per prefill chunk (default 64); scratch memory is planned for it.
+    /// Prompt tokens per prefill chunk (default 64); scratch memory is planned for it, and
+    /// under a memory budget no generation's chunk exceeds it
+    /// ([`GenerateOptions::prefill_chunk`](crate::GenerateOptions::prefill_chunk) is clamped).
     pub fn prefill_chunk(mut self, n: usize) -> Self {
         self.prefill_chunk = n;
         self
@@ -403,7 +405,9 @@ impl Engine {
         self.inner.budget
     }
 
-    /// The prefill chunk size.
+    /// The prefill chunk the scratch is planned for: under a memory budget, the most a
+    /// generation's [`GenerateOptions::prefill_chunk`](crate::GenerateOptions::prefill_chunk)
+    /// takes.
     pub fn prefill_chunk(&self) -> usize {
         self.inner.prefill_chunk
     }

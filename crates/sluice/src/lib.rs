@@ -23,32 +23,28 @@
 
 pub mod batch;
 mod decoding;
-pub mod doctor;
 mod engine;
 mod generate;
-mod inspect;
-pub mod pack;
 #[cfg(feature = "server")]
 pub mod server;
 mod session;
 mod stats;
+pub mod tools;
 
+// The API a program running models needs; the tools' helpers (doctor, inspect, pack, synth,
+// trace replay) live in `tools`.
+pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
 pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
 pub use generate::{FinishReason, GenerateOptions, Token};
-pub use inspect::{Inspection, PlanSummary, inspect};
 pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
-pub use sluice_model::synth::{ExpertFormat, SynthSpec};
-pub use sluice_model::{Arch, ModelConfig};
-pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
-pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
-pub use stats::{EngineStats, GenerationStats, PrefillChunkStats, peak_rss_bytes};
-
+pub use sluice_model::{Arch, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
-    ExpertStats, IoMode, Key as ExpertKey, POLICIES, PREFETCH_PRECISION, Policy, SimResult,
-    TraceEvent, belady, read_trace, simulate, write_trace,
+    ExpertStats, IoMode, Key as ExpertKey, POLICIES, PREFETCH_PRECISION, Policy, TraceEvent,
 };
+pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
+pub use stats::{EngineStats, GenerationStats, PrefillChunkStats, peak_rss_bytes};
 
 use std::path::PathBuf;
 

@@ -213,3 +213,8 @@ mod tests {
         assert!(Error::from(long).is_input_error());
     }
 }
+
+/// README.md's library example compiles against this crate (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

@@ -17,9 +17,11 @@ pub mod pack;
 pub use sluice_model::plan::fmt_bytes;
 pub use sluice_model::synth;
 
-/// Expert request traces: recorded with [`EngineBuilder::trace`](crate::EngineBuilder::trace)
-/// and [`Engine::take_trace`](crate::Engine::take_trace), written and read as files, and
-/// replayed through a cache policy ([`simulate`]) or Belady's optimum ([`belady`]).
 pub mod trace {
+    //! Expert request traces: recorded with
+    //! [`EngineBuilder::trace`](crate::EngineBuilder::trace) and
+    //! [`Engine::take_trace`](crate::Engine::take_trace), written and read as files, and
+    //! replayed through a cache policy ([`simulate`]) or Belady's optimum ([`belady`]).
+
     pub use sluice_store::{SimResult, TraceEvent, belady, read_trace, simulate, write_trace};
 }

@@ -136,10 +136,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         b(i.expert_bytes_per_token),
         i.top_k
     );
-    if i.kda_layers > 0 {
+    if i.recurrent_layers > 0 {
         println!(
-            "  layer plan        {} softmax-attention layers (KV cache), {} KDA layers (recurrent state)",
-            i.full_attention_layers, i.kda_layers
+            "  layer plan        {} softmax-attention layers (KV cache), {} {} layers (recurrent state)",
+            i.full_attention_layers,
+            i.recurrent_layers,
+            i.attention.rsplit('+').next().unwrap_or("").to_uppercase()
         );
     }
     if let Some(bs) = i.attn_res_block_size {

@@ -22,20 +22,24 @@
 
 #![forbid(unsafe_code)]
 
-mod attention;
+pub mod arch;
+pub mod attention;
 pub mod config;
+mod desc;
 mod exec;
-mod kda;
 mod model;
 mod moe;
+mod options;
 pub mod plan;
 pub mod quant;
+mod residual;
 mod rope;
 mod state;
 pub mod synth;
 pub mod weights;
 
-pub use config::{Arch, ModelConfig};
+pub use config::ModelConfig;
+pub use desc::Description;
 pub use exec::Exec;
 pub use model::{Logits, Model, ModelOptions, PolicyChoice, PolicyFactory};
 pub use plan::MemoryPlan;

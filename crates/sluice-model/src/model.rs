@@ -6,22 +6,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sluice_format::Checkpoint;
-use sluice_kernels::{Codes, Kernels, scalar};
+use sluice_kernels::{Codes, scalar};
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, StoreError,
-    TrunkStore, Verifier, read_blob,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Policy, Reader, ShardSet, TrunkStore,
+    read_blob,
 };
 
 use crate::ModelError;
-use crate::attention::attention;
-use crate::config::{ModelConfig, Residual};
+use crate::config::ModelConfig;
+use crate::desc::Description;
 use crate::exec::Exec;
 use crate::moe::{glu, moe};
 use crate::plan::MemoryPlan;
+use crate::residual::{Mixing, Stream};
 use crate::rope::{Angles, Rope};
 use crate::state::State;
-use crate::weights::{AttnResWeights, FfnSpec, WeightLayout};
+use crate::weights::{FfnSpec, WeightLayout};
 
+pub use crate::options::{ModelOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
 
 /// Which logits a forward pass returns.
@@ -33,119 +35,6 @@ pub enum Logits {
     Last,
     /// None (prefill of a chunk that is not the last).
     None,
-}
-
-/// How to build a model.
-#[derive(Clone)]
-pub struct ModelOptions {
-    /// Kernels (their ISA).
-    pub kernels: Kernels,
-    /// Compute threads.
-    pub threads: usize,
-    /// Memory budget in bytes for everything sluice allocates (None: unlimited).
-    pub memory: Option<u64>,
-    /// Expert-cache eviction policy.
-    pub policy: PolicyChoice,
-    /// Lookahead prefetch of the next layer's predicted experts.
-    pub prefetch: bool,
-    /// Share of a confidence rank's lookahead predictions that must have come true before
-    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`].
-    pub prefetch_precision: f64,
-    /// Reader threads for expert reads.
-    pub readers: usize,
-    /// Read shards with O_DIRECT where the file system allows it.
-    pub direct_io: bool,
-    /// Record every expert request for offline replay.
-    pub record_trace: bool,
-    /// Positions the KV cache is planned for (capped by the model's maximum).
-    pub context: usize,
-    /// Prompt tokens per prefill chunk the scratch is planned for.
-    pub chunk: usize,
-    /// Sequences decoded together ([`Model::forward_batch`]): the KV cache, recurrent state and
-    /// scratch are planned for this many.
-    pub sequences: usize,
-    /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
-    /// numbered: layers `0..layers`, the head `layers`, the embedding table `layers + 1`.
-    pub verify: Option<Verifier>,
-    /// For a pack directory: verify the packed trunk's checksums (at load, and on every read of
-    /// a streamed layer).
-    pub verify_pack: bool,
-}
-
-/// A verifier that checks parts read from a packed trunk against the manifest's checksums.
-pub fn pack_verifier(
-    m: &sluice_format::packed::Manifest,
-    trunk_file: &Path,
-    layers: usize,
-) -> Verifier {
-    let sums: Vec<(String, String)> = (0..layers + 2)
-        .map(|i| {
-            let name = if i < layers {
-                format!("layer.{i}")
-            } else if i == layers {
-                "head".to_owned()
-            } else {
-                "embed".to_owned()
-            };
-            let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
-            (name, sum)
-        })
-        .collect();
-    let path = trunk_file.to_path_buf();
-    Arc::new(move |i, blob| {
-        let Some((name, want)) = sums.get(i) else {
-            return Ok(());
-        };
-        let got = sluice_format::packed::xxh3_hex((0..blob.pieces()).map(|k| blob.piece(k)));
-        if &got != want {
-            return Err(StoreError::Corrupt(format!(
-                "{}: {name}: checksum mismatch (stored {want}, computed {got}): the packed trunk is corrupt; pack it again",
-                path.display()
-            )));
-        }
-        Ok(())
-    })
-}
-
-impl std::fmt::Debug for ModelOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelOptions")
-            .field("isa", &self.kernels.isa())
-            .field("threads", &self.threads)
-            .field("memory", &self.memory)
-            .field("policy", &self.policy)
-            .field("prefetch", &self.prefetch)
-            .field("prefetch_precision", &self.prefetch_precision)
-            .field("readers", &self.readers)
-            .field("direct_io", &self.direct_io)
-            .field("record_trace", &self.record_trace)
-            .field("context", &self.context)
-            .field("chunk", &self.chunk)
-            .field("verify", &self.verify.is_some())
-            .field("verify_pack", &self.verify_pack)
-            .finish()
-    }
-}
-
-impl Default for ModelOptions {
-    fn default() -> Self {
-        ModelOptions {
-            kernels: Kernels::best(),
-            threads: 1,
-            memory: None,
-            policy: PolicyChoice::default(),
-            prefetch: true,
-            prefetch_precision: sluice_store::PREFETCH_PRECISION,
-            readers: 4,
-            direct_io: true,
-            record_trace: false,
-            context: 4096,
-            chunk: 64,
-            sequences: 1,
-            verify: None,
-            verify_pack: true,
-        }
-    }
 }
 
 /// Makes a policy for a cache of about `n` experts.
@@ -208,16 +97,30 @@ pub struct Model {
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
     in_pool: bool,
+    /// `generation_config.json`, when the model has one.
+    generation: Option<serde_json::Value>,
 }
 
 impl Model {
     /// Opens the checkpoint in `dir` with every trunk tensor resident and experts read on demand.
     pub fn open(dir: impl AsRef<Path>, opts: ModelOptions) -> Result<Model, ModelError> {
-        let ck = Checkpoint::open(dir.as_ref())?;
-        let cfg = ModelConfig::from_json(ck.config(), &ck.dir().join("config.json"))?;
-        let layout = WeightLayout::new(&ck, &cfg)?;
-        let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
-        let shards = Arc::new(ShardSet::open(&paths, opts.direct_io)?);
+        Model::from_description(Description::open(dir)?, opts)
+    }
+
+    /// Builds the runtime of a described model: thread pool, trunk and expert stores, reader.
+    pub fn from_description(desc: Description, opts: ModelOptions) -> Result<Model, ModelError> {
+        let Description {
+            checkpoint: ck,
+            config: cfg,
+            layout,
+        } = desc;
+        let shards = Arc::new(ShardSet::open(
+            &ck.shards()
+                .iter()
+                .map(|s| s.path.clone())
+                .collect::<Vec<_>>(),
+            opts.direct_io,
+        )?);
         let mode = shards.mode();
         let mut opts = opts;
         if let Some(m) = ck.packed()
@@ -226,8 +129,9 @@ impl Model {
         {
             opts.verify = Some(pack_verifier(m, &ck.dir().join(&m.file), cfg.layers));
         }
-        let model = Model::with_reader(cfg, layout, shards, mode, opts)?;
+        let mut model = Model::with_reader(cfg, layout, shards, mode, opts)?;
         model.check_finite(&ck)?;
+        model.generation = ck.generation_config().cloned();
         Ok(model)
     }
 
@@ -276,17 +180,8 @@ impl Model {
         io_mode: IoMode,
         opts: ModelOptions,
     ) -> Result<Model, ModelError> {
-        let context = opts.context.min(cfg.max_positions).max(1);
         // The plan comes first: nothing large is allocated for a budget that cannot work.
-        let plan = MemoryPlan::new(
-            &cfg,
-            &layout,
-            reader.as_ref(),
-            opts.memory,
-            context,
-            opts.chunk.max(1),
-            opts.sequences,
-        )?;
+        let plan = crate::desc::plan(&cfg, &layout, reader.as_ref(), &opts)?;
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
         let policy = opts.policy.make(slots)?;
         let store_cfg = ExpertStoreConfig {
@@ -357,6 +252,7 @@ impl Model {
             io_mode,
             gather_experts,
             in_pool,
+            generation: None,
         })
     }
 
@@ -392,7 +288,7 @@ impl Model {
                     held: (lease.bytes() / per) as usize,
                 })?;
         }
-        state.reserve_positions(got, &self.cfg);
+        state.reserve_positions(got);
         Ok(())
     }
 
@@ -404,6 +300,12 @@ impl Model {
     /// Whether lookahead prefetch runs.
     pub fn prefetch(&self) -> bool {
         self.prefetch
+    }
+
+    /// `generation_config.json`, parsed, when the model has one (read once, with the
+    /// checkpoint).
+    pub fn generation_config(&self) -> Option<&serde_json::Value> {
+        self.generation.as_ref()
     }
 
     /// The configuration.
@@ -569,7 +471,7 @@ impl Model {
         };
         if r.is_err() {
             for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {
-                state.rollback(pos0, &self.cfg);
+                state.rollback(pos0);
                 if let (Some(r), Some(n)) = (state.routes.as_mut(), routes0) {
                     r.truncate(n);
                 }
@@ -615,20 +517,17 @@ impl Model {
         if single && let Some(d) = segs[0].0.debug.as_mut() {
             d.push(("embeddings".into(), hs.clone()));
         }
-        let mut stream = match cfg.residual {
-            Residual::Add => Stream::Add(hs),
-            Residual::AttnRes { block_size } => Stream::AttnRes {
-                block_size,
-                blocks: Vec::new(),
-                prefix: hs,
-            },
-        };
-
+        let mut stream = Stream::new(cfg.residual, hs);
         let angles: Vec<Angles> = segs
             .iter()
             .map(|(s, toks)| Angles::new(&self.rope, s.pos, toks.len()))
             .collect();
         let k = self.exec.kernels();
+        let mixing = Mixing {
+            k,
+            eps: cfg.eps,
+            hidden: h,
+        };
         let norm_rows = |src: &[f32], w: &[f32]| -> Vec<f32> {
             let mut x = vec![0f32; src.len()];
             for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
@@ -653,11 +552,15 @@ impl Model {
                         if toks.is_empty() {
                             continue;
                         }
-                        let a = attention(
-                            &self.exec,
-                            cfg,
-                            &self.rope,
-                            &angles[si],
+                        let cx = crate::attention::Ctx {
+                            exec: &self.exec,
+                            rope: &self.rope,
+                            angles: &angles[si],
+                            hidden: h,
+                            eps: cfg.eps,
+                        };
+                        let a = cfg.layer_plan[l].attention.forward(
+                            &cx,
                             &spec.attn,
                             blob,
                             &mut state.layers[l],
@@ -672,67 +575,14 @@ impl Model {
                     Ok(out)
                 };
             // Attention, then the input of the feed-forward block (before its norm).
-            let mlp_in = match &mut stream {
-                Stream::Add(hs) => {
-                    let a = attend(&norm_rows(hs, &input_norm), segs)?;
-                    for (s, v) in hs.iter_mut().zip(&a) {
-                        *s += v;
-                    }
-                    None
-                }
-                Stream::AttnRes {
-                    block_size,
-                    blocks,
-                    prefix,
-                } => {
-                    let w = spec.attn_res.as_ref().ok_or_else(|| {
-                        ModelError::Internal("attention residuals without their weights".into())
-                    })?;
-                    let a_in = if blocks.is_empty() {
-                        None
-                    } else {
-                        Some(attn_res_mix(
-                            k,
-                            blocks,
-                            prefix,
-                            &w[0],
-                            blob,
-                            cfg.eps,
-                            h,
-                            0..t,
-                        ))
-                    };
-                    let x = norm_rows(a_in.as_deref().unwrap_or(prefix), &input_norm);
-                    // A block boundary: the running sum becomes a source and restarts.
-                    let boundary = l.is_multiple_of(*block_size);
-                    if boundary {
-                        blocks.push(std::mem::take(prefix));
-                    }
-                    let a = attend(&x, segs)?;
-                    if boundary {
-                        *prefix = a;
-                    } else {
-                        for (s, v) in prefix.iter_mut().zip(&a) {
-                            *s += v;
-                        }
-                    }
-                    Some(attn_res_mix(
-                        k,
-                        blocks,
-                        prefix,
-                        &w[1],
-                        blob,
-                        cfg.eps,
-                        h,
-                        0..t,
-                    ))
-                }
-            };
-            let mlp_src: &[f32] = match (&mlp_in, &stream) {
-                (Some(m), _) => m,
-                (None, Stream::Add(hs)) => hs,
-                (None, Stream::AttnRes { prefix, .. }) => prefix,
-            };
+            let res = spec.attn_res.as_ref();
+            let x = norm_rows(
+                &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
+                &input_norm,
+            );
+            stream.add_attention(l, attend(&x, segs)?);
+            let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
+            let mlp_src: &[f32] = &mlp_in;
             let x = norm_rows(mlp_src, &post_norm);
             // Lookahead only on decode steps (one token per sequence): a prefill chunk's
             // predicted union adds the mispredicted experts of every token to what the chunk
@@ -777,20 +627,16 @@ impl Model {
                     y
                 }
             };
-            let (out, blocks) = match &mut stream {
-                Stream::Add(hs) => (hs, None),
-                Stream::AttnRes { blocks, prefix, .. } => (prefix, Some(&*blocks)),
-            };
-            for (s, v) in out.iter_mut().zip(&f) {
-                *s += v;
-            }
+            drop(mlp_in);
+            stream.add_ffn(&f);
+            let (out, blocks) = (stream.output(), stream.blocks());
             // NaN or infinite weights in a streamed layer or an expert end the request here
             // rather than producing garbage tokens.
             if out.iter().any(|v| !v.is_finite()) {
                 return Err(ModelError::NonFinite { layer: l });
             }
             if single && let Some(d) = segs[0].0.debug.as_mut() {
-                d.push((format!("layer{l}.output"), out.clone()));
+                d.push((format!("layer{l}.output"), out.to_vec()));
                 if let Some(b) = blocks {
                     let mut br = Vec::with_capacity(t * b.len() * h);
                     for i in 0..t {
@@ -821,17 +667,12 @@ impl Model {
         let head_blob = self.trunk.part(cfg.layers)?;
         let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * h);
         for rows in runs {
-            match &stream {
-                Stream::Add(hs) => final_in.extend_from_slice(&hs[rows.start * h..rows.end * h]),
-                Stream::AttnRes { blocks, prefix, .. } => {
-                    let w = head.attn_res.as_ref().ok_or_else(|| {
-                        ModelError::Internal("attention residuals without their weights".into())
-                    })?;
-                    final_in.extend(attn_res_mix(
-                        k, blocks, prefix, w, &head_blob, cfg.eps, h, rows,
-                    ));
-                }
-            }
+            final_in.extend(stream.final_rows(
+                &mixing,
+                head.attn_res.as_ref(),
+                &head_blob,
+                rows,
+            )?);
         }
         let xn = norm_rows(&final_in, &head.norm.to_f32(&head_blob));
         if single && let Some(d) = segs[0].0.debug.as_mut() {
@@ -880,63 +721,4 @@ impl Model {
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(Some((l, ranked.into_iter().map(|p| p.0).collect())))
     }
-}
-
-/// The residual stream of a forward pass.
-enum Stream {
-    /// `h`, to which every attention and feed-forward output is added.
-    Add(Vec<f32>),
-    /// Attention residuals: the completed blocks' sums, the embeddings first, and the running
-    /// sum of the current block (`[t, hidden]` each).
-    AttnRes {
-        /// Layers per block.
-        block_size: usize,
-        /// Completed blocks.
-        blocks: Vec<Vec<f32>>,
-        /// The current block's running sum (the embeddings before layer 0).
-        prefix: Vec<f32>,
-    },
-}
-
-/// The attention-residual mix of rows `rows` (Kimi K3): per row, the sources are the completed
-/// blocks in order and then `cur`; each is scored `Σ (norm ⊙ proj) ⊙ v · r` with `r =
-/// 1/√(mean(v²) + eps)` (the RMSNorm-ed source dotted with the projection), the scores go
-/// through a softmax and the mix is the weighted sum of the raw sources, accumulated in source
-/// order.
-#[allow(clippy::too_many_arguments)]
-fn attn_res_mix(
-    k: &Kernels,
-    blocks: &[Vec<f32>],
-    cur: &[f32],
-    w: &AttnResWeights,
-    blob: &Blob,
-    eps: f32,
-    h: usize,
-    rows: std::ops::Range<usize>,
-) -> Vec<f32> {
-    let norm = w.norm.to_f32(blob);
-    let proj = w.proj.to_f32(blob);
-    let sw: Vec<f32> = norm.iter().zip(&proj).map(|(a, b)| a * b).collect();
-    let n = blocks.len() + 1;
-    let mut out = vec![0f32; rows.len() * h];
-    let mut tmp = vec![0f32; h];
-    let mut scores = vec![0f32; n];
-    for (o, i) in out.chunks_exact_mut(h).zip(rows) {
-        let src = |j: usize| -> &[f32] {
-            if j < blocks.len() {
-                &blocks[j][i * h..(i + 1) * h]
-            } else {
-                &cur[i * h..(i + 1) * h]
-            }
-        };
-        for (j, s) in scores.iter_mut().enumerate() {
-            k.rmsnorm(src(j), &sw, eps, &mut tmp);
-            *s = k.sum(&tmp);
-        }
-        k.softmax(&mut scores);
-        for (j, &p) in scores.iter().enumerate() {
-            k.axpy(p, src(j), o);
-        }
-    }
-    out
 }

@@ -11,7 +11,7 @@ use crate::ModelError;
 use crate::config::{ExpertActivation, GluActivation, ModelConfig, RouterKind};
 use crate::exec::Exec;
 use crate::state::Route;
-use crate::weights::{ExpertSpec, FfnSpec, GptOssExpertSpec, MatSpec, MlpSpec, VecSpec};
+use crate::weights::{ExpertSpec, FfnSpec, FusedExpertSpec, MatSpec, MlpSpec, VecSpec};
 
 /// `y = x · Wᵀ` for the matrix of `spec` in `blob` (`x` is `[t, cols]`, `y` is `[t, rows]`),
 /// whichever way it is stored.
@@ -136,12 +136,12 @@ pub(crate) fn glu_many(exec: &Exec, jobs: &[GluJob<'_>]) -> Result<Vec<Vec<f32>>
     Ok(ys)
 }
 
-/// A GPT-OSS expert for `[t, hidden]` rows of `x` (transformers' `GptOssExperts`):
+/// A fused clamped-SwiGLU expert for `[t, hidden]` rows of `x` (transformers' `GptOssExperts`):
 /// `gu = W_gu x + b_gu`, gate = even entries, up = odd entries; `g = min(gate, limit)`,
 /// `u = clamp(up, −limit, limit)`; `h = (u + 1) · g · σ(alpha · g)`; `y = W_d h + b_d`.
-fn gpt_oss_expert(
+fn clamped_expert(
     exec: &Exec,
-    spec: &GptOssExpertSpec,
+    spec: &FusedExpertSpec,
     blob: &Blob,
     x: &[f32],
     t: usize,
@@ -188,8 +188,8 @@ pub(crate) fn expert(
             t,
             GluActivation::Situ { beta, linear_beta },
         ),
-        (ExpertSpec::GptOss(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
-            gpt_oss_expert(exec, g, blob, x, t, alpha, limit)
+        (ExpertSpec::Fused(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
+            clamped_expert(exec, g, blob, x, t, alpha, limit)
         }
         _ => Err(ModelError::Internal(
             "expert spec does not match the configured activation".into(),

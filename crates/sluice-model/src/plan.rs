@@ -4,7 +4,7 @@
 use sluice_store::io::plan_reads;
 use sluice_store::{Piece, Reader, StoreError};
 
-use crate::config::{AttentionConfig, ModelConfig, Residual};
+use crate::config::{MlpKind, ModelConfig, Residual};
 use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
@@ -75,66 +75,45 @@ pub struct MemoryPlan {
 /// per planned sequence.
 pub const KV_PAGE: usize = 64;
 
-/// Bytes of one sequence's recurrent state: per KDA layer the `heads × head_dim²` state and the
-/// convolution inputs, twice — the state and its snapshot from before the latest forward pass
-/// (what a failed pass or a one-step truncation restores). Zero without KDA layers.
+/// Bytes of one sequence's recurrent state: per recurrent layer (KDA) its fixed state, twice —
+/// the state and its snapshot from before the latest forward pass (what a failed pass or a
+/// one-step truncation restores). Zero without recurrent layers.
 pub fn recurrent_bytes(cfg: &ModelConfig) -> u64 {
-    let per_layer = cfg.kda.map_or(0, |k| k.state_len() + k.conv_len());
-    let layers = cfg.layers - cfg.full_attention_layers();
-    (2 * per_layer * layers * 4) as u64
+    let floats: usize = cfg
+        .layer_plan
+        .iter()
+        .map(|p| p.attention.recurrent_floats())
+        .sum();
+    (2 * floats * 4) as u64
 }
 
-/// KV-cache bytes per position (all softmax-attention layers; KDA layers keep no per-position
-/// cache).
+/// KV-cache bytes per position (every layer with a KV cache; recurrent layers keep none).
 pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
-    let per_layer = match &cfg.attention {
-        AttentionConfig::Gqa {
-            kv_heads, head_dim, ..
-        } => 2 * kv_heads * head_dim,
-        AttentionConfig::Mla {
-            kv_lora_rank,
-            qk_rope_head_dim,
-            ..
-        } => kv_lora_rank + qk_rope_head_dim,
-    };
-    (per_layer * cfg.full_attention_layers() * 4) as u64
+    let floats: usize = cfg.layer_plan.iter().map(|p| p.attention.kv_floats()).sum();
+    (floats * 4) as u64
 }
 
 /// Scratch for a forward pass over `chunk` tokens: hidden states, projections, expert
 /// activations and one row of logits per token (an estimate with margin).
 pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
-    let widest_attn = match &cfg.attention {
-        AttentionConfig::Gqa {
-            heads,
-            kv_heads,
-            head_dim,
-            ..
-        } => (heads + 2 * kv_heads) * head_dim,
-        AttentionConfig::Mla {
-            heads,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            v_head_dim,
-            kv_lora_rank,
-            ..
-        } => heads * (qk_nope_head_dim + qk_rope_head_dim + v_head_dim) + kv_lora_rank * 2,
-    };
-    let widest_ffn = cfg
-        .mlp
+    let widest_attn = cfg
+        .layer_plan
         .iter()
-        .map(|m| match m {
-            crate::config::MlpKind::Dense { intermediate } => *intermediate,
-            crate::config::MlpKind::Moe => cfg
+        .map(|p| p.attention.scratch_floats())
+        .max()
+        .unwrap_or(0);
+    let widest_ffn = cfg
+        .layer_plan
+        .iter()
+        .map(|p| match p.mlp {
+            MlpKind::Dense { intermediate } => intermediate,
+            MlpKind::Moe => cfg
                 .moe
                 .intermediate
                 .max(cfg.moe.shared.as_ref().map_or(0, |s| s.intermediate)),
         })
         .max()
         .unwrap_or(0);
-    // KDA: q, k, v, decay, gate, output and its per-head copy, and the low-rank projections.
-    let kda = cfg
-        .kda
-        .map_or(0, |k| 8 * k.width() + 2 * k.head_dim + k.heads);
     // Attention residuals: every completed block's running sum is kept for the whole pass.
     let attn_res = match cfg.residual {
         Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
@@ -142,7 +121,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
     };
     let latent = cfg.moe.latent.map_or(0, |l| 2 * l.dim);
     let per_token = 8 * cfg.hidden
-        + 2 * widest_attn.max(kda)
+        + 2 * widest_attn
         + attn_res
         + latent
         + 3 * widest_ffn

@@ -211,9 +211,10 @@ impl<'a> Q<'a> {
     }
 }
 
-/// Reads `quantization_config` (`v` is its value; `file` names it in errors). `gpt_oss` says
-/// whether the architecture is GPT-OSS, the only one whose experts `mxfp4` describes.
-pub(crate) fn read(v: &Value, file: &Path, gpt_oss: bool) -> Result<Quantization, ModelError> {
+/// Reads `quantization_config` (`v` is its value; `file` names it in errors). `fused` says
+/// whether the family stores its experts fused per layer (GPT-OSS), the only layout whose
+/// experts `mxfp4` describes.
+pub(crate) fn read(v: &Value, file: &Path, fused: bool) -> Result<Quantization, ModelError> {
     let q = Q {
         v,
         file,
@@ -227,7 +228,7 @@ pub(crate) fn read(v: &Value, file: &Path, gpt_oss: bool) -> Result<Quantization
         None,
         &["fp8", "compressed-tensors", "mxfp4"],
     )?;
-    match (method, gpt_oss) {
+    match (method, fused) {
         ("mxfp4", false) => {
             return Err(q.err(
                 "quant_method",
@@ -499,9 +500,9 @@ impl<'a> Matcher<'a> {
         Ok(found.map_or(Stored::Plain, Stored::Packed))
     }
 
-    /// Whether GPT-OSS experts at `module` (`model.layers.L.mlp.experts`) are stored as MXFP4
+    /// Whether fused experts (GPT-OSS's) at `module` (`model.layers.L.mlp.experts`) are stored as MXFP4
     /// blocks.
-    pub(crate) fn gpt_oss_mxfp4(&self, module: &str) -> bool {
+    pub(crate) fn fused_mxfp4(&self, module: &str) -> bool {
         match self.q {
             Quantization::Mxfp4 { not_converted } => {
                 !self.not_converted.iter().zip(not_converted).any(|(r, k)| {
@@ -655,12 +656,12 @@ mod tests {
             "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"});
         let q = parse(&v, true).unwrap();
         let m = Matcher::new(&q);
-        assert!(m.gpt_oss_mxfp4("model.layers.3.mlp.experts"));
+        assert!(m.fused_mxfp4("model.layers.3.mlp.experts"));
         let v = json!({"modules_to_not_convert": ["model.layers.1.mlp"], "quant_method": "mxfp4"});
         let q = parse(&v, true).unwrap();
         let m = Matcher::new(&q);
-        assert!(!m.gpt_oss_mxfp4("model.layers.1.mlp.experts"));
-        assert!(m.gpt_oss_mxfp4("model.layers.11.mlp.experts"));
+        assert!(!m.fused_mxfp4("model.layers.1.mlp.experts"));
+        assert!(m.fused_mxfp4("model.layers.11.mlp.experts"));
         assert_eq!(
             field(parse(&v, false).unwrap_err()),
             "quantization_config.quant_method"

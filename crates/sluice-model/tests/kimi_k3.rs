@@ -297,12 +297,11 @@ fn fp32_and_bf16_agree_bit_for_bit() {
 fn truncation_of_the_recurrent_state() {
     let m = open("bf16", 1, Isa::best());
     let ids = reference("bf16").ids("len7.prompt_ids");
-    let cfg = m.config().clone();
     let mut st: State = m.new_state();
     m.forward(&mut st, &ids, Logits::None).unwrap();
     let first = m.forward(&mut st, &[42], Logits::Last).unwrap();
     // Back one step, and the same token gives the same bits.
-    st.truncate(7, &cfg).unwrap();
+    st.truncate(7).unwrap();
     assert_eq!(st.pos(), 7);
     let again = m.forward(&mut st, &[42], Logits::Last).unwrap();
     assert!(
@@ -312,12 +311,12 @@ fn truncation_of_the_recurrent_state() {
             .all(|(a, b)| a.to_bits() == b.to_bits())
     );
     // Further back than the latest pass: refused, nothing changed.
-    let e = st.truncate(3, &cfg).unwrap_err();
+    let e = st.truncate(3).unwrap_err();
     assert!(e.to_string().contains("cannot truncate"), "{e}");
     assert_eq!(st.pos(), 8);
     let next = m.forward(&mut st, &[9], Logits::Last).unwrap();
     // To the start: the whole sequence again gives the same bits.
-    st.truncate(0, &cfg).unwrap();
+    st.truncate(0).unwrap();
     m.forward(&mut st, &ids, Logits::None).unwrap();
     m.forward(&mut st, &[42], Logits::None).unwrap();
     let redo = m.forward(&mut st, &[9], Logits::Last).unwrap();

@@ -237,12 +237,7 @@ impl EngineBuilder {
         let tokenizer = Tokenizer::from_dir(&dir)?;
         let template = ChatTemplate::from_dir(&dir)?;
         let mut eos = model.config().eos_token_ids.clone();
-        let gen_path = dir.join("generation_config.json");
-        let gen_cfg = if sluice_format::file::present(&gen_path) {
-            Some(sluice_format::read_json(&gen_path, 16 << 20)?)
-        } else {
-            None
-        };
+        let gen_cfg = model.generation_config().cloned();
         if let Some(g) = &gen_cfg
             && let Some(v) = g.get("eos_token_id")
         {

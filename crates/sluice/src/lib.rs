@@ -38,7 +38,7 @@ pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_mem
 pub use generate::{FinishReason, GenerateOptions, Token};
 pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
-pub use sluice_model::{Arch, MemoryPlan, ModelConfig};
+pub use sluice_model::{Description, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
     ExpertStats, IoMode, Key as ExpertKey, POLICIES, PREFETCH_PRECISION, Policy, TraceEvent,

@@ -81,7 +81,7 @@ impl Session {
             keep = keep.saturating_sub(1);
         }
         let model = self.engine.model();
-        if self.state.truncate(keep, model.config()).is_err() {
+        if self.state.truncate(keep).is_err() {
             // A recurrent state (KDA) cannot step back to an arbitrary prefix: start over,
             // which gives the same bits.
             keep = 0;
@@ -112,7 +112,7 @@ impl Session {
             // back only to where its latest pass began; otherwise the whole history runs again
             // (the same bits: chunking changes none).
             let last = fed - 1;
-            if self.state.truncate(last, model.config()).is_ok() {
+            if self.state.truncate(last).is_ok() {
                 feed.push(self.history[last]);
                 self.history.truncate(last);
             } else {

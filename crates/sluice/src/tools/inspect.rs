@@ -3,12 +3,9 @@
 use std::path::Path;
 
 use serde::Serialize;
-use sluice_format::Checkpoint;
-use sluice_model::config::{AttentionConfig, MlpKind, Residual};
+use sluice_model::config::Residual;
 use sluice_model::plan::{kv_bytes_per_position, recurrent_bytes};
-use sluice_model::weights::WeightLayout;
-use sluice_model::{MemoryPlan, ModelConfig};
-use sluice_store::ShardSet;
+use sluice_model::{Description, ModelOptions};
 
 use crate::Error;
 use crate::engine::{Memory, resolve_memory};
@@ -32,12 +29,13 @@ pub struct Inspection {
     pub experts: usize,
     /// Experts per token.
     pub top_k: usize,
-    /// Attention kind: `mla` or `gqa`, with `+kda` when some layers use Kimi Delta Attention.
+    /// The attention kinds of the layers joined by `+`, those with a KV cache first (`mla`,
+    /// `gqa`, `mla+kda`).
     pub attention: String,
-    /// Layers with softmax attention (a KV cache).
+    /// Layers with a KV cache (softmax attention).
     pub full_attention_layers: usize,
-    /// Layers with Kimi Delta Attention (a fixed recurrent state).
-    pub kda_layers: usize,
+    /// Layers with a fixed recurrent state instead (Kimi Delta Attention).
+    pub recurrent_layers: usize,
     /// Attention-residual block size, when the model mixes block sums (Kimi K3).
     pub attn_res_block_size: Option<usize>,
     /// Shards.
@@ -118,42 +116,44 @@ pub fn inspect(
             dir.display()
         )));
     }
-    let ck = Checkpoint::open(dir)?;
-    let cfg = ModelConfig::from_json(ck.config(), &dir.join("config.json"))?;
-    let layout = WeightLayout::new(&ck, &cfg)?;
-    let paths: Vec<_> = ck.shards().iter().map(|s| s.path.clone()).collect();
-    let shards = ShardSet::open(&paths, true)?;
+    let desc = Description::open(dir)?;
+    let shards = desc.shards(true)?;
     let budget = resolve_memory(memory)?;
-    let context = context.min(cfg.max_positions).max(1);
-    let plan = MemoryPlan::new(&cfg, &layout, &shards, budget, context, chunk.max(1), 1)?;
-    let moe_layers = cfg.mlp.iter().filter(|m| matches!(m, MlpKind::Moe)).count();
+    let opts = ModelOptions {
+        memory: budget,
+        context,
+        chunk,
+        ..ModelOptions::default()
+    };
+    let plan = desc.plan(&shards, &opts)?;
+    let (ck, cfg, layout) = (&desc.checkpoint, &desc.config, &desc.layout);
+    let moe_layers = cfg.moe_layers();
+    // The attention kinds, those with a KV cache first.
+    let mut kinds: Vec<(bool, &str)> = Vec::new();
+    for p in &cfg.layer_plan {
+        let k = (p.attention.kv_floats() == 0, p.attention.kind());
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    kinds.sort_by_key(|k| k.0);
+    let recurrent_layers = cfg
+        .layer_plan
+        .iter()
+        .filter(|p| p.attention.recurrent_floats() > 0)
+        .count();
     Ok(Inspection {
         dir: dir.display().to_string(),
-        model_type: ck
-            .config()
-            .get("model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("?")
-            .to_owned(),
+        model_type: cfg.model_type.clone(),
         layers: cfg.layers,
         moe_layers,
         hidden: cfg.hidden,
         vocab: cfg.vocab,
         experts: cfg.moe.experts,
         top_k: cfg.moe.top_k,
-        attention: {
-            let a = match cfg.attention {
-                AttentionConfig::Mla { .. } => "mla",
-                AttentionConfig::Gqa { .. } => "gqa",
-            };
-            if cfg.kda.is_some() {
-                format!("{a}+kda")
-            } else {
-                a.to_owned()
-            }
-        },
-        full_attention_layers: cfg.full_attention_layers(),
-        kda_layers: cfg.layers - cfg.full_attention_layers(),
+        attention: kinds.iter().map(|k| k.1).collect::<Vec<_>>().join("+"),
+        full_attention_layers: cfg.layers - recurrent_layers,
+        recurrent_layers,
         attn_res_block_size: match cfg.residual {
             Residual::AttnRes { block_size } => Some(block_size),
             Residual::Add => None,
@@ -164,8 +164,8 @@ pub fn inspect(
         expert_bytes: layout.expert_bytes(),
         bytes_per_expert: plan.expert_bytes,
         expert_bytes_per_token: plan.expert_bytes * (cfg.moe.top_k * moe_layers) as u64,
-        kv_bytes_per_position: kv_bytes_per_position(&cfg),
-        recurrent_bytes: recurrent_bytes(&cfg),
+        kv_bytes_per_position: kv_bytes_per_position(cfg),
+        recurrent_bytes: recurrent_bytes(cfg),
         io_mode: shards.mode().name().to_owned(),
         plan: PlanSummary {
             budget: budget.unwrap_or(0),

@@ -13,11 +13,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use sluice_format::Checkpoint;
 use sluice_format::packed::{
     ALIGN, FORMAT, MANIFEST, Manifest, PackedPart, PackedTensor, SourceShard, TRUNK_FILE, VERSION,
 };
-use sluice_model::ModelConfig;
+use sluice_model::Description;
 use sluice_model::weights::{PartLayout, WeightLayout};
 
 use crate::Error;
@@ -128,9 +127,7 @@ fn parts(layout: &WeightLayout) -> Vec<(String, &PartLayout)> {
 
 /// Total bytes a pack of `src` copies.
 pub fn pack_size(src: &Path) -> Result<u64, Error> {
-    let ck = Checkpoint::open(src)?;
-    let cfg = ModelConfig::from_json(ck.config(), &src.join("config.json"))?;
-    Ok(WeightLayout::new(&ck, &cfg)?.trunk_bytes())
+    Ok(Description::open(src)?.layout.trunk_bytes())
 }
 
 /// Packs the trunk of the Hugging Face checkpoint `src` into the directory `out`.
@@ -213,9 +210,11 @@ pub fn pack(
     }
 
     // Validate the source completely before writing anything.
-    let ck = Checkpoint::open(&src)?;
-    let cfg = ModelConfig::from_json(ck.config(), &src.join("config.json"))?;
-    let layout = WeightLayout::new(&ck, &cfg)?;
+    let Description {
+        checkpoint: ck,
+        config: _,
+        layout,
+    } = Description::open(&src)?;
     let total = layout.trunk_bytes();
 
     if tmp.exists() {

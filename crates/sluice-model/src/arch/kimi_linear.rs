@@ -16,13 +16,29 @@
 
 use serde_json::Value;
 
-use super::{
-    Arch, AttentionConfig, Cfg, ExpertActivation, GluActivation, KdaConfig, KdaGate, LatentMoe,
-    LayerAttention, MlpKind, ModelConfig, MoeConfig, Residual, RopeConfig, RopeScaling, RouterKind,
-    SharedExpert,
-};
+use super::Family;
 use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, KdaConfig, KdaGate,
+    LatentMoe, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, Residual, RopeConfig,
+    RopeScaling, RouterKind, SharedExpert, TensorNames, check_widths, shared_width,
+};
 use crate::quant::{self, Quantization};
+
+pub(super) const FAMILY: Family = Family {
+    name: "kimi_linear",
+    model_types: &["kimi_linear", "kimi_k3"],
+    read: |c, model_type| read(c, model_type == "kimi_k3"),
+};
+
+/// What mixes tokens in a layer of the plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LayerAttention {
+    /// MLA without rotary embeddings.
+    Full,
+    /// Kimi Delta Attention.
+    Kda,
+}
 
 /// Text-config fields that are read.
 const READ: &[&str] = &[
@@ -119,7 +135,7 @@ const LINEAR_KEYS: &[&str] = &[
 
 /// Reads a Kimi config: `c` is the whole `config.json`; `k3` says its `model_type` is
 /// `kimi_k3`.
-pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
+fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let (t, prefix) = if k3 {
         let Some(tv) = c.get("text_config") else {
             return Err(c.err("text_config", "required field is missing"));
@@ -265,7 +281,9 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     if t.bool_or("attention_bias", false)? {
         return Err(t.err("attention_bias", "true is not supported"));
     }
-    let attention = AttentionConfig::Mla {
+    // Moonshot: q_head_dim ** -0.5 with q_head_dim = nope + rope (1/√192 for K3).
+    let softmax_scale = ((nope + rope_dim) as f64).powf(-0.5) as f32;
+    let mla = AttentionConfig::Mla(MlaConfig {
         heads,
         q_lora_rank,
         kv_lora_rank,
@@ -275,7 +293,8 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         bias: false,
         rope: false,
         output_gate: t.bool_or("mla_use_output_gate", false)?,
-    };
+        softmax_scale,
+    });
     // No rotary table: nothing is rotated.
     let rope = RopeConfig {
         theta: 1.0,
@@ -283,8 +302,6 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         interleaved: false,
         scaling: RopeScaling::None,
     };
-    // Moonshot: q_head_dim ** -0.5 with q_head_dim = nope + rope (1/√192 for K3).
-    let softmax_scale = ((nope + rope_dim) as f64).powf(-0.5) as f32;
 
     // Kimi Delta Attention and the layer plan.
     let (kda, layer_attention) = read_linear(&t, layers)?;
@@ -344,7 +361,7 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let routed_scaling_factor = t.pos_f32("routed_scaling_factor")?;
     let n_shared = alias_usize(&t, &["num_shared_experts", "n_shared_experts"])?.unwrap_or(0);
     let shared = (n_shared > 0)
-        .then(|| super::shared_width(&t, "num_shared_experts", n_shared, intermediate))
+        .then(|| shared_width(&t, "num_shared_experts", n_shared, intermediate))
         .transpose()?
         .map(|intermediate| SharedExpert {
             intermediate,
@@ -425,18 +442,28 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let bos_token_id = ids("bos_token_id")?.first().copied();
     let eos_token_ids = ids("eos_token_id")?;
 
+    let layer_plan = layer_attention
+        .iter()
+        .zip(mlp)
+        .map(|(a, mlp)| LayerPlan {
+            attention: match a {
+                LayerAttention::Full => mla.clone(),
+                LayerAttention::Kda => AttentionConfig::Kda(kda),
+            },
+            mlp,
+        })
+        .collect();
     let cfg = ModelConfig {
-        arch: Arch::KimiLinear,
+        family: FAMILY.name,
+        model_type: if k3 { "kimi_k3" } else { "kimi_linear" }.to_owned(),
         vocab,
         hidden,
         layers,
         eps,
         tie_embeddings,
         max_positions,
-        attention,
         rope,
-        softmax_scale,
-        mlp,
+        layer_plan,
         moe: MoeConfig {
             experts,
             top_k,
@@ -454,14 +481,28 @@ pub(super) fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         bos_token_id,
         eos_token_ids,
         quant,
-        prefix: prefix.to_owned(),
-        layer_attention,
-        kda: Some(kda),
+        names: TensorNames {
+            prefix: prefix.to_owned(),
+            attention: "self_attn",
+            // transformers saves Kimi Linear's MLPs as `block_sparse_moe.*` (it renames
+            // `block_sparse_moe` to `mlp` on load and back on save, dense layers included),
+            // Moonshot's checkpoints dense layers as `mlp.*`: either is read.
+            moe: "block_sparse_moe",
+            dense: &["mlp", "block_sparse_moe"],
+            router: "gate",
+            router_bias: Some("gate.e_score_correction_bias"),
+            shared: "shared_experts",
+            experts: ExpertNames::Separate {
+                gate: "w1",
+                up: "w3",
+                down: "w2",
+            },
+        },
         residual,
         mlp_act,
         draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
     };
-    super::check_widths(&t, &cfg)?;
+    check_widths(&t, &cfg)?;
     Ok(cfg)
 }
 
@@ -655,183 +696,5 @@ fn alias_bool(t: &Cfg<'_>, names: &[&str], default: bool) -> Result<bool, ModelE
 }
 
 #[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    use serde_json::json;
-
-    use super::*;
-
-    fn k3() -> Value {
-        serde_json::from_str(
-            r#"{
-            "model_type": "kimi_k3", "bos_token_id": 500, "eos_token_id": 502,
-            "tie_word_embeddings": false, "vision_config": {"patch_size": 14},
-            "text_config": {
-                "model_type": "kimi_linear", "vocab_size": 512, "hidden_size": 128,
-                "intermediate_size": 256, "num_hidden_layers": 8, "num_attention_heads": 4,
-                "num_key_value_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32,
-                "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32,
-                "mla_use_nope": true, "mla_use_output_gate": true, "hidden_act": "situ",
-                "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0,
-                "rms_norm_eps": 1e-5, "first_k_dense_replace": 1, "moe_layer_freq": 1,
-                "num_experts": 16, "num_experts_per_token": 4, "num_shared_experts": 2,
-                "moe_intermediate_size": 64, "routed_expert_hidden_size": 64,
-                "latent_moe_use_norm": true, "moe_renormalize": true,
-                "moe_router_activation_func": "sigmoid", "topk_method": "noaux_tc",
-                "use_grouped_topk": true, "num_expert_group": 1, "topk_group": 1,
-                "routed_scaling_factor": 2.5, "attn_res_block_size": 3,
-                "linear_attn_config": {"full_attn_layers": [4, 7, 8], "kda_layers": [1, 2, 3, 5, 6],
-                    "gate_lower_bound": -5.0, "head_dim": 32, "num_heads": 4,
-                    "short_conv_kernel_size": 4, "use_full_rank_gate": true},
-                "max_position_embeddings": 4096, "num_nextn_predict_layers": 0,
-                "initializer_range": 0.02, "use_cache": true, "dtype": "float32"
-            }
-        }"#,
-        )
-        .unwrap()
-    }
-
-    fn parse(v: &Value) -> Result<ModelConfig, ModelError> {
-        ModelConfig::from_json(v, Path::new("config.json"))
-    }
-
-    fn field_of(e: ModelError) -> String {
-        match e {
-            ModelError::Config { field, .. } => field,
-            e => panic!("not a config error: {e}"),
-        }
-    }
-
-    #[test]
-    fn k3_reads() {
-        let c = parse(&k3()).unwrap();
-        assert_eq!(c.arch, Arch::KimiLinear);
-        assert_eq!(c.prefix, "language_model.");
-        use LayerAttention::{Full as F, Kda as K};
-        assert_eq!(c.layer_attention, [K, K, K, F, K, K, F, F]);
-        assert_eq!(c.residual, Residual::AttnRes { block_size: 3 });
-        assert_eq!(
-            c.kda,
-            Some(KdaConfig {
-                heads: 4,
-                head_dim: 32,
-                conv_kernel: 4,
-                gate: KdaGate::LowerBound(-5.0),
-                full_rank_output_gate: true
-            })
-        );
-        assert!((c.softmax_scale - 48f32.powf(-0.5)).abs() < 1e-7);
-        assert_eq!(
-            c.moe.latent,
-            Some(LatentMoe {
-                dim: 64,
-                norm: true
-            })
-        );
-        assert_eq!(c.moe.shared.as_ref().unwrap().intermediate, 128);
-        assert_eq!(
-            c.mlp_act,
-            GluActivation::Situ {
-                beta: 4.0,
-                linear_beta: Some(25.0)
-            }
-        );
-        assert_eq!(c.bos_token_id, Some(500));
-        assert_eq!(c.eos_token_ids, [502]);
-        assert!(!c.is_moe(0) && c.is_moe(1));
-        assert_eq!(c.full_attention_layers(), 3);
-    }
-
-    #[test]
-    fn unknown_and_unsupported_fields_are_named() {
-        let mut v = k3();
-        v["text_config"]["sliding_window"] = json!(128);
-        assert_eq!(
-            field_of(parse(&v).unwrap_err()),
-            "text_config.sliding_window"
-        );
-        let mut v = k3();
-        v["text_config"]["linear_attn_config"]["chunk_size"] = json!(64);
-        assert_eq!(
-            field_of(parse(&v).unwrap_err()),
-            "text_config.linear_attn_config.chunk_size"
-        );
-        for (k, bad) in [
-            ("hidden_act", json!("gelu")),
-            ("mla_use_nope", json!(false)),
-            ("moe_router_activation_func", json!("softmax")),
-            ("moe_layer_freq", json!(2)),
-            ("num_key_value_heads", json!(2)),
-            ("attn_res_block_size", json!(0)),
-            ("num_experts_per_tok", json!(3)),
-        ] {
-            let mut v = k3();
-            v["text_config"][k] = bad;
-            assert_eq!(
-                field_of(parse(&v).unwrap_err()),
-                format!("text_config.{k}"),
-                "{k}"
-            );
-        }
-        let mut v = k3();
-        v["text_config"]["linear_attn_config"]["kda_layers"] = json!([1, 2, 3, 5]);
-        assert_eq!(
-            field_of(parse(&v).unwrap_err()),
-            "text_config.linear_attn_config.kda_layers"
-        );
-        let mut v = k3();
-        v["text_config"]["linear_attn_config"]["full_attn_layers"] = json!([4, 7, 9]);
-        assert_eq!(
-            field_of(parse(&v).unwrap_err()),
-            "text_config.linear_attn_config.full_attn_layers"
-        );
-        let mut v = k3();
-        v["text_config"]["model_type"] = json!("deepseek_v3");
-        assert_eq!(field_of(parse(&v).unwrap_err()), "text_config.model_type");
-        let mut v = k3();
-        v["text_config"]["layer_types"] = json!(vec!["linear_attention"; 8]);
-        assert_eq!(field_of(parse(&v).unwrap_err()), "text_config.layer_types");
-    }
-
-    #[test]
-    fn transformers_spelling_reads_the_same() {
-        let v: Value = serde_json::from_str(
-            r#"{
-            "model_type": "kimi_linear", "vocab_size": 512, "hidden_size": 64,
-            "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
-            "num_key_value_heads": 4, "q_lora_rank": null, "kv_lora_rank": 32,
-            "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "qk_head_dim": 24, "head_dim": 8,
-            "v_head_dim": 16, "hidden_act": "silu", "rms_norm_eps": 1e-5,
-            "first_k_dense_replace": 1, "num_experts": 8, "num_experts_per_token": 2,
-            "num_shared_experts": 1, "moe_intermediate_size": 32, "moe_renormalize": true,
-            "num_expert_group": 1, "topk_group": 1, "routed_scaling_factor": 2.446,
-            "model_max_length": 256, "linear_head_dim": 16, "linear_num_heads": 4,
-            "linear_conv_kernel_dim": 4,
-            "layer_types": ["linear_attention", "linear_attention", "full_attention",
-                            "linear_attention", "linear_attention", "full_attention"],
-            "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse", "sparse"],
-            "linear_attn_config": {"full_attn_layers": [3, 6], "kda_layers": [1, 2, 4, 5],
-                "head_dim": 16, "num_heads": 4, "short_conv_kernel_size": 4},
-            "attention_bias": false, "attention_dropout": 0.0, "pretraining_tp": 1,
-            "output_router_logits": false, "tie_word_embeddings": false
-        }"#,
-        )
-        .unwrap();
-        let c = parse(&v).unwrap();
-        assert_eq!(c.prefix, "");
-        assert_eq!(c.kda.unwrap().gate, KdaGate::Softplus);
-        assert_eq!(c.residual, Residual::Add);
-        assert_eq!(c.max_positions, 256);
-        assert!(c.is_kda(0) && !c.is_kda(2));
-        let mut w = v.clone();
-        w["linear_head_dim"] = json!(32);
-        assert_eq!(field_of(parse(&w).unwrap_err()), "linear_head_dim");
-        let mut w = v.clone();
-        w["mlp_layer_types"] = json!(["dense", "dense", "sparse", "sparse", "sparse", "sparse"]);
-        assert_eq!(field_of(parse(&w).unwrap_err()), "mlp_layer_types");
-        let mut w = v.clone();
-        w["num_experts_per_tok"] = json!(3);
-        assert_eq!(field_of(parse(&w).unwrap_err()), "num_experts_per_tok");
-    }
-}
+#[path = "kimi_linear_tests.rs"]
+mod tests;

@@ -1,0 +1,195 @@
+//! Reads several families share: the top-level sizes, grouped-query attention's heads, the
+//! softmax router, the count check of experts per token, and the assembly of the description.
+
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, GluActivation, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig,
+    QkNorm, Residual, RopeConfig, RouterKind, TensorNames, check_widths, read_rope,
+};
+use crate::quant::{self, Quantization};
+
+/// The fields every non-Kimi family reads first, in this order.
+pub(super) struct Base {
+    pub quant: Quantization,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub eps: f32,
+    pub heads: usize,
+    pub max_positions: usize,
+    pub tie_embeddings: bool,
+}
+
+impl Base {
+    /// `quantization_config` (MXFP4 of fused experts allowed when `fused_mxfp4`), then the
+    /// sizes. `hidden_act` must be `silu`.
+    pub fn read(c: &Cfg<'_>, fused_mxfp4: bool) -> Result<Base, ModelError> {
+        let quant = match c.get("quantization_config") {
+            Some(q) => quant::read(q, c.file, fused_mxfp4)?,
+            None => Quantization::None,
+        };
+        c.expect_str("hidden_act", "silu", &["silu"])?;
+        Ok(Base {
+            quant,
+            vocab: c.pos_usize("vocab_size")?,
+            hidden: c.pos_usize("hidden_size")?,
+            layers: c.pos_usize("num_hidden_layers")?,
+            eps: c.pos_f32("rms_norm_eps")?,
+            heads: c.pos_usize("num_attention_heads")?,
+            max_positions: c.pos_usize("max_position_embeddings")?,
+            // transformers' default for every architecture here is `false`.
+            tie_embeddings: c.bool_or("tie_word_embeddings", false)?,
+        })
+    }
+
+    /// The description, with the token ids and draft layers read here; residuals add and dense
+    /// blocks are SwiGLU.
+    #[allow(clippy::too_many_arguments)]
+    pub fn finish(
+        self,
+        c: &Cfg<'_>,
+        family: &'static str,
+        model_type: &str,
+        rope: RopeConfig,
+        layer_plan: Vec<LayerPlan>,
+        moe: MoeConfig,
+        names: TensorNames,
+    ) -> Result<ModelConfig, ModelError> {
+        let cfg = ModelConfig {
+            family,
+            model_type: model_type.to_owned(),
+            vocab: self.vocab,
+            hidden: self.hidden,
+            layers: self.layers,
+            eps: self.eps,
+            tie_embeddings: self.tie_embeddings,
+            max_positions: self.max_positions,
+            rope,
+            layer_plan,
+            moe,
+            bos_token_id: c.token_ids("bos_token_id")?.first().copied(),
+            eos_token_ids: c.token_ids("eos_token_id")?,
+            quant: self.quant,
+            names,
+            residual: Residual::Add,
+            mlp_act: GluActivation::Silu,
+            draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
+        };
+        check_widths(c, &cfg)?;
+        Ok(cfg)
+    }
+}
+
+/// Grouped-query attention's `num_key_value_heads` (dividing `heads`) and `head_dim` (even and
+/// positive; when absent, `hidden / heads` unless `head_dim_required`).
+pub(super) fn gqa_heads(
+    c: &Cfg<'_>,
+    heads: usize,
+    hidden: usize,
+    head_dim_required: bool,
+) -> Result<(usize, usize), ModelError> {
+    let kv_heads = c.pos_usize("num_key_value_heads")?;
+    if !heads.is_multiple_of(kv_heads) {
+        return Err(c.err(
+            "num_key_value_heads",
+            format!("{kv_heads} does not divide num_attention_heads {heads}"),
+        ));
+    }
+    let head_dim = match c.opt_usize("head_dim")? {
+        Some(0) => return Err(c.err("head_dim", "must be positive")),
+        Some(d) => d,
+        None if head_dim_required => {
+            return Err(c.err("head_dim", "required field is missing"));
+        }
+        None => {
+            if !hidden.is_multiple_of(heads) {
+                return Err(c.err(
+                    "head_dim",
+                    "missing, and hidden_size is not a multiple of num_attention_heads",
+                ));
+            }
+            hidden / heads
+        }
+    };
+    if !head_dim.is_multiple_of(2) {
+        return Err(c.err("head_dim", "must be even"));
+    }
+    Ok((kv_heads, head_dim))
+}
+
+/// `num_experts_per_tok`, checked against the experts.
+pub(super) fn top_k(c: &Cfg<'_>, experts: usize) -> Result<usize, ModelError> {
+    let top_k = c.pos_usize("num_experts_per_tok")?;
+    if top_k > experts {
+        return Err(c.err(
+            "num_experts_per_tok",
+            format!("{top_k} is more than the {experts} experts"),
+        ));
+    }
+    Ok(top_k)
+}
+
+/// A refused sliding window of 0.
+pub(super) fn check_window(c: &Cfg<'_>, w: Option<usize>) -> Result<(), ModelError> {
+    if w == Some(0) {
+        return Err(c.err("sliding_window", "must be positive"));
+    }
+    Ok(())
+}
+
+/// The softmax scale `dim^−½`.
+pub(super) fn inv_sqrt(dim: usize) -> f64 {
+    (dim as f64).powf(-0.5)
+}
+
+/// Grouped-query attention read the common way: heads from [`gqa_heads`], the rotary table
+/// over the whole head (`rope_parameters` / `rope_scaling`, pairs split in halves), the scale
+/// `head_dim^−½`; the family sets its switches on the result (biases, norms, windows).
+pub(super) fn gqa_rope(
+    c: &Cfg<'_>,
+    base: &Base,
+    head_dim_required: bool,
+) -> Result<(GqaConfig, RopeConfig), ModelError> {
+    let (kv_heads, head_dim) = gqa_heads(c, base.heads, base.hidden, head_dim_required)?;
+    let (rope, _) = read_rope(c, head_dim, false, base.max_positions)?;
+    Ok((
+        GqaConfig {
+            heads: base.heads,
+            kv_heads,
+            head_dim,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: QkNorm::None,
+            clip_qkv: None,
+            window: None,
+            sinks: false,
+            softmax_scale: inv_sqrt(head_dim) as f32,
+        },
+        rope,
+    ))
+}
+
+/// The softmax router (top-k of a softmax over all experts), renormalised when
+/// `norm_topk_prob` (absent: `default`, transformers' default for the family).
+pub(super) fn softmax_router(c: &Cfg<'_>, default: bool) -> Result<RouterKind, ModelError> {
+    Ok(RouterKind::Softmax {
+        norm_topk_prob: c.bool_or("norm_topk_prob", default)?,
+    })
+}
+
+/// A layer plan of the same attention everywhere, each layer's feed-forward block given.
+pub(super) fn uniform_plan(
+    attention: &AttentionConfig,
+    mlp: impl Iterator<Item = MlpKind>,
+) -> Vec<LayerPlan> {
+    mlp.map(|mlp| LayerPlan {
+        attention: attention.clone(),
+        mlp,
+    })
+    .collect()
+}
+
+/// Every layer a mixture of experts.
+pub(super) fn all_moe(layers: usize) -> impl Iterator<Item = MlpKind> {
+    (0..layers).map(|_| MlpKind::Moe)
+}

@@ -1,0 +1,138 @@
+//! DeepSeek-V3 and Kimi K2 / K2.5 (`deepseek_v3`, `kimi_k2`): multi-head latent attention with
+//! YaRN, sigmoid group routing (`noaux_tc`) with a selection-only bias, shared experts, the
+//! first `first_k_dense_replace` layers dense.
+
+use super::Family;
+use super::common::{Base, inv_sqrt, top_k};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
+    RouterKind, SharedExpert, TensorNames, read_rope, shared_width, yarn_get_mscale,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "deepseek_v3",
+    model_types: &["deepseek_v3", "kimi_k2"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let heads = base.heads;
+    let q_lora_rank = c.opt_usize("q_lora_rank")?;
+    let kv_lora_rank = c.pos_usize("kv_lora_rank")?;
+    let nope = c.pos_usize("qk_nope_head_dim")?;
+    let rope_dim = c.pos_usize("qk_rope_head_dim")?;
+    let v_head_dim = c.pos_usize("v_head_dim")?;
+    if let Some(kvh) = c.opt_usize("num_key_value_heads")?
+        && kvh != heads
+    {
+        return Err(c.err(
+            "num_key_value_heads",
+            format!("{kvh} differs from num_attention_heads {heads}; MLA has one latent"),
+        ));
+    }
+    if !rope_dim.is_multiple_of(2) {
+        return Err(c.err("qk_rope_head_dim", "must be even"));
+    }
+    // transformers default: rope_interleave = true; attention_bias = false.
+    let interleaved = c.bool_or("rope_interleave", true)?;
+    let bias = c.bool_or("attention_bias", false)?;
+    let (rope, yarn_mscale_all) = read_rope(c, rope_dim, interleaved, base.max_positions)?;
+    let mut softmax_scale = inv_sqrt(nope + rope_dim);
+    if let Some((factor, all)) = yarn_mscale_all {
+        let m = yarn_get_mscale(factor, all);
+        softmax_scale = softmax_scale * m * m;
+    }
+    let attention = AttentionConfig::Mla(MlaConfig {
+        heads,
+        q_lora_rank,
+        kv_lora_rank,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope_dim,
+        v_head_dim,
+        bias,
+        rope: true,
+        output_gate: false,
+        softmax_scale: softmax_scale as f32,
+    });
+
+    let experts = c.pos_usize("n_routed_experts")?;
+    let intermediate = c.pos_usize("moe_intermediate_size")?;
+    let top_k = top_k(c, experts)?;
+    c.expect_str("scoring_func", "sigmoid", &["sigmoid"])?;
+    c.expect_str("topk_method", "noaux_tc", &["noaux_tc"])?;
+    let n_group = c.pos_usize("n_group")?;
+    let topk_group = c.pos_usize("topk_group")?;
+    if !experts.is_multiple_of(n_group) {
+        return Err(c.err(
+            "n_group",
+            format!("{n_group} does not divide the {experts} experts"),
+        ));
+    }
+    if topk_group > n_group {
+        return Err(c.err(
+            "topk_group",
+            format!("{topk_group} is more than n_group {n_group}"),
+        ));
+    }
+    if experts / n_group < 2 {
+        return Err(c.err(
+            "n_group",
+            "groups need at least 2 experts (group score = sum of the top 2)",
+        ));
+    }
+    if top_k > topk_group * (experts / n_group) {
+        return Err(c.err(
+            "num_experts_per_tok",
+            "more than the experts in the kept groups",
+        ));
+    }
+    let router = RouterKind::SigmoidGroup {
+        n_group,
+        topk_group,
+        norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
+        routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
+    };
+    let n_shared = c.usize("n_shared_experts")?;
+    let shared = (n_shared > 0)
+        .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
+        .transpose()?
+        .map(|intermediate| SharedExpert {
+            intermediate,
+            gated: false,
+        });
+    let first_dense = c.usize("first_k_dense_replace")?;
+    if let Some(f) = c.opt_usize("moe_layer_freq")?
+        && f != 1
+    {
+        return Err(c.err("moe_layer_freq", format!("{f} is not supported (only 1)")));
+    }
+    let dense = c.pos_usize("intermediate_size")?;
+    let layer_plan = (0..base.layers)
+        .map(|l| LayerPlan {
+            attention: attention.clone(),
+            mlp: if l < first_dense {
+                MlpKind::Dense {
+                    intermediate: dense,
+                }
+            } else {
+                MlpKind::Moe
+            },
+        })
+        .collect();
+    let moe = MoeConfig {
+        experts,
+        top_k,
+        intermediate,
+        router,
+        shared,
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+    };
+    let names = TensorNames {
+        router_bias: Some("gate.e_score_correction_bias"),
+        ..TensorNames::standard()
+    };
+    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}

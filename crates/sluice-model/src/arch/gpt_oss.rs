@@ -1,0 +1,110 @@
+//! GPT-OSS (`gpt_oss`): grouped-query attention with biases, per-head attention sinks and
+//! sliding-window layers by `layer_types`; a biased router taking the top-k logits, then a
+//! softmax over them; clamped SwiGLU experts fused per layer (`gate_up_proj` interleaved by
+//! row, with biases), in BF16 or as MXFP4 blocks (`quant_method` `mxfp4`).
+
+use serde_json::Value;
+
+use super::Family;
+use super::common::{Base, all_moe, check_window, gqa_rope, top_k};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, ModelConfig, MoeConfig,
+    RouterKind, TensorNames,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "gpt_oss",
+    model_types: &["gpt_oss"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, true)?;
+    let (mut gqa, rope) = gqa_rope(c, &base, false)?;
+    // transformers default: attention_bias = true.
+    let b = c.bool_or("attention_bias", true)?;
+    (gqa.qkv_bias, gqa.o_bias) = (b, b);
+    gqa.sinks = true;
+    let sliding = read_layer_types(c, base.layers)?;
+    let window = c.opt_usize("sliding_window")?;
+    if window.is_none() && sliding.iter().any(|&s| s) {
+        return Err(c.err(
+            "sliding_window",
+            "missing, and layer_types has sliding_attention layers",
+        ));
+    }
+    check_window(c, window)?;
+
+    // transformers maps `num_experts` to `num_local_experts`.
+    let experts = if c.get("num_local_experts").is_some() {
+        c.pos_usize("num_local_experts")?
+    } else {
+        c.pos_usize("num_experts")?
+    };
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let top_k = top_k(c, experts)?;
+    // transformers defaults (GPT-OSS releases set only the limit).
+    let alpha = c.opt_f32("swiglu_alpha")?.unwrap_or(1.702);
+    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(7.0);
+    if limit <= 0.0 {
+        return Err(c.err("swiglu_limit", "must be positive"));
+    }
+    let moe = MoeConfig {
+        experts,
+        top_k,
+        intermediate,
+        router: RouterKind::TopKSoftmax,
+        shared: None,
+        activation: ExpertActivation::ClampedSwiGlu { alpha, limit },
+        latent: None,
+    };
+    let layer_plan = sliding
+        .iter()
+        .zip(all_moe(base.layers))
+        .map(|(&slides, mlp)| {
+            let mut g = gqa.clone();
+            g.window = window.filter(|_| slides);
+            LayerPlan {
+                attention: AttentionConfig::Gqa(g),
+                mlp,
+            }
+        })
+        .collect();
+    let names = TensorNames {
+        router: "router",
+        router_bias: Some("router.bias"),
+        experts: ExpertNames::FusedGateUp,
+        ..TensorNames::standard()
+    };
+    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}
+
+/// `layer_types`: true for `sliding_attention`. transformers' default when absent: even layers
+/// slide, odd layers are full.
+fn read_layer_types(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+    match c.get("layer_types") {
+        None => Ok((0..layers).map(|l| l % 2 == 0).collect()),
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(c.err(
+                    "layer_types",
+                    format!("{} entries for {layers} layers", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|x| match x.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(c.err(
+                        "layer_types",
+                        format!(
+                            "`{x}` is not supported (supported: sliding_attention, full_attention)"
+                        ),
+                    )),
+                })
+                .collect()
+        }
+        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    }
+}

@@ -1,0 +1,48 @@
+//! Mixtral (`mixtral`): grouped-query attention with an optional sliding window on every
+//! layer, softmax routing always renormalised, experts `block_sparse_moe.experts.{e}.w1/w3/w2`.
+
+use super::Family;
+use super::common::{Base, all_moe, check_window, gqa_rope, top_k, uniform_plan};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, ExpertNames, ModelConfig, MoeConfig, RouterKind,
+    TensorNames,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "mixtral",
+    model_types: &["mixtral"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let (mut gqa, rope) = gqa_rope(c, &base, false)?;
+    gqa.window = c.opt_usize("sliding_window")?;
+    check_window(c, gqa.window)?;
+    let experts = c.pos_usize("num_local_experts")?;
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let moe = MoeConfig {
+        experts,
+        top_k: top_k(c, experts)?,
+        intermediate,
+        // Mixtral always renormalises.
+        router: RouterKind::Softmax {
+            norm_topk_prob: true,
+        },
+        shared: None,
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+    };
+    let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
+    let names = TensorNames {
+        moe: "block_sparse_moe",
+        experts: ExpertNames::Separate {
+            gate: "w1",
+            up: "w3",
+            down: "w2",
+        },
+        ..TensorNames::standard()
+    };
+    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}

@@ -1,0 +1,75 @@
+//! Model families: one module each, owning everything specific to it — the `model_type`
+//! values it accepts, its strict config reader (the fields it reads, the ones it knowingly
+//! ignores, the error naming a bad one), its tensor names, its layer plan (which layers are
+//! dense or MoE, which attention kind each has), its router and any quirk. A family produces
+//! a [`ModelConfig`]; nothing outside this directory asks which family a model is.
+//!
+//! Adding a family is one module here and one row in [`FAMILIES`]; see "How to add a model
+//! family" in docs/ARCHITECTURE.md.
+
+use crate::ModelError;
+use crate::config::{Cfg, ModelConfig};
+
+mod common;
+mod deepseek_v3;
+mod gpt_oss;
+mod kimi_linear;
+mod mixtral;
+mod olmoe;
+mod qwen_moe;
+
+/// A model family: the `model_type` values it reads and its reader.
+pub struct Family {
+    /// The family's name (its module).
+    pub name: &'static str,
+    /// The `model_type` values it accepts.
+    pub model_types: &'static [&'static str],
+    /// Reads a `config.json` whose `model_type` is one of [`Family::model_types`] (given).
+    pub(crate) read: fn(&Cfg<'_>, &str) -> Result<ModelConfig, ModelError>,
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name, self.model_types.join(", "))
+    }
+}
+
+/// Every family sluice implements, in the order `model_type`s are listed in errors.
+pub static FAMILIES: &[Family] = &[
+    deepseek_v3::FAMILY,
+    qwen_moe::FAMILY,
+    mixtral::FAMILY,
+    olmoe::FAMILY,
+    gpt_oss::FAMILY,
+    kimi_linear::FAMILY,
+];
+
+/// The family that reads `model_type`, if any.
+pub fn family(model_type: &str) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .find(|f| f.model_types.contains(&model_type))
+}
+
+/// Every `model_type` accepted.
+pub fn model_types() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.model_types.iter().copied())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_model_type_has_one_family() {
+        let all = model_types();
+        for t in &all {
+            assert_eq!(all.iter().filter(|x| *x == t).count(), 1, "{t}");
+            assert!(family(t).is_some_and(|f| f.model_types.contains(t)));
+        }
+        assert!(family("llama").is_none());
+    }
+}

@@ -1,0 +1,47 @@
+//! OLMoE (`olmoe`): grouped-query attention with a query/key RMSNorm over the whole projection
+//! and an optional clamp of q, k, v (`clip_qkv`), softmax routing.
+
+use super::Family;
+use super::common::{Base, all_moe, gqa_rope, softmax_router, top_k, uniform_plan};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, ModelConfig, MoeConfig, QkNorm, TensorNames,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "olmoe",
+    model_types: &["olmoe"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let (mut gqa, rope) = gqa_rope(c, &base, false)?;
+    // transformers default: attention_bias = false.
+    let b = c.bool_or("attention_bias", false)?;
+    (gqa.qkv_bias, gqa.o_bias) = (b, b);
+    gqa.qk_norm = QkNorm::Full;
+    gqa.clip_qkv = c.opt_f32("clip_qkv")?;
+    let experts = c.pos_usize("num_experts")?;
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let moe = MoeConfig {
+        experts,
+        top_k: top_k(c, experts)?,
+        intermediate,
+        // transformers default: norm_topk_prob = false.
+        router: softmax_router(c, false)?,
+        shared: None,
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+    };
+    let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
+    base.finish(
+        c,
+        FAMILY.name,
+        model_type,
+        rope,
+        layer_plan,
+        moe,
+        TensorNames::standard(),
+    )
+}

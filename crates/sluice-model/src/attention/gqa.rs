@@ -1,0 +1,265 @@
+//! Grouped-query attention, with the Qwen3 / OLMoE query-key norms, OLMoE's clamp, sliding
+//! windows and GPT-OSS's attention sinks. The cache holds every position's keys and values per
+//! KV head.
+
+use sluice_store::Blob;
+
+use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows, weighted_sum};
+use crate::ModelError;
+use crate::weights::{MatSpec, PartBuilder, VecSpec};
+
+/// Which norm is applied to queries and keys before RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    /// None.
+    None,
+    /// RMSNorm over each head (`head_dim` weights): Qwen3.
+    PerHead,
+    /// RMSNorm over the whole projection: OLMoE.
+    Full,
+}
+
+/// The shape of a grouped-query attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GqaConfig {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Dimension per head.
+    pub head_dim: usize,
+    /// Biases on q, k, v.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+    /// Query/key norm.
+    pub qk_norm: QkNorm,
+    /// Clamp of q, k, v (OLMoE `clip_qkv`).
+    pub clip_qkv: Option<f32>,
+    /// This layer's sliding window: a query at position q sees keys k with q − W < k ≤ q.
+    pub window: Option<usize>,
+    /// A learned per-head sink logit joins each softmax and is dropped after it (GPT-OSS).
+    pub sinks: bool,
+    /// Softmax scale of the scores.
+    pub softmax_scale: f32,
+}
+
+/// The weights of a grouped-query attention layer.
+#[derive(Clone, Debug)]
+pub struct GqaWeights {
+    /// Query projection.
+    pub q: MatSpec,
+    /// Key projection.
+    pub k: MatSpec,
+    /// Value projection.
+    pub v: MatSpec,
+    /// Output projection.
+    pub o: MatSpec,
+    /// Biases of q, k, v.
+    pub qkv_bias: Option<[VecSpec; 3]>,
+    /// Output bias.
+    pub o_bias: Option<VecSpec>,
+    /// Query and key norm weights.
+    pub qk_norm: Option<[VecSpec; 2]>,
+    /// Per-head sink logits (GPT-OSS).
+    pub sinks: Option<VecSpec>,
+}
+
+/// Keys and values per KV head, `[pos, head_dim]` each.
+#[derive(Clone, Debug)]
+pub(crate) struct Cache {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+    head_dim: usize,
+}
+
+impl Cache {
+    pub(crate) fn truncate(&mut self, pos: usize) {
+        for x in self.k.iter_mut().chain(self.v.iter_mut()) {
+            x.truncate(pos * self.head_dim);
+        }
+    }
+
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        for x in self.k.iter_mut().chain(self.v.iter_mut()) {
+            super::room(x, positions * self.head_dim);
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|x| x.len() * 4).sum()
+    }
+}
+
+impl GqaConfig {
+    /// `heads × head_dim` and `kv_heads × head_dim`.
+    fn widths(&self) -> (usize, usize) {
+        (self.heads * self.head_dim, self.kv_heads * self.head_dim)
+    }
+
+    /// Floats cached per position.
+    pub fn kv_floats(&self) -> usize {
+        2 * self.kv_heads * self.head_dim
+    }
+
+    /// Floats of scratch per token of a pass.
+    pub fn scratch_floats(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
+    }
+
+    /// The product the arithmetic multiplies out, and the field that names it, for the
+    /// config's size checks.
+    pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
+        (
+            self.heads,
+            self.head_dim,
+            "num_attention_heads",
+            "num_attention_heads × head_dim",
+        )
+    }
+
+    pub(crate) fn new_cache(&self) -> Cache {
+        Cache {
+            k: vec![Vec::new(); self.kv_heads],
+            v: vec![Vec::new(); self.kv_heads],
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Finds and checks the layer's tensors; `a` names a tensor of the attention module.
+    pub(crate) fn load(
+        &self,
+        p: &mut PartBuilder<'_, '_>,
+        a: &dyn Fn(&str) -> String,
+        h: usize,
+    ) -> Result<GqaWeights, ModelError> {
+        let (qd, kd) = self.widths();
+        Ok(GqaWeights {
+            q: p.linear(&a("q_proj"), qd, h)?,
+            k: p.linear(&a("k_proj"), kd, h)?,
+            v: p.linear(&a("v_proj"), kd, h)?,
+            o: p.linear(&a("o_proj"), h, qd)?,
+            qkv_bias: if self.qkv_bias {
+                Some([
+                    p.vector(&a("q_proj.bias"), qd)?,
+                    p.vector(&a("k_proj.bias"), kd)?,
+                    p.vector(&a("v_proj.bias"), kd)?,
+                ])
+            } else {
+                None
+            },
+            o_bias: if self.o_bias {
+                Some(p.vector(&a("o_proj.bias"), h)?)
+            } else {
+                None
+            },
+            qk_norm: match self.qk_norm {
+                QkNorm::None => None,
+                QkNorm::PerHead => Some([
+                    p.vector(&a("q_norm.weight"), self.head_dim)?,
+                    p.vector(&a("k_norm.weight"), self.head_dim)?,
+                ]),
+                QkNorm::Full => Some([
+                    p.vector(&a("q_norm.weight"), qd)?,
+                    p.vector(&a("k_norm.weight"), kd)?,
+                ]),
+            },
+            sinks: if self.sinks {
+                Some(p.vector(&a("sinks"), self.heads)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The layer over `x` `[t, hidden]` at positions `pos0..pos0 + t`, appending to `cache`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
+        &self,
+        cx: &Ctx<'_>,
+        w: &GqaWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let exec = cx.exec;
+        let h = cx.hidden;
+        let t = x.len() / h;
+        let (heads, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let mut qs = vec![0f32; t * heads * hd];
+        let mut ks = vec![0f32; t * kvh * hd];
+        let mut vs = vec![0f32; t * kvh * hd];
+        exec.matmul(&w.q.view(blob)?, x, &mut qs);
+        exec.matmul(&w.k.view(blob)?, x, &mut ks);
+        exec.matmul(&w.v.view(blob)?, x, &mut vs);
+        if let Some([qb, kb, vb]) = &w.qkv_bias {
+            add_bias(&mut qs, &qb.to_f32(blob));
+            add_bias(&mut ks, &kb.to_f32(blob));
+            add_bias(&mut vs, &vb.to_f32(blob));
+        }
+        if let Some([qn, kn]) = &w.qk_norm {
+            let (qn, kn) = (qn.to_f32(blob), kn.to_f32(blob));
+            // Full: over the whole projection (OLMoE); per head: over each head (Qwen3).
+            rmsnorm_rows(exec, &mut qs, &qn, cx.eps);
+            rmsnorm_rows(exec, &mut ks, &kn, cx.eps);
+        }
+        if let Some(c) = self.clip_qkv {
+            for a in qs.iter_mut().chain(ks.iter_mut()).chain(vs.iter_mut()) {
+                *a = a.clamp(-c, c);
+            }
+        }
+        let (kc, vc) = (&mut cache.k, &mut cache.v);
+        for i in 0..t {
+            let (cos, sin) = cx.angles.get(i);
+            for head in qs[i * heads * hd..(i + 1) * heads * hd].chunks_exact_mut(hd) {
+                cx.rope.apply(head, cos, sin);
+            }
+            for head in ks[i * kvh * hd..(i + 1) * kvh * hd].chunks_exact_mut(hd) {
+                cx.rope.apply(head, cos, sin);
+            }
+            for g in 0..kvh {
+                let at = (i * kvh + g) * hd;
+                kc[g].extend_from_slice(&ks[at..at + hd]);
+                vc[g].extend_from_slice(&vs[at..at + hd]);
+            }
+        }
+        let group = heads / kvh;
+        let scale = self.softmax_scale;
+        let window = self.window;
+        let sinks = w.sinks.map(|s| s.to_f32(blob));
+        let sinks = sinks.as_deref();
+        let mut out = vec![0f32; t * heads * hd];
+        let (kc, vc) = (&*kc, &*vc);
+        let qs = &qs;
+        exec.for_each_chunk(&mut out, hd, |idx, o| {
+            let (i, head) = (idx / heads, idx % heads);
+            let p = pos0 + i;
+            let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let n = p + 1 - lo;
+            let g = head / group;
+            let kmat = &kc[g][lo * hd..(p + 1) * hd];
+            let qh = &qs[(i * heads + head) * hd..(i * heads + head + 1) * hd];
+            // With a sink, one more logit joins the softmax and is dropped after it.
+            let mut scores = vec![0f32; n + usize::from(sinks.is_some())];
+            // Shapes are consistent by construction.
+            if let Ok(m) = f32_matrix(kmat, n, hd) {
+                exec.kernels().matmul(&m, qh, &mut scores[..n], 0..n);
+            }
+            for s in &mut scores[..n] {
+                *s *= scale;
+            }
+            if let Some(sk) = sinks {
+                scores[n] = sk[head];
+            }
+            exec.kernels().softmax(&mut scores);
+            weighted_sum(exec, &scores[..n], &vc[g][lo * hd..(p + 1) * hd], hd, o);
+        });
+        let mut y = vec![0f32; t * h];
+        exec.matmul(&w.o.view(blob)?, &out, &mut y);
+        if let Some(b) = &w.o_bias {
+            add_bias(&mut y, &b.to_f32(blob));
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,281 @@
+//! DeepSeek's multi-head latent attention, computed on the compressed cache by weight
+//! absorption: the cache holds per position the normalised latent `c` (`kv_lora_rank` values)
+//! and the shared rope key; scores are `q_lat · c + q_rope · k_rope` with `q_lat = W_ukᵀ q_nope`,
+//! and the attention-weighted latent is multiplied by `W_uv` afterwards.
+
+use sluice_store::Blob;
+
+use super::{Ctx, absorb, add_bias, f32_matrix, rmsnorm_rows, weighted_sum};
+use crate::ModelError;
+use crate::weights::{MatSpec, PartBuilder, VecSpec};
+
+/// The eps of DeepSeek's `q_a_layernorm` / `kv_a_layernorm` (transformers constructs them without
+/// passing `rms_norm_eps`).
+const MLA_NORM_EPS: f32 = 1e-6;
+
+/// The shape of a multi-head latent attention layer (DeepSeek-V2/V3).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaConfig {
+    /// Heads.
+    pub heads: usize,
+    /// Query low-rank dimension (`None`: a full `q_proj`).
+    pub q_lora_rank: Option<usize>,
+    /// Latent key/value dimension.
+    pub kv_lora_rank: usize,
+    /// Per-head key/query dimension without rotary embedding.
+    pub qk_nope_head_dim: usize,
+    /// Per-head rotary dimension (one shared rotary key).
+    pub qk_rope_head_dim: usize,
+    /// Per-head value dimension.
+    pub v_head_dim: usize,
+    /// Bias on `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj` (each where the checkpoint has it).
+    pub bias: bool,
+    /// The rotary part is rotated (false: NoPE, as Kimi Linear and K3 — the part still
+    /// exists, is cached and takes part in the scores, unrotated).
+    pub rope: bool,
+    /// The attention output is multiplied by `σ(g_proj x)` before `o_proj` (Kimi K3
+    /// `mla_use_output_gate`).
+    pub output_gate: bool,
+    /// Softmax scale of the scores.
+    pub softmax_scale: f32,
+}
+
+/// The weights of a multi-head latent attention layer.
+#[derive(Clone, Debug)]
+pub struct MlaWeights {
+    /// `q_a_proj` and `q_a_layernorm` when q is low-rank.
+    pub q_a: Option<(MatSpec, VecSpec)>,
+    /// `q_b_proj` (or `q_proj`).
+    pub q_b: MatSpec,
+    /// `kv_a_proj_with_mqa`.
+    pub kv_a: MatSpec,
+    /// `kv_a_layernorm`.
+    pub kv_a_norm: VecSpec,
+    /// `kv_b_proj`.
+    pub kv_b: MatSpec,
+    /// `o_proj`.
+    pub o: MatSpec,
+    /// Biases of `q_a_proj`, `kv_a_proj_with_mqa`, `o_proj` when `attention_bias`.
+    pub bias: Option<[Option<VecSpec>; 3]>,
+    /// Output gate `g_proj` (Kimi K3).
+    pub gate: Option<MatSpec>,
+}
+
+/// MLA's compressed latent `[pos, kv_lora_rank]` and the shared rotated key `[pos, rope]`.
+#[derive(Clone, Debug)]
+pub(crate) struct Cache {
+    c: Vec<f32>,
+    kr: Vec<f32>,
+    rank: usize,
+    rope: usize,
+}
+
+impl Cache {
+    pub(crate) fn truncate(&mut self, pos: usize) {
+        self.c.truncate(pos * self.rank);
+        self.kr.truncate(pos * self.rope);
+    }
+
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        super::room(&mut self.c, positions * self.rank);
+        super::room(&mut self.kr, positions * self.rope);
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        (self.c.len() + self.kr.len()) * 4
+    }
+}
+
+impl MlaConfig {
+    /// Floats cached per position.
+    pub fn kv_floats(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Floats of scratch per token of a pass.
+    pub fn scratch_floats(&self) -> usize {
+        self.heads * (self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim)
+            + self.kv_lora_rank * 2
+    }
+
+    /// The product the arithmetic multiplies out, and the field that names it.
+    pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
+        (
+            self.heads,
+            self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim,
+            "num_attention_heads",
+            "num_attention_heads × (qk_nope_head_dim + qk_rope_head_dim + v_head_dim)",
+        )
+    }
+
+    pub(crate) fn new_cache(&self) -> Cache {
+        Cache {
+            c: Vec::new(),
+            kr: Vec::new(),
+            rank: self.kv_lora_rank,
+            rope: self.qk_rope_head_dim,
+        }
+    }
+
+    /// Finds and checks the layer's tensors; `a` names a tensor of the attention module.
+    pub(crate) fn load(
+        &self,
+        p: &mut PartBuilder<'_, '_>,
+        a: &dyn Fn(&str) -> String,
+        h: usize,
+    ) -> Result<MlaWeights, ModelError> {
+        let (heads, r, rd) = (self.heads, self.kv_lora_rank, self.qk_rope_head_dim);
+        let qk = self.qk_nope_head_dim + rd;
+        let (q_a, q_b) = match self.q_lora_rank {
+            Some(qr) => (
+                Some((
+                    p.linear(&a("q_a_proj"), qr, h)?,
+                    p.vector(&a("q_a_layernorm.weight"), qr)?,
+                )),
+                p.linear(&a("q_b_proj"), heads * qk, qr)?,
+            ),
+            None => (None, p.linear(&a("q_proj"), heads * qk, h)?),
+        };
+        let kv_a = p.linear(&a("kv_a_proj_with_mqa"), r + rd, h)?;
+        let kv_a_norm = p.vector(&a("kv_a_layernorm.weight"), r)?;
+        let kv_b = p.linear(
+            &a("kv_b_proj"),
+            heads * (self.qk_nope_head_dim + self.v_head_dim),
+            r,
+        )?;
+        let o = p.linear(&a("o_proj"), h, heads * self.v_head_dim)?;
+        let gate = if self.output_gate {
+            Some(p.linear(&a("g_proj"), heads * self.v_head_dim, h)?)
+        } else {
+            None
+        };
+        let bias = if self.bias {
+            Some([
+                match self.q_lora_rank {
+                    Some(qr) => p.optional_vector(&a("q_a_proj.bias"), qr)?,
+                    None => None,
+                },
+                p.optional_vector(&a("kv_a_proj_with_mqa.bias"), r + rd)?,
+                p.optional_vector(&a("o_proj.bias"), h)?,
+            ])
+        } else {
+            None
+        };
+        Ok(MlaWeights {
+            q_a,
+            q_b,
+            kv_a,
+            kv_a_norm,
+            kv_b,
+            o,
+            bias,
+            gate,
+        })
+    }
+
+    /// The layer over `x` `[t, hidden]` at positions `pos0..pos0 + t`, appending to `cache`.
+    pub(crate) fn forward(
+        &self,
+        cx: &Ctx<'_>,
+        w: &MlaWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let exec = cx.exec;
+        let h = cx.hidden;
+        let t = x.len() / h;
+        let (heads, r, nope, rd, vd) = (
+            self.heads,
+            self.kv_lora_rank,
+            self.qk_nope_head_dim,
+            self.qk_rope_head_dim,
+            self.v_head_dim,
+        );
+        let qk = nope + rd;
+        let bias_of =
+            |i: usize| -> Option<&VecSpec> { w.bias.as_ref().and_then(|b| b[i].as_ref()) };
+        // Queries.
+        let mut qs = vec![0f32; t * heads * qk];
+        match &w.q_a {
+            Some((qa, qa_norm)) => {
+                let mut lat = vec![0f32; t * qa.rows];
+                exec.matmul(&qa.view(blob)?, x, &mut lat);
+                if let Some(b) = bias_of(0) {
+                    add_bias(&mut lat, &b.to_f32(blob));
+                }
+                rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), MLA_NORM_EPS);
+                exec.matmul(&w.q_b.view(blob)?, &lat, &mut qs);
+            }
+            None => exec.matmul(&w.q_b.view(blob)?, x, &mut qs),
+        }
+        // Compressed keys/values.
+        let mut ckv = vec![0f32; t * (r + rd)];
+        exec.matmul(&w.kv_a.view(blob)?, x, &mut ckv);
+        if let Some(b) = bias_of(1) {
+            add_bias(&mut ckv, &b.to_f32(blob));
+        }
+        let norm_w = w.kv_a_norm.to_f32(blob);
+        let mut normed = vec![0f32; r];
+        let (cc, krc) = (&mut cache.c, &mut cache.kr);
+        for i in 0..t {
+            let (cos, sin) = cx.angles.get(i);
+            let row = &mut ckv[i * (r + rd)..(i + 1) * (r + rd)];
+            exec.kernels()
+                .rmsnorm(&row[..r], &norm_w, MLA_NORM_EPS, &mut normed);
+            cc.extend_from_slice(&normed);
+            if self.rope {
+                cx.rope.apply(&mut row[r..], cos, sin);
+                for head in qs[i * heads * qk..(i + 1) * heads * qk].chunks_exact_mut(qk) {
+                    cx.rope.apply(&mut head[nope..], cos, sin);
+                }
+            }
+            krc.extend_from_slice(&row[r..]);
+        }
+        let kvb = w.kv_b.view(blob)?;
+        let scale = self.softmax_scale;
+        let mut out = vec![0f32; t * heads * vd];
+        let (cc, krc, qs) = (&*cc, &*krc, &qs);
+        exec.for_each_chunk(&mut out, vd, |idx, o| {
+            let (i, head) = (idx / heads, idx % heads);
+            let p = pos0 + i;
+            let n = p + 1;
+            let qh = &qs[(i * heads + head) * qk..(i * heads + head + 1) * qk];
+            // Absorb W_uk into the query: q_lat = W_ukᵀ q_nope.
+            let base = head * (nope + vd);
+            let mut q_lat = vec![0f32; r];
+            absorb(exec, &kvb, base..base + nope, &qh[..nope], &mut q_lat);
+            let mut scores = vec![0f32; n];
+            let mut rs = vec![0f32; n];
+            if let (Ok(cm), Ok(km)) = (
+                f32_matrix(&cc[..n * r], n, r),
+                f32_matrix(&krc[..n * rd], n, rd),
+            ) {
+                exec.kernels().matmul(&cm, &q_lat, &mut scores, 0..n);
+                exec.kernels().matmul(&km, &qh[nope..], &mut rs, 0..n);
+            }
+            for (s, b) in scores.iter_mut().zip(&rs) {
+                *s = (*s + b) * scale;
+            }
+            exec.kernels().softmax(&mut scores);
+            let mut o_lat = vec![0f32; r];
+            weighted_sum(exec, &scores, &cc[..n * r], r, &mut o_lat);
+            // Values: W_uv o_lat.
+            exec.kernels()
+                .matmul(&kvb, &o_lat, o, base + nope..base + nope + vd);
+        });
+        if let Some(g) = &w.gate {
+            // Kimi K3: the attention output times σ(g_proj x), before o_proj.
+            let mut gl = vec![0f32; t * heads * vd];
+            exec.matmul(&g.view(blob)?, x, &mut gl);
+            exec.kernels().mul_sigmoid(&mut out, &gl);
+        }
+        let mut y = vec![0f32; t * h];
+        exec.matmul(&w.o.view(blob)?, &out, &mut y);
+        if let Some(b) = bias_of(2) {
+            add_bias(&mut y, &b.to_f32(blob));
+        }
+        Ok(y)
+    }
+}

@@ -1,0 +1,275 @@
+//! What mixes tokens in a layer: one module per attention kind, each owning its configuration,
+//! its weights (found and checked in one pass), its cache or state, its forward pass and what
+//! the memory planner charges for it. This file only dispatches: adding a kind is its module
+//! plus one variant in each enum below.
+//!
+//! - [`gqa`]: grouped-query attention (Qwen, Mixtral, OLMoE, GPT-OSS), a KV cache.
+//! - [`mla`]: DeepSeek's multi-head latent attention on the compressed cache.
+//! - [`kda`]: Kimi Delta Attention, a fixed-size recurrent state.
+
+pub mod gqa;
+pub mod kda;
+pub mod mla;
+
+use sluice_kernels::{Codes, Matrix};
+use sluice_store::Blob;
+
+pub use gqa::{GqaConfig, GqaWeights, QkNorm};
+pub use kda::{KdaConfig, KdaGate, KdaWeights};
+pub use mla::{MlaConfig, MlaWeights};
+
+use crate::ModelError;
+use crate::exec::{Exec, decode_row};
+use crate::rope::{Angles, Rope};
+use crate::weights::PartBuilder;
+
+/// The attention of one layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AttentionConfig {
+    /// Grouped-query attention, with a KV cache.
+    Gqa(GqaConfig),
+    /// Multi-head latent attention, with a compressed KV cache.
+    Mla(MlaConfig),
+    /// Kimi Delta Attention, with a fixed-size recurrent state.
+    Kda(KdaConfig),
+}
+
+/// The attention weights of one layer.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum AttnSpec {
+    /// Grouped-query attention.
+    Gqa(GqaWeights),
+    /// Multi-head latent attention.
+    Mla(MlaWeights),
+    /// Kimi Delta Attention.
+    Kda(KdaWeights),
+}
+
+/// The cache of one layer of one sequence.
+#[derive(Clone, Debug)]
+pub(crate) enum LayerCache {
+    Gqa(gqa::Cache),
+    Mla(mla::Cache),
+    Kda(kda::Cache),
+}
+
+/// What every kind's forward pass shares: the threads, the rotary table and this pass's
+/// angles, and the model's widths.
+pub(crate) struct Ctx<'a> {
+    pub exec: &'a Exec,
+    pub rope: &'a Rope,
+    pub angles: &'a Angles,
+    pub hidden: usize,
+    /// The model's RMSNorm epsilon.
+    pub eps: f32,
+}
+
+impl AttentionConfig {
+    /// The kind's short name (`gqa`, `mla`, `kda`), as `sluice inspect` shows it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AttentionConfig::Gqa(_) => "gqa",
+            AttentionConfig::Mla(_) => "mla",
+            AttentionConfig::Kda(_) => "kda",
+        }
+    }
+
+    /// The sliding window of the layer, if it has one.
+    pub fn window(&self) -> Option<usize> {
+        match self {
+            AttentionConfig::Gqa(g) => g.window,
+            _ => None,
+        }
+    }
+
+    /// Floats the layer caches per position (0 for a recurrent kind).
+    pub fn kv_floats(&self) -> usize {
+        match self {
+            AttentionConfig::Gqa(g) => g.kv_floats(),
+            AttentionConfig::Mla(m) => m.kv_floats(),
+            AttentionConfig::Kda(_) => 0,
+        }
+    }
+
+    /// Floats of fixed state the layer keeps per sequence, whatever its length (0 for a
+    /// kind with a KV cache); the planner charges it twice, for the snapshot.
+    pub fn recurrent_floats(&self) -> usize {
+        match self {
+            AttentionConfig::Kda(k) => k.state_len() + k.conv_len(),
+            _ => 0,
+        }
+    }
+
+    /// Floats of scratch per token of a forward pass.
+    pub fn scratch_floats(&self) -> usize {
+        match self {
+            AttentionConfig::Gqa(g) => g.scratch_floats(),
+            AttentionConfig::Mla(m) => m.scratch_floats(),
+            AttentionConfig::Kda(k) => k.scratch_floats(),
+        }
+    }
+
+    /// `(a, b, field, what)`: the product `a × b` the arithmetic multiplies out, which the
+    /// config's size checks bound, and the field and words that name it.
+    pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
+        match self {
+            AttentionConfig::Gqa(g) => g.widest(),
+            AttentionConfig::Mla(m) => m.widest(),
+            AttentionConfig::Kda(k) => k.widest(),
+        }
+    }
+
+    /// An empty cache for one sequence.
+    pub(crate) fn new_cache(&self) -> LayerCache {
+        match self {
+            AttentionConfig::Gqa(g) => LayerCache::Gqa(g.new_cache()),
+            AttentionConfig::Mla(m) => LayerCache::Mla(m.new_cache()),
+            AttentionConfig::Kda(k) => LayerCache::Kda(k.new_cache()),
+        }
+    }
+
+    /// Finds and checks the layer's attention tensors (`a` names one in the attention module).
+    pub(crate) fn load(
+        &self,
+        p: &mut PartBuilder<'_, '_>,
+        a: &dyn Fn(&str) -> String,
+        hidden: usize,
+    ) -> Result<AttnSpec, ModelError> {
+        Ok(match self {
+            AttentionConfig::Gqa(g) => AttnSpec::Gqa(g.load(p, a, hidden)?),
+            AttentionConfig::Mla(m) => AttnSpec::Mla(m.load(p, a, hidden)?),
+            AttentionConfig::Kda(k) => AttnSpec::Kda(k.load(p, a, hidden)?),
+        })
+    }
+
+    /// Runs the layer's attention for `t` tokens at positions `pos0..pos0 + t`, appending
+    /// their keys and values to `cache` (or advancing its recurrent state). `x` is the normed
+    /// input `[t, hidden]`; returns `[t, hidden]`.
+    pub(crate) fn forward(
+        &self,
+        cx: &Ctx<'_>,
+        spec: &AttnSpec,
+        blob: &Blob,
+        cache: &mut LayerCache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        match (self, spec, cache) {
+            (AttentionConfig::Gqa(c), AttnSpec::Gqa(w), LayerCache::Gqa(s)) => {
+                c.forward(cx, w, blob, s, pos0, x)
+            }
+            (AttentionConfig::Mla(c), AttnSpec::Mla(w), LayerCache::Mla(s)) => {
+                c.forward(cx, w, blob, s, pos0, x)
+            }
+            (AttentionConfig::Kda(c), AttnSpec::Kda(w), LayerCache::Kda(s)) => {
+                kda::forward(c, cx, w, blob, s, x)
+            }
+            _ => Err(ModelError::Internal(
+                "attention spec does not match the configuration".into(),
+            )),
+        }
+    }
+}
+
+impl LayerCache {
+    /// Whether the cache can be cut back to `pos` positions: a KV cache always can; a
+    /// recurrent state only to the start or to where it was before the latest pass.
+    pub(crate) fn can_back_to(&self, pos: usize) -> bool {
+        match self {
+            LayerCache::Kda(k) => k.can_back_to(pos),
+            _ => true,
+        }
+    }
+
+    /// The position a recurrent state can go back to besides the start, if any.
+    pub(crate) fn undo_pos(&self) -> Option<usize> {
+        match self {
+            LayerCache::Kda(k) => k.undo_pos(),
+            _ => None,
+        }
+    }
+
+    /// Cuts the cache back to `pos` positions (a recurrent state: see [`Self::can_back_to`]).
+    pub(crate) fn back_to(&mut self, pos: usize) {
+        match self {
+            LayerCache::Gqa(c) => c.truncate(pos),
+            LayerCache::Mla(c) => c.truncate(pos),
+            LayerCache::Kda(k) => {
+                let ok = k.back_to(pos);
+                debug_assert!(ok, "KDA layer cannot go back to {pos}");
+            }
+        }
+    }
+
+    /// Gives a KV cache's buffers room for exactly `positions` positions.
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        match self {
+            LayerCache::Gqa(c) => c.reserve(positions),
+            LayerCache::Mla(c) => c.reserve(positions),
+            LayerCache::Kda(_) => {}
+        }
+    }
+
+    /// Bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        match self {
+            LayerCache::Gqa(c) => c.bytes(),
+            LayerCache::Mla(c) => c.bytes(),
+            LayerCache::Kda(k) => k.bytes(),
+        }
+    }
+}
+
+/// Room for exactly `n` floats in `v` (never less than it holds).
+fn room(v: &mut Vec<f32>, n: usize) {
+    if v.capacity() < n {
+        v.reserve_exact(n - v.len());
+    }
+}
+
+/// The f32 matrix `[rows, cols]` held in `data`.
+fn f32_matrix(data: &[f32], rows: usize, cols: usize) -> Result<Matrix<'_>, ModelError> {
+    Ok(Matrix::dense(
+        Codes::F32,
+        bytemuck::cast_slice(data),
+        rows,
+        cols,
+    )?)
+}
+
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (a, &b) in row.iter_mut().zip(bias) {
+            *a += b;
+        }
+    }
+}
+
+fn rmsnorm_rows(exec: &Exec, x: &mut [f32], w: &[f32], eps: f32) {
+    let mut tmp = vec![0f32; w.len()];
+    for row in x.chunks_exact_mut(w.len()) {
+        exec.kernels().rmsnorm(row, w, eps, &mut tmp);
+        row.copy_from_slice(&tmp);
+    }
+}
+
+/// `probs · V` over cached rows: `out[d] = Σ_j p[j] · v[j, d]`, accumulated in position order.
+fn weighted_sum(exec: &Exec, p: &[f32], v: &[f32], dim: usize, out: &mut [f32]) {
+    out.fill(0.0);
+    for (j, &pj) in p.iter().enumerate() {
+        exec.kernels().axpy(pj, &v[j * dim..(j + 1) * dim], out);
+    }
+}
+
+/// `out = Σ_i x[i] · m[rows.start + i, :]` (a transposed product over a row range), accumulated
+/// row by row with fma; packed rows are decoded with their scales (FP8 `kv_b_proj`).
+fn absorb(exec: &Exec, m: &Matrix<'_>, rows: std::ops::Range<usize>, x: &[f32], out: &mut [f32]) {
+    out.fill(0.0);
+    let mut row = vec![0f32; m.cols()];
+    for (i, r) in rows.enumerate() {
+        decode_row(m, r, 0..m.cols(), &mut row);
+        exec.kernels().axpy(x[i], &row, out);
+    }
+}

@@ -1,0 +1,443 @@
+//! The typed description of a model, read strictly from `config.json`.
+//!
+//! Every field that changes the arithmetic is read explicitly, by the model's family (one
+//! module per family under [`crate::arch`]; the registry there maps `model_type` to it). A
+//! missing required field, an unknown `model_type`, or a value sluice does not implement is an
+//! error naming the field. Where transformers' configuration class has a default for an absent
+//! field, the same default is used and the code says so next to the read (`or_default`);
+//! nothing else is assumed. Outside `arch/`, the model crate works from this description
+//! alone: it never asks which family a model is.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::ModelError;
+use crate::quant::Quantization;
+
+mod reader;
+mod rope;
+
+pub(crate) use reader::Cfg;
+pub(crate) use rope::{read_rope, yarn_get_mscale};
+
+pub use crate::attention::{AttentionConfig, GqaConfig, KdaConfig, KdaGate, MlaConfig, QkNorm};
+
+/// Rotary position embedding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Base θ.
+    pub theta: f64,
+    /// Rotated dimensions per head.
+    pub dim: usize,
+    /// Pairs are adjacent (`(x0, x1), (x2, x3)`) rather than split halves.
+    pub interleaved: bool,
+    /// Context-extension scaling.
+    pub scaling: RopeScaling,
+}
+
+/// RoPE scaling variants implemented.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Position interpolation by a constant factor.
+    Linear {
+        /// The factor.
+        factor: f64,
+    },
+    /// YaRN (as transformers computes it).
+    Yarn {
+        /// Extension factor.
+        factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+        /// Fast boundary of the ramp.
+        beta_fast: f64,
+        /// Slow boundary of the ramp.
+        beta_slow: f64,
+        /// Explicit cos/sin factor, when given.
+        attention_factor: Option<f64>,
+        /// `mscale`, when given.
+        mscale: Option<f64>,
+        /// `mscale_all_dim`, when given.
+        mscale_all_dim: Option<f64>,
+        /// Whether the correction range is truncated to integers.
+        truncate: bool,
+    },
+}
+
+/// How a router turns logits into expert choices.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RouterKind {
+    /// Softmax over all experts, top-k, optional renormalisation (Mixtral, Qwen, OLMoE).
+    Softmax {
+        /// Renormalise the top-k weights to sum to 1.
+        norm_topk_prob: bool,
+    },
+    /// Sigmoid scores, a selection-only bias, group-limited top-k (DeepSeek-V3 `noaux_tc`).
+    SigmoidGroup {
+        /// Groups of experts.
+        n_group: usize,
+        /// Groups kept.
+        topk_group: usize,
+        /// Renormalise the top-k weights.
+        norm_topk_prob: bool,
+        /// Factor on the routed weights.
+        routed_scaling_factor: f32,
+    },
+    /// Top-k of the logits (the router's bias added first), then a softmax over the k chosen
+    /// (GPT-OSS).
+    TopKSoftmax,
+}
+
+/// What a routed expert computes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertActivation {
+    /// `down(silu(gate x) ⊙ up x)`.
+    SwiGlu,
+    /// `down(situ(gate x, up x))` (Kimi K3's SiTU-GLU, see [`GluActivation::Situ`]).
+    Situ {
+        /// `activation_situ_beta`.
+        beta: f32,
+        /// `activation_situ_linear_beta`.
+        linear_beta: Option<f32>,
+    },
+    /// GPT-OSS: gate and up interleaved in one projection with biases; `g = min(gate, limit)`,
+    /// `u = clamp(up, −limit, limit)`, `down((u + 1) · g · σ(alpha · g)) + bias`.
+    ClampedSwiGlu {
+        /// Sigmoid gain (`swiglu_alpha`).
+        alpha: f32,
+        /// Clamp (`swiglu_limit`).
+        limit: f32,
+    },
+}
+
+/// The activation of a gated linear unit (dense layers and shared experts).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GluActivation {
+    /// SwiGLU: `silu(g) · u`.
+    Silu,
+    /// SiTU-GLU: `β·tanh(g/β)·σ(g) · β_lin·tanh(u/β_lin)` (the up factor uncapped without
+    /// `linear_beta`).
+    Situ {
+        /// `activation_situ_beta`.
+        beta: f32,
+        /// `activation_situ_linear_beta`.
+        linear_beta: Option<f32>,
+    },
+}
+
+/// Routed experts computed in a smaller latent space (Kimi K3): the token is projected down by
+/// `routed_expert_down_proj`, the experts' weighted sum is (optionally) RMS-normalised and
+/// projected back up by `routed_expert_up_proj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatentMoe {
+    /// The latent width (`routed_expert_hidden_size`).
+    pub dim: usize,
+    /// RMSNorm (`routed_expert_norm`, eps `rms_norm_eps`) on the aggregate.
+    pub norm: bool,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MlpKind {
+    /// A dense gated MLP.
+    Dense {
+        /// Intermediate size.
+        intermediate: usize,
+    },
+    /// A mixture of experts ([`ModelConfig::moe`]).
+    Moe,
+}
+
+/// What one layer is: its attention and its feed-forward block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerPlan {
+    /// What mixes tokens.
+    pub attention: AttentionConfig,
+    /// The feed-forward block.
+    pub mlp: MlpKind,
+}
+
+/// How the routed experts of a layer are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertNames {
+    /// One module per expert, `{moe}.experts.{e}.{gate|up|down}` (the three names given).
+    Separate {
+        /// Gate projection (`gate_proj`, `w1`).
+        gate: &'static str,
+        /// Up projection (`up_proj`, `w3`).
+        up: &'static str,
+        /// Down projection (`down_proj`, `w2`).
+        down: &'static str,
+    },
+    /// All experts of a layer fused in `{moe}.experts.gate_up_proj` (gate and up interleaved
+    /// by row) and `{moe}.experts.down_proj`, `[experts, in, out]`, with biases, or as MXFP4
+    /// blocks and scales (GPT-OSS).
+    FusedGateUp,
+}
+
+/// Where a family's tensors are. Layer tensors are `{prefix}model.layers.{l}.{module}.…`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorNames {
+    /// Prefix of every tensor name (`language_model.` for Kimi K3, else empty).
+    pub prefix: String,
+    /// The attention module (`self_attn`).
+    pub attention: &'static str,
+    /// The mixture-of-experts module (`mlp`, `block_sparse_moe`).
+    pub moe: &'static str,
+    /// The modules a dense layer's MLP may be under, tried in order: the first that has a
+    /// `gate_proj.weight` (else the first).
+    pub dense: &'static [&'static str],
+    /// The router's module under [`Self::moe`] (`gate`, `router`); its weight is `.weight`.
+    pub router: &'static str,
+    /// The router's bias under [`Self::moe`], if it has one: DeepSeek's selection-only
+    /// `gate.e_score_correction_bias` with [`RouterKind::SigmoidGroup`], GPT-OSS's
+    /// `router.bias` (added to the logits) with [`RouterKind::TopKSoftmax`].
+    pub router_bias: Option<&'static str>,
+    /// The shared expert's module under [`Self::moe`] (`shared_experts`, `shared_expert`); a
+    /// gated one's gate is `{shared}_gate`.
+    pub shared: &'static str,
+    /// How routed experts are stored.
+    pub experts: ExpertNames,
+}
+
+impl TensorNames {
+    /// The names most families use: `self_attn`, `mlp`, `mlp.gate`, `shared_experts`,
+    /// `experts.{e}.{gate,up,down}_proj`, no prefix.
+    pub fn standard() -> TensorNames {
+        TensorNames {
+            prefix: String::new(),
+            attention: "self_attn",
+            moe: "mlp",
+            dense: &["mlp"],
+            router: "gate",
+            router_bias: None,
+            shared: "shared_experts",
+            experts: ExpertNames::Separate {
+                gate: "gate_proj",
+                up: "up_proj",
+                down: "down_proj",
+            },
+        }
+    }
+}
+
+/// How layer outputs reach the next layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residual {
+    /// `h ← h + f(norm(h))` around attention and around the feed-forward block.
+    Add,
+    /// Attention residuals (Kimi K3): layer outputs are summed within blocks of `block_size`
+    /// layers; before attention, before the feed-forward block and before the final norm, the
+    /// input is a softmax-weighted mix of the completed blocks' sums (and the embeddings) and the
+    /// running sum of the current block, scored by `proj · RMSNorm(source)`.
+    AttnRes {
+        /// Layers per block (`attn_res_block_size`).
+        block_size: usize,
+    },
+}
+
+/// A shared expert added to the routed ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedExpert {
+    /// Intermediate size.
+    pub intermediate: usize,
+    /// Scaled by `sigmoid(shared_expert_gate · x)` (Qwen2-MoE).
+    pub gated: bool,
+}
+
+/// The mixture of experts of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts.
+    pub experts: usize,
+    /// Experts per token.
+    pub top_k: usize,
+    /// Intermediate size of one routed expert.
+    pub intermediate: usize,
+    /// Routing.
+    pub router: RouterKind,
+    /// Shared expert, if any.
+    pub shared: Option<SharedExpert>,
+    /// What each routed expert computes.
+    pub activation: ExpertActivation,
+    /// Experts run in a latent space (Kimi K3).
+    pub latent: Option<LatentMoe>,
+}
+
+impl MoeConfig {
+    /// The width routed experts read and write: the latent width, or the hidden size.
+    pub fn expert_width(&self, hidden: usize) -> usize {
+        self.latent.map_or(hidden, |l| l.dim)
+    }
+}
+
+/// A model's configuration, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The family that read it (its module under `arch/`), for display.
+    pub family: &'static str,
+    /// `model_type` as the file says.
+    pub model_type: String,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Number of layers.
+    pub layers: usize,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+    /// lm_head shares the embedding matrix.
+    pub tie_embeddings: bool,
+    /// Maximum positions the model was configured for.
+    pub max_positions: usize,
+    /// Rotary embedding (shared by every rotated layer).
+    pub rope: RopeConfig,
+    /// Per layer: its attention and feed-forward block.
+    pub layer_plan: Vec<LayerPlan>,
+    /// The MoE shape (for layers that have one).
+    pub moe: MoeConfig,
+    /// Beginning-of-sequence token, if configured.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence tokens, if configured.
+    pub eos_token_ids: Vec<u32>,
+    /// How weights are stored (`quantization_config`).
+    pub quant: Quantization,
+    /// Where the tensors are.
+    pub names: TensorNames,
+    /// How layer outputs are combined.
+    pub residual: Residual,
+    /// The activation of dense layers and shared experts.
+    pub mlp_act: GluActivation,
+    /// Draft layers after the last (`num_nextn_predict_layers`, DeepSeek-V3's multi-token
+    /// prediction): their tensors may be in the checkpoint, and are not used.
+    pub draft_layers: usize,
+}
+
+/// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any
+/// released model (the largest vocabularies are about 260,000) and small enough that a product
+/// of two sizes cannot overflow, so a hostile config is refused before anything proportional to
+/// it is allocated. Fields with their own limits are in [`limit_of`].
+pub const MAX_SIZE: usize = 1 << 24;
+/// The most layers a config may declare (released models have at most a few hundred).
+pub const MAX_LAYERS: usize = 4096;
+/// The most routed experts per layer (released models have at most a few hundred).
+pub const MAX_EXPERTS: usize = 1 << 16;
+/// The most positions a config may declare (2^32).
+pub const MAX_POSITIONS: usize = 1 << 32;
+
+/// The limit of the size field `field` (its name without any `text_config.` prefix).
+pub fn limit_of(field: &str) -> usize {
+    match field {
+        "num_hidden_layers" => MAX_LAYERS,
+        "n_routed_experts"
+        | "num_experts"
+        | "num_local_experts"
+        | "num_experts_per_tok"
+        | "num_experts_per_token"
+        | "n_shared_experts"
+        | "num_shared_experts"
+        | "n_group"
+        | "num_expert_group"
+        | "topk_group" => MAX_EXPERTS,
+        "max_position_embeddings" | "model_max_length" | "sliding_window" => MAX_POSITIONS,
+        _ => MAX_SIZE,
+    }
+}
+
+impl ModelConfig {
+    /// Reads `config.json` (already parsed) strictly, by the family its `model_type` names.
+    /// `file` names it in errors.
+    pub fn from_json(v: &Value, file: &Path) -> Result<ModelConfig, ModelError> {
+        let c = Cfg {
+            v,
+            file,
+            prefix: String::new(),
+        };
+        if !v.is_object() {
+            return Err(c.err("", "top level is not an object"));
+        }
+        let model_type = c.str("model_type")?;
+        let Some(family) = crate::arch::family(model_type) else {
+            return Err(c.err(
+                "model_type",
+                format!(
+                    "`{model_type}` is not supported (supported: {})",
+                    crate::arch::model_types().join(", ")
+                ),
+            ));
+        };
+        (family.read)(&c, model_type)
+    }
+
+    /// Reads and validates `config.json` from a file.
+    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        let v = sluice_format::read_json(path, 16 << 20)?;
+        ModelConfig::from_json(&v, path)
+    }
+
+    /// Whether layer `l` has a mixture of experts.
+    pub fn is_moe(&self, l: usize) -> bool {
+        matches!(self.layer_plan.get(l), Some(p) if p.mlp == MlpKind::Moe)
+    }
+
+    /// Layers with a mixture of experts.
+    pub fn moe_layers(&self) -> usize {
+        self.layer_plan
+            .iter()
+            .filter(|p| p.mlp == MlpKind::Moe)
+            .count()
+    }
+
+    /// The attention of layer `l`.
+    pub fn attention(&self, l: usize) -> Option<&AttentionConfig> {
+        self.layer_plan.get(l).map(|p| &p.attention)
+    }
+}
+
+/// `n` shared experts of `intermediate` each, as one MLP: refused, naming `field`, when the
+/// product is more than [`MAX_SIZE`].
+pub(crate) fn shared_width(
+    c: &Cfg<'_>,
+    field: &str,
+    n: usize,
+    intermediate: usize,
+) -> Result<usize, ModelError> {
+    n.checked_mul(intermediate)
+        .filter(|&w| w <= MAX_SIZE)
+        .ok_or_else(|| {
+            c.err(
+                field,
+                format!(
+                    "{n} shared experts of {intermediate} make an MLP wider than the {MAX_SIZE} \
+                     sluice accepts"
+                ),
+            )
+        })
+}
+
+/// Checks the widths the model's arithmetic multiplies out (each layer's attention), so that
+/// no shape product can overflow: each must be at most [`MAX_SIZE`]. Every family's reader
+/// ends with it, passing the object its fields came from (K3's `text_config`).
+pub(crate) fn check_widths(c: &Cfg<'_>, cfg: &ModelConfig) -> Result<(), ModelError> {
+    for p in &cfg.layer_plan {
+        let (a, b, field, what) = p.attention.widest();
+        if a.checked_mul(b).is_none_or(|w| w > MAX_SIZE) {
+            return Err(c.err(
+                field,
+                format!("{what} is wider than the {MAX_SIZE} sluice accepts"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The path of `config.json` in a model directory.
+pub fn config_path(dir: &Path) -> PathBuf {
+    dir.join("config.json")
+}
+
+#[cfg(test)]
+mod tests;

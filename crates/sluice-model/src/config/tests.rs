@@ -1,0 +1,278 @@
+//! Tests of the strict config readers, across families.
+
+use super::*;
+use serde_json::json;
+
+fn ds() -> Value {
+    json!({
+        "model_type": "deepseek_v3", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 3,
+        "rms_norm_eps": 1e-6, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "max_position_embeddings": 256, "q_lora_rank": 32, "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "hidden_act": "silu",
+        "rope_theta": 10000.0, "num_experts_per_tok": 4, "n_routed_experts": 16,
+        "moe_intermediate_size": 32, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+        "n_shared_experts": 1, "first_k_dense_replace": 1, "intermediate_size": 128,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                         "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1}
+    })
+}
+
+fn parse(v: &Value) -> Result<ModelConfig, ModelError> {
+    ModelConfig::from_json(v, Path::new("config.json"))
+}
+
+/// Layer 0's softmax scale.
+fn scale(c: &ModelConfig) -> f32 {
+    match &c.layer_plan[0].attention {
+        AttentionConfig::Gqa(g) => g.softmax_scale,
+        AttentionConfig::Mla(m) => m.softmax_scale,
+        AttentionConfig::Kda(_) => panic!("no softmax"),
+    }
+}
+
+fn field_of(e: ModelError) -> String {
+    match e {
+        ModelError::Config { field, .. } => field,
+        e => panic!("not a config error: {e}"),
+    }
+}
+
+#[test]
+fn deepseek_reads() {
+    let c = parse(&ds()).unwrap();
+    assert_eq!(c.family, "deepseek_v3");
+    assert_eq!(c.layer_plan[0].mlp, MlpKind::Dense { intermediate: 128 });
+    assert!(c.is_moe(1) && c.is_moe(2));
+    let m = yarn_get_mscale(4.0, 1.0);
+    assert!((scale(&c) as f64 - 24f64.powf(-0.5) * m * m).abs() < 1e-7);
+    assert!(matches!(
+        c.rope.scaling,
+        RopeScaling::Yarn { factor: 4.0, .. }
+    ));
+    assert!(c.rope.interleaved);
+    assert_eq!(c.rope.dim, 8);
+}
+
+#[test]
+fn missing_field_is_named() {
+    for f in [
+        "hidden_size",
+        "kv_lora_rank",
+        "n_group",
+        "routed_scaling_factor",
+        "rms_norm_eps",
+    ] {
+        let mut v = ds();
+        v.as_object_mut().unwrap().remove(f);
+        let e = parse(&v).unwrap_err();
+        assert!(e.to_string().contains(f), "{e}");
+        assert_eq!(field_of(e), f);
+    }
+}
+
+#[test]
+fn unsupported_values_are_named() {
+    let mut v = ds();
+    v["model_type"] = json!("llama");
+    assert_eq!(field_of(parse(&v).unwrap_err()), "model_type");
+    let mut v = ds();
+    v["hidden_act"] = json!("gelu");
+    let e = parse(&v).unwrap_err();
+    assert!(e.to_string().contains("gelu"), "{e}");
+    let mut v = ds();
+    v["rope_scaling"]["type"] = json!("dynamic");
+    assert_eq!(field_of(parse(&v).unwrap_err()), "rope_scaling.type");
+    let mut v = ds();
+    v["scoring_func"] = json!("softmax");
+    assert_eq!(field_of(parse(&v).unwrap_err()), "scoring_func");
+    let mut v = ds();
+    v["n_group"] = json!(3);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "n_group");
+    let mut v = ds();
+    v["hidden_size"] = json!("64");
+    assert_eq!(field_of(parse(&v).unwrap_err()), "hidden_size");
+    let mut v = ds();
+    v["quantization_config"] = json!({"quant_method": "gptq"});
+    assert_eq!(
+        field_of(parse(&v).unwrap_err()),
+        "quantization_config.quant_method"
+    );
+}
+
+fn gpt_oss() -> Value {
+    json!({
+        "model_type": "gpt_oss", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
+        "rms_norm_eps": 1e-5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 256, "hidden_act": "silu", "num_local_experts": 8,
+        "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": 8,
+        "swiglu_limit": 7.0, "rope_theta": 150000.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": false,
+                         "original_max_position_embeddings": 64},
+        "quantization_config": {"quant_method": "mxfp4",
+            "modules_to_not_convert": ["model.layers.*.self_attn", "lm_head"]}
+    })
+}
+
+#[test]
+fn gpt_oss_reads() {
+    let c = parse(&gpt_oss()).unwrap();
+    assert_eq!(c.family, "gpt_oss");
+    assert_eq!(c.moe.router, RouterKind::TopKSoftmax);
+    assert_eq!(
+        c.moe.activation,
+        ExpertActivation::ClampedSwiGlu {
+            alpha: 1.702,
+            limit: 7.0
+        }
+    );
+    assert_eq!(c.quant.method(), "mxfp4");
+    // transformers' default layer_types: even layers slide.
+    assert_eq!(
+        (0..4)
+            .map(|l| c.layer_plan[l].attention.window())
+            .collect::<Vec<_>>(),
+        [Some(8), None, Some(8), None]
+    );
+    let AttentionConfig::Gqa(GqaConfig {
+        qkv_bias,
+        o_bias,
+        sinks,
+        ..
+    }) = c.layer_plan[0].attention
+    else {
+        panic!()
+    };
+    assert!(qkv_bias && o_bias && sinks);
+    assert!(!c.rope.interleaved);
+    assert!((scale(&c) - 0.25).abs() < 1e-7);
+    let mut v = gpt_oss();
+    v["layer_types"] = json!(["full_attention", "sliding_attention", "full_attention"]);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+    let mut v = gpt_oss();
+    v["layer_types"] = json!([
+        "full_attention",
+        "chunked_attention",
+        "full_attention",
+        "full_attention"
+    ]);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+    let mut v = gpt_oss();
+    v["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+    assert_eq!(
+        field_of(parse(&v).unwrap_err()),
+        "quantization_config.quant_method"
+    );
+}
+
+#[test]
+fn rope_parameters_form() {
+    let mut v = ds();
+    let o = v.as_object_mut().unwrap();
+    o.remove("rope_scaling");
+    o.remove("rope_theta");
+    o.insert(
+        "rope_parameters".into(),
+        json!({"rope_type": "default", "rope_theta": 5e4}),
+    );
+    let c = parse(&v).unwrap();
+    assert_eq!(c.rope.theta, 5e4);
+    assert_eq!(c.rope.scaling, RopeScaling::None);
+    assert!((scale(&c) - 24f32.powf(-0.5)).abs() < 1e-7);
+}
+
+/// Found by the `model_config` fuzz target (docs/RELIABILITY.md): `"head_dim": 0` is even,
+/// so it used to be accepted, giving a softmax scale of 0^-0.5 = infinity and zero-width
+/// heads. It is refused, naming the field, for every GQA architecture.
+#[test]
+fn zero_head_dim_is_refused() {
+    let mut v = gpt_oss();
+    v["head_dim"] = json!(0);
+    let e = parse(&v).unwrap_err();
+    assert!(e.to_string().contains("must be positive"), "{e}");
+    assert_eq!(field_of(e), "head_dim");
+    for model_type in ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"] {
+        let mut v = gpt_oss();
+        let o = v.as_object_mut().unwrap();
+        o.remove("quantization_config");
+        o.remove("rope_scaling");
+        o.remove("sliding_window");
+        o.remove("swiglu_limit");
+        o.insert("model_type".into(), json!(model_type));
+        o.insert("moe_intermediate_size".into(), json!(32));
+        o.insert("num_experts".into(), json!(8));
+        o.insert("shared_expert_intermediate_size".into(), json!(32));
+        assert!(parse(&v).is_ok(), "{model_type}: {:?}", parse(&v).err());
+        v["head_dim"] = json!(0);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "head_dim", "{model_type}");
+    }
+}
+
+/// Issue 18 class 2: sizes are checked before anything proportional to them is allocated,
+/// shape products cannot wrap, and floats must fit an f32 and be positive where they scale.
+#[test]
+fn hostile_sizes_and_floats_are_refused_naming_the_field() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "num_hidden_layers",
+            json!(1_000_000_000u64),
+            "num_hidden_layers",
+        ),
+        ("num_hidden_layers", json!(u64::MAX), "num_hidden_layers"),
+        (
+            "n_shared_experts",
+            json!(1_000_000_000_000_000_000u64),
+            "n_shared_experts",
+        ),
+        ("n_routed_experts", json!(1u64 << 40), "n_routed_experts"),
+        ("vocab_size", json!(1u64 << 25), "vocab_size"),
+        (
+            "max_position_embeddings",
+            json!(1u64 << 40),
+            "max_position_embeddings",
+        ),
+        ("rms_norm_eps", json!(1e308), "rms_norm_eps"),
+        ("rms_norm_eps", json!(-1e-6), "rms_norm_eps"),
+        ("rms_norm_eps", json!(0.0), "rms_norm_eps"),
+        ("rms_norm_eps", json!(1e-300), "rms_norm_eps"),
+        (
+            "routed_scaling_factor",
+            json!(-2.5),
+            "routed_scaling_factor",
+        ),
+        (
+            "routed_scaling_factor",
+            json!(1e39),
+            "routed_scaling_factor",
+        ),
+        (
+            "num_attention_heads",
+            json!(1u64 << 20),
+            "num_attention_heads",
+        ),
+    ];
+    for (field, value, named) in cases {
+        let mut v = ds();
+        v[field] = value.clone();
+        if field == "num_attention_heads" {
+            v["num_key_value_heads"] = value.clone(); // MLA: one latent for all heads
+        }
+        let e = parse(&v).unwrap_err();
+        assert_eq!(field_of(e), named, "{field} = {value}");
+    }
+    // n_shared_experts × moe_intermediate_size beyond MAX_SIZE (it used to wrap).
+    let mut v = ds();
+    v["n_shared_experts"] = json!(MAX_EXPERTS);
+    v["moe_intermediate_size"] = json!(MAX_SIZE);
+    let e = parse(&v).unwrap_err();
+    assert!(e.to_string().contains("wider"), "{e}");
+    assert_eq!(field_of(e), "n_shared_experts");
+    // GPT-OSS's clamp and the Kimi floats go through the same checks.
+    let mut v = gpt_oss();
+    v["swiglu_limit"] = json!(1e300);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "swiglu_limit");
+    // The largest accepted values still parse.
+    let mut v = ds();
+    v["num_hidden_layers"] = json!(MAX_LAYERS);
+    assert!(parse(&v).is_ok(), "{:?}", parse(&v).err());
+}

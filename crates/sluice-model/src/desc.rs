@@ -1,0 +1,86 @@
+//! A model as a plain description — its configuration, where its weights are, its generation
+//! defaults — built from the checkpoint's headers without reading or allocating any weight,
+//! and planned for a budget by the same planner [`crate::Model`] uses. `sluice inspect`, the
+//! engine and the batch planner all go through here.
+
+use std::path::Path;
+
+use serde_json::Value;
+use sluice_format::Checkpoint;
+use sluice_store::{Reader, ShardSet};
+
+use crate::ModelError;
+use crate::config::ModelConfig;
+use crate::model::ModelOptions;
+use crate::plan::MemoryPlan;
+use crate::weights::WeightLayout;
+
+/// A checkpoint read as a model: config, weight layout and generation defaults.
+#[derive(Debug)]
+pub struct Description {
+    /// The checkpoint (headers and small JSON files; no weights).
+    pub checkpoint: Checkpoint,
+    /// The configuration, read strictly by the model's family.
+    pub config: ModelConfig,
+    /// Where every weight is, checked against its role.
+    pub layout: WeightLayout,
+}
+
+impl Description {
+    /// Reads the checkpoint in `dir`: `config.json` by its family, every tensor header checked
+    /// against its role. Reads no weight.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Description, ModelError> {
+        let checkpoint = Checkpoint::open(dir.as_ref())?;
+        let config =
+            ModelConfig::from_json(checkpoint.config(), &checkpoint.dir().join("config.json"))?;
+        let layout = WeightLayout::new(&checkpoint, &config)?;
+        Ok(Description {
+            checkpoint,
+            config,
+            layout,
+        })
+    }
+
+    /// `generation_config.json`, parsed, when the model has one (read once, with the
+    /// checkpoint).
+    pub fn generation_config(&self) -> Option<&Value> {
+        self.checkpoint.generation_config()
+    }
+
+    /// Opens the shards for reading (O_DIRECT where the file system accepts it and
+    /// `direct_io` asks for it).
+    pub fn shards(&self, direct_io: bool) -> Result<ShardSet, ModelError> {
+        let paths: Vec<_> = self
+            .checkpoint
+            .shards()
+            .iter()
+            .map(|s| s.path.clone())
+            .collect();
+        Ok(ShardSet::open(&paths, direct_io)?)
+    }
+
+    /// The memory plan `opts` gives this model read through `reader`: what [`crate::Model`]
+    /// would allocate, computed without allocating it.
+    pub fn plan(&self, reader: &dyn Reader, opts: &ModelOptions) -> Result<MemoryPlan, ModelError> {
+        plan(&self.config, &self.layout, reader, opts)
+    }
+}
+
+/// The plan for `cfg` and `layout` under `opts` (the context capped by the model's maximum).
+pub(crate) fn plan(
+    cfg: &ModelConfig,
+    layout: &WeightLayout,
+    reader: &dyn Reader,
+    opts: &ModelOptions,
+) -> Result<MemoryPlan, ModelError> {
+    let context = opts.context.min(cfg.max_positions).max(1);
+    Ok(MemoryPlan::new(
+        cfg,
+        layout,
+        reader,
+        opts.memory,
+        context,
+        opts.chunk.max(1),
+        opts.sequences,
+    )?)
+}

@@ -1,0 +1,123 @@
+//! How to build a model: threads, budget, policy, prefetch, reads, context and chunk the plan
+//! is for, and the verifier of a packed trunk.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sluice_kernels::Kernels;
+use sluice_store::{StoreError, Verifier};
+
+use crate::model::PolicyChoice;
+
+/// How to build a model.
+#[derive(Clone)]
+pub struct ModelOptions {
+    /// Kernels (their ISA).
+    pub kernels: Kernels,
+    /// Compute threads.
+    pub threads: usize,
+    /// Memory budget in bytes for everything sluice allocates (None: unlimited).
+    pub memory: Option<u64>,
+    /// Expert-cache eviction policy.
+    pub policy: PolicyChoice,
+    /// Lookahead prefetch of the next layer's predicted experts.
+    pub prefetch: bool,
+    /// Share of a confidence rank's lookahead predictions that must have come true before
+    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`].
+    pub prefetch_precision: f64,
+    /// Reader threads for expert reads.
+    pub readers: usize,
+    /// Read shards with O_DIRECT where the file system allows it.
+    pub direct_io: bool,
+    /// Record every expert request for offline replay.
+    pub record_trace: bool,
+    /// Positions the KV cache is planned for (capped by the model's maximum).
+    pub context: usize,
+    /// Prompt tokens per prefill chunk the scratch is planned for.
+    pub chunk: usize,
+    /// Sequences decoded together ([`Model::forward_batch`]): the KV cache, recurrent state and
+    /// scratch are planned for this many.
+    pub sequences: usize,
+    /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
+    /// numbered: layers `0..layers`, the head `layers`, the embedding table `layers + 1`.
+    pub verify: Option<Verifier>,
+    /// For a pack directory: verify the packed trunk's checksums (at load, and on every read of
+    /// a streamed layer).
+    pub verify_pack: bool,
+}
+
+/// A verifier that checks parts read from a packed trunk against the manifest's checksums.
+pub fn pack_verifier(
+    m: &sluice_format::packed::Manifest,
+    trunk_file: &Path,
+    layers: usize,
+) -> Verifier {
+    let sums: Vec<(String, String)> = (0..layers + 2)
+        .map(|i| {
+            let name = if i < layers {
+                format!("layer.{i}")
+            } else if i == layers {
+                "head".to_owned()
+            } else {
+                "embed".to_owned()
+            };
+            let sum = m.part(&name).map(|p| p.xxh3.clone()).unwrap_or_default();
+            (name, sum)
+        })
+        .collect();
+    let path = trunk_file.to_path_buf();
+    Arc::new(move |i, blob| {
+        let Some((name, want)) = sums.get(i) else {
+            return Ok(());
+        };
+        let got = sluice_format::packed::xxh3_hex((0..blob.pieces()).map(|k| blob.piece(k)));
+        if &got != want {
+            return Err(StoreError::Corrupt(format!(
+                "{}: {name}: checksum mismatch (stored {want}, computed {got}): the packed trunk is corrupt; pack it again",
+                path.display()
+            )));
+        }
+        Ok(())
+    })
+}
+
+impl std::fmt::Debug for ModelOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelOptions")
+            .field("isa", &self.kernels.isa())
+            .field("threads", &self.threads)
+            .field("memory", &self.memory)
+            .field("policy", &self.policy)
+            .field("prefetch", &self.prefetch)
+            .field("prefetch_precision", &self.prefetch_precision)
+            .field("readers", &self.readers)
+            .field("direct_io", &self.direct_io)
+            .field("record_trace", &self.record_trace)
+            .field("context", &self.context)
+            .field("chunk", &self.chunk)
+            .field("verify", &self.verify.is_some())
+            .field("verify_pack", &self.verify_pack)
+            .finish()
+    }
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions {
+            kernels: Kernels::best(),
+            threads: 1,
+            memory: None,
+            policy: PolicyChoice::default(),
+            prefetch: true,
+            prefetch_precision: sluice_store::PREFETCH_PRECISION,
+            readers: 4,
+            direct_io: true,
+            record_trace: false,
+            context: 4096,
+            chunk: 64,
+            sequences: 1,
+            verify: None,
+            verify_pack: true,
+        }
+    }
+}

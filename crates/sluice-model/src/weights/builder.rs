@@ -1,0 +1,273 @@
+//! Building a part (a layer, the head, the embedding table, one expert) in one pass: each
+//! tensor is named once, by the code that knows its role, with the shape that role needs.
+//!
+//! The declaring function runs twice. The first run collects the names (and recognises how
+//! each linear layer is stored), so that the part's byte ranges can be sorted by file
+//! position and adjacent tensors merged into one read; the second run checks every tensor
+//! against its role and returns the specs, pointing into the part's pieces. Nothing is read
+//! from the shards in the first run.
+
+use std::collections::HashMap;
+
+use sluice_format::{Checkpoint, Dtype, TensorInfo};
+use sluice_kernels::{Codes, ScaleType};
+
+use super::linear::Linear;
+use super::{MatSpec, PartLayout, VecSpec};
+use crate::ModelError;
+use crate::quant::{Matcher, Quantization};
+
+/// What every part is built from: the checkpoint and how its weights are quantized.
+pub(crate) struct Ctx<'a> {
+    pub(super) ck: &'a Checkpoint,
+    pub(super) quant: &'a Quantization,
+    pub(super) m: Matcher<'a>,
+}
+
+impl<'a> Ctx<'a> {
+    pub(crate) fn new(ck: &'a Checkpoint, quant: &'a Quantization) -> Ctx<'a> {
+        Ctx {
+            ck,
+            quant,
+            m: Matcher::new(quant),
+        }
+    }
+}
+
+/// Declares the tensors of one part; see the module documentation.
+pub(crate) struct PartBuilder<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    names: Vec<String>,
+    linears: HashMap<String, Linear>,
+    /// `Some` on the second run.
+    layout: Option<PartLayout>,
+}
+
+/// Builds one part: `declare` names its tensors through the builder and returns their specs.
+pub(crate) fn build_part<T>(
+    ctx: &Ctx<'_>,
+    declare: impl Fn(&mut PartBuilder<'_, '_>) -> Result<T, ModelError>,
+) -> Result<(PartLayout, T), ModelError> {
+    let mut p = PartBuilder {
+        ctx,
+        names: Vec::new(),
+        linears: HashMap::new(),
+        layout: None,
+    };
+    declare(&mut p)?;
+    p.layout = Some(PartLayout::new(ctx.ck, &p.names)?);
+    let specs = declare(&mut p)?;
+    let layout = p.layout.take().unwrap_or_default();
+    Ok((layout, specs))
+}
+
+impl PartBuilder<'_, '_> {
+    /// The checkpoint.
+    pub(crate) fn checkpoint(&self) -> &Checkpoint {
+        self.ctx.ck
+    }
+
+    /// Whether this is the second run (specs are real, tensors may be read and checked).
+    pub(crate) fn resolving(&self) -> bool {
+        self.layout.is_some()
+    }
+
+    fn declare(&mut self, name: &str) {
+        if self.layout.is_none() {
+            self.names.push(name.to_owned());
+        }
+    }
+
+    /// A linear layer `module` (`{module}.weight` when plain) of `[rows, cols]`, stored in any
+    /// format the checkpoint and `quantization_config` say.
+    pub(crate) fn linear(
+        &mut self,
+        module: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<MatSpec, ModelError> {
+        match &self.layout {
+            None => {
+                let lin = self.ctx.linear(module)?;
+                self.names.extend(lin.names());
+                self.linears.insert(module.to_owned(), lin);
+                Ok(MatSpec::dense(0, Codes::F32, rows, cols))
+            }
+            Some(layout) => {
+                let lin = self.linears.get(module).ok_or_else(|| {
+                    ModelError::Internal(format!("{module} was not declared on the first run"))
+                })?;
+                self.ctx.spec(layout, lin, rows, cols)
+            }
+        }
+    }
+
+    /// A plain `[rows, cols]` matrix tensor in F32, BF16 or F16 (a router, the embeddings).
+    pub(crate) fn matrix(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<MatSpec, ModelError> {
+        self.declare(name);
+        match &self.layout {
+            None => Ok(MatSpec::dense(0, Codes::F32, rows, cols)),
+            Some(layout) => mat(self.ctx.ck, layout, name, rows, cols),
+        }
+    }
+
+    /// A vector tensor of exactly `[len]` in F32, BF16 or F16 (a norm, a bias).
+    pub(crate) fn vector(&mut self, name: &str, len: usize) -> Result<VecSpec, ModelError> {
+        self.declare(name);
+        match &self.layout {
+            None => Ok(placeholder(len)),
+            Some(layout) => vec(self.ctx.ck, layout, name, len),
+        }
+    }
+
+    /// A vector stored in any shape of `numel(want)` elements: `[1, n]` projections, `[c, 1, k]`
+    /// convolution taps, transformers' `[1, 1, h, 1]` `A_log`. A shape of another rank is
+    /// accepted when its element count matches (checkpoints disagree on these singleton
+    /// dimensions).
+    pub(crate) fn vector_any(&mut self, name: &str, want: &[usize]) -> Result<VecSpec, ModelError> {
+        self.declare(name);
+        let len: usize = want.iter().product();
+        let Some(layout) = &self.layout else {
+            return Ok(placeholder(len));
+        };
+        let t = self.ctx.ck.tensor(name)?;
+        let n: usize = t.shape.iter().product();
+        if n != len {
+            return Err(tensor_err(
+                name,
+                format!("shape {:?} ({n} elements), expected {want:?}", t.shape),
+            ));
+        }
+        check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+        Ok(VecSpec {
+            piece: layout.piece(name),
+            dtype: t.dtype,
+            len,
+        })
+    }
+
+    /// [`PartBuilder::vector`] when the checkpoint has `name`, else `None`.
+    pub(crate) fn optional_vector(
+        &mut self,
+        name: &str,
+        len: usize,
+    ) -> Result<Option<VecSpec>, ModelError> {
+        if self.ctx.ck.get(name).is_none() {
+            return Ok(None);
+        }
+        self.vector(name, len).map(Some)
+    }
+
+    /// The first `len` elements of the vector tensor `name` of `dtype`, which the caller has
+    /// checked.
+    pub(crate) fn vector_as(&mut self, name: &str, dtype: Dtype, len: usize) -> VecSpec {
+        self.declare(name);
+        match &self.layout {
+            None => placeholder(len),
+            Some(layout) => VecSpec {
+                piece: layout.piece(name),
+                dtype,
+                len,
+            },
+        }
+    }
+}
+
+fn placeholder(len: usize) -> VecSpec {
+    VecSpec {
+        piece: 0,
+        dtype: Dtype::F32,
+        len,
+    }
+}
+
+/// The element codes of a vector tensor (F32, BF16 or F16), checked.
+pub(crate) fn vector_codes(t: &TensorInfo) -> Result<Codes, ModelError> {
+    check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+    codes_of(t)
+}
+
+pub(super) fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {
+    match t.dtype {
+        Dtype::F32 => Ok(Codes::F32),
+        Dtype::BF16 => Ok(Codes::BF16),
+        Dtype::F16 => Ok(Codes::F16),
+        d => Err(ModelError::Tensor {
+            tensor: t.name.clone(),
+            msg: format!("dtype {d} is not supported for a weight matrix here"),
+        }),
+    }
+}
+
+pub(crate) fn tensor_err(tensor: &str, msg: impl Into<String>) -> ModelError {
+    ModelError::Tensor {
+        tensor: tensor.to_owned(),
+        msg: msg.into(),
+    }
+}
+
+pub(super) fn check_shape(t: &TensorInfo, want: &[usize], why: &str) -> Result<(), ModelError> {
+    if t.shape != want {
+        return Err(tensor_err(
+            &t.name,
+            format!("shape {:?}, expected {want:?}{why}", t.shape),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Result<(), ModelError> {
+    if !allowed.contains(&t.dtype) {
+        let names: Vec<&str> = allowed.iter().map(|d| d.safetensors_name()).collect();
+        return Err(tensor_err(
+            &t.name,
+            format!(
+                "dtype {} for {role}, expected {}",
+                t.dtype,
+                names.join(" or ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The scale type of a scale tensor's dtype.
+pub(super) fn scale_type(t: &TensorInfo, allowed: &[Dtype]) -> Result<ScaleType, ModelError> {
+    check_dtype(t, allowed, "scales")?;
+    Ok(match t.dtype {
+        Dtype::F32 => ScaleType::F32,
+        Dtype::BF16 => ScaleType::BF16,
+        Dtype::F16 => ScaleType::F16,
+        _ => ScaleType::E8M0, // U8 / F8_E8M0: biased exponents
+    })
+}
+
+/// Checks a plain matrix tensor's shape and dtype and records its spec.
+pub(super) fn mat(
+    ck: &Checkpoint,
+    part: &PartLayout,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<MatSpec, ModelError> {
+    let t = ck.tensor(name)?;
+    check_shape(t, &[rows, cols], "")?;
+    Ok(MatSpec::dense(part.piece(name), codes_of(t)?, rows, cols))
+}
+
+/// Checks a vector tensor's shape and dtype and records its spec.
+fn vec(ck: &Checkpoint, part: &PartLayout, name: &str, len: usize) -> Result<VecSpec, ModelError> {
+    let t = ck.tensor(name)?;
+    check_shape(t, &[len], "")?;
+    check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+    Ok(VecSpec {
+        piece: part.piece(name),
+        dtype: t.dtype,
+        len,
+    })
+}

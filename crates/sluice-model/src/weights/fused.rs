@@ -1,0 +1,161 @@
+//! Experts fused per layer (GPT-OSS's layout): `gate_up_proj` `[experts, in, 2 × inter]` with
+//! gate and up interleaved by row, `down_proj` `[experts, inter, out]`, both with biases, in
+//! BF16 (the `x @ W` layout) or as MXFP4 blocks and scales. Each expert's slice of a fused
+//! tensor is a contiguous byte range, so each expert is still one blob of its own.
+
+use sluice_format::{Dtype, TensorInfo};
+use sluice_kernels::{Codes, ScaleType};
+use sluice_store::Piece;
+
+use super::builder::{Ctx, check_dtype, check_shape, codes_of, scale_type, tensor_err};
+use super::{ExpertSpec, FusedExpertSpec, MatSpec, PartLayout, ScaleSpec, VecSpec};
+use crate::ModelError;
+use crate::config::ModelConfig;
+
+/// The byte range of entry `i` of the `n` along a tensor's first dimension.
+fn slice(t: &TensorInfo, i: usize, n: usize) -> Piece {
+    let per = t.len / n as u64;
+    Piece {
+        shard: t.shard as u32,
+        offset: t.offset + i as u64 * per,
+        len: per,
+    }
+}
+
+/// The fused experts under `base` (`{moe}.experts`), cut into one blob per expert: each expert's slice of a
+/// fused tensor is a contiguous byte range.
+pub(super) fn fused_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    base: &str,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let ck = ctx.ck;
+    let (n, h, inter) = (cfg.moe.experts, cfg.hidden, cfg.moe.intermediate);
+    let mxfp4 = ctx.m.fused_mxfp4(base);
+    // (tensor stem, output features, input features)
+    let projs = [("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)];
+    struct Fused<'t> {
+        stem: &'static str,
+        rows: usize,
+        cols: usize,
+        weight: &'t TensorInfo,
+        scales: Option<(&'t TensorInfo, ScaleType)>,
+        bias: &'t TensorInfo,
+    }
+    let mut fused = Vec::with_capacity(2);
+    for (stem, rows, cols) in projs {
+        let name = format!("{base}.{stem}");
+        let (weight, scales) = if mxfp4 {
+            let bn = format!("{name}_blocks");
+            let sn = format!("{name}_scales");
+            for t in [&bn, &sn] {
+                if ck.get(t).is_none() {
+                    return Err(tensor_err(
+                        t,
+                        format!(
+                            "missing: quantization_config (quant_method mxfp4) converts `{base}` \
+                             to MXFP4 blocks and scales"
+                        ),
+                    ));
+                }
+            }
+            let b = ck.tensor(&bn)?;
+            if !cols.is_multiple_of(32) {
+                return Err(tensor_err(
+                    &bn,
+                    format!("{cols} input features are not whole blocks of 32"),
+                ));
+            }
+            check_dtype(b, &[Dtype::U8], "MXFP4 blocks")?;
+            check_shape(
+                b,
+                &[n, rows, cols / 32, 16],
+                " ([experts, out, in / 32, 16]: 32 E2M1 codes in 16 bytes per block)",
+            )?;
+            let s = ck.tensor(&sn)?;
+            let ty = scale_type(s, &[Dtype::U8, Dtype::F8E8M0])?;
+            check_shape(s, &[n, rows, cols / 32], ": one E8M0 scale per block of 32")?;
+            (b, Some((s, ty)))
+        } else {
+            let Some(w) = ck.get(&name) else {
+                let blocks = format!("{name}_blocks");
+                return Err(tensor_err(
+                    &name,
+                    if ck.get(&blocks).is_some() {
+                        format!(
+                            "missing: the checkpoint stores `{blocks}`; reading it needs \
+                             quantization_config with quant_method mxfp4 that converts `{base}`"
+                        )
+                    } else {
+                        "missing".to_owned()
+                    },
+                ));
+            };
+            codes_of(w)?;
+            check_shape(
+                w,
+                &[n, cols, rows],
+                " ([experts, in, out]: the x @ W layout)",
+            )?;
+            (w, None)
+        };
+        let bias = ck.tensor(&format!("{name}_bias"))?;
+        check_dtype(bias, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a bias")?;
+        check_shape(bias, &[n, rows], "")?;
+        fused.push(Fused {
+            stem,
+            rows,
+            cols,
+            weight,
+            scales,
+            bias,
+        });
+    }
+    let mut pieces = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for e in 0..n {
+        let mut items = Vec::with_capacity(6);
+        for f in &fused {
+            items.push((f.stem.to_owned(), slice(f.weight, e, n)));
+            items.push((format!("{}.bias", f.stem), slice(f.bias, e, n)));
+            if let Some((s, _)) = f.scales {
+                items.push((format!("{}.scales", f.stem), slice(s, e, n)));
+            }
+        }
+        let part = PartLayout::from_ranges(items);
+        let spec = |f: &Fused<'_>| -> Result<(MatSpec, VecSpec), ModelError> {
+            let m = MatSpec {
+                piece: part.piece(f.stem),
+                codes: match f.scales {
+                    Some(_) => Codes::E2M1,
+                    None => codes_of(f.weight)?,
+                },
+                rows: f.rows,
+                cols: f.cols,
+                scales: f.scales.map(|(_, ty)| ScaleSpec {
+                    piece: part.piece(&format!("{}.scales", f.stem)),
+                    ty,
+                    group_rows: 1,
+                    group_cols: 32,
+                }),
+                transposed: f.scales.is_none(),
+            };
+            let b = VecSpec {
+                piece: part.piece(&format!("{}.bias", f.stem)),
+                dtype: f.bias.dtype,
+                len: f.rows,
+            };
+            Ok((m, b))
+        };
+        let (gate_up, gate_up_bias) = spec(&fused[0])?;
+        let (down, down_bias) = spec(&fused[1])?;
+        specs.push(ExpertSpec::Fused(FusedExpertSpec {
+            gate_up,
+            gate_up_bias,
+            down,
+            down_bias,
+        }));
+        pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
+}

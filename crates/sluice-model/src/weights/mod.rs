@@ -1,0 +1,626 @@
+//! Where every weight of a model lives, checked against its role.
+//!
+//! The trunk is split into parts (one per layer, plus the head: final norm and lm_head); each
+//! part is a list of byte ranges read together into one [`Blob`]. Routed experts are one blob
+//! each. Specs record, for each role, which piece of the blob holds it and how to view it.
+//!
+//! The loader is family-agnostic: the names come from the config's [`TensorNames`], the
+//! attention tensors from the layer's attention kind ([`crate::attention`]), and each tensor is
+//! named once ([`builder`]). How a stored format is recognised is in [`linear`]; experts fused
+//! per layer in [`fused`].
+
+mod builder;
+mod fused;
+mod linear;
+
+use std::collections::HashMap;
+
+use sluice_format::{Checkpoint, Dtype};
+use sluice_kernels::{Codes, Matrix, ScaleType, Scales};
+use sluice_store::{Blob, Piece};
+
+use builder::{Ctx, build_part};
+pub(crate) use builder::{PartBuilder, tensor_err, vector_codes};
+
+use crate::ModelError;
+pub use crate::attention::AttnSpec;
+use crate::config::{ExpertNames, MlpKind, ModelConfig, Residual, TensorNames};
+
+/// Group scales of a packed matrix: another piece of the same blob.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleSpec {
+    /// Piece holding the scales, row-major `[ceil(rows / group_rows), ceil(cols / group_cols)]`.
+    pub piece: usize,
+    /// Their element type.
+    pub ty: ScaleType,
+    /// Rows per scale (1 for per-row groups, 128 for FP8 blocks).
+    pub group_rows: usize,
+    /// Columns per scale.
+    pub group_cols: usize,
+}
+
+/// How to view one piece of a blob as a weight matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatSpec {
+    /// Piece holding the weights.
+    pub piece: usize,
+    /// Coding.
+    pub codes: Codes,
+    /// Output features.
+    pub rows: usize,
+    /// Input features.
+    pub cols: usize,
+    /// Scales, for packed codings (FP8, INT4, MXFP4).
+    pub scales: Option<ScaleSpec>,
+    /// Stored `[cols, rows]` (the `x @ W` layout of GPT-OSS's fused BF16 experts) rather than
+    /// `[rows, cols]`.
+    pub transposed: bool,
+}
+
+impl MatSpec {
+    /// A dense `[rows, cols]` matrix in piece `piece`.
+    pub fn dense(piece: usize, codes: Codes, rows: usize, cols: usize) -> MatSpec {
+        MatSpec {
+            piece,
+            codes,
+            rows,
+            cols,
+            scales: None,
+            transposed: false,
+        }
+    }
+
+    /// The matrix in `blob`, as stored (`[cols, rows]` when [`transposed`](Self::transposed)).
+    pub fn view<'a>(&self, blob: &'a Blob) -> Result<Matrix<'a>, ModelError> {
+        let (r, c) = if self.transposed {
+            (self.cols, self.rows)
+        } else {
+            (self.rows, self.cols)
+        };
+        let data = blob.piece(self.piece);
+        Ok(match self.scales {
+            None => Matrix::dense(self.codes, data, r, c)?,
+            Some(s) => Matrix::quantized(
+                self.codes,
+                data,
+                r,
+                c,
+                Scales {
+                    data: blob.piece(s.piece),
+                    ty: s.ty,
+                    group_cols: s.group_cols,
+                    group_rows: s.group_rows,
+                },
+            )?,
+        })
+    }
+}
+
+/// How to view one piece of a blob as a vector (norm weights, biases).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VecSpec {
+    /// Piece.
+    pub piece: usize,
+    /// Element type (F32, BF16 or F16).
+    pub dtype: Dtype,
+    /// Elements.
+    pub len: usize,
+}
+
+impl VecSpec {
+    /// The vector as f32 (exact conversion).
+    pub fn to_f32(&self, blob: &Blob) -> Vec<f32> {
+        let b = blob.piece(self.piece);
+        let codes = match self.dtype {
+            Dtype::BF16 => Codes::BF16,
+            Dtype::F16 => Codes::F16,
+            _ => Codes::F32,
+        };
+        (0..self.len)
+            .map(|j| sluice_kernels::scalar::code(codes, b, j))
+            .collect()
+    }
+}
+
+/// A part: the tensors read together, sorted by file position, and their indices by name.
+#[derive(Debug, Default)]
+pub struct PartLayout {
+    /// Byte ranges in read order.
+    pub pieces: Vec<Piece>,
+    index: HashMap<String, usize>,
+}
+
+impl PartLayout {
+    /// Gathers the named tensors, sorted by (shard, offset) so adjacent tensors merge into one read.
+    pub fn new(ck: &Checkpoint, names: &[String]) -> Result<PartLayout, ModelError> {
+        let items = names
+            .iter()
+            .map(|n| {
+                ck.tensor(n).map(|t| {
+                    (
+                        n.clone(),
+                        Piece {
+                            shard: t.shard as u32,
+                            offset: t.offset,
+                            len: t.len,
+                        },
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PartLayout::from_ranges(items))
+    }
+
+    /// Gathers labelled byte ranges (whole tensors or slices of them), sorted by (shard, offset);
+    /// a range given twice is read once.
+    pub fn from_ranges(mut items: Vec<(String, Piece)>) -> PartLayout {
+        items.sort_by_key(|(_, p)| (p.shard, p.offset, p.len));
+        let mut pieces: Vec<Piece> = Vec::with_capacity(items.len());
+        let mut index = HashMap::with_capacity(items.len());
+        for (name, p) in items {
+            if pieces.last() != Some(&p) {
+                pieces.push(p);
+            }
+            index.insert(name, pieces.len() - 1);
+        }
+        PartLayout { pieces, index }
+    }
+
+    pub(super) fn piece(&self, name: &str) -> usize {
+        // Every name passed to `new` is present.
+        self.index[name]
+    }
+
+    /// Total bytes.
+    pub fn bytes(&self) -> u64 {
+        self.pieces.iter().map(|p| p.len).sum()
+    }
+
+    /// The piece holding the named range, if it is in this part.
+    pub fn piece_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// Tensor names in piece order.
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<(&str, usize)> = self.index.iter().map(|(n, &i)| (n.as_str(), i)).collect();
+        v.sort_by_key(|p| p.1);
+        v.into_iter().map(|p| p.0).collect()
+    }
+}
+
+/// A SwiGLU block: down(silu(gate x) ⊙ up x).
+#[derive(Clone, Copy, Debug)]
+pub struct MlpSpec {
+    /// Gate projection.
+    pub gate: MatSpec,
+    /// Up projection.
+    pub up: MatSpec,
+    /// Down projection.
+    pub down: MatSpec,
+}
+
+/// A fused expert (GPT-OSS): `gate_up` interleaves gate (even rows) and up (odd rows), both
+/// with biases.
+#[derive(Clone, Copy, Debug)]
+pub struct FusedExpertSpec {
+    /// Fused gate/up projection, `[2 × intermediate, hidden]`.
+    pub gate_up: MatSpec,
+    /// Its bias.
+    pub gate_up_bias: VecSpec,
+    /// Down projection, `[hidden, intermediate]`.
+    pub down: MatSpec,
+    /// Its bias.
+    pub down_bias: VecSpec,
+}
+
+/// What one routed expert holds, as specs into its blob.
+#[derive(Clone, Copy, Debug)]
+pub enum ExpertSpec {
+    /// Separate gate, up and down matrices.
+    SwiGlu(MlpSpec),
+    /// Fused gate/up and down projections with biases (GPT-OSS).
+    Fused(FusedExpertSpec),
+}
+
+/// One attention-residual mix: `norm` RMSNorm weights and the `[1, hidden]` score projection.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnResWeights {
+    /// `*_res_norm.weight`.
+    pub norm: VecSpec,
+    /// `*_res_proj.weight`.
+    pub proj: VecSpec,
+}
+
+/// The latent projections of a Kimi K3 mixture of experts.
+#[derive(Clone, Copy, Debug)]
+pub struct LatentSpec {
+    /// `routed_expert_down_proj` `[latent, hidden]`.
+    pub down: MatSpec,
+    /// `routed_expert_up_proj` `[hidden, latent]`.
+    pub up: MatSpec,
+    /// `routed_expert_norm` on the experts' weighted sum.
+    pub norm: Option<VecSpec>,
+}
+
+/// Feed-forward weights of a layer kept in the trunk.
+// One per layer, built once at load: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum FfnSpec {
+    /// A dense block.
+    Dense(MlpSpec),
+    /// The trunk side of a mixture of experts.
+    Moe {
+        /// Router weight [experts, hidden].
+        router: MatSpec,
+        /// DeepSeek's selection-only `e_score_correction_bias`, or GPT-OSS's router bias (added
+        /// to the logits).
+        bias: Option<VecSpec>,
+        /// Shared expert.
+        shared: Option<MlpSpec>,
+        /// Shared-expert gate [1, hidden] (Qwen2-MoE).
+        shared_gate: Option<MatSpec>,
+        /// Latent projections (Kimi K3).
+        latent: Option<LatentSpec>,
+    },
+}
+
+/// The trunk weights of one layer.
+#[derive(Clone, Debug)]
+pub struct LayerSpec {
+    /// Pre-attention norm.
+    pub input_norm: VecSpec,
+    /// Pre-MLP norm.
+    pub post_norm: VecSpec,
+    /// Attention.
+    pub attn: AttnSpec,
+    /// Feed-forward.
+    pub ffn: FfnSpec,
+    /// Attention-residual mixes before attention and before the feed-forward block.
+    pub attn_res: Option<[AttnResWeights; 2]>,
+}
+
+/// The head: final norm and lm_head.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadSpec {
+    /// Final norm.
+    pub norm: VecSpec,
+    /// lm_head [vocab, hidden].
+    pub lm_head: MatSpec,
+    /// The attention-residual mix before the final norm.
+    pub attn_res: Option<AttnResWeights>,
+}
+
+/// Where everything is.
+#[derive(Debug)]
+pub struct WeightLayout {
+    /// Embedding table part (one piece).
+    pub embed: PartLayout,
+    /// The embedding matrix [vocab, hidden].
+    pub embed_spec: MatSpec,
+    /// One trunk part per layer.
+    pub layers: Vec<PartLayout>,
+    /// Specs per layer.
+    pub layer_specs: Vec<LayerSpec>,
+    /// Head part.
+    pub head: PartLayout,
+    /// Head spec.
+    pub head_spec: HeadSpec,
+    /// Per MoE layer, per expert: pieces (an expert's bytes exactly as stored: packed codes and
+    /// their scales stay packed).
+    pub experts: Vec<Vec<Vec<Piece>>>,
+    /// Per MoE layer, per expert: specs into the expert's blob.
+    pub expert_specs: Vec<Vec<ExpertSpec>>,
+}
+
+/// The config's `num_hidden_layers` against the layers the checkpoint has tensors for, before
+/// anything proportional to it is built: more layers than the checkpoint names the first
+/// missing tensor; fewer (a silently truncated model) names the tensors that would go unused.
+/// Draft layers (`num_nextn_predict_layers`) directly after the last may be present.
+fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelError> {
+    let head = format!("{}model.layers.", cfg.names.prefix);
+    let layer_of = |name: &str| -> Option<usize> {
+        let rest = name.strip_prefix(&head)?;
+        rest.split('.').next()?.parse().ok()
+    };
+    let config = ck.dir().join("config.json");
+    let used = cfg.layers.saturating_add(cfg.draft_layers);
+    let mut unused: Vec<&str> = ck
+        .tensors()
+        .iter()
+        .filter(|t| layer_of(&t.name).is_some_and(|l| l >= used))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !unused.is_empty() {
+        unused.sort_unstable();
+        let n = unused.len();
+        let shown = unused[..n.min(3)].join(", ");
+        return Err(ModelError::Config {
+            file: config,
+            field: "num_hidden_layers".into(),
+            msg: format!(
+                "{} layers, but the checkpoint has more: {n} tensors would go unused ({shown}{})",
+                cfg.layers,
+                if n > 3 { ", …" } else { "" }
+            ),
+        });
+    }
+    let present = ck
+        .tensors()
+        .iter()
+        .filter_map(|t| layer_of(&t.name))
+        .max()
+        .map_or(0, |l| l + 1);
+    if cfg.layers > present {
+        return Err(ModelError::Config {
+            file: config,
+            field: "num_hidden_layers".into(),
+            msg: format!(
+                "{} layers, but the checkpoint has tensors for {present} (nothing named \
+                 {head}{present}.*)",
+                cfg.layers
+            ),
+        });
+    }
+    Ok(())
+}
+
+impl WeightLayout {
+    /// Finds and checks every tensor the model needs, packed ones against the model's
+    /// `quantization_config`.
+    pub fn new(ck: &Checkpoint, cfg: &ModelConfig) -> Result<WeightLayout, ModelError> {
+        check_layer_count(ck, cfg)?;
+        let ctx = Ctx::new(ck, &cfg.quant);
+        let names = &cfg.names;
+        let h = cfg.hidden;
+        let embed_name = format!("{}model.embed_tokens.weight", names.prefix);
+        let (embed, embed_spec) = build_part(&ctx, |p| p.matrix(&embed_name, cfg.vocab, h))?;
+
+        let mut layers = Vec::with_capacity(cfg.layers);
+        let mut layer_specs = Vec::with_capacity(cfg.layers);
+        let mut experts = Vec::with_capacity(cfg.layers);
+        let mut expert_specs = Vec::with_capacity(cfg.layers);
+        for l in 0..cfg.layers {
+            let (part, spec) = build_part(&ctx, |p| layer(p, cfg, l))?;
+            let (lp, ls) = if cfg.is_moe(l) {
+                routed_experts(&ctx, cfg, l)?
+            } else {
+                (Vec::new(), Vec::new())
+            };
+            layers.push(part);
+            layer_specs.push(spec);
+            experts.push(lp);
+            expert_specs.push(ls);
+        }
+        let (head, head_spec) = build_part(&ctx, |p| head(p, cfg, &embed_name))?;
+        Ok(WeightLayout {
+            embed,
+            embed_spec,
+            layers,
+            layer_specs,
+            head,
+            head_spec,
+            experts,
+            expert_specs,
+        })
+    }
+
+    /// Bytes of the trunk (everything but routed experts; the embedding table included).
+    pub fn trunk_bytes(&self) -> u64 {
+        self.embed.bytes()
+            + self.layers.iter().map(PartLayout::bytes).sum::<u64>()
+            + self.head.bytes()
+    }
+
+    /// Bytes of all routed experts.
+    pub fn expert_bytes(&self) -> u64 {
+        self.experts.iter().flatten().flatten().map(|p| p.len).sum()
+    }
+
+    /// Bytes on disk of expert `e` of layer `layer` (0 when there is none): what the expert
+    /// cache holds for it, before read alignment. Packed experts stay packed.
+    pub fn bytes_of_expert(&self, layer: usize, e: usize) -> u64 {
+        self.experts
+            .get(layer)
+            .and_then(|l| l.get(e))
+            .map_or(0, |p| p.iter().map(|p| p.len).sum())
+    }
+
+    /// Routed-expert bytes on disk one token needs when nothing is cached: the `top_k` largest
+    /// experts of every MoE layer.
+    pub fn expert_bytes_per_token(&self, top_k: usize) -> u64 {
+        self.experts
+            .iter()
+            .map(|layer| {
+                let mut sizes: Vec<u64> = layer
+                    .iter()
+                    .map(|p| p.iter().map(|p| p.len).sum())
+                    .collect();
+                sizes.sort_unstable_by(|a, b| b.cmp(a));
+                sizes.iter().take(top_k).sum::<u64>()
+            })
+            .sum()
+    }
+
+    /// Bytes on disk of the largest routed expert.
+    pub fn bytes_per_expert(&self) -> u64 {
+        self.experts
+            .iter()
+            .flatten()
+            .map(|p| p.iter().map(|p| p.len).sum())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// `{prefix}model.layers.{l}.{rest}`.
+fn layer_name(names: &TensorNames, l: usize, rest: &str) -> String {
+    format!("{}model.layers.{l}.{rest}", names.prefix)
+}
+
+/// `{module}.{gate,up,down}_proj` as one gated MLP of `[hidden → inter → hidden]`.
+fn mlp(
+    p: &mut PartBuilder<'_, '_>,
+    module: &str,
+    hidden: usize,
+    inter: usize,
+) -> Result<MlpSpec, ModelError> {
+    Ok(MlpSpec {
+        gate: p.linear(&format!("{module}.gate_proj"), inter, hidden)?,
+        up: p.linear(&format!("{module}.up_proj"), inter, hidden)?,
+        down: p.linear(&format!("{module}.down_proj"), hidden, inter)?,
+    })
+}
+
+/// One attention-residual mix: `{stem}_res_norm.weight` and `{stem}_res_proj.weight`.
+fn attn_res(
+    p: &mut PartBuilder<'_, '_>,
+    stem: &str,
+    h: usize,
+) -> Result<AttnResWeights, ModelError> {
+    Ok(AttnResWeights {
+        norm: p.vector(&format!("{stem}_res_norm.weight"), h)?,
+        proj: p.vector_any(&format!("{stem}_res_proj.weight"), &[1, h])?,
+    })
+}
+
+/// The trunk part of layer `l`: norms, attention, attention-residual mixes, and the dense MLP
+/// or the trunk side of the mixture of experts.
+fn layer(
+    p: &mut PartBuilder<'_, '_>,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<LayerSpec, ModelError> {
+    let names = &cfg.names;
+    let h = cfg.hidden;
+    let at = |rest: &str| layer_name(names, l, rest);
+    let input_norm = p.vector(&at("input_layernorm.weight"), h)?;
+    let post_norm = p.vector(&at("post_attention_layernorm.weight"), h)?;
+    let plan = &cfg.layer_plan[l];
+    let attn = plan
+        .attention
+        .load(p, &|x| at(&format!("{}.{x}", names.attention)), h)?;
+    let attn_res = match cfg.residual {
+        Residual::AttnRes { .. } => Some([
+            attn_res(p, &at("self_attention"), h)?,
+            attn_res(p, &at("mlp"), h)?,
+        ]),
+        Residual::Add => None,
+    };
+    let ffn = match plan.mlp {
+        MlpKind::Dense { intermediate } => {
+            // The first module the checkpoint has a gate projection under.
+            let ck = p.checkpoint();
+            let module = names
+                .dense
+                .iter()
+                .map(|m| at(m))
+                .find(|m| ck.get(&format!("{m}.gate_proj.weight")).is_some())
+                .unwrap_or_else(|| at(names.dense[0]));
+            FfnSpec::Dense(mlp(p, &module, h, intermediate)?)
+        }
+        MlpKind::Moe => {
+            let m = &cfg.moe;
+            let moe = |rest: &str| at(&format!("{}.{rest}", names.moe));
+            let router = p.matrix(&moe(&format!("{}.weight", names.router)), m.experts, h)?;
+            let bias = match names.router_bias {
+                Some(b) => Some(p.vector(&moe(b), m.experts)?),
+                None => None,
+            };
+            let (shared, shared_gate) = match &m.shared {
+                Some(sh) => (
+                    Some(mlp(p, &moe(names.shared), h, sh.intermediate)?),
+                    if sh.gated {
+                        Some(p.linear(&moe(&format!("{}_gate", names.shared)), 1, h)?)
+                    } else {
+                        None
+                    },
+                ),
+                None => (None, None),
+            };
+            let latent = match &m.latent {
+                Some(lat) => Some(LatentSpec {
+                    down: p.linear(&moe("routed_expert_down_proj"), lat.dim, h)?,
+                    up: p.linear(&moe("routed_expert_up_proj"), h, lat.dim)?,
+                    norm: if lat.norm {
+                        Some(p.vector(&moe("routed_expert_norm.weight"), lat.dim)?)
+                    } else {
+                        None
+                    },
+                }),
+                None => None,
+            };
+            FfnSpec::Moe {
+                router,
+                bias,
+                shared,
+                shared_gate,
+                latent,
+            }
+        }
+    };
+    Ok(LayerSpec {
+        input_norm,
+        post_norm,
+        attn,
+        ffn,
+        attn_res,
+    })
+}
+
+/// The routed experts of layer `l`, one blob each.
+fn routed_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let names = &cfg.names;
+    let moe = layer_name(names, l, names.moe);
+    let (gate, up, down) = match names.experts {
+        ExpertNames::FusedGateUp => {
+            return fused::fused_experts(ctx, cfg, &format!("{moe}.experts"));
+        }
+        ExpertNames::Separate { gate, up, down } => (gate, up, down),
+    };
+    let width = cfg.moe.expert_width(cfg.hidden);
+    let inter = cfg.moe.intermediate;
+    let mut pieces = Vec::with_capacity(cfg.moe.experts);
+    let mut specs = Vec::with_capacity(cfg.moe.experts);
+    for e in 0..cfg.moe.experts {
+        let name = |w: &str| format!("{moe}.experts.{e}.{w}");
+        let (part, spec) = build_part(ctx, |p| {
+            Ok(MlpSpec {
+                gate: p.linear(&name(gate), inter, width)?,
+                up: p.linear(&name(up), inter, width)?,
+                down: p.linear(&name(down), width, inter)?,
+            })
+        })?;
+        pieces.push(part.pieces);
+        specs.push(ExpertSpec::SwiGlu(spec));
+    }
+    Ok((pieces, specs))
+}
+
+/// The head: the final norm, lm_head (the embedding matrix when tied) and the final
+/// attention-residual mix.
+fn head(
+    p: &mut PartBuilder<'_, '_>,
+    cfg: &ModelConfig,
+    embed: &str,
+) -> Result<HeadSpec, ModelError> {
+    let top = |rest: &str| format!("{}{rest}", cfg.names.prefix);
+    let h = cfg.hidden;
+    Ok(HeadSpec {
+        norm: p.vector(&top("model.norm.weight"), h)?,
+        lm_head: if cfg.tie_embeddings {
+            p.matrix(embed, cfg.vocab, h)?
+        } else {
+            p.linear(&top("lm_head"), cfg.vocab, h)?
+        },
+        attn_res: match cfg.residual {
+            Residual::AttnRes { .. } => Some(attn_res(p, &top("model.output_attn"), h)?),
+            Residual::Add => None,
+        },
+    })
+}

@@ -320,6 +320,8 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
         );
         match r {
             Ok(()) => submitted += 1,
+            // A failure of the batcher itself (it stopped) is no fault of the line: stop, exit 1.
+            Err(e) if !e.is_input_error() => return Err(e.into()),
             Err(e) => {
                 bad_lines += 1;
                 rejected.insert(key);

@@ -10,7 +10,8 @@ use std::process::Command;
 
 use serde::Serialize;
 use serde_json::Value;
-use sluice::{Memory, fmt_bytes};
+use sluice::Memory;
+use sluice::tools::fmt_bytes;
 
 use crate::args::BenchArgs;
 use crate::doctor::list;
@@ -133,7 +134,8 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         matches!(x, "direct" | "buffered").then(|| x.to_owned())
     })?;
     let context = a.prompt_tokens + a.max_tokens + 8;
-    let info = sluice::inspect(&model, Memory::Unlimited, context, a.prefill_chunk)?;
+    let info =
+        sluice::tools::inspect::inspect(&model, Memory::Unlimited, context, a.prefill_chunk)?;
     let experts_all = info.expert_bytes / info.bytes_per_expert.max(1);
     let p = &info.plan;
     let minimum = p.minimum;
@@ -163,7 +165,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
             continue;
         }
         let mem = budget.map_or(Memory::Unlimited, Memory::Bytes);
-        let plan = sluice::inspect(&model, mem, context, a.prefill_chunk)?.plan;
+        let plan = sluice::tools::inspect::inspect(&model, mem, context, a.prefill_chunk)?.plan;
         rungs.push(Rung {
             label: item.to_owned(),
             budget,
@@ -175,14 +177,14 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
     if rungs.is_empty() {
         return Err(usage("--ladder: no workable rung"));
     }
-    let cpu = sluice::doctor::cpu_report();
+    let cpu = sluice::tools::doctor::cpu_report();
     let threads = a.threads.unwrap_or(cpu.threads);
-    let shards = sluice::doctor::model_shards(&model)?;
+    let shards = sluice::tools::doctor::model_shards(&model)?;
 
     // The disk bandwidth the floor is computed from: doctor's method on the model's own shards.
     let mut disk = Vec::new();
     for io in &ios {
-        let fig = sluice::doctor::expert_read_bandwidth(
+        let fig = sluice::tools::doctor::expert_read_bandwidth(
             &model,
             4,
             io == "direct",
@@ -214,7 +216,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
                             continue; // every expert fits: policy and prefetch change nothing
                         }
                         let trace = tmp.join("trace.txt");
-                        sluice::doctor::drop_page_cache(&shards);
+                        sluice::tools::doctor::drop_page_cache(&shards);
                         let row = run_one(&RunSpec {
                             exe: &exe,
                             model: &model,
@@ -338,9 +340,9 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         ))
     })?;
     let st = &v["stats"];
-    let trace = sluice::read_trace(s.trace).map_err(|e| fail(e.to_string()))?;
+    let trace = sluice::tools::trace::read_trace(s.trace).map_err(|e| fail(e.to_string()))?;
     let cap = s.rung.cache_experts.max(1) as usize;
-    let belady = sluice::belady(&trace, cap).hit_rate();
+    let belady = sluice::tools::trace::belady(&trace, cap).hit_rate();
     let dtok = u(st, "decode_tokens");
     // The first decode token's forward pass is part of the prompt's timing; each later token is
     // one forward pass: count passes, not tokens, for bytes per token.

@@ -1,7 +1,7 @@
 //! `sluice doctor`: what this machine can do, as a table or JSON.
 
-use sluice::doctor::{DoctorOptions, doctor as measure};
-use sluice::fmt_bytes;
+use sluice::tools::doctor::{DoctorOptions, doctor as measure};
+use sluice::tools::fmt_bytes;
 
 use crate::args::DoctorArgs;
 use crate::{Failure, parse_size, usage};

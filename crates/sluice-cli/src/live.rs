@@ -99,7 +99,7 @@ impl Live {
         let budget = if s.memory_budget_bytes == 0 {
             "unlimited".to_owned()
         } else {
-            sluice::fmt_bytes(s.memory_budget_bytes)
+            sluice::tools::fmt_bytes(s.memory_budget_bytes)
         };
         eprintln!(
             "[prompt {} tokens in {:.2}s | {} tokens in {:.2}s, {:.2} tokens/s | experts {:.1}% hits, {} read, trunk {} read ({} I/O) | peak RSS {} of budget {} | {} threads, {} | {:.1}s total]",
@@ -109,10 +109,10 @@ impl Live {
             s.decode_seconds,
             rate(s),
             hit_rate(s),
-            sluice::fmt_bytes(s.expert_bytes_read),
-            sluice::fmt_bytes(s.trunk_bytes_read),
+            sluice::tools::fmt_bytes(s.expert_bytes_read),
+            sluice::tools::fmt_bytes(s.trunk_bytes_read),
             s.io_mode,
-            sluice::fmt_bytes(s.peak_rss_bytes),
+            sluice::tools::fmt_bytes(s.peak_rss_bytes),
             budget,
             s.threads,
             s.isa,

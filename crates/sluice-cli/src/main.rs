@@ -92,7 +92,7 @@ fn pack(a: args::PackArgs) -> Result<(), Failure> {
         .progress_chars("=> "),
     );
     bar.set_message("packing trunk");
-    let r = sluice::pack::pack(&a.src, &a.out, a.force, &mut |done, total| {
+    let r = sluice::tools::pack::pack(&a.src, &a.out, a.force, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });
@@ -100,7 +100,7 @@ fn pack(a: args::PackArgs) -> Result<(), Failure> {
     let r = r?;
     eprintln!(
         "packed {} of trunk in {} runs to {} in {:.1}s ({:.2} GB/s); experts stay in {}",
-        sluice::fmt_bytes(r.trunk_bytes),
+        sluice::tools::fmt_bytes(r.trunk_bytes),
         r.parts,
         r.out.display(),
         r.seconds,
@@ -111,12 +111,13 @@ fn pack(a: args::PackArgs) -> Result<(), Failure> {
 }
 
 fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
-    let i = sluice::inspect(&a.model, memory(&a.memory)?, a.context, a.prefill_chunk)?;
+    let i =
+        sluice::tools::inspect::inspect(&a.model, memory(&a.memory)?, a.context, a.prefill_chunk)?;
     if a.json {
         println!("{}", serde_json::to_string(&i).unwrap_or_default());
         return Ok(());
     }
-    let b = sluice::fmt_bytes;
+    let b = sluice::tools::fmt_bytes;
     let p = &i.plan;
     println!(
         "{} ({}, {} shards, {} I/O)",
@@ -233,13 +234,14 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
             "synth: need --layers ≥ 2, 0 < --top-k ≤ --experts, and --hidden divisible by --heads",
         ));
     }
-    let experts_format = sluice::ExpertFormat::from_name(&a.experts_format).ok_or_else(|| {
-        usage(format!(
-            "--experts-format `{}`: expected bf16, int4 or mxfp4",
-            a.experts_format
-        ))
-    })?;
-    if experts_format != sluice::ExpertFormat::Bf16
+    let experts_format = sluice::tools::synth::ExpertFormat::from_name(&a.experts_format)
+        .ok_or_else(|| {
+            usage(format!(
+                "--experts-format `{}`: expected bf16, int4 or mxfp4",
+                a.experts_format
+            ))
+        })?;
+    if experts_format != sluice::tools::synth::ExpertFormat::Bf16
         && !(a.hidden.is_multiple_of(32) && a.moe_inter.is_multiple_of(32))
     {
         return Err(usage(
@@ -247,7 +249,7 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
         ));
     }
     let head = a.hidden / a.heads;
-    let spec = sluice::SynthSpec {
+    let spec = sluice::tools::synth::SynthSpec {
         vocab: a.vocab,
         hidden: a.hidden,
         layers: a.layers,
@@ -276,7 +278,7 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
     let secs = t0.elapsed().as_secs_f64();
     eprintln!(
         "wrote {} in {:.1}s ({:.2} GB/s) to {}",
-        sluice::fmt_bytes(spec.bytes()),
+        sluice::tools::fmt_bytes(spec.bytes()),
         secs,
         spec.bytes() as f64 / secs / 1e9,
         a.out.display()
@@ -514,7 +516,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         })?;
     }
     if let Some(path) = &a.trace {
-        sluice::write_trace(path, &engine.take_trace()).map_err(|e| Failure {
+        sluice::tools::trace::write_trace(path, &engine.take_trace()).map_err(|e| Failure {
             code: 1,
             msg: e.to_string(),
         })?;

@@ -326,7 +326,7 @@ fn an_interrupted_pack_leaves_the_output_untouched_and_a_rerun_succeeds() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let src = tmp.path().join("src");
     // ~400 MB of trunk so the copy takes long enough to be killed half-way.
-    sluice::SynthSpec {
+    sluice::tools::synth::SynthSpec {
         vocab: 2048,
         hidden: 1024,
         layers: 32,
@@ -393,7 +393,7 @@ fn an_interrupted_pack_leaves_the_output_untouched_and_a_rerun_succeeds() {
 fn a_trunk_four_times_the_budget_streams_within_its_rss() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let dir = tmp.path().join("m");
-    sluice::SynthSpec {
+    sluice::tools::synth::SynthSpec {
         vocab: 2048,
         hidden: 1024,
         layers: 16,
@@ -494,7 +494,7 @@ fn run_defaults_to_the_demo_model_and_chat_reads_stdin() {
 fn a_thousand_tokens_under_a_small_budget_stay_within_it() {
     let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let dir = tmp.path().join("m");
-    sluice::SynthSpec {
+    sluice::tools::synth::SynthSpec {
         skew: 0.3,
         ..Default::default()
     }

@@ -13,11 +13,10 @@ use serde::Deserialize;
 use sluice_model::{Logits, State};
 
 use crate::Error;
-use crate::chat::Message;
-use crate::decoding::{Choice, Decoding};
-use crate::engine::{
-    Engine, FinishReason, GenerateOptions, GenerationStats, Prompt, Token, stats_since,
-};
+use crate::engine::{Engine, Prompt};
+use crate::generate::{self, FinishReason, GenerateOptions, Step, Token};
+use crate::stats::GenerationStats;
+use sluice_text::Message;
 
 /// A prompt owned by a job.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -80,11 +79,9 @@ struct Seq {
     job: Job,
     state: State,
     history: Vec<u32>,
-    d: Decoding,
+    /// The sequence's generation, stepped by the shared loop.
+    g: generate::Seq,
     logits: Vec<f32>,
-    stats: GenerationStats,
-    expert0: sluice_store::ExpertStats,
-    trunk0: u64,
     /// A failure was reported or the client left: no `Done` follows.
     ended: bool,
 }
@@ -167,8 +164,8 @@ impl Batcher {
         let worker = std::thread::Builder::new()
             .name("sluice-batcher".into())
             .spawn(move || run(&e, &rx, max, &c))
-            .map_err(|source| Error::Io {
-                path: "sluice-batcher thread".into(),
+            .map_err(|source| Error::Thread {
+                name: "sluice-batcher",
                 source,
             })?;
         Ok(Batcher {
@@ -210,7 +207,8 @@ impl Batcher {
     }
 
     /// Queues a job. The prompt is encoded and the options checked here, so mistakes come back
-    /// at once; everything after arrives through `sink`.
+    /// at once (input errors, [`Error::is_input_error`], counted as `rejected`; a stopped
+    /// batcher gives [`Error::BatcherStopped`]); everything after arrives through `sink`.
     pub fn submit(
         &self,
         prompt: &OwnedPrompt,
@@ -218,7 +216,9 @@ impl Batcher {
         sink: Sink,
     ) -> Result<(), Error> {
         let r = self.submit_checked(prompt, opts, sink);
-        if r.is_err() {
+        if let Err(e) = &r
+            && e.is_input_error()
+        {
             self.counters.rejected.fetch_add(1, Ordering::Relaxed);
         }
         r
@@ -230,11 +230,7 @@ impl Batcher {
         opts: GenerateOptions,
         sink: Sink,
     ) -> Result<(), Error> {
-        opts.sampling.validate()?;
-        crate::decoding::check_stops(&opts.stop)?;
-        if opts.prefill_chunk == 0 {
-            return Err(Error::Usage("prefill_chunk must be at least 1".into()));
-        }
+        generate::check_options(&opts)?;
         let ids = self.engine.encode(&prompt.as_prompt())?;
         if ids.is_empty() {
             return Err(Error::Usage("empty prompt".into()));
@@ -253,17 +249,12 @@ impl Batcher {
                 opts.max_tokens
             )));
         }
-        let tx = self
-            .tx
-            .lock()
-            .map_err(|_| Error::Usage("batcher stopped".into()))?;
-        let tx = tx
-            .as_ref()
-            .ok_or_else(|| Error::Usage("batcher stopped".into()))?;
+        let tx = self.tx.lock().map_err(|_| Error::BatcherStopped)?;
+        let tx = tx.as_ref().ok_or(Error::BatcherStopped)?;
         self.counters.queued.fetch_add(1, Ordering::Relaxed);
         tx.send(Job { ids, opts, sink }).map_err(|_| {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            Error::Usage("batcher stopped".into())
+            Error::BatcherStopped
         })
     }
 
@@ -285,7 +276,8 @@ impl Batcher {
                 Event::Failed(e) => return Err(e),
             }
         }
-        Err(Error::Usage("batcher stopped".into()))
+        // The worker dropped the job without a word: it stopped.
+        Err(Error::BatcherStopped)
     }
 }
 
@@ -345,57 +337,43 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
         let mut feed: Vec<usize> = Vec::new();
         let mut done: Vec<usize> = Vec::new();
         for (i, s) in active.iter_mut().enumerate() {
-            let t0 = Instant::now();
-            match s.d.choose(&mut s.logits, &s.history, engine.eos_ids()) {
-                Choice::Finish(r) => {
-                    let tail = s.d.finish(r, engine.tokenizer());
-                    if !tail.is_empty()
-                        && !(s.job.sink)(Event::Token(Token {
-                            id: None,
-                            text: tail,
-                        }))
+            let pos = s.state.pos();
+            match s.g.step(engine, &mut s.logits, &mut s.history, pos) {
+                Err(e) => {
+                    (s.job.sink)(Event::Failed(e));
+                    s.ended = true;
+                    c.failed.fetch_add(1, Ordering::Relaxed);
+                    done.push(i);
+                }
+                Ok(Step::End(tail)) => {
+                    if let Some(t) = tail
+                        && !(s.job.sink)(Event::Token(t))
                     {
                         s.ended = true;
                         c.cancelled.fetch_add(1, Ordering::Relaxed);
                     }
                     done.push(i);
                 }
-                Choice::Token(id) => {
-                    s.stats.decode_tokens += 1;
-                    s.history.push(id);
-                    let text = match s.d.emit(engine.tokenizer(), id) {
-                        Ok(t) => t,
-                        Err(e) => {
-                            (s.job.sink)(Event::Failed(e));
-                            s.ended = true;
-                            c.failed.fetch_add(1, Ordering::Relaxed);
-                            done.push(i);
-                            continue;
-                        }
-                    };
-                    if !(s.job.sink)(Event::Token(Token { id: Some(id), text })) {
+                Ok(Step::Token { token, feed: more }) => {
+                    if !(s.job.sink)(Event::Token(token)) {
                         // The client went away: drop the sequence, free its slot.
                         s.ended = true;
                         c.cancelled.fetch_add(1, Ordering::Relaxed);
                         done.push(i);
                         continue;
                     }
-                    if s.d.wants_more() {
+                    if more {
                         feed.push(i);
                     } else {
-                        let r = s.d.finish.unwrap_or(FinishReason::Length);
-                        let tail = s.d.finish(r, engine.tokenizer());
-                        if !tail.is_empty() {
-                            (s.job.sink)(Event::Token(Token {
-                                id: None,
-                                text: tail,
-                            }));
+                        // Finished at this token, or at max_tokens: end now (a session ends
+                        // at its next step; the same tail either way).
+                        if let Some(t) = s.g.end(engine, FinishReason::Length) {
+                            (s.job.sink)(Event::Token(t));
                         }
                         done.push(i);
                     }
                 }
             }
-            s.stats.decode_seconds += t0.elapsed().as_secs_f64();
         }
         // Feed the chosen tokens together: one pass, each layer's experts fetched once for the
         // union of the rows' choices.
@@ -404,7 +382,7 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
         let per = t0.elapsed().as_secs_f64() / feed.len().max(1) as f64;
         for (i, r) in results {
             let s = &mut active[i];
-            s.stats.decode_seconds += per;
+            s.g.add_decode_seconds(per);
             match r {
                 Ok(l) => s.logits = l,
                 Err(e) => {
@@ -424,12 +402,12 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                 continue;
             }
             c.finished.fetch_add(1, Ordering::Relaxed);
-            let stats = stats_since(engine, &s.stats, &s.expert0, s.trunk0, &s.state);
+            let stats = s.g.stats(engine, &s.state);
             let f = Finished {
                 prompt_ids: s.job.ids.clone(),
-                ids: std::mem::take(&mut s.d.ids),
-                text: std::mem::take(&mut s.d.text),
-                finish: s.d.finish.unwrap_or(FinishReason::Length),
+                ids: std::mem::take(&mut s.g.d.ids),
+                text: std::mem::take(&mut s.g.d.text),
+                finish: s.g.d.finish.unwrap_or(FinishReason::Length),
                 stats,
             };
             (s.job.sink)(Event::Done(Box::new(f)));
@@ -489,56 +467,21 @@ fn feed_step(
 
 /// Prefills a new sequence; reports a failure through its sink.
 fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
-    let model = engine.model();
-    let t0 = Instant::now();
-    let cache0 = model.experts().capacity();
-    let expert0 = engine.expert_stats();
-    let trunk0 = model.trunk_bytes_read();
-    let mut state = model.new_state();
-    let d = match Decoding::new(&job.opts) {
-        Ok(d) => d,
+    let mut state = engine.model().new_state();
+    let mut history = Vec::new();
+    // The batcher returns no logits: only the last position's are computed.
+    match generate::prefill(engine, &mut state, &mut history, &job.ids, &job.opts, false) {
+        Ok(p) => Some(Seq {
+            job,
+            state,
+            history,
+            g: p.seq,
+            logits: p.last,
+            ended: false,
+        }),
         Err(e) => {
             (job.sink)(Event::Failed(e));
-            return None;
-        }
-    };
-    let mut logits = Vec::new();
-    let n = job.ids.len().div_ceil(job.opts.prefill_chunk);
-    for (ci, chunk) in job.ids.chunks(job.opts.prefill_chunk).enumerate() {
-        let want = if ci + 1 == n {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        match model.forward(&mut state, chunk, want) {
-            Ok(l) => logits = l,
-            Err(e) => {
-                (job.sink)(Event::Failed(e.into()));
-                return None;
-            }
+            None
         }
     }
-    let stats = GenerationStats {
-        prefill_tokens: job.ids.len(),
-        prefill_seconds: t0.elapsed().as_secs_f64(),
-        io_mode: model.io_mode().name().to_owned(),
-        memory_budget_bytes: engine.budget().unwrap_or(0),
-        expert_cache_start_bytes: cache0,
-        policy: model.experts().policy_name(),
-        threads: model.threads(),
-        isa: model.isa().name().to_owned(),
-        ..Default::default()
-    };
-    let history = job.ids.clone();
-    Some(Seq {
-        job,
-        state,
-        history,
-        d,
-        logits,
-        stats,
-        expert0,
-        trunk0,
-        ended: false,
-    })
 }

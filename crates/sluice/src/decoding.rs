@@ -4,8 +4,8 @@
 use sluice_sampler::Sampler;
 
 use crate::Error;
-use crate::engine::{FinishReason, GenerateOptions};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use crate::generate::{FinishReason, GenerateOptions};
+use sluice_text::{StreamDecoder, Tokenizer};
 
 /// What the sampler decided.
 pub(crate) enum Choice {

@@ -2,18 +2,16 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
-use serde::Serialize;
 use sluice_kernels::{Isa, Kernels};
-use sluice_model::{Logits, MemoryPlan, Model, ModelOptions, PolicyChoice, State};
+use sluice_model::{MemoryPlan, Model, ModelOptions, PolicyChoice};
 use sluice_sampler::SamplingOptions;
 use sluice_store::{ExpertStats, TraceEvent};
+use sluice_text::{ChatTemplate, Message, Tokenizer};
 
 use crate::Error;
-use crate::chat::{ChatTemplate, Message};
-use crate::decoding::Decoding;
-use crate::tokenizer::Tokenizer;
+use crate::session::Session;
+use crate::stats::{EngineStats, GenerationStats};
 
 /// How much memory sluice may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -171,7 +169,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Prompt tokens per prefill chunk (default 64); scratch memory is planned for it.
+    /// Prompt tokens per prefill chunk (default 64); scratch memory is planned for it, and
+    /// under a memory budget no generation's chunk exceeds it
+    /// ([`GenerateOptions::prefill_chunk`](crate::GenerateOptions::prefill_chunk) is clamped).
     pub fn prefill_chunk(mut self, n: usize) -> Self {
         self.prefill_chunk = n;
         self
@@ -334,17 +334,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Totals over the engine's life.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct EngineStats {
-    /// Generations run.
-    pub generations: u64,
-    /// Prompt tokens processed.
-    pub prefill_tokens: u64,
-    /// Tokens generated.
-    pub decode_tokens: u64,
-}
-
 impl Engine {
     /// A builder.
     pub fn builder() -> EngineBuilder {
@@ -412,7 +401,9 @@ impl Engine {
         self.inner.budget
     }
 
-    /// The prefill chunk size.
+    /// The prefill chunk the scratch is planned for: under a memory budget, the most a
+    /// generation's [`GenerateOptions::prefill_chunk`](crate::GenerateOptions::prefill_chunk)
+    /// takes.
     pub fn prefill_chunk(&self) -> usize {
         self.inner.prefill_chunk
     }
@@ -441,12 +432,16 @@ impl Engine {
     /// sessions may be open. Sessions open at the same time share the expert cache: their
     /// steps take turns for room in it, in the order they ask, so each one completes.
     pub fn session(&self) -> Result<Session, Error> {
-        Ok(Session {
-            _claim: self.claim(1)?,
-            engine: self.clone(),
-            state: self.inner.model.new_state(),
-            history: Vec::new(),
-        })
+        Ok(Session::new(self.clone(), self.claim(1)?))
+    }
+
+    /// Adds a finished generation to the totals.
+    pub(crate) fn count_generation(&self, g: &GenerationStats) {
+        if let Ok(mut s) = self.inner.stats.lock() {
+            s.generations += 1;
+            s.prefill_tokens += g.prefill_tokens as u64;
+            s.decode_tokens += g.decode_tokens as u64;
+        }
     }
 
     /// Takes `n` of the sequences the memory plan holds state for.
@@ -514,7 +509,7 @@ impl Engine {
                 })?;
                 tok.check_fits(&text, self.model().max_positions())?;
                 // The template writes BOS itself where the model wants one.
-                tok.encode(&text, false)
+                Ok(tok.encode(&text, false)?)
             }
         }
     }
@@ -529,518 +524,6 @@ pub enum Prompt<'a> {
     Ids(&'a [u32]),
     /// Chat messages, rendered with the model's chat template.
     Chat(&'a [Message]),
-}
-
-/// How to generate.
-#[derive(Clone, Debug)]
-pub struct GenerateOptions {
-    /// Most tokens to generate.
-    pub max_tokens: usize,
-    /// Sampling.
-    pub sampling: SamplingOptions,
-    /// Strings that end the generation (not included in the text).
-    pub stop: Vec<String>,
-    /// Stop at the model's end-of-sequence tokens.
-    pub stop_at_eos: bool,
-    /// Prompt tokens per prefill chunk.
-    pub prefill_chunk: usize,
-    /// Keep every row of logits (prompt positions and each step) in the result.
-    pub keep_logits: bool,
-}
-
-impl Default for GenerateOptions {
-    fn default() -> Self {
-        GenerateOptions {
-            max_tokens: 128,
-            sampling: SamplingOptions::default(),
-            stop: Vec::new(),
-            stop_at_eos: true,
-            prefill_chunk: 64,
-            keep_logits: false,
-        }
-    }
-}
-
-/// Why a generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// `max_tokens` reached.
-    Length,
-    /// An end-of-sequence token.
-    Eos,
-    /// A stop string.
-    Stop,
-}
-
-/// One step of a generation: a generated token and the text it completes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Token {
-    /// The token's id; `None` for the last item of a generation when it only releases text
-    /// that was held back (a partial stop string, or bytes of an unfinished character).
-    pub id: Option<u32>,
-    /// The text it completes (whole UTF-8 characters; may be empty).
-    pub text: String,
-}
-
-/// Figures of one generation. Expert and I/O counters are the engine's counters over the
-/// generation's span (with concurrent sessions they include the others' work).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct GenerationStats {
-    /// Prompt tokens processed.
-    pub prefill_tokens: usize,
-    /// Seconds spent on the prompt.
-    pub prefill_seconds: f64,
-    /// Tokens generated.
-    pub decode_tokens: usize,
-    /// Seconds spent generating.
-    pub decode_seconds: f64,
-    /// Routed experts asked for.
-    pub expert_requests: u64,
-    /// Of those, found in memory.
-    pub expert_hits: u64,
-    /// Of the hits, experts resident before the step that used them (not brought in by that
-    /// step's prefetch).
-    pub expert_resident_hits: u64,
-    /// Bytes of experts read from disk.
-    pub expert_bytes_read: u64,
-    /// Bytes of trunk read from disk while generating.
-    pub trunk_bytes_read: u64,
-    /// Buffer bytes of the distinct experts each forward step asked for, summed over steps: what
-    /// a cold cache would have to read at least.
-    pub expert_touched_bytes: u64,
-    /// Of `expert_bytes_read`, bytes read during the prompt.
-    pub prefill_expert_bytes_read: u64,
-    /// Of `trunk_bytes_read`, bytes read during the prompt.
-    pub prefill_trunk_bytes_read: u64,
-    /// Each prefill chunk's figures.
-    pub prefill_chunks: Vec<PrefillChunkStats>,
-    /// Seconds spent waiting on expert reads.
-    pub io_seconds: f64,
-    /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
-    pub prefetch_recall: f64,
-    /// Experts read by lookahead prefetch.
-    pub prefetch_reads: u64,
-    /// Requests served by an expert a prefetch read during the same step.
-    pub prefetch_hits: u64,
-    /// Experts evicted from the cache.
-    pub expert_evictions: u64,
-    /// `direct` or `buffered`.
-    pub io_mode: String,
-    /// Peak resident memory of the process so far.
-    pub peak_rss_bytes: u64,
-    /// The memory budget (0: unlimited).
-    pub memory_budget_bytes: u64,
-    /// Bytes the expert cache could hold when the generation began (the pool less every
-    /// sequence's KV pages then).
-    pub expert_cache_start_bytes: u64,
-    /// The same when the figures were taken: lower when this or another sequence's KV cache
-    /// grew, higher when a sequence ended.
-    pub expert_cache_end_bytes: u64,
-    /// Bytes of this sequence's KV cache when the figures were taken (whole pages).
-    pub kv_cache_bytes: u64,
-    /// Expert-cache policy.
-    pub policy: String,
-    /// Compute threads.
-    pub threads: usize,
-    /// Instruction set.
-    pub isa: String,
-}
-
-/// Figures of one prefill chunk (one forward step).
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct PrefillChunkStats {
-    /// Tokens in the chunk.
-    pub tokens: usize,
-    /// Seconds it took.
-    pub seconds: f64,
-    /// Routed experts asked for.
-    pub expert_requests: u64,
-    /// Of those, found in memory.
-    pub expert_hits: u64,
-    /// Distinct experts asked for.
-    pub experts_touched: u64,
-    /// Their buffer bytes.
-    pub expert_touched_bytes: u64,
-    /// Expert bytes read from disk during the chunk (demand and prefetch).
-    pub expert_bytes_read: u64,
-}
-
-/// Peak resident set size of this process (`VmHWM`), 0 where unknown.
-pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.split_whitespace().next())
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-/// A session: a KV cache and the tokens in it. Generations continue from what the session has
-/// seen (a chat keeps its history).
-#[derive(Debug)]
-pub struct Session {
-    /// Held for the session's life: its place in the memory plan.
-    _claim: SlotClaim,
-    engine: Engine,
-    state: State,
-    history: Vec<u32>,
-}
-
-impl Session {
-    /// The engine.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// Tokens in the cache.
-    pub fn history(&self) -> &[u32] {
-        &self.history
-    }
-
-    /// Forgets everything (an empty cache).
-    pub fn reset(&mut self) {
-        self.state = self.engine.inner.model.new_state();
-        self.history.clear();
-    }
-
-    /// Starts a generation from `prompt` appended to what the session has seen. Tokens come
-    /// from the returned iterator.
-    pub fn generate(
-        &mut self,
-        prompt: Prompt<'_>,
-        opts: &GenerateOptions,
-    ) -> Result<Generation<'_>, Error> {
-        let ids = self.engine.encode(&prompt)?;
-        self.generate_ids(ids, opts)
-    }
-
-    /// Starts a generation from `prompt` taken as the *whole* context (typically a chat
-    /// rendered with every turn so far). The session keeps the KV cache of the longest prefix it
-    /// shares with what it has seen and processes only the rest; the result is the same as on a
-    /// fresh session.
-    pub fn generate_full(
-        &mut self,
-        prompt: Prompt<'_>,
-        opts: &GenerateOptions,
-    ) -> Result<Generation<'_>, Error> {
-        let ids = self.engine.encode(&prompt)?;
-        let mut keep = self
-            .history
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count();
-        // Keep only positions the cache holds (the last sampled token of a generation is not fed
-        // until the next call), and feed at least one token to get the next logits.
-        keep = keep.min(self.state.pos());
-        if keep == ids.len() {
-            keep = keep.saturating_sub(1);
-        }
-        let model = &self.engine.inner.model;
-        if self.state.truncate(keep).is_err() {
-            // A recurrent state (KDA) cannot step back to an arbitrary prefix: start over,
-            // which gives the same bits.
-            keep = 0;
-            self.state = model.new_state();
-        }
-        self.history.truncate(keep);
-        self.generate_ids(ids[keep..].to_vec(), opts)
-    }
-
-    /// Starts a generation from token ids appended to the session's history.
-    pub fn generate_ids(
-        &mut self,
-        ids: Vec<u32>,
-        opts: &GenerateOptions,
-    ) -> Result<Generation<'_>, Error> {
-        if ids.is_empty() && self.history.is_empty() {
-            return Err(Error::Usage("empty prompt".into()));
-        }
-        opts.sampling.validate()?;
-        if opts.prefill_chunk == 0 {
-            return Err(Error::Usage("prefill_chunk must be at least 1".into()));
-        }
-        let model = &self.engine.inner.model;
-        // The last token of the previous generation was sampled but not fed: it goes first.
-        let fed = self.state.pos();
-        let mut feed: Vec<u32> = self.history[fed..].to_vec();
-        self.history.truncate(fed);
-        feed.extend_from_slice(&ids);
-        if feed.is_empty() {
-            // Nothing new: recompute the last position's logits. A recurrent state (KDA) steps
-            // back only to where its latest pass began; otherwise the whole history runs again
-            // (the same bits: chunking changes none).
-            let last = fed - 1;
-            if self.state.truncate(last).is_ok() {
-                feed.push(self.history[last]);
-                self.history.truncate(last);
-            } else {
-                self.state = model.new_state();
-                feed = std::mem::take(&mut self.history);
-            }
-        }
-        let t0 = Instant::now();
-        let expert0 = model.experts().stats();
-        let trunk0 = model.trunk_bytes_read();
-        let cache0 = model.experts().capacity();
-        let mut prompt_logits = Vec::new();
-        let mut last = Vec::new();
-        let mut chunk_stats = Vec::new();
-        let n_chunks = feed.len().div_ceil(opts.prefill_chunk);
-        for (ci, chunk) in feed.chunks(opts.prefill_chunk).enumerate() {
-            let (c0, e0) = (Instant::now(), model.experts().stats());
-            let want = if opts.keep_logits {
-                Logits::All
-            } else if ci + 1 == n_chunks {
-                Logits::Last
-            } else {
-                Logits::None
-            };
-            let l = model.forward(&mut self.state, chunk, want)?;
-            let e1 = model.experts().stats();
-            chunk_stats.push(PrefillChunkStats {
-                tokens: chunk.len(),
-                seconds: c0.elapsed().as_secs_f64(),
-                expert_requests: e1.requests - e0.requests,
-                expert_hits: e1.hits - e0.hits,
-                experts_touched: e1.touched - e0.touched,
-                expert_touched_bytes: e1.touched_bytes - e0.touched_bytes,
-                expert_bytes_read: e1.bytes_read - e0.bytes_read,
-            });
-            self.history.extend_from_slice(chunk);
-            if ci + 1 == n_chunks {
-                let v = model.config().vocab;
-                last = l[l.len() - v..].to_vec();
-            }
-            if opts.keep_logits {
-                prompt_logits.extend(l);
-            }
-        }
-        let stats = GenerationStats {
-            prefill_tokens: feed.len(),
-            prefill_seconds: t0.elapsed().as_secs_f64(),
-            prefill_expert_bytes_read: model.experts().stats().bytes_read - expert0.bytes_read,
-            prefill_trunk_bytes_read: model.trunk_bytes_read() - trunk0,
-            prefill_chunks: chunk_stats,
-            io_mode: model.io_mode().name().to_owned(),
-            memory_budget_bytes: self.engine.inner.budget.unwrap_or(0),
-            expert_cache_start_bytes: cache0,
-            policy: model.experts().policy_name(),
-            threads: model.threads(),
-            isa: model.isa().name().to_owned(),
-            ..Default::default()
-        };
-        Ok(Generation {
-            session: self,
-            d: Decoding::new(opts)?,
-            next_logits: Some(last),
-            prompt_ids: ids,
-            prompt_logits,
-            step_logits: Vec::new(),
-            stats,
-            expert0,
-            trunk0,
-        })
-    }
-}
-
-/// A running generation: an iterator of tokens.
-pub struct Generation<'s> {
-    session: &'s mut Session,
-    d: Decoding,
-    next_logits: Option<Vec<f32>>,
-    prompt_ids: Vec<u32>,
-    prompt_logits: Vec<f32>,
-    step_logits: Vec<f32>,
-    stats: GenerationStats,
-    expert0: ExpertStats,
-    trunk0: u64,
-}
-
-impl std::fmt::Debug for Generation<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Generation({} tokens)", self.d.ids.len())
-    }
-}
-
-/// Counters of `now` since `then`, with the engine's figures filled in.
-pub(crate) fn stats_since(
-    engine: &Engine,
-    base: &GenerationStats,
-    expert0: &ExpertStats,
-    trunk0: u64,
-    state: &State,
-) -> GenerationStats {
-    let mut s = base.clone();
-    let now = engine.expert_stats();
-    s.expert_cache_end_bytes = engine.inner.model.experts().capacity();
-    s.kv_cache_bytes = state.kv_bytes();
-    s.trunk_bytes_read = engine.inner.model.trunk_bytes_read() - trunk0;
-    s.expert_requests = now.requests - expert0.requests;
-    s.expert_hits = now.hits - expert0.hits;
-    s.expert_resident_hits = now.resident_hits - expert0.resident_hits;
-    s.expert_bytes_read = now.bytes_read - expert0.bytes_read;
-    s.expert_touched_bytes = now.touched_bytes - expert0.touched_bytes;
-    s.prefetch_reads = now.prefetch_reads - expert0.prefetch_reads;
-    s.prefetch_hits = now.prefetch_hits - expert0.prefetch_hits;
-    s.expert_evictions = now.evictions - expert0.evictions;
-    s.io_seconds = now.wait_seconds - expert0.wait_seconds;
-    let checked = now.prefetch_checked - expert0.prefetch_checked;
-    s.prefetch_recall = if checked == 0 {
-        0.0
-    } else {
-        (now.prefetch_predicted - expert0.prefetch_predicted) as f64 / checked as f64
-    };
-    s.peak_rss_bytes = peak_rss_bytes();
-    s
-}
-
-impl Generation<'_> {
-    /// The prompt's token ids.
-    pub fn prompt_ids(&self) -> &[u32] {
-        &self.prompt_ids
-    }
-
-    /// Generated ids so far.
-    pub fn ids(&self) -> &[u32] {
-        &self.d.ids
-    }
-
-    /// Generated text so far (up to any stop string).
-    pub fn text(&self) -> &str {
-        &self.d.text
-    }
-
-    /// Why it ended, once it has.
-    pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.d.finish
-    }
-
-    /// Figures so far.
-    pub fn stats(&self) -> GenerationStats {
-        stats_since(
-            &self.session.engine,
-            &self.stats,
-            &self.expert0,
-            self.trunk0,
-            &self.session.state,
-        )
-    }
-
-    /// Logits of every prompt position then of every step, `[rows, vocab]` (with
-    /// `keep_logits`).
-    pub fn logits(&self) -> Vec<f32> {
-        let mut v = self.prompt_logits.clone();
-        v.extend_from_slice(&self.step_logits);
-        v
-    }
-
-    /// Runs to the end, returning the text.
-    pub fn run(&mut self) -> Result<String, Error> {
-        for t in self.by_ref() {
-            t?;
-        }
-        Ok(self.d.text.clone())
-    }
-
-    fn step(&mut self) -> Result<Option<Token>, Error> {
-        if self.d.finish.is_some() {
-            return Ok(None);
-        }
-        if self.d.ids.len() >= self.d.opts.max_tokens {
-            return Ok(self.finish_with(FinishReason::Length));
-        }
-        let Some(mut logits) = self.next_logits.take() else {
-            return Ok(None);
-        };
-        let t0 = Instant::now();
-        if self.d.opts.keep_logits {
-            self.step_logits.extend_from_slice(&logits);
-        }
-        let engine = self.session.engine.clone();
-        let id = match self
-            .d
-            .choose(&mut logits, &self.session.history, engine.eos_ids())
-        {
-            crate::decoding::Choice::Finish(r) => {
-                self.stats.decode_seconds += t0.elapsed().as_secs_f64();
-                return Ok(self.finish_with(r));
-            }
-            crate::decoding::Choice::Token(id) => id,
-        };
-        self.stats.decode_tokens += 1;
-        // Compute the next position's logits unless this was the last token — or the last that
-        // fits: with the context full the generation ends here with `length` (issue 18).
-        let context_full =
-            self.d.wants_more() && self.session.state.pos() >= engine.inner.model.max_positions();
-        if self.d.wants_more() && !context_full {
-            let l = engine
-                .inner
-                .model
-                .forward(&mut self.session.state, &[id], Logits::Last)?;
-            self.next_logits = Some(l);
-        }
-        self.session.history.push(id);
-        let mut delta = self.d.emit(engine.tokenizer(), id)?;
-        if self.d.finish.is_some() {
-            self.next_logits = None;
-            self.count_finished();
-        } else if context_full && let Some(rest) = self.finish_with(FinishReason::Length) {
-            delta.push_str(&rest.text);
-        }
-        self.stats.decode_seconds += t0.elapsed().as_secs_f64();
-        Ok(Some(Token {
-            id: Some(id),
-            text: delta,
-        }))
-    }
-
-    fn count_finished(&self) {
-        if let Ok(mut s) = self.session.engine.inner.stats.lock() {
-            s.generations += 1;
-            s.prefill_tokens += self.stats.prefill_tokens as u64;
-            s.decode_tokens += self.stats.decode_tokens as u64;
-        }
-    }
-
-    fn finish_with(&mut self, r: FinishReason) -> Option<Token> {
-        self.next_logits = None;
-        let engine = self.session.engine.clone();
-        let rest = self.d.finish(r, engine.tokenizer());
-        self.count_finished();
-        if rest.is_empty() {
-            None
-        } else {
-            Some(Token {
-                id: None,
-                text: rest,
-            })
-        }
-    }
-}
-
-impl Iterator for Generation<'_> {
-    type Item = Result<Token, Error>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.d.finish.is_none() && self.next_logits.is_none() && !self.d.wants_more() {
-            // max_tokens reached: the last token needed no further logits.
-            return self.finish_with(FinishReason::Length).map(Ok);
-        }
-        match self.step() {
-            Ok(Some(t)) => Some(Ok(t)),
-            Ok(None) => None,
-            Err(e) => {
-                self.d.finish = Some(FinishReason::Length);
-                self.next_logits = None;
-                Some(Err(e))
-            }
-        }
-    }
 }
 
 /// The most compute threads an engine starts, and the cores it is reckoned from: 8 × the

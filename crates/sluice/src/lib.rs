@@ -22,34 +22,30 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
-mod chat;
 mod decoding;
-pub mod doctor;
 mod engine;
-mod inspect;
-pub mod pack;
+mod generate;
 #[cfg(feature = "server")]
 pub mod server;
-pub mod tiktoken;
-mod tokenizer;
+mod session;
+mod stats;
+pub mod tools;
 
-pub use chat::{ChatTemplate, Message};
-pub use engine::{
-    Engine, EngineBuilder, EngineStats, FinishReason, GenerateOptions, Generation, GenerationStats,
-    Memory, PrefillChunkStats, Prompt, Session, Token, max_threads, peak_rss_bytes, resolve_memory,
-};
-pub use inspect::{Inspection, PlanSummary, inspect};
+// The API a program running models needs; the tools' helpers (doctor, inspect, pack, synth,
+// trace replay) live in `tools`.
+pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
+pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
+pub use generate::{FinishReason, GenerateOptions, Token};
+pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
-pub use sluice_model::synth::{ExpertFormat, SynthSpec};
-pub use sluice_model::{Description, ModelConfig};
-pub use sluice_model::{MemoryPlan, plan::fmt_bytes};
-
+pub use sluice_model::{Description, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
     ExpertStats, IoMode, Key as ExpertKey, PREFETCH_PRECISION, Policy, PolicyChoice, PolicyFactory,
-    SimResult, TraceEvent, belady, read_trace, simulate, write_trace,
+    TraceEvent,
 };
-pub use tokenizer::{StreamDecoder, Tokenizer};
+pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
+pub use stats::{EngineStats, GenerationStats, PrefillChunkStats, peak_rss_bytes};
 
 use std::path::PathBuf;
 
@@ -57,7 +53,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The caller asked for something impossible (bad option, missing directory).
+    /// The caller asked for something impossible (bad option, missing directory). Only for
+    /// the caller's input: failures while running have variants of their own.
     #[error("{0}")]
     Usage(String),
     /// A file could not be read.
@@ -96,6 +93,28 @@ pub enum Error {
     /// The expert store failed.
     #[error(transparent)]
     Store(#[from] sluice_store::StoreError),
+    /// The batcher's worker has stopped (the batcher is being dropped, or its thread ended
+    /// abnormally), so it takes no more jobs and a job in flight gets no result. A failure
+    /// while running, not the caller's input.
+    #[error("the batcher has stopped: its worker thread is no longer running")]
+    BatcherStopped,
+    /// A thread the engine needs could not be started.
+    #[error("cannot start the {name} thread: {source}")]
+    Thread {
+        /// The thread's name.
+        name: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The server could not listen on its address (in use, not this machine's, not
+    /// permitted).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
     /// More sequences (sessions, batch slots) than the memory plan holds state for.
     #[error(
         "the memory plan holds the KV cache of {planned} sequences inside the budget and {open} are in use, so {wanted} more do not fit: drop a session or batcher, or build the engine for more (EngineBuilder::sequences, --batch-size)"
@@ -108,6 +127,20 @@ pub enum Error {
         /// Sequences the plan holds.
         planned: usize,
     },
+}
+
+impl From<sluice_text::Error> for Error {
+    fn from(e: sluice_text::Error) -> Error {
+        use sluice_text::Error as T;
+        match e {
+            T::Tokenizer { path, msg } => Error::Tokenizer { path, msg },
+            T::Template { path, msg } => Error::Template { path, msg },
+            T::Format(f) => Error::Format(f),
+            // A prompt too long for the context is the caller's input.
+            e @ T::PromptTooLong { .. } => Error::Usage(e.to_string()),
+            e => Error::Usage(e.to_string()),
+        }
+    }
 }
 
 impl Error {
@@ -139,7 +172,50 @@ impl Error {
                     | M::ContextFull { .. }
                     | M::NonFinite { .. }
             ),
-            Error::Io { .. } => false,
+            Error::Io { .. }
+            | Error::BatcherStopped
+            | Error::Thread { .. }
+            | Error::Listen { .. } => false,
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn runtime_failures_are_not_input_errors() {
+        // The CLI exits 2 for input errors and 1 for the rest: a stopped batcher, a thread
+        // that would not start or an address it cannot listen on are not bad flags.
+        assert!(Error::Usage("bad flag".into()).is_input_error());
+        assert!(!Error::BatcherStopped.is_input_error());
+        let io = || std::io::Error::other("x");
+        assert!(
+            !Error::Thread {
+                name: "sluice-batcher",
+                source: io()
+            }
+            .is_input_error()
+        );
+        assert!(
+            !Error::Listen {
+                addr: ([127, 0, 0, 1], 1).into(),
+                source: io()
+            }
+            .is_input_error()
+        );
+        // A prompt too long for the context is the caller's input.
+        let long = sluice_text::Error::PromptTooLong {
+            bytes: 10,
+            context: 1,
+            max: 2,
+        };
+        assert!(Error::from(long).is_input_error());
+    }
+}
+
+/// README.md's library example compiles against this crate (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;

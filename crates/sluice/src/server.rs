@@ -20,9 +20,9 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::batch::{Batcher, Event, Finished, OwnedPrompt};
-use crate::chat::Message;
-use crate::engine::{FinishReason, GenerateOptions};
+use crate::generate::{FinishReason, GenerateOptions};
 use crate::{Engine, Error};
+use sluice_text::Message;
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -570,7 +570,7 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
         let addr = opts.addr;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| Error::Usage(format!("cannot listen on {addr}: {e}")))?;
+            .map_err(|source| Error::Listen { addr, source })?;
         let local = listener.local_addr().map_err(|e| Error::Io {
             path: "socket".into(),
             source: e,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sluice::SynthSpec;
+use sluice::tools::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
 
 /// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
@@ -65,7 +65,7 @@ fn pack_then_run_equals_direct_run() {
         let before = snapshot(&src);
         let out = tmp.path().join(name.replace('/', "-"));
         let mut calls = 0;
-        let r = sluice::pack::pack(&src, &out, false, &mut |done, total| {
+        let r = sluice::tools::pack::pack(&src, &out, false, &mut |done, total| {
             assert!(done <= total);
             calls += 1;
         })
@@ -113,7 +113,7 @@ fn pack_then_run_equals_direct_run() {
 fn a_corrupt_byte_is_caught_at_load_naming_the_layer() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("p");
-    sluice::pack::pack(&fixture("deepseek_v3-fp32"), &out, false, &mut |_, _| {}).unwrap();
+    sluice::tools::pack::pack(&fixture("deepseek_v3-fp32"), &out, false, &mut |_, _| {}).unwrap();
     let m = sluice_format::packed::Manifest::read(&out).unwrap();
     let part = m.part("layer.2").unwrap();
     let trunk = out.join("trunk.bin");
@@ -154,14 +154,14 @@ fn refusals() {
     let tmp = tempfile::tempdir().unwrap();
     let src = fixture("deepseek_v3-fp32");
     let out = tmp.path().join("p");
-    sluice::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
+    sluice::tools::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
     // An existing pack is not overwritten without --force.
-    let e = sluice::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap_err();
+    let e = sluice::tools::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap_err();
     assert!(e.to_string().contains("--force"), "{e}");
-    assert!(sluice::pack::pack(&src, &out, true, &mut |_, _| {}).is_ok());
+    assert!(sluice::tools::pack::pack(&src, &out, true, &mut |_, _| {}).is_ok());
     // A pack of a pack, and a pack inside the source, are refused.
-    assert!(sluice::pack::pack(&out, &tmp.path().join("q"), false, &mut |_, _| {}).is_err());
-    assert!(sluice::pack::pack(&src, &src.join("pack"), false, &mut |_, _| {}).is_err());
+    assert!(sluice::tools::pack::pack(&out, &tmp.path().join("q"), false, &mut |_, _| {}).is_err());
+    assert!(sluice::tools::pack::pack(&src, &src.join("pack"), false, &mut |_, _| {}).is_err());
     assert!(!src.join("pack").exists());
 }
 
@@ -181,7 +181,7 @@ fn a_changed_source_is_refused() {
     .write(&src)
     .unwrap();
     let out = tmp.path().join("p");
-    sluice::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
+    sluice::tools::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
     assert!(logits(&out, None).is_ok());
     let shard = src.join("model-00002-of-00004.safetensors");
     let mut b = std::fs::read(&shard).unwrap();
@@ -219,7 +219,7 @@ fn force_never_deletes_what_pack_did_not_write() {
         (tmp.path().join("link"), true),
         (tmp.path().to_path_buf(), true),
     ] {
-        let e = sluice::pack::pack(&src, &out, force, &mut |_, _| {}).unwrap_err();
+        let e = sluice::tools::pack::pack(&src, &out, force, &mut |_, _| {}).unwrap_err();
         assert!(
             matches!(e, sluice::Error::Usage(_)),
             "{}: {e}",
@@ -232,7 +232,7 @@ fn force_never_deletes_what_pack_did_not_write() {
             out.display()
         );
     }
-    let e = sluice::pack::pack(&src, &dir, true, &mut |_, _| {})
+    let e = sluice::tools::pack::pack(&src, &dir, true, &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("lies inside the output"), "{e}");
@@ -241,7 +241,7 @@ fn force_never_deletes_what_pack_did_not_write() {
     let user = tmp.path().join("notes");
     std::fs::create_dir(&user).unwrap();
     std::fs::write(user.join("thesis.txt"), b"years of work").unwrap();
-    let e = sluice::pack::pack(&src, &user, true, &mut |_, _| {})
+    let e = sluice::tools::pack::pack(&src, &user, true, &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("thesis.txt") && e.contains("--force"), "{e}");
@@ -252,12 +252,12 @@ fn force_never_deletes_what_pack_did_not_write() {
     // Nor is a user's file at OUT replaced, nor a directory with a fake manifest.
     let file = tmp.path().join("file");
     std::fs::write(&file, b"mine").unwrap();
-    assert!(sluice::pack::pack(&src, &file, true, &mut |_, _| {}).is_err());
+    assert!(sluice::tools::pack::pack(&src, &file, true, &mut |_, _| {}).is_err());
     assert_eq!(std::fs::read(&file).unwrap(), b"mine");
     let fake = tmp.path().join("fake");
     std::fs::create_dir(&fake).unwrap();
     std::fs::write(fake.join("sluice-trunk.json"), b"{}").unwrap();
-    let e = sluice::pack::pack(&src, &fake, true, &mut |_, _| {})
+    let e = sluice::tools::pack::pack(&src, &fake, true, &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("manifest"), "{e}");
@@ -265,17 +265,17 @@ fn force_never_deletes_what_pack_did_not_write() {
 
     // A pack sluice wrote is replaced with --force; a file added to it makes it the user's.
     let out = tmp.path().join("p");
-    sluice::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
-    sluice::pack::pack(&src, &out, true, &mut |_, _| {}).unwrap();
+    sluice::tools::pack::pack(&src, &out, false, &mut |_, _| {}).unwrap();
+    sluice::tools::pack::pack(&src, &out, true, &mut |_, _| {}).unwrap();
     std::fs::write(out.join("my-notes.txt"), b"keep").unwrap();
-    assert!(sluice::pack::pack(&src, &out, true, &mut |_, _| {}).is_err());
+    assert!(sluice::tools::pack::pack(&src, &out, true, &mut |_, _| {}).is_err());
     assert_eq!(std::fs::read(out.join("my-notes.txt")).unwrap(), b"keep");
 
     // A directory that happens to have the partial pack's name but is not one stays.
     let stray = tmp.path().join(".q.sluice-partial");
     std::fs::create_dir(&stray).unwrap();
     std::fs::write(stray.join("data"), b"x").unwrap();
-    let e = sluice::pack::pack(&src, &tmp.path().join("q"), false, &mut |_, _| {})
+    let e = sluice::tools::pack::pack(&src, &tmp.path().join("q"), false, &mut |_, _| {})
         .unwrap_err()
         .to_string();
     assert!(e.contains("not removed"), "{e}");

@@ -3,7 +3,7 @@
 //! The fixtures under `testdata/tokenizers/` were made by `tools/reference/tokenizer_fixtures.py`
 //! (see the README there): ids and decodes from the `tokenizers` and `tiktoken` packages, renders
 //! from transformers' `apply_chat_template`. These tests load the same files through
-//! `sluice::Tokenizer` and `sluice::ChatTemplate` and demand identical output, and check that
+//! `sluice_text::Tokenizer` and `sluice_text::ChatTemplate` and demand identical output, and check that
 //! `StreamDecoder` never emits text it would later have to take back.
 
 use std::io::Read as _;
@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::Value;
-use sluice::{ChatTemplate, Message, StreamDecoder, Tokenizer};
+use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
 const TOKENIZERS: [&str; 4] = ["deepseek_v3", "kimi_o200k", "bpe_small", "spm_small"];
 

@@ -127,11 +127,11 @@ impl Tokenizer {
             .saturating_mul(self.max_token_bytes)
             .saturating_mul(2);
         if text.len() > max {
-            return Err(Error::Usage(format!(
-                "a prompt of {} bytes cannot fit the context of {context} tokens (at most {max} \
-                 bytes with this tokenizer); it is refused before tokenizing",
-                text.len()
-            )));
+            return Err(Error::PromptTooLong {
+                bytes: text.len(),
+                context,
+                max,
+            });
         }
         Ok(())
     }

@@ -124,7 +124,7 @@ pub struct DoctorReport {
     /// The best direct read bandwidth measured, GB/s (buffered when direct never ran).
     pub disk_gbps: f64,
     /// With a model: the plan `--memory auto` gives it.
-    pub model_plan: Option<crate::Inspection>,
+    pub model_plan: Option<crate::tools::inspect::Inspection>,
 }
 
 fn meminfo(key: &str) -> u64 {
@@ -248,7 +248,7 @@ pub fn expert_read_bandwidth(
     direct: bool,
     seconds: f64,
 ) -> Result<ReadFigure, Error> {
-    let i = crate::inspect(dir, Memory::Unlimited, 1, 1)?;
+    let i = crate::tools::inspect::inspect(dir, Memory::Unlimited, 1, 1)?;
     let probe = ReadProbe {
         block: i.bytes_per_expert.max(4096) as usize,
         depth,
@@ -308,7 +308,7 @@ pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<Do
                 progress(&format!(
                     "{} reads of {} at depth {depth}",
                     if direct { "direct" } else { "buffered" },
-                    crate::fmt_bytes(block as u64)
+                    crate::tools::fmt_bytes(block as u64)
                 ));
                 let f = measure_reads(
                     &paths,
@@ -338,7 +338,7 @@ pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<Do
         best("buffered")
     };
     let model_plan = match &opts.model {
-        Some(m) => Some(crate::inspect(m, Memory::Auto, 4096, 64)?),
+        Some(m) => Some(crate::tools::inspect::inspect(m, Memory::Auto, 4096, 64)?),
         None => None,
     };
     Ok(DoctorReport {

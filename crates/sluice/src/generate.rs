@@ -1,0 +1,297 @@
+//! The one generation loop, shared by [`Session`](crate::Session) and the continuous batcher
+//! ([`crate::batch::Batcher`]): the options, the chunked prefill, one decode step (sampler,
+//! end-of-sequence, stop strings, streaming decode, finish reasons) and the figures.
+//!
+//! A caller owns the sequence's state and history and runs the model's forward pass for the
+//! decode steps itself — a session one sequence at a time, the batcher all its sequences in one
+//! batched pass — but everything a sequence decides between two passes happens here, so a
+//! sequence gives the same tokens, text, finish reason and figures either way.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use sluice_model::{Logits, State};
+use sluice_sampler::SamplingOptions;
+use sluice_store::ExpertStats;
+
+use crate::Error;
+use crate::decoding::{Choice, Decoding};
+use crate::engine::Engine;
+use crate::stats::{GenerationStats, PrefillChunkStats, stats_since};
+
+/// How to generate.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingOptions,
+    /// Strings that end the generation (not included in the text).
+    pub stop: Vec<String>,
+    /// Stop at the model's end-of-sequence tokens.
+    pub stop_at_eos: bool,
+    /// Prompt tokens per prefill chunk (at least 1).
+    ///
+    /// Under a memory budget the scratch is planned for the engine's chunk
+    /// ([`EngineBuilder::prefill_chunk`](crate::EngineBuilder::prefill_chunk), see
+    /// [`Engine::prefill_chunk`]); a larger value is clamped to it, so that no caller can take
+    /// more scratch than the budget holds. Chunking never changes the output, so the clamp
+    /// changes only the prefill's figures ([`GenerationStats::prefill_chunks`]). With
+    /// [`Memory::Unlimited`](crate::Memory::Unlimited) the value is used as given.
+    pub prefill_chunk: usize,
+    /// Keep every row of logits (prompt positions and each step) in the result.
+    pub keep_logits: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_tokens: 128,
+            sampling: SamplingOptions::default(),
+            stop: Vec::new(),
+            stop_at_eos: true,
+            prefill_chunk: 64,
+            keep_logits: false,
+        }
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` reached.
+    Length,
+    /// An end-of-sequence token.
+    Eos,
+    /// A stop string.
+    Stop,
+}
+
+/// One step of a generation: a generated token and the text it completes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Token {
+    /// The token's id; `None` for the last item of a generation when it only releases text
+    /// that was held back (a partial stop string, or bytes of an unfinished character).
+    pub id: Option<u32>,
+    /// The text it completes (whole UTF-8 characters; may be empty).
+    pub text: String,
+}
+
+/// The checks every generation's options pass before any work: sampling in range, stop
+/// strings non-empty, a prefill chunk of at least one token.
+pub(crate) fn check_options(opts: &GenerateOptions) -> Result<(), Error> {
+    opts.sampling.validate()?;
+    crate::decoding::check_stops(&opts.stop)?;
+    if opts.prefill_chunk == 0 {
+        return Err(Error::Usage("prefill_chunk must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The prefill chunk a generation uses: the one asked for, but under a memory budget never
+/// more than the chunk the plan's scratch was made for.
+pub(crate) fn prefill_chunk(engine: &Engine, asked: usize) -> usize {
+    match engine.budget() {
+        Some(_) => asked.min(engine.prefill_chunk()),
+        None => asked,
+    }
+}
+
+/// What one decode step produced.
+pub(crate) enum Step {
+    /// The generation ended without a token (end-of-sequence, `max_tokens`); the text it
+    /// released, if any.
+    End(Option<Token>),
+    /// A generated token. `feed`: the sequence goes on, so the caller must run the model on the
+    /// token for the next position's logits. When it does not, the sequence has either finished
+    /// (a stop string, the context full) or reached `max_tokens` and ends at the next
+    /// [`Seq::end`].
+    Token {
+        /// The token and the text it completes.
+        token: Token,
+        /// Whether the next logits are needed.
+        feed: bool,
+    },
+}
+
+/// One sequence's generation between prefill and the end: its decoding state and figures.
+pub(crate) struct Seq {
+    pub(crate) d: Decoding,
+    stats: GenerationStats,
+    expert0: ExpertStats,
+    trunk0: u64,
+    /// Whether the engine's totals have this generation.
+    counted: bool,
+}
+
+/// A prefilled sequence: its generation, the logits of its last position, and (with
+/// `keep_logits`) those of every prompt position.
+pub(crate) struct Prefilled {
+    pub(crate) seq: Seq,
+    pub(crate) last: Vec<f32>,
+    pub(crate) prompt_logits: Vec<f32>,
+}
+
+/// Runs `feed` through the model in chunks, appending each chunk to `history` once it is in
+/// `state`, and starts the sequence's generation.
+pub(crate) fn prefill(
+    engine: &Engine,
+    state: &mut State,
+    history: &mut Vec<u32>,
+    feed: &[u32],
+    opts: &GenerateOptions,
+    keep_logits: bool,
+) -> Result<Prefilled, Error> {
+    let d = Decoding::new(opts)?;
+    let model = engine.model();
+    let t0 = Instant::now();
+    let expert0 = model.experts().stats();
+    let trunk0 = model.trunk_bytes_read();
+    let cache0 = model.experts().capacity();
+    let chunk = prefill_chunk(engine, opts.prefill_chunk);
+    let mut prompt_logits = Vec::new();
+    let mut last = Vec::new();
+    let mut chunk_stats = Vec::new();
+    let n_chunks = feed.len().div_ceil(chunk);
+    for (ci, part) in feed.chunks(chunk).enumerate() {
+        let (c0, e0) = (Instant::now(), model.experts().stats());
+        let want = if keep_logits {
+            Logits::All
+        } else if ci + 1 == n_chunks {
+            Logits::Last
+        } else {
+            Logits::None
+        };
+        let l = model.forward(state, part, want)?;
+        let e1 = model.experts().stats();
+        chunk_stats.push(PrefillChunkStats {
+            tokens: part.len(),
+            seconds: c0.elapsed().as_secs_f64(),
+            expert_requests: e1.requests - e0.requests,
+            expert_hits: e1.hits - e0.hits,
+            experts_touched: e1.touched - e0.touched,
+            expert_touched_bytes: e1.touched_bytes - e0.touched_bytes,
+            expert_bytes_read: e1.bytes_read - e0.bytes_read,
+        });
+        history.extend_from_slice(part);
+        if ci + 1 == n_chunks {
+            let v = model.config().vocab;
+            last = l[l.len() - v..].to_vec();
+        }
+        if keep_logits {
+            prompt_logits.extend(l);
+        }
+    }
+    let stats = GenerationStats {
+        prefill_tokens: feed.len(),
+        prefill_seconds: t0.elapsed().as_secs_f64(),
+        prefill_expert_bytes_read: model.experts().stats().bytes_read - expert0.bytes_read,
+        prefill_trunk_bytes_read: model.trunk_bytes_read() - trunk0,
+        prefill_chunks: chunk_stats,
+        io_mode: model.io_mode().name().to_owned(),
+        memory_budget_bytes: engine.budget().unwrap_or(0),
+        expert_cache_start_bytes: cache0,
+        policy: model.experts().policy_name(),
+        threads: model.threads(),
+        isa: model.isa().name().to_owned(),
+        ..Default::default()
+    };
+    Ok(Prefilled {
+        seq: Seq {
+            d,
+            stats,
+            expert0,
+            trunk0,
+            counted: false,
+        },
+        last,
+        prompt_logits,
+    })
+}
+
+impl Seq {
+    /// One decode step from the logits of the sequence's next position: picks the token
+    /// (appending it to `history`), decodes its text and applies stop strings. `pos` is the
+    /// number of positions `state` holds before the token is fed.
+    pub(crate) fn step(
+        &mut self,
+        engine: &Engine,
+        logits: &mut [f32],
+        history: &mut Vec<u32>,
+        pos: usize,
+    ) -> Result<Step, Error> {
+        let t0 = Instant::now();
+        let r = self.pick(engine, logits, history, pos);
+        self.stats.decode_seconds += t0.elapsed().as_secs_f64();
+        r
+    }
+
+    fn pick(
+        &mut self,
+        engine: &Engine,
+        logits: &mut [f32],
+        history: &mut Vec<u32>,
+        pos: usize,
+    ) -> Result<Step, Error> {
+        if self.d.finish.is_some() {
+            return Ok(Step::End(None));
+        }
+        let id = match self.d.choose(logits, history, engine.eos_ids()) {
+            Choice::Finish(r) => return Ok(Step::End(self.end(engine, r))),
+            Choice::Token(id) => id,
+        };
+        self.stats.decode_tokens += 1;
+        // With the context full the generation ends at this token with `length` (issue 18).
+        let context_full = self.d.wants_more() && pos >= engine.model().max_positions();
+        history.push(id);
+        let mut text = self.d.emit(engine.tokenizer(), id)?;
+        if self.d.finish.is_some() {
+            // A stop string: what followed it is dropped, nothing more to release.
+            self.count(engine);
+        } else if context_full && let Some(rest) = self.end(engine, FinishReason::Length) {
+            text.push_str(&rest.text);
+        }
+        Ok(Step::Token {
+            token: Token { id: Some(id), text },
+            feed: self.d.wants_more(),
+        })
+    }
+
+    /// Ends the generation (unless it has ended already) and returns the text held back: a
+    /// partial stop string, an unfinished character.
+    pub(crate) fn end(&mut self, engine: &Engine, r: FinishReason) -> Option<Token> {
+        if self.d.finish.is_some() {
+            return None;
+        }
+        let rest = self.d.finish(r, engine.tokenizer());
+        self.count(engine);
+        (!rest.is_empty()).then_some(Token {
+            id: None,
+            text: rest,
+        })
+    }
+
+    /// Marks the generation failed: it ends without counting.
+    pub(crate) fn fail(&mut self) {
+        self.d.finish = Some(FinishReason::Length);
+    }
+
+    /// Adds time spent on the sequence's forward pass to its decode time.
+    pub(crate) fn add_decode_seconds(&mut self, s: f64) {
+        self.stats.decode_seconds += s;
+    }
+
+    /// Figures so far.
+    pub(crate) fn stats(&self, engine: &Engine, state: &State) -> GenerationStats {
+        stats_since(engine, &self.stats, &self.expert0, self.trunk0, state)
+    }
+
+    /// Adds the finished generation to the engine's totals, once.
+    fn count(&mut self, engine: &Engine) {
+        if !self.counted {
+            self.counted = true;
+            engine.count_generation(&self.stats);
+        }
+    }
+}

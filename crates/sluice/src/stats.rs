@@ -1,0 +1,147 @@
+//! The figures of a generation and the engine's totals, assembled in one place for sessions
+//! and the batcher.
+
+use serde::Serialize;
+use sluice_model::State;
+use sluice_store::ExpertStats;
+
+use crate::engine::Engine;
+
+/// Totals over the engine's life.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct EngineStats {
+    /// Generations run.
+    pub generations: u64,
+    /// Prompt tokens processed.
+    pub prefill_tokens: u64,
+    /// Tokens generated.
+    pub decode_tokens: u64,
+}
+
+/// Figures of one generation. Expert and I/O counters are the engine's counters over the
+/// generation's span (with concurrent sessions they include the others' work).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct GenerationStats {
+    /// Prompt tokens processed.
+    pub prefill_tokens: usize,
+    /// Seconds spent on the prompt.
+    pub prefill_seconds: f64,
+    /// Tokens generated.
+    pub decode_tokens: usize,
+    /// Seconds spent generating.
+    pub decode_seconds: f64,
+    /// Routed experts asked for.
+    pub expert_requests: u64,
+    /// Of those, found in memory.
+    pub expert_hits: u64,
+    /// Of the hits, experts resident before the step that used them (not brought in by that
+    /// step's prefetch).
+    pub expert_resident_hits: u64,
+    /// Bytes of experts read from disk.
+    pub expert_bytes_read: u64,
+    /// Bytes of trunk read from disk while generating.
+    pub trunk_bytes_read: u64,
+    /// Buffer bytes of the distinct experts each forward step asked for, summed over steps: what
+    /// a cold cache would have to read at least.
+    pub expert_touched_bytes: u64,
+    /// Of `expert_bytes_read`, bytes read during the prompt.
+    pub prefill_expert_bytes_read: u64,
+    /// Of `trunk_bytes_read`, bytes read during the prompt.
+    pub prefill_trunk_bytes_read: u64,
+    /// Each prefill chunk's figures.
+    pub prefill_chunks: Vec<PrefillChunkStats>,
+    /// Seconds spent waiting on expert reads.
+    pub io_seconds: f64,
+    /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
+    pub prefetch_recall: f64,
+    /// Experts read by lookahead prefetch.
+    pub prefetch_reads: u64,
+    /// Requests served by an expert a prefetch read during the same step.
+    pub prefetch_hits: u64,
+    /// Experts evicted from the cache.
+    pub expert_evictions: u64,
+    /// `direct` or `buffered`.
+    pub io_mode: String,
+    /// Peak resident memory of the process so far.
+    pub peak_rss_bytes: u64,
+    /// The memory budget (0: unlimited).
+    pub memory_budget_bytes: u64,
+    /// Bytes the expert cache could hold when the generation began (the pool less every
+    /// sequence's KV pages then).
+    pub expert_cache_start_bytes: u64,
+    /// The same when the figures were taken: lower when this or another sequence's KV cache
+    /// grew, higher when a sequence ended.
+    pub expert_cache_end_bytes: u64,
+    /// Bytes of this sequence's KV cache when the figures were taken (whole pages).
+    pub kv_cache_bytes: u64,
+    /// Expert-cache policy.
+    pub policy: String,
+    /// Compute threads.
+    pub threads: usize,
+    /// Instruction set.
+    pub isa: String,
+}
+
+/// Figures of one prefill chunk (one forward step).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PrefillChunkStats {
+    /// Tokens in the chunk.
+    pub tokens: usize,
+    /// Seconds it took.
+    pub seconds: f64,
+    /// Routed experts asked for.
+    pub expert_requests: u64,
+    /// Of those, found in memory.
+    pub expert_hits: u64,
+    /// Distinct experts asked for.
+    pub experts_touched: u64,
+    /// Their buffer bytes.
+    pub expert_touched_bytes: u64,
+    /// Expert bytes read from disk during the chunk (demand and prefetch).
+    pub expert_bytes_read: u64,
+}
+
+/// Peak resident set size of this process (`VmHWM`), 0 where unknown.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Counters of `now` since `then`, with the engine's figures filled in.
+pub(crate) fn stats_since(
+    engine: &Engine,
+    base: &GenerationStats,
+    expert0: &ExpertStats,
+    trunk0: u64,
+    state: &State,
+) -> GenerationStats {
+    let mut s = base.clone();
+    let now = engine.expert_stats();
+    s.expert_cache_end_bytes = engine.model().experts().capacity();
+    s.kv_cache_bytes = state.kv_bytes();
+    s.trunk_bytes_read = engine.model().trunk_bytes_read() - trunk0;
+    s.expert_requests = now.requests - expert0.requests;
+    s.expert_hits = now.hits - expert0.hits;
+    s.expert_resident_hits = now.resident_hits - expert0.resident_hits;
+    s.expert_bytes_read = now.bytes_read - expert0.bytes_read;
+    s.expert_touched_bytes = now.touched_bytes - expert0.touched_bytes;
+    s.prefetch_reads = now.prefetch_reads - expert0.prefetch_reads;
+    s.prefetch_hits = now.prefetch_hits - expert0.prefetch_hits;
+    s.expert_evictions = now.evictions - expert0.evictions;
+    s.io_seconds = now.wait_seconds - expert0.wait_seconds;
+    let checked = now.prefetch_checked - expert0.prefetch_checked;
+    s.prefetch_recall = if checked == 0 {
+        0.0
+    } else {
+        (now.prefetch_predicted - expert0.prefetch_predicted) as f64 / checked as f64
+    };
+    s.peak_rss_bytes = peak_rss_bytes();
+    s
+}

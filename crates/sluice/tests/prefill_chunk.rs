@@ -1,0 +1,72 @@
+//! `GenerateOptions::prefill_chunk` under a memory budget never exceeds the chunk the plan's
+//! scratch was made for: a larger one is clamped (the output is the same whatever the chunk),
+//! in sessions and in the batcher alike. Without a budget it is used as given.
+
+mod common;
+
+use common::demo;
+use sluice::batch::{Batcher, OwnedPrompt};
+use sluice::{Engine, GenerateOptions, Memory, Prompt};
+
+const PROMPT: &str = "It is a truth universally acknowledged, that a single man in possession";
+
+fn opts() -> GenerateOptions {
+    GenerateOptions {
+        max_tokens: 8,
+        stop_at_eos: false,
+        // Far more than the engine below planned its scratch for.
+        prefill_chunk: 64,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_larger_prefill_chunk_is_clamped_to_the_planned_one_under_a_budget() {
+    let planned = 4;
+    let builder = || {
+        Engine::builder()
+            .model(demo())
+            .threads(1)
+            .prefill_chunk(planned)
+    };
+    let budget = 2 * common::minimum(builder());
+    let engine = builder().memory(Memory::Bytes(budget)).build().unwrap();
+    assert_eq!(engine.prefill_chunk(), planned);
+    let n = engine.encode(&Prompt::Text(PROMPT)).unwrap().len();
+    assert!(
+        n > planned,
+        "the prompt must need more than one planned chunk"
+    );
+
+    let unlimited = builder().build().unwrap();
+    let (want, chunks) = {
+        let mut s = unlimited.session().unwrap();
+        let mut g = s.generate(Prompt::Text(PROMPT), &opts()).unwrap();
+        g.run().unwrap();
+        (g.ids().to_vec(), g.stats().prefill_chunks)
+    };
+    // Unlimited memory: the chunk asked for, one pass over the whole prompt.
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].tokens, n);
+
+    let check = |what: &str, ids: &[u32], chunks: &[sluice::PrefillChunkStats]| {
+        assert_eq!(ids, &want[..], "{what}: the clamp changes no token");
+        assert_eq!(chunks.len(), n.div_ceil(planned), "{what}");
+        assert!(
+            chunks.iter().all(|c| c.tokens <= planned),
+            "{what}: chunks of {:?} tokens, planned {planned}",
+            chunks.iter().map(|c| c.tokens).collect::<Vec<_>>()
+        );
+    };
+    {
+        let mut s = engine.session().unwrap();
+        let mut g = s.generate(Prompt::Text(PROMPT), &opts()).unwrap();
+        g.run().unwrap();
+        check("session", g.ids(), &g.stats().prefill_chunks);
+    }
+    let batcher = Batcher::new(engine, 1).unwrap();
+    let f = batcher
+        .generate(&OwnedPrompt::Text(PROMPT.into()), opts())
+        .unwrap();
+    check("batcher", &f.ids, &f.stats.prefill_chunks);
+}

@@ -198,7 +198,7 @@ fn check(v: &Value) {
     let Ok(c) = ModelConfig::from_json(v, Path::new("config.json")) else {
         return;
     };
-    assert_eq!(c.mlp.len(), c.layers);
+    assert_eq!(c.layer_plan.len(), c.layers);
     // Sizes within the limits: nothing sized by the file is large, no product wraps.
     assert!(c.layers <= MAX_LAYERS, "{} layers", c.layers);
     assert!(c.moe.experts <= MAX_EXPERTS, "{} experts", c.moe.experts);
@@ -215,40 +215,38 @@ fn check(v: &Value) {
     ] {
         assert!(n <= MAX_SIZE, "{what} {n}");
     }
-    for k in &c.mlp {
-        if let MlpKind::Dense { intermediate } = k {
-            assert!(*intermediate <= MAX_SIZE);
+    for p in &c.layer_plan {
+        if let MlpKind::Dense { intermediate } = p.mlp {
+            assert!(intermediate <= MAX_SIZE);
         }
-    }
-    let width = match &c.attention {
-        AttentionConfig::Mla {
-            heads,
-            qk_nope_head_dim,
-            qk_rope_head_dim,
-            v_head_dim,
-            kv_lora_rank,
-            q_lora_rank,
-            ..
-        } => {
-            assert!(*kv_lora_rank <= MAX_SIZE && q_lora_rank.unwrap_or(0) <= MAX_SIZE);
-            heads.checked_mul(qk_nope_head_dim + qk_rope_head_dim + v_head_dim)
-        }
-        AttentionConfig::Gqa {
-            heads, head_dim, ..
-        } => heads.checked_mul(*head_dim),
-    };
-    assert!(
-        width.is_some_and(|w| w <= MAX_SIZE),
-        "attention width {width:?}"
-    );
-    if let Some(k) = &c.kda {
+        // Every kind's widest product is bounded (the config's size check).
+        let (a, b, _, what) = p.attention.widest();
         assert!(
-            k.heads
-                .checked_mul(k.head_dim)
-                .is_some_and(|w| w <= MAX_SIZE)
+            a.checked_mul(b).is_some_and(|w| w <= MAX_SIZE),
+            "{what}: {a} × {b}"
         );
-        assert!(k.conv_kernel <= MAX_SIZE);
-        let _ = (k.state_len(), k.conv_len()); // cannot overflow within the limits
+        let _ = (
+            p.attention.kv_floats(),
+            p.attention.recurrent_floats(),
+            p.attention.scratch_floats(),
+        ); // cannot overflow within the limits
+        match &p.attention {
+            // The rotary part must be even only when it is rotated (Kimi's MLA is NoPE).
+            AttentionConfig::Mla(m) => {
+                assert!(m.kv_lora_rank <= MAX_SIZE && m.q_lora_rank.unwrap_or(0) <= MAX_SIZE);
+                assert!(m.heads > 0 && (!m.rope || m.qk_rope_head_dim % 2 == 0));
+                assert!(m.softmax_scale.is_finite() && m.softmax_scale > 0.0);
+            }
+            AttentionConfig::Gqa(g) => {
+                assert!(g.kv_heads > 0 && g.heads % g.kv_heads == 0 && g.head_dim % 2 == 0);
+                assert!(g.window != Some(0));
+                assert!(g.softmax_scale.is_finite() && g.softmax_scale > 0.0);
+            }
+            AttentionConfig::Kda(k) => {
+                assert!(k.conv_kernel <= MAX_SIZE);
+                let _ = (k.state_len(), k.conv_len());
+            }
+        }
     }
     // Floats used as f32 are finite; epsilon and scaling factors positive.
     assert!(c.eps.is_finite() && c.eps > 0.0, "eps {}", c.eps);
@@ -262,33 +260,7 @@ fn check(v: &Value) {
     assert!(c.vocab > 0 && c.hidden > 0 && c.layers > 0);
     assert!(c.moe.top_k >= 1 && c.moe.top_k <= c.moe.experts);
     assert!(c.rope.theta > 0.0 && c.rope.theta.is_finite());
-    match &c.attention {
-        // The rotary part must be even only when it is rotated (Kimi's MLA is NoPE).
-        AttentionConfig::Mla {
-            heads,
-            qk_rope_head_dim,
-            rope,
-            ..
-        } => assert!(*heads > 0 && (!rope || qk_rope_head_dim % 2 == 0)),
-        AttentionConfig::Gqa {
-            heads,
-            kv_heads,
-            head_dim,
-            sliding_layers,
-            ..
-        } => {
-            assert!(*kv_heads > 0 && heads % kv_heads == 0 && head_dim % 2 == 0);
-            if let Some(s) = sliding_layers {
-                assert_eq!(s.len(), c.layers);
-            }
-        }
-    }
-    assert!(
-        c.softmax_scale.is_finite() && c.softmax_scale > 0.0,
-        "softmax scale {}",
-        c.softmax_scale
-    );
-    if let Some(first) = c.mlp.iter().position(|k| *k == MlpKind::Moe) {
+    if let Some(first) = c.layer_plan.iter().position(|p| p.mlp == MlpKind::Moe) {
         assert!(c.is_moe(first));
     }
 }

@@ -188,6 +188,9 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         println!("  recurrent state   {}", b(p.recurrent));
     }
     println!("  scratch           {}", b(p.scratch));
+    if p.tokenizer > 0 {
+        println!("  tokenizer         {}", b(p.tokenizer));
+    }
     let share = |x: u64| 100.0 * x as f64 / i.expert_bytes.max(1) as f64;
     println!(
         "  at the start      expert cache {} ({} experts, {:.1}% of all), KV cache 0",

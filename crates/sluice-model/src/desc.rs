@@ -66,21 +66,12 @@ impl Description {
     }
 }
 
-/// The plan for `cfg` and `layout` under `opts` (the context capped by the model's maximum).
+/// The plan for `cfg` and `layout` under `opts`.
 pub(crate) fn plan(
     cfg: &ModelConfig,
     layout: &WeightLayout,
     reader: &dyn Reader,
     opts: &ModelOptions,
 ) -> Result<MemoryPlan, ModelError> {
-    let context = opts.context.min(cfg.max_positions).max(1);
-    Ok(MemoryPlan::new(
-        cfg,
-        layout,
-        reader,
-        opts.memory,
-        context,
-        opts.chunk.max(1),
-        opts.sequences,
-    )?)
+    Ok(MemoryPlan::new(cfg, layout, reader, opts)?)
 }

@@ -44,6 +44,9 @@ pub struct ModelOptions {
     /// For a pack directory: verify the packed trunk's checksums (at load, and on every read of
     /// a streamed layer).
     pub verify_pack: bool,
+    /// Bytes of the budget kept for the caller's own use beside the model (the engine's
+    /// tokenizer): planned first, like scratch.
+    pub text_memory: u64,
 }
 
 /// A verifier that checks parts read from a packed trunk against the manifest's checksums
@@ -76,6 +79,7 @@ impl std::fmt::Debug for ModelOptions {
             .field("chunk", &self.chunk)
             .field("verify", &self.verify.is_some())
             .field("verify_pack", &self.verify_pack)
+            .field("text_memory", &self.text_memory)
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl Default for ModelOptions {
             sequences: 1,
             verify: None,
             verify_pack: true,
+            text_memory: 0,
         }
     }
 }

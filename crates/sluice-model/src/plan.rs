@@ -5,6 +5,7 @@ use sluice_store::io::plan_reads;
 use sluice_store::{Piece, Reader, StoreError};
 
 use crate::config::{MlpKind, ModelConfig, Residual};
+use crate::options::ModelOptions;
 use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
@@ -55,6 +56,9 @@ pub struct MemoryPlan {
     pub sequences: usize,
     /// Activations and scratch for a prefill chunk.
     pub scratch: u64,
+    /// Memory the caller keeps for itself inside the budget (the tokenizer: its vocabulary and
+    /// the peak of encoding the longest prompt that can fit; see [`crate::ModelOptions`]).
+    pub text: u64,
     /// Bytes of cached experts at the start (before any KV page is taken), at most all experts.
     pub expert_cache: u64,
     /// Bytes of cached experts when every planned sequence is at full context (never below the
@@ -132,16 +136,21 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
 }
 
 impl MemoryPlan {
-    /// Splits `budget` (None: unlimited) for a model whose bytes `reader` will read.
+    /// Splits `opts.memory` (None: unlimited) for a model whose bytes `reader` will read:
+    /// `opts.context` positions (capped by the model's maximum), prefill chunks of
+    /// `opts.chunk` tokens, `opts.sequences` sequences and `opts.text_memory` kept for the
+    /// caller's tokenizer.
     pub fn new(
         cfg: &ModelConfig,
         layout: &WeightLayout,
         reader: &dyn Reader,
-        budget: Option<u64>,
-        context: usize,
-        chunk: usize,
-        sequences: usize,
+        opts: &ModelOptions,
     ) -> Result<MemoryPlan, StoreError> {
+        let budget = opts.memory;
+        let context = opts.context.min(cfg.max_positions).max(1);
+        let chunk = opts.chunk.max(1);
+        let sequences = opts.sequences;
+        let text = opts.text_memory;
         let sequences = sequences.max(1);
         let footprint = |pieces: &[Piece]| plan_reads(reader, pieces).2 as u64;
         let mut expert_bytes = 0;
@@ -172,7 +181,10 @@ impl MemoryPlan {
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         let scratch = scratch_bytes(cfg, rows) + row_buf;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
-        let fixed = recurrent.saturating_add(scratch).saturating_add(head);
+        let fixed = recurrent
+            .saturating_add(scratch)
+            .saturating_add(head)
+            .saturating_add(text);
         let expert_floor = per_token_expert_bytes.max(expert_bytes);
         // One page of KV cache per sequence, so that the smallest budget still runs a prompt.
         let kv_page = kv_per_position
@@ -188,7 +200,8 @@ impl MemoryPlan {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}; the KV cache ({} per position) grows into what is left",
+                    "tokenizer {} + recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}; the KV cache ({} per position) grows into what is left",
+                    fmt_bytes(text),
                     fmt_bytes(recurrent),
                     fmt_bytes(scratch),
                     fmt_bytes(head),
@@ -265,7 +278,7 @@ impl MemoryPlan {
         let pool = if budget.is_none() {
             u64::MAX
         } else {
-            budget_v - recurrent - scratch - trunk_pinned - ring_bytes
+            budget_v - recurrent - scratch - text - trunk_pinned - ring_bytes
         };
         let expert_cache = pool.min(all_experts);
         let expert_cache_full_context = pool
@@ -294,6 +307,7 @@ impl MemoryPlan {
             context,
             sequences,
             scratch,
+            text,
             expert_cache,
             expert_cache_full_context,
             expert_bytes,

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use sluice_kernels::{Isa, Kernels};
-use sluice_model::{MemoryPlan, Model, ModelOptions, PolicyChoice};
+use sluice_model::{Description, MemoryPlan, Model, ModelOptions, PolicyChoice};
 use sluice_sampler::SamplingOptions;
 use sluice_store::{ExpertStats, TraceEvent};
 use sluice_text::{ChatTemplate, Message, Tokenizer};
@@ -218,6 +218,14 @@ impl EngineBuilder {
             return Err(Error::Usage("sequences must be at least 1".into()));
         }
         let memory = resolve_memory(self.memory)?;
+        let desc = Description::open(&dir)?;
+        let tokenizer = Tokenizer::from_dir(&dir)?;
+        let template = ChatTemplate::from_dir(&dir)?;
+        let text_memory = text_memory(
+            tokenizer.as_ref(),
+            self.context.min(desc.config.max_positions),
+            self.sequences,
+        );
         let opts = ModelOptions {
             kernels,
             threads,
@@ -233,10 +241,9 @@ impl EngineBuilder {
             sequences: self.sequences,
             verify: None,
             verify_pack: self.verify_pack,
+            text_memory,
         };
-        let model = Model::open(&dir, opts)?;
-        let tokenizer = Tokenizer::from_dir(&dir)?;
-        let template = ChatTemplate::from_dir(&dir)?;
+        let model = Model::from_description(desc, opts)?;
         let mut eos = model.config().eos_token_ids.clone();
         let gen_cfg = model.generation_config().cloned();
         if let Some(g) = &gen_cfg
@@ -293,6 +300,15 @@ struct Inner {
     threads: usize,
     stats: Mutex<EngineStats>,
     slots: Arc<Slots>,
+}
+
+/// The memory a budget keeps for the tokenizer, planned inside it like scratch: what the
+/// tokenizer holds and the peak of encoding the longest prompt that can fit `context`
+/// positions, for as many prompts at once as `sequences` (see
+/// [`Tokenizer::memory_bytes`]). Nothing without a tokenizer; counted in the plan's minimum
+/// even when memory is unlimited.
+pub(crate) fn text_memory(tokenizer: Option<&Tokenizer>, context: usize, sequences: usize) -> u64 {
+    tokenizer.map_or(0, |t| t.memory_bytes(context.max(1), sequences))
 }
 
 /// The sequences whose state (KV cache, recurrent state) the memory plan holds inside the

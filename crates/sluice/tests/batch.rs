@@ -2,6 +2,8 @@
 //! of 1, 3 and 8 with different prompts, lengths and sampling options; sequences join and leave;
 //! a cancelled sequence frees its slot.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
@@ -54,7 +56,7 @@ fn batches_of_1_3_and_8_equal_solo_runs() {
     // A budget below the model, so that sequences share expert reads.
     let engine = Engine::builder()
         .model(demo())
-        .memory(Memory::Bytes(14 << 20))
+        .memory(Memory::Bytes((14 << 20) + common::text(64, 8)))
         .threads(2)
         .context(64)
         .sequences(8)

@@ -112,7 +112,7 @@ fn one_to_eight_concurrent_sessions_never_hang_and_match_solo_runs() {
 fn the_setting_of_the_report_completes() {
     // The report: 12 MiB, two to four threads, 16 tokens each; now planned for four.
     let engine = builder(4)
-        .memory(Memory::Bytes(12 << 20))
+        .memory(Memory::Bytes((12 << 20) + common::text(64, 4)))
         .context(64)
         .build();
     let engine = match engine {

@@ -2,6 +2,8 @@
 //! (so a regression in any layer shows up as changed text), and a budget below the model's size
 //! gives the same output, streamed from disk.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -101,7 +103,7 @@ fn a_budget_below_the_model_gives_the_same_text() {
         (text, g.stats())
     };
     let (full, _) = run(Memory::Unlimited);
-    let budget = 10 << 20;
+    let budget = (10 << 20) + common::text(512, 1);
     assert!(budget < model_bytes);
     let (small, stats) = run(Memory::Bytes(budget));
     assert_eq!(full, small);

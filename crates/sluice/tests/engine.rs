@@ -1,6 +1,8 @@
 //! The public API: sessions on one engine in parallel threads give exactly what they give run
 //! one after another; a chat reuses its cache; stop strings and end-of-sequence end a generation.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use sluice::{Engine, FinishReason, GenerateOptions, Memory, Message, Prompt, SamplingOptions};
@@ -36,7 +38,7 @@ fn eight_concurrent_sessions_match_sequential_runs() {
     // and their KV caches (8 × 232 positions) take pages from it as they grow.
     let engine = Engine::builder()
         .model(demo())
-        .memory(Memory::Bytes(16 << 20))
+        .memory(Memory::Bytes((16 << 20) + common::text(232, 8)))
         .threads(2)
         .sequences(8)
         .context(232)
@@ -177,7 +179,7 @@ fn a_shard_truncated_while_running_ends_that_request_and_the_engine_recovers() {
     // A budget of half the model: experts are read during generation.
     let engine = Engine::builder()
         .model(tmp.path())
-        .memory(Memory::Bytes(10 << 20))
+        .memory(Memory::Bytes((10 << 20) + common::text(512, 1)))
         .threads(2)
         .build()
         .unwrap();

@@ -46,7 +46,7 @@ fn kv_growth_shrinks_the_expert_cache_mid_generation_and_changes_no_bit() {
                 let what = format!("{kib} KiB, {policy}, {threads} threads");
                 let engine = Engine::builder()
                     .model(demo())
-                    .memory(Memory::Bytes(kib << 10))
+                    .memory(Memory::Bytes((kib << 10) + common::text(512, 1)))
                     .policy(policy.clone())
                     .threads(threads)
                     .build()
@@ -112,7 +112,9 @@ fn a_prompt_that_cannot_fit_beside_the_floor_is_refused_up_front() {
 fn sessions_share_the_pool_and_return_their_pages() {
     let engine = Engine::builder()
         .model(demo())
-        .memory(Memory::Bytes(minimum() + (2 << 20)))
+        .memory(Memory::Bytes(
+            minimum() + (2 << 20) + common::text(512, 2) - common::text(512, 1),
+        ))
         .sequences(2)
         .threads(1)
         .build()

@@ -8,7 +8,8 @@ use sluice_model::plan::{kv_bytes_per_position, recurrent_bytes};
 use sluice_model::{Description, ModelOptions};
 
 use crate::Error;
-use crate::engine::{Memory, resolve_memory};
+use crate::Tokenizer;
+use crate::engine::{Memory, resolve_memory, text_memory};
 
 /// A model's figures and the plan a budget gives it.
 #[derive(Clone, Debug, Serialize)]
@@ -90,6 +91,9 @@ pub struct PlanSummary {
     pub context: usize,
     /// Scratch.
     pub scratch: u64,
+    /// Kept for the tokenizer (its vocabulary and the peak of encoding the longest prompt that
+    /// fits).
+    pub tokenizer: u64,
     /// Expert cache at the start (no KV page taken yet).
     pub expert_cache: u64,
     /// Experts the cache holds at the start.
@@ -119,10 +123,16 @@ pub fn inspect(
     let desc = Description::open(dir)?;
     let shards = desc.shards(true)?;
     let budget = resolve_memory(memory)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
     let opts = ModelOptions {
         memory: budget,
         context,
         chunk,
+        text_memory: text_memory(
+            tokenizer.as_ref(),
+            context.min(desc.config.max_positions),
+            1,
+        ),
         ..ModelOptions::default()
     };
     let plan = desc.plan(&shards, &opts)?;
@@ -180,6 +190,7 @@ pub fn inspect(
             recurrent: plan.recurrent,
             context: plan.context,
             scratch: plan.scratch,
+            tokenizer: plan.text,
             expert_cache: plan.expert_cache,
             expert_cache_experts: plan.expert_cache / plan.expert_bytes.max(1),
             expert_cache_full_context: plan.expert_cache_full_context,

@@ -1,5 +1,8 @@
 //! Helpers shared by the facade's integration tests.
 
+// Each test crate uses some of them.
+#![allow(dead_code)]
+
 use std::path::{Path, PathBuf};
 
 use sluice::{EngineBuilder, Error, Memory};
@@ -21,4 +24,13 @@ pub fn minimum(builder: EngineBuilder) -> u64 {
         sluice_store::StoreError::BudgetTooSmall { minimum, .. } => *minimum,
         other => panic!("expected a budget refusal, got {other}"),
     }
+}
+
+/// The share of a budget the demo's tokenizer is planned (see `Tokenizer::memory_bytes`): a
+/// test budget calibrated for the model alone adds it to stay in the same regime.
+pub fn text(context: usize, sequences: usize) -> u64 {
+    sluice::Tokenizer::from_dir(&demo())
+        .unwrap()
+        .unwrap()
+        .memory_bytes(context, sequences)
 }

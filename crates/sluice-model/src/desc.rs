@@ -1,5 +1,5 @@
 //! A model as a plain description — its configuration, where its weights are, its generation
-//! defaults — built from the checkpoint's headers without reading or allocating any weight,
+//! defaults — built from the checkpoint's headers without loading its weights,
 //! and planned for a budget by the same planner [`crate::Model`] uses. `sluice inspect`, the
 //! engine and the batch planner all go through here.
 
@@ -28,7 +28,8 @@ pub struct Description {
 
 impl Description {
     /// Reads the checkpoint in `dir`: `config.json` by its family, every tensor header checked
-    /// against its role. Reads no weight.
+    /// against its role. Of the weights it reads only the few small tensors whose values are
+    /// checked (INT4 `weight_shape`, Kimi K3's zero-padded `A_log`).
     pub fn open(dir: impl AsRef<Path>) -> Result<Description, ModelError> {
         let checkpoint = Checkpoint::open(dir.as_ref())?;
         let config =

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use sluice_format::Checkpoint;
 use sluice_kernels::Codes;
 use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, TrunkStore, read_blob,
+    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, TrunkStore, read_blob,
 };
 
 use crate::ModelError;
@@ -71,18 +71,12 @@ impl Model {
 
     /// Builds the runtime of a described model: thread pool, trunk and expert stores, reader.
     pub fn from_description(desc: Description, opts: ModelOptions) -> Result<Model, ModelError> {
+        let shards = Arc::new(desc.shards(opts.direct_io)?);
         let Description {
             checkpoint: ck,
             config: cfg,
             layout,
         } = desc;
-        let shards = Arc::new(ShardSet::open(
-            &ck.shards()
-                .iter()
-                .map(|s| s.path.clone())
-                .collect::<Vec<_>>(),
-            opts.direct_io,
-        )?);
         let mode = shards.mode();
         let mut opts = opts;
         if let Some(m) = ck.packed()

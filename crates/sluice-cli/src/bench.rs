@@ -59,6 +59,10 @@ struct Row {
     io_floor_s_per_token: f64,
     /// Decode seconds per token ÷ the floor (None when nothing was read).
     decode_over_floor: Option<f64>,
+    /// With every weight in memory: the memory-bandwidth ceiling's seconds per token
+    /// (`decode_touched_bytes_per_token` ÷ `memory_gbps`) ÷ decode seconds per token — the
+    /// fraction of the ceiling reached (None at budgets where weights stream from disk).
+    ram_ceiling_fraction: Option<f64>,
     /// Largest of the prefill chunks' bytes read ÷ bytes of the distinct experts they touched.
     prefill_read_over_touched_max: Option<f64>,
     /// The same over the whole prompt.
@@ -81,6 +85,12 @@ struct Report {
     threads: usize,
     /// Per I/O mode: random expert-sized reads of the shards at 4 in flight, GB/s.
     disk_gbps: Vec<(String, f64)>,
+    /// Read bandwidth of memory with `threads` threads (`sluice doctor`'s method), GB/s.
+    memory_gbps: f64,
+    /// Weight bytes a decode step reads with everything in memory (see `sluice inspect`).
+    decode_touched_bytes_per_token: u64,
+    /// `decode_touched_bytes_per_token` ÷ `memory_gbps`: the fastest decode in RAM, s/token.
+    ram_ceiling_s_per_token: f64,
     prompt_tokens: usize,
     max_tokens: usize,
     rungs: Vec<Rung>,
@@ -201,6 +211,17 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         disk.push((io.clone(), fig.gbps()));
     }
 
+    // The memory-bandwidth ceiling of a decode step with everything in memory.
+    let memory_gbps = sluice::tools::doctor::memory_bandwidth(threads, 512 << 20);
+    let touched = info.decode_touched_bytes_per_token;
+    let ceiling = ratio(touched as f64, memory_gbps * 1e9);
+    if !a.json {
+        eprintln!(
+            "memory: {memory_gbps:.1} GB/s with {threads} threads; a decode step reads {} of weights in RAM: ceiling {ceiling:.4} s/token",
+            fmt_bytes(touched)
+        );
+    }
+
     let ids = prompt_ids(a.prompt_tokens, info.vocab);
     let ids_arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find myself: {e}")))?;
@@ -230,6 +251,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
                             trace: &trace,
                             threads,
                             disk_gbps: *gbps,
+                            ram_ceiling: ceiling,
                         })?;
                         if !a.json {
                             eprintln!(
@@ -262,6 +284,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         cpu: cpu.model.clone(),
         threads,
         disk_gbps: disk,
+        memory_gbps,
+        decode_touched_bytes_per_token: touched,
+        ram_ceiling_s_per_token: ceiling,
         prompt_tokens: a.prompt_tokens,
         max_tokens: a.max_tokens,
         rungs,
@@ -294,6 +319,8 @@ struct RunSpec<'a> {
     trace: &'a PathBuf,
     threads: usize,
     disk_gbps: f64,
+    /// Seconds per token at the memory-bandwidth ceiling.
+    ram_ceiling: f64,
 }
 
 fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
@@ -385,6 +412,9 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         achieved_gbps: ratio((dexp + dtrunk) as f64, dsec) / 1e9,
         io_floor_s_per_token: floor,
         decode_over_floor: (bpt > 0.0).then(|| ratio(spt, floor)),
+        // Only where every weight fits in memory (the first reads of experts the prompt did
+        // not touch still count against it).
+        ram_ceiling_fraction: (s.rung.all_fit && !s.rung.tiered).then(|| ratio(s.ram_ceiling, spt)),
         prefill_read_over_touched_max: chunk_ratios.iter().copied().reduce(f64::max),
         prefill_read_over_touched: (pread > 0.0).then(|| ratio(pread, touched)),
         peak_rss_bytes: u(st, "peak_rss_bytes"),
@@ -415,6 +445,13 @@ fn print_tables(r: &Report) {
         println!("disk ({io}): {g:.2} GB/s, random expert-sized reads, 4 in flight");
     }
     println!(
+        "memory: {:.1} GB/s ({} threads); a decode step in RAM reads {} of weights: ceiling {:.4} s/token",
+        r.memory_gbps,
+        r.threads,
+        fmt_bytes(r.decode_touched_bytes_per_token),
+        r.ram_ceiling_s_per_token
+    );
+    println!(
         "prompt {} tokens, {} generated; output identical across all {} runs: {}",
         r.prompt_tokens,
         r.max_tokens,
@@ -423,14 +460,14 @@ fn print_tables(r: &Report) {
     );
     println!();
     println!(
-        "| io | rung | budget | trunk | cache | policy | prefetch | prefill tok/s | decode s/tok | tok/s | hits | resident hits | Belady | MB/token | GB/s | ÷ floor | prefill read ÷ touched | peak RSS |"
+        "| io | rung | budget | trunk | cache | policy | prefetch | prefill tok/s | decode s/tok | tok/s | hits | resident hits | Belady | MB/token | GB/s | ÷ floor | of RAM ceiling | prefill read ÷ touched | peak RSS |"
     );
     println!(
-        "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for x in &r.runs {
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.2} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.2} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.2} | {} | {} | {} | {} |",
             x.io,
             x.rung,
             if x.budget_bytes == 0 {
@@ -451,6 +488,8 @@ fn print_tables(r: &Report) {
             x.decode_bytes_per_token / 1e6,
             x.achieved_gbps,
             opt(x.decode_over_floor, 2),
+            x.ram_ceiling_fraction
+                .map_or_else(|| "-".to_owned(), |f| format!("{:.0}%", 100.0 * f)),
             opt(x.prefill_read_over_touched_max, 3),
             fmt_bytes(x.peak_rss_bytes),
         );

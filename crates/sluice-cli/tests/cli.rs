@@ -749,3 +749,51 @@ fn bench_runs_a_ladder_in_child_processes_with_identical_output() {
     // Under the tiered budget every trunk layer streams each token.
     assert!(runs[0]["decode_trunk_bytes_per_token"].as_f64().unwrap() > 0.0);
 }
+
+/// Issue 26: `sluice bench` states the memory-bandwidth ceiling of decoding in RAM — the weight
+/// bytes a step reads, the bandwidth measured in the same run — and the fraction of it each run
+/// reached, where every weight is in memory (not at a rung where weights stream).
+#[test]
+fn bench_states_the_ram_ceiling() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let o = run(&[
+        "bench",
+        "--model",
+        demo.to_str().unwrap(),
+        "--ladder",
+        "unlimited,14MiB",
+        "--policies",
+        "lfu",
+        "--prefetch",
+        "on",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "4",
+        "--disk-seconds",
+        "0.2",
+        "--json",
+    ]);
+    let v = json(&o);
+    let inspect = json(&run(&["inspect", demo.to_str().unwrap(), "--json"]));
+    let touched = v["decode_touched_bytes_per_token"].as_u64().unwrap();
+    assert_eq!(
+        touched,
+        inspect["decode_touched_bytes_per_token"].as_u64().unwrap()
+    );
+    // The trunk but the embedding table, plus top-2 experts in each of the 5 MoE layers.
+    let experts = inspect["expert_bytes_per_token"].as_u64().unwrap();
+    let trunk = inspect["trunk_bytes"].as_u64().unwrap();
+    assert!(touched > experts && touched < trunk + experts, "{touched}");
+    let gbps = v["memory_gbps"].as_f64().unwrap();
+    assert!(gbps > 0.0);
+    let ceiling = v["ram_ceiling_s_per_token"].as_f64().unwrap();
+    assert!((ceiling - touched as f64 / (gbps * 1e9)).abs() <= 1e-12 + ceiling * 1e-9);
+    let runs = v["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{v}");
+    for r in runs {
+        let streamed = r["rung"] != "unlimited";
+        assert_eq!(r["ram_ceiling_fraction"].is_null(), streamed, "{r}");
+    }
+    assert!(runs[0]["ram_ceiling_fraction"].as_f64().unwrap() > 0.0);
+}

@@ -51,6 +51,10 @@ pub struct Inspection {
     pub bytes_per_expert: u64,
     /// Routed-expert bytes one token reads when nothing is cached (top-k in every MoE layer).
     pub expert_bytes_per_token: u64,
+    /// Weight bytes one decode step reads, every byte in memory: the trunk but the embedding
+    /// table (one row of it), and top-k routed experts in every MoE layer. Divided by the
+    /// memory bandwidth, the fastest a token can be decoded in RAM.
+    pub decode_touched_bytes_per_token: u64,
     /// KV-cache bytes per position.
     pub kv_bytes_per_position: u64,
     /// Recurrent-state bytes per sequence (KDA state and convolution inputs, with the snapshot
@@ -174,6 +178,11 @@ pub fn inspect(
         expert_bytes: layout.expert_bytes(),
         bytes_per_expert: plan.expert_bytes,
         expert_bytes_per_token: plan.expert_bytes * (cfg.moe.top_k * moe_layers) as u64,
+        decode_touched_bytes_per_token: {
+            let embed = layout.embed.bytes();
+            let row = embed / cfg.vocab.max(1) as u64;
+            layout.trunk_bytes() - embed + row + layout.expert_bytes_per_token(cfg.moe.top_k)
+        },
         kv_bytes_per_position: kv_bytes_per_position(cfg),
         recurrent_bytes: recurrent_bytes(cfg),
         io_mode: shards.mode().name().to_owned(),

@@ -99,8 +99,9 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
     }
 }
 
-/// The index of the first NaN or infinity among stored values of `dtype` in `bytes` (F32, BF16
-/// and F16; other types hold no such values and give `None`).
+/// The index of the first NaN or infinity among stored values of `dtype` in `bytes` (F32, BF16,
+/// F16 and FP8 E4M3's NaN; the integer and packed codings hold no such values and give
+/// `None`).
 pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
     match dtype {
         crate::Codes::F32 => bytes.chunks_exact(4).position(|c| {
@@ -112,6 +113,8 @@ pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
         crate::Codes::F16 => bytes
             .chunks_exact(2)
             .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+        // E4M3 has no infinity; S.1111.111 is its NaN.
+        crate::Codes::E4M3 => bytes.iter().position(|&b| b & 0x7f == 0x7f),
         _ => None,
     }
 }
@@ -143,6 +146,24 @@ pub fn scale_at(ty: ScaleType, row: &[u8], g: usize) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn e4m3_nan_is_found_and_its_largest_finite_values_are_not() {
+        // 0x7e and 0xfe are ±448, the largest finite values; 0x7f and 0xff are NaN.
+        assert_eq!(
+            first_non_finite(crate::Codes::E4M3, &[0x00, 0x7e, 0xfe]),
+            None
+        );
+        assert_eq!(
+            first_non_finite(crate::Codes::E4M3, &[0x38, 0x7e, 0xff]),
+            Some(2)
+        );
+        assert_eq!(first_non_finite(crate::Codes::E4M3, &[0x7f]), Some(0));
+        for b in [0x7fu8, 0xff] {
+            assert!(crate::scalar::code(crate::Codes::E4M3, &[b], 0).is_nan());
+        }
+        assert_eq!(crate::scalar::code(crate::Codes::E4M3, &[0x7e], 0), 448.0);
+    }
 
     #[test]
     fn f16_matches_reference_values() {

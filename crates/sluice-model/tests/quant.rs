@@ -554,3 +554,20 @@ macro_rules! budget_test {
 
 budget_test!(budget_int4_experts, "deepseek_v3-int4");
 budget_test!(budget_gpt_oss_mxfp4, "gpt_oss-mxfp4");
+
+/// A NaN in a resident FP8 trunk weight (E4M3 `0x7f`) is refused at load naming the tensor, as a
+/// NaN in a BF16 or F32 one is; the largest finite value (`0x7e`, 448) is not.
+#[test]
+fn an_fp8_nan_in_the_trunk_is_refused_at_load() {
+    let ts = load_all(&fixture("deepseek_v3-fp8"));
+    let name = ts
+        .iter()
+        .find(|t| t.1 == Dtype::F8E4M3 && t.0.starts_with("model.layers.0.self_attn"))
+        .map(|t| t.0.clone())
+        .expect("an FP8 attention weight in layer 0");
+    let d = mutated("deepseek_v3-fp8", |ts| tensor(ts, &name).3[3] = 0x7e);
+    assert!(Model::open(d.path(), ModelOptions::default()).is_ok());
+    let d = mutated("deepseek_v3-fp8", |ts| tensor(ts, &name).3[3] = 0x7f);
+    let msg = refused(d.path(), &name);
+    assert!(msg.contains("element 3 is NaN or infinite"), "{msg}");
+}

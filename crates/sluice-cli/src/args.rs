@@ -252,6 +252,12 @@ pub struct SamplingArgs {
     /// Repetition penalty (1 = off).
     #[arg(long)]
     pub repetition_penalty: Option<f32>,
+    /// OpenAI's presence penalty: subtracted once from every token already generated (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty: subtracted once per time a token was generated (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -305,8 +311,8 @@ pub struct BatchArgs {
     /// Engine options.
     pub engine: EngineOpts,
     /// Input: one JSON object per line with `id`, `prompt` (or `messages`), and optionally
-    /// `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, `seed`,
-    /// `stop`.
+    /// `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
+    /// `presence_penalty`, `frequency_penalty`, `seed`, `stop`.
     #[arg(long)]
     pub input: PathBuf,
     /// Output: one JSON object per line, in input order; existing finished ids are skipped.

@@ -36,6 +36,8 @@ struct Line {
     top_k: Option<usize>,
     min_p: Option<f32>,
     repetition_penalty: Option<f32>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
     seed: Option<u64>,
     #[serde(default)]
     stop: Vec<String>,
@@ -276,6 +278,12 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
         }
         if let Some(r) = l.repetition_penalty {
             s.repetition_penalty = r;
+        }
+        if let Some(p) = l.presence_penalty {
+            s.presence_penalty = p;
+        }
+        if let Some(f) = l.frequency_penalty {
+            s.frequency_penalty = f;
         }
         s.seed = l.seed.unwrap_or(0);
         let opts = GenerateOptions {

@@ -410,6 +410,12 @@ fn sampling(engine: &Engine, a: &args::SamplingArgs) -> SamplingOptions {
     if let Some(r) = a.repetition_penalty {
         s.repetition_penalty = r;
     }
+    if let Some(p) = a.presence_penalty {
+        s.presence_penalty = p;
+    }
+    if let Some(f) = a.frequency_penalty {
+        s.frequency_penalty = f;
+    }
     s.seed = a.seed;
     s
 }

@@ -298,3 +298,80 @@ fn a_prompt_too_long_for_the_context_is_refused_before_tokenizing() {
     );
     assert_eq!(ids(&output), [r#""ok""#]);
 }
+
+/// Presence and frequency penalties (OpenAI's, as the server takes them) in `run`'s flags and in
+/// batch lines: the same penalised sampling everywhere, and a real change of the output.
+#[test]
+fn presence_and_frequency_penalties_in_run_and_batch_lines() {
+    let run = |extra: &[&str]| -> String {
+        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["run", "--model"])
+            .arg(demo())
+            .args(["It is a truth", "--max-tokens", "24", "--temperature", "0"])
+            .args(["--raw", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["text"].as_str().unwrap().to_owned()
+    };
+    let plain = run(&[]);
+    let freq = run(&["--frequency-penalty", "3"]);
+    let pres = run(&["--presence-penalty", "-2", "--frequency-penalty", "-1.5"]);
+    assert_ne!(plain, freq);
+    assert_ne!(plain, pres);
+    assert_ne!(freq, pres);
+
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let line = |id: &str, extra: &str| {
+        format!(
+            r#"{{"id": "{id}", "prompt": "It is a truth", "max_tokens": 24, "temperature": 0{extra}}}"#
+        )
+    };
+    std::fs::write(
+        &input,
+        [
+            line("plain", ""),
+            line("freq", r#", "frequency_penalty": 3"#),
+            line(
+                "pres",
+                r#", "presence_penalty": -2, "frequency_penalty": -1.5"#,
+            ),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let o = batch(&input, &output);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got: Vec<(String, String)> = lines(&output)
+        .iter()
+        .map(|v| {
+            (
+                v["id"].as_str().unwrap().to_owned(),
+                v["text"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("plain".to_owned(), plain),
+            ("freq".to_owned(), freq),
+            ("pres".to_owned(), pres)
+        ]
+    );
+
+    // A value that is not finite is refused by name, before the model runs.
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["run", "--model"])
+        .arg(demo())
+        .args(["It is", "--presence-penalty", "inf"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(e.contains("presence_penalty"), "{e}");
+}

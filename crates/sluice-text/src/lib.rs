@@ -17,7 +17,9 @@ pub mod tiktoken;
 mod tokenizer;
 
 pub use chat::{ChatTemplate, Message};
-pub use tokenizer::{MAX_SMALL_FILE_LEN, MAX_TOKENIZER_LEN, StreamDecoder, Tokenizer};
+pub use tokenizer::{
+    MAX_BYTES_PER_TOKEN, MAX_SMALL_FILE_LEN, MAX_TOKENIZER_LEN, StreamDecoder, Tokenizer,
+};
 
 use std::path::PathBuf;
 

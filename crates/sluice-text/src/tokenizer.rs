@@ -29,6 +29,11 @@ pub struct Tokenizer {
 /// resident once loaded).
 pub const RESIDENT_PER_SOURCE_BYTE: u64 = 8;
 
+/// The most bytes of text per position of the context a prompt may have before it is refused
+/// untokenized (16; text averages 3–5 bytes per token, and long runs of one character are
+/// what comes near 16): it bounds the encoding memory the plan keeps.
+pub const MAX_BYTES_PER_TOKEN: usize = 16;
+
 /// Peak bytes encoding takes per byte of text (pre-tokenized pieces, offsets, the ids):
 /// measured 75 on 400 kB of English with DeepSeek-V3's tokenizer and 220 on a 10 MB line;
 /// the larger is used.
@@ -130,11 +135,13 @@ impl Tokenizer {
     }
 
     /// The longest prompt, in bytes, that [`Tokenizer::check_fits`] lets through for `context`
-    /// tokens: `2 × context × max_token_bytes`.
+    /// tokens: `context × min(2 × max_token_bytes, MAX_BYTES_PER_TOKEN)`.
     pub fn max_prompt_bytes(&self, context: usize) -> usize {
-        context
-            .saturating_mul(self.max_token_bytes)
-            .saturating_mul(2)
+        context.saturating_mul(
+            self.max_token_bytes
+                .saturating_mul(2)
+                .min(MAX_BYTES_PER_TOKEN),
+        )
     }
 
     /// The memory a budget keeps for the tokenizer: what it holds once loaded (about
@@ -156,8 +163,11 @@ impl Tokenizer {
     }
 
     /// Refuses, before tokenizing, a text too long to fit `context` tokens: more than
-    /// `2 × context × max_token_bytes` bytes (twice, for normalizers that shorten text).
-    /// Tokenizing it would only use memory outside the budget to find it does not fit.
+    /// [`Tokenizer::max_prompt_bytes`] — `2 × context × max_token_bytes` bytes (no token
+    /// stands for more text than its written form; twice, for normalizers that shorten text),
+    /// or [`MAX_BYTES_PER_TOKEN`] bytes per position of the context when that is less (text
+    /// averages 3–5 bytes per token). Tokenizing it would only spend memory to find it does not
+    /// fit, and the memory plan keeps room for encoding no more than this.
     pub fn check_fits(&self, text: &str, context: usize) -> Result<(), Error> {
         let max = self.max_prompt_bytes(context);
         if text.len() > max {

@@ -31,9 +31,14 @@ fn the_tokenizer_is_planned_inside_the_budget() {
     let tok = Tokenizer::from_dir(&demo()).unwrap().unwrap();
     // The demo's context is 512 positions (the builder's 4096 capped by the model).
     let text = tok.memory_bytes(512, 1);
-    // Its vocabulary (about 8 × its 265 kB file) and the encoding of a 16 kB prompt.
+    // Its vocabulary (about 8 × its 265 kB file) and the encoding of an 8 kB prompt.
     assert!(text > 2 << 20, "{text}");
-    assert_eq!(tok.max_prompt_bytes(512), 2 * 512 * tok.max_token_bytes());
+    // 16 bytes per position: the demo's longest token is 16 bytes, so 2 × 16 is the larger.
+    assert_eq!(tok.max_token_bytes(), 16);
+    assert_eq!(
+        tok.max_prompt_bytes(512),
+        512 * sluice_text::MAX_BYTES_PER_TOKEN
+    );
 
     let engine_min = minimum(Engine::builder().model(demo()));
     assert_eq!(engine_min, model_minimum() + text);

@@ -390,11 +390,6 @@ impl ModelConfig {
             .filter(|p| p.mlp == MlpKind::Moe)
             .count()
     }
-
-    /// The attention of layer `l`.
-    pub fn attention(&self, l: usize) -> Option<&AttentionConfig> {
-        self.layer_plan.get(l).map(|p| &p.attention)
-    }
 }
 
 /// `n` shared experts of `intermediate` each, as one MLP: refused, naming `field`, when the

@@ -225,9 +225,14 @@ pub struct EngineOpts {
     /// Positions the KV cache is planned for.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
-    /// Prompt tokens per prefill chunk.
+    /// Prompt rows each call inside a layer takes at most during a prefill (attention queries,
+    /// product rows); the scratch memory is planned for it.
     #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
+    /// Most prompt tokens one prefill pass runs each layer over (default: as many as the memory
+    /// budget holds; each pass reads the experts its tokens route to once).
+    #[arg(long, value_name = "TOKENS")]
+    pub prefill_span: Option<usize>,
     /// For a pack directory: skip verifying the packed trunk's checksums (faster loading).
     #[arg(long)]
     pub no_verify: bool,

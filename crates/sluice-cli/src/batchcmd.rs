@@ -291,6 +291,7 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
             sampling: s,
             stop: l.stop,
             prefill_chunk: a.engine.prefill_chunk,
+            prefill_span: a.engine.prefill_span,
             ..Default::default()
         };
         jobs.push((n, key, l.id, prompt, opts));

@@ -2,7 +2,7 @@
 //! prefetch setting. Every run is a fresh child process (`sluice run --json`), so its peak RSS is
 //! its own and its cache starts cold. Ratios are computed against figures measured in the same
 //! bench: decode time against the I/O floor (bytes read ÷ the disk bandwidth measured here with
-//! `sluice doctor`'s method), prefill bytes read against the bytes of the experts each chunk
+//! `sluice doctor`'s method), prefill bytes read against the bytes of the experts the prompt
 //! touched, and hit rate against Belady's optimum on the run's own trace.
 
 use std::path::{Path, PathBuf};
@@ -63,9 +63,10 @@ struct Row {
     /// (`decode_touched_bytes_per_token` ÷ `memory_gbps`) ÷ decode seconds per token — the
     /// fraction of the ceiling reached (None at budgets where weights stream from disk).
     ram_ceiling_fraction: Option<f64>,
-    /// Largest of the prefill chunks' bytes read ÷ bytes of the distinct experts they touched.
-    prefill_read_over_touched_max: Option<f64>,
-    /// The same over the whole prompt.
+    /// Prefill passes (spans) the prompt took.
+    prefill_spans: usize,
+    /// Expert bytes the prefill read ÷ bytes of the distinct experts the whole prompt routed to
+    /// (1.0: each read once).
     prefill_read_over_touched: Option<f64>,
     peak_rss_bytes: u64,
     io_mode_ran: String,
@@ -380,14 +381,9 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
     let spt = dsec / passes;
     let bpt = (dexp + dtrunk) as f64 / passes;
     let floor = ratio(bpt, s.disk_gbps * 1e9);
-    let chunks = st["prefill_chunks"].as_array().cloned().unwrap_or_default();
-    let chunk_ratios: Vec<f64> = chunks
-        .iter()
-        .filter(|c| u(c, "expert_touched_bytes") > 0 && u(c, "expert_bytes_read") > 0)
-        .map(|c| ratio(f(c, "expert_bytes_read"), f(c, "expert_touched_bytes")))
-        .collect();
-    let touched: f64 = chunks.iter().map(|c| f(c, "expert_touched_bytes")).sum();
-    let pread: f64 = chunks.iter().map(|c| f(c, "expert_bytes_read")).sum();
+    let spans = st["prefill_spans"].as_array().map_or(0, Vec::len);
+    let touched = f(st, "prefill_expert_touched_bytes");
+    let pread = f(st, "prefill_expert_bytes_read");
     let req = u(st, "expert_requests") as f64;
     Ok(Row {
         io: s.io.to_owned(),
@@ -415,7 +411,7 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         // Only where every weight fits in memory (the first reads of experts the prompt did
         // not touch still count against it).
         ram_ceiling_fraction: (s.rung.all_fit && !s.rung.tiered).then(|| ratio(s.ram_ceiling, spt)),
-        prefill_read_over_touched_max: chunk_ratios.iter().copied().reduce(f64::max),
+        prefill_spans: spans,
         prefill_read_over_touched: (pread > 0.0).then(|| ratio(pread, touched)),
         peak_rss_bytes: u(st, "peak_rss_bytes"),
         io_mode_ran: st["io_mode"].as_str().unwrap_or("?").to_owned(),
@@ -490,7 +486,7 @@ fn print_tables(r: &Report) {
             opt(x.decode_over_floor, 2),
             x.ram_ceiling_fraction
                 .map_or_else(|| "-".to_owned(), |f| format!("{:.0}%", 100.0 * f)),
-            opt(x.prefill_read_over_touched_max, 3),
+            opt(x.prefill_read_over_touched, 3),
             fmt_bytes(x.peak_rss_bytes),
         );
     }

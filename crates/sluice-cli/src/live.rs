@@ -3,12 +3,15 @@
 //! When stdout and stderr are the same terminal, a short dim status (tokens/s, expert hit rate)
 //! is drawn just after the cursor and erased before the next text, so it never mixes into the
 //! text. When stdout is redirected, a spinner on stderr carries the figures. At the end a summary
-//! line goes to stderr.
+//! line goes to stderr. A prompt that takes more than a second shows its progress on stderr
+//! when stderr is a terminal (tokens done of all, tokens/s, expert bytes read).
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use sluice::{Engine, GenerationStats};
+use std::sync::{Arc, Mutex};
+
+use sluice::{Engine, GenerationStats, PrefillHook, PrefillProgress};
 
 /// Live output of one generation.
 pub struct Live {
@@ -119,4 +122,37 @@ impl Live {
             self.started.elapsed().as_secs_f64(),
         );
     }
+}
+
+/// A prefill progress line on stderr when it is a terminal: drawn once the prompt has taken a
+/// second, redrawn at most four times a second, erased when the prompt is done.
+pub fn prefill_hook() -> Option<PrefillHook> {
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    // When the line was last drawn (None: not drawn yet).
+    let drawn: Mutex<Option<Instant>> = Mutex::new(None);
+    Some(PrefillHook(Arc::new(move |p: &PrefillProgress| {
+        let Ok(mut last) = drawn.lock() else {
+            return;
+        };
+        if p.done >= p.total {
+            if last.is_some() {
+                eprint!("\r\x1b[K");
+                *last = None;
+            }
+            return;
+        }
+        if p.seconds < 1.0 || last.is_some_and(|t| t.elapsed() < Duration::from_millis(250)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        eprint!(
+            "\r\x1b[K[prefill {}/{} tokens, {:.1} tok/s, experts {} read]",
+            p.done,
+            p.total,
+            p.done as f64 / p.seconds.max(1e-9),
+            sluice::tools::fmt_bytes(p.expert_bytes_read)
+        );
+    })))
 }

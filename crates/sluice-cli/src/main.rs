@@ -472,6 +472,8 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         stop_at_eos: !a.ignore_eos,
         keep_logits: a.dump_logits.is_some(),
         prefill_chunk: a.engine.prefill_chunk,
+        prefill_span: a.engine.prefill_span,
+        on_prefill: if a.json { None } else { live::prefill_hook() },
     };
     let ids;
     let messages;
@@ -583,6 +585,8 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
         max_tokens: a.max_tokens,
         sampling: sampling(&engine, &a.sampling),
         prefill_chunk: a.engine.prefill_chunk,
+        prefill_span: a.engine.prefill_span,
+        on_prefill: live::prefill_hook(),
         ..Default::default()
     };
     let templated = engine.chat_template().is_some();

@@ -42,7 +42,10 @@ pub mod weights;
 pub use config::ModelConfig;
 pub use desc::Description;
 pub use exec::Exec;
-pub use model::{Logits, Model, ModelOptions, PolicyChoice, PolicyFactory};
+pub use model::{
+    Logits, Model, ModelOptions, PassTimes, PolicyChoice, PolicyFactory, PrefillEvent,
+    PrefillOptions, Prefilled,
+};
 pub use plan::MemoryPlan;
 pub use quant::Quantization;
 pub use rope::Rope;

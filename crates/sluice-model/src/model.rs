@@ -36,6 +36,77 @@ pub enum Logits {
 
 pub use sluice_store::policy::{PolicyChoice, PolicyFactory};
 
+use crate::pass::PassOpts;
+pub use crate::pass::PassTimes;
+
+/// What [`Model::prefill`] reports as it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillEvent {
+    /// Layer `layer` (of `layers`) has run over the span of `span` tokens that starts `done`
+    /// tokens into the prompt.
+    Layer {
+        /// Prompt tokens in the state before the span.
+        done: usize,
+        /// Tokens of the span.
+        span: usize,
+        /// The layer done.
+        layer: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A span is in the state.
+    Span {
+        /// Its tokens.
+        tokens: usize,
+    },
+}
+
+/// How [`Model::prefill`] runs a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillOptions {
+    /// Rows each call inside a layer takes at most (attention, products); under a budget at
+    /// most the plan's [`MemoryPlan::chunk`], whose scratch holds them.
+    pub chunk: usize,
+    /// Most prompt tokens one pass runs each layer over (the memory plan may allow fewer).
+    pub max_span: usize,
+}
+
+impl Default for PrefillOptions {
+    fn default() -> Self {
+        PrefillOptions {
+            chunk: usize::MAX,
+            max_span: usize::MAX,
+        }
+    }
+}
+
+/// What [`Model::prefill`] returns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Prefilled {
+    /// The logits asked for, `[rows, vocab]`.
+    pub logits: Vec<f32>,
+    /// Tokens of each span, in order.
+    pub spans: Vec<usize>,
+    /// Where the passes spent their time.
+    pub times: PassTimes,
+}
+
+/// What a prefill span holds of the pool while it runs, given back on drop.
+enum SpanLease<'a> {
+    /// Lent by the expert cache (held only to be dropped).
+    Pool(#[allow(dead_code)] sluice_store::Lease),
+    /// Taken from the room spare beside every expert (passes in the compute pool).
+    Spare { counter: &'a AtomicU64, bytes: u64 },
+}
+
+impl Drop for SpanLease<'_> {
+    fn drop(&mut self) {
+        if let SpanLease::Spare { counter, bytes } = self {
+            counter.fetch_sub(*bytes, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A loaded model, immutable and shareable across threads; per-sequence state lives in [`State`].
 #[derive(Debug)]
 pub struct Model {
@@ -59,6 +130,8 @@ pub struct Model {
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
     in_pool: bool,
+    /// Bytes prefill spans hold of the room spare beside every expert (with `in_pool`).
+    span_bytes: AtomicU64,
     /// `generation_config.json`, when the model has one.
     generation: Option<serde_json::Value>,
 }
@@ -205,6 +278,7 @@ impl Model {
             io_mode,
             gather_experts,
             in_pool,
+            span_bytes: AtomicU64::new(0),
             generation: None,
         })
     }
@@ -356,13 +430,162 @@ impl Model {
     /// Runs `tokens` through the model after the positions already in `state`, appending to its
     /// cache. Returns the logits asked for, `[rows, vocab]` row-major. On error the state is left
     /// as it was before the call.
+    ///
+    /// The pass is layer-major over all of `tokens` (each layer's experts are read once for
+    /// all of them) and its activations grow with their number: for a prompt, [`Model::prefill`]
+    /// picks spans that fit the memory plan.
     pub fn forward(
         &self,
         state: &mut State,
         tokens: &[u32],
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
-        self.forward_segments(&mut [(state, tokens)], want)
+        let mut opts = PassOpts {
+            chunk: self.plan.chunk,
+            new_step: true,
+            on_layer: None,
+        };
+        self.forward_segments(
+            &mut [(state, tokens)],
+            want,
+            &mut opts,
+            &mut PassTimes::default(),
+        )
+    }
+
+    /// Runs a prompt through the model after the positions already in `state`: in spans as
+    /// long as the memory plan allows ([`MemoryPlan::prefill_span`], shorter when the pool has
+    /// less room at the time), each layer over a whole span at a time, so that every expert a
+    /// span's tokens route to in a layer is read once for all of them. The activations of a
+    /// span beyond the plan's scratch are lent by the expert cache for the pass, like KV pages.
+    /// `want` applies to the whole prompt: [`Logits::Last`] gives the last token's row,
+    /// [`Logits::All`] every row (spans are then at most the plan's chunk, whose scratch holds
+    /// their logits).
+    ///
+    /// `on` hears of each layer run over a span and of each span done (after which the state
+    /// holds its tokens). The whole prompt is one step of the expert store's figures, so its
+    /// `touched_bytes` are those of the distinct experts the prompt routed to. On error the
+    /// state holds the spans done before it (reported by `on`), as it was after the last.
+    ///
+    /// `opts` can make the calls inside a layer shorter than the plan's chunk and cap the
+    /// spans. Output bits are those of [`Model::forward`] over any split of the prompt.
+    pub fn prefill(
+        &self,
+        state: &mut State,
+        tokens: &[u32],
+        want: Logits,
+        opts: PrefillOptions,
+        on: &mut (dyn FnMut(&PrefillEvent) + Send),
+    ) -> Result<Prefilled, ModelError> {
+        self.experts.begin_step();
+        let chunk = match self.plan.pool {
+            u64::MAX => opts.chunk.max(1),
+            _ => opts.chunk.clamp(1, self.plan.chunk.max(1)),
+        };
+        let mut out = Prefilled::default();
+        let mut done = 0;
+        while done < tokens.len() {
+            let rest = (tokens.len() - done).min(opts.max_span.max(1));
+            let (span, lease) = self.span_for(state, rest, want)?;
+            let part = &tokens[done..done + span];
+            let last = done + span == tokens.len();
+            let w = match want {
+                Logits::Last if !last => Logits::None,
+                w => w,
+            };
+            let layers = self.cfg.layers;
+            let mut on_layer = |layer: usize| {
+                on(&PrefillEvent::Layer {
+                    done,
+                    span,
+                    layer,
+                    layers,
+                })
+            };
+            let mut opts = PassOpts {
+                chunk,
+                new_step: false,
+                on_layer: Some(&mut on_layer),
+            };
+            let logits =
+                self.forward_segments(&mut [(&mut *state, part)], w, &mut opts, &mut out.times)?;
+            drop(lease);
+            out.logits.extend(logits);
+            out.spans.push(span);
+            done += span;
+            on(&PrefillEvent::Span { tokens: span });
+        }
+        Ok(out)
+    }
+
+    /// The next prefill span for `rest` tokens, and what it holds of the pool while it runs.
+    fn span_for(
+        &self,
+        state: &mut State,
+        rest: usize,
+        want: Logits,
+    ) -> Result<(usize, Option<SpanLease<'_>>), ModelError> {
+        // The plan's scratch holds the activations of this many rows.
+        let chunk = self.plan.chunk.max(1);
+        let mut span = rest.min(self.plan.prefill_span.max(chunk));
+        if want == Logits::All {
+            span = span.min(chunk);
+        }
+        if span <= chunk || self.plan.pool == u64::MAX {
+            return Ok((span, None));
+        }
+        let per = self.plan.span_bytes_per_token.max(1);
+        if self.in_pool {
+            // Passes run in the compute pool and must never wait for room: only what is spare
+            // beside every expert and full-context KV caches, shared by concurrent prefills.
+            let spare = self
+                .plan
+                .pool
+                .saturating_sub(self.plan.kv_cache)
+                .saturating_sub(self.plan.all_expert_bytes);
+            let mut used = self.span_bytes.load(Ordering::Relaxed);
+            loop {
+                let free = spare.saturating_sub(used);
+                let n = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
+                if n <= chunk {
+                    return Ok((chunk.min(rest), None));
+                }
+                let bytes = (n - chunk) as u64 * per;
+                match self.span_bytes.compare_exchange(
+                    used,
+                    used + bytes,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        return Ok((
+                            n,
+                            Some(SpanLease::Spare {
+                                counter: &self.span_bytes,
+                                bytes,
+                            }),
+                        ));
+                    }
+                    Err(now) => used = now,
+                }
+            }
+        }
+        // The span's own KV pages first (the prompt needs them whatever the span), then its
+        // activations from what the cache can give up above its floor.
+        if state.pos + span <= self.max_positions() {
+            self.reserve_kv(state, state.pos + span)?;
+        }
+        let mut lease = self.experts.lease();
+        let free = self.experts.capacity().saturating_sub(self.experts.floor());
+        span = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
+        while span > chunk {
+            if lease.grow_to((span - chunk) as u64 * per).is_ok() {
+                return Ok((span, Some(SpanLease::Pool(lease))));
+            }
+            // Another session took room meanwhile.
+            span = (span / 2).max(chunk);
+        }
+        Ok((span.min(rest), None))
     }
 
     /// One decoding step for several sequences at once (batched decoding): `tokens[i]` is fed
@@ -397,7 +620,17 @@ impl Model {
             .zip(tokens)
             .map(|(s, t)| (&mut **s, std::slice::from_ref(t)))
             .collect();
-        self.forward_segments(&mut segs, Logits::Last)
+        let mut opts = PassOpts {
+            chunk: self.plan.chunk,
+            new_step: true,
+            on_layer: None,
+        };
+        self.forward_segments(
+            &mut segs,
+            Logits::Last,
+            &mut opts,
+            &mut PassTimes::default(),
+        )
     }
 
     /// Runs each segment's tokens after its state's positions; on error every state goes back
@@ -406,6 +639,8 @@ impl Model {
         &self,
         segs: &mut [(&mut State, &[u32])],
         want: Logits,
+        opts: &mut PassOpts<'_>,
+        times: &mut PassTimes,
     ) -> Result<Vec<f32>, ModelError> {
         let before: Vec<(usize, Option<usize>)> = segs
             .iter()
@@ -431,9 +666,10 @@ impl Model {
         // every read it started before it enters a parallel call, so another pass never waits
         // on a read whose landing is stuck below it.
         let r = if self.in_pool {
-            self.exec.install(|| self.forward_inner(segs, want))
+            self.exec
+                .install(|| self.forward_inner(segs, want, opts, times))
         } else {
-            self.forward_inner(segs, want)
+            self.forward_inner(segs, want, opts, times)
         };
         if r.is_err() {
             for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {

@@ -66,6 +66,28 @@ pub(crate) fn glu(
     Ok(y)
 }
 
+/// [`glu`] over the rows of `x` in calls of at most `rows` rows (each row's arithmetic is the
+/// same either way: the calls only bound the scratch).
+pub(crate) fn glu_rows(
+    exec: &Exec,
+    spec: &MlpSpec,
+    blob: &Blob,
+    x: &[f32],
+    act: GluActivation,
+    rows: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let width = spec.gate.cols;
+    let t = x.len() / width.max(1);
+    if t <= rows {
+        return glu(exec, spec, blob, x, t, act);
+    }
+    let mut y = Vec::with_capacity(t * spec.down.rows);
+    for part in x.chunks(rows * width) {
+        y.extend(glu(exec, spec, blob, part, part.len() / width, act)?);
+    }
+    Ok(y)
+}
+
 /// The GLU activation of SwiGLU-shaped routed experts (None for GPT-OSS's clamped form).
 fn glu_activation(a: ExpertActivation) -> Option<GluActivation> {
     match a {
@@ -167,7 +189,28 @@ fn clamped_expert(
     Ok(y)
 }
 
-/// One routed expert over `[t, hidden]` rows.
+/// One routed expert over `[t, width]` rows, in calls of at most `rows` rows.
+pub(crate) fn expert_rows(
+    exec: &Exec,
+    cfg: &ModelConfig,
+    spec: &ExpertSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+    rows: usize,
+) -> Result<Vec<f32>, ModelError> {
+    if t <= rows {
+        return expert(exec, cfg, spec, blob, x, t);
+    }
+    let width = x.len() / t;
+    let mut y = Vec::new();
+    for part in x.chunks(rows * width) {
+        y.extend(expert(exec, cfg, spec, blob, part, part.len() / width)?);
+    }
+    Ok(y)
+}
+
+/// One routed expert over `[t, width]` rows.
 pub(crate) fn expert(
     exec: &Exec,
     cfg: &ModelConfig,
@@ -279,6 +322,8 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
 /// store in groups it can pin at once. Each row's arithmetic is the same as if it were alone.
 /// With `gather` (every expert fits in the cache) a group is taken whole and its GLU blocks go
 /// to the pool together ([`glu_many`]); otherwise each expert is computed as its read lands.
+/// Products take at most `rows_per_call` rows at a time; the time from the first fetch to the
+/// last routed expert's product is added to `expert_seconds`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe(
     exec: &Exec,
@@ -293,7 +338,10 @@ pub(crate) fn moe(
     routes: Option<&mut Vec<Route>>,
     prefetch_next: Option<&(usize, Vec<u32>)>,
     gather: bool,
+    rows_per_call: usize,
+    expert_seconds: &std::cell::Cell<f64>,
 ) -> Result<Vec<f32>, ModelError> {
+    let rows_per_call = rows_per_call.max(1);
     let FfnSpec::Moe {
         router,
         bias,
@@ -352,6 +400,8 @@ pub(crate) fn moe(
     // In groups of as many experts as the cache can pin at once when each group is admitted
     // (the capacity moves as KV caches take and give back pages).
     let mut rest = &ids[..];
+    let t_experts = std::time::Instant::now();
+    let mut shared_seconds = 0.0;
     while !rest.is_empty() {
         let rows: Vec<u32> = rest.iter().map(|e| users[e].len() as u32).collect();
         let (n, arrivals) = experts.fetch_some(layer, rest, &rows)?;
@@ -409,7 +459,9 @@ pub(crate) fn moe(
                     }
                 }
             }
-            if jobs.len() == chunk.len() {
+            // Over more rows than a call takes, each expert in turn (the synchronisations
+            // glu_many saves do not matter there, and its scratch would grow with the rows).
+            if jobs.len() == chunk.len() && t <= rows_per_call {
                 let with_shared = rest.is_empty() && shared.is_some();
                 if let (true, Some(sh)) = (with_shared, shared) {
                     jobs.push(GluJob {
@@ -429,7 +481,8 @@ pub(crate) fn moe(
                 }
             } else {
                 for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
-                    put(e, &expert(exec, cfg, spec, eb, xe, users[&e].len())?);
+                    let n = users[&e].len();
+                    put(e, &expert_rows(exec, cfg, spec, eb, xe, n, rows_per_call)?);
                 }
             }
             continue;
@@ -438,7 +491,9 @@ pub(crate) fn moe(
         if let Some(sh) = shared
             && shared_y.is_none()
         {
-            shared_y = Some(glu(exec, sh, blob, x, t, cfg.mlp_act)?);
+            let t0 = std::time::Instant::now();
+            shared_y = Some(glu_rows(exec, sh, blob, x, cfg.mlp_act, rows_per_call)?);
+            shared_seconds += t0.elapsed().as_secs_f64();
         }
         // Each expert as soon as it is in memory: resident ones first, then reads as they land.
         // Every expert writes only its own rows of `outs`, so the order changes no bit.
@@ -446,9 +501,15 @@ pub(crate) fn moe(
             let (ci, eb) = arrival?;
             let e = chunk[ci];
             let (xe, spec) = inputs(e)?;
-            put(e, &expert(exec, cfg, spec, &eb, &xe, users[&e].len())?);
+            let n = users[&e].len();
+            put(
+                e,
+                &expert_rows(exec, cfg, spec, &eb, &xe, n, rows_per_call)?,
+            );
         }
     }
+    expert_seconds
+        .set(expert_seconds.get() + (t_experts.elapsed().as_secs_f64() - shared_seconds).max(0.0));
 
     // Combine per token in expert-id order: acc += w · y (as transformers' index_add does).
     let mut comb = vec![0f32; t * w];
@@ -481,7 +542,7 @@ pub(crate) fn moe(
     if let Some(sh) = shared {
         let y = match shared_y {
             Some(y) => y,
-            None => glu(exec, sh, blob, x, t, cfg.mlp_act)?,
+            None => glu_rows(exec, sh, blob, x, cfg.mlp_act, rows_per_call)?,
         };
         match shared_gate {
             Some(g) => {

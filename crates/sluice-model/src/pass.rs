@@ -1,12 +1,22 @@
 //! One forward pass over segments (one sequence's tokens each) sharing every row-wise step:
 //! embeddings, per layer attention (per segment, against its own cache) and the feed-forward
 //! block (over all rows), then the head for the rows whose logits are wanted.
+//!
+//! The pass is layer-major: each layer runs over every row before the next begins, so a layer's
+//! routed experts are fetched once for the union of what all the rows chose (a prefill span of
+//! thousands of tokens reads each expert once). What each call inside a layer works with is
+//! bounded by `chunk` rows: attention runs chunk by chunk against the cache the earlier chunks
+//! wrote, and the products of dense blocks and experts take at most `chunk` rows at a time.
+//! Every row's arithmetic is the same whatever the chunk, so the output bits are too.
+
+use std::cell::Cell;
+use std::time::Instant;
 
 use sluice_store::Blob;
 
 use crate::ModelError;
 use crate::model::{Logits, Model};
-use crate::moe::{glu, moe};
+use crate::moe::{glu_rows, moe};
 use crate::residual::{Mixing, Stream};
 use crate::rope::Angles;
 use crate::state::State;
@@ -20,17 +30,53 @@ struct Pass {
     starts: Vec<usize>,
     /// Each segment's first position.
     pos0s: Vec<usize>,
-    /// Each segment's rotary angles.
-    angles: Vec<Angles>,
+    /// Each segment's rotary angles, per chunk of `chunk` rows.
+    angles: Vec<Vec<Angles>>,
+    /// Rows each call inside a layer takes at most.
+    chunk: usize,
     /// Every segment has at most one token (a decode step).
     single_token_steps: bool,
     /// Intermediate tensors are recorded for a single sequence only.
     single: bool,
     /// Some segment records its routes.
     recording_routes: bool,
+    /// Seconds spent in attention and in routed experts (fetch and products).
+    attention_seconds: Cell<f64>,
+    expert_seconds: Cell<f64>,
 }
 
 type Segs<'s, 'a, 'b> = [(&'a mut State, &'b [u32])];
+
+/// How a forward pass is run: rows per call inside a layer, whether it starts a new step of
+/// the expert store's counters, and who hears of each finished layer.
+pub(crate) struct PassOpts<'f> {
+    /// Rows each call inside a layer takes at most (at least 1).
+    pub chunk: usize,
+    /// Counts as a new forward step in the expert store's figures (a prefill of several spans
+    /// is one step: its touched experts are the prompt's).
+    pub new_step: bool,
+    /// Called with each layer's index once the layer has run over every row.
+    pub on_layer: Option<&'f mut (dyn FnMut(usize) + Send)>,
+}
+
+/// Where a forward pass spent its time, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassTimes {
+    /// Attention (projections, the cache, scores).
+    pub attention: f64,
+    /// Routed experts: waiting for their reads and their products.
+    pub experts: f64,
+    /// Everything else (embeddings, norms, routers, shared experts, dense blocks, the head).
+    pub other: f64,
+}
+
+impl std::ops::AddAssign for PassTimes {
+    fn add_assign(&mut self, o: PassTimes) {
+        self.attention += o.attention;
+        self.experts += o.experts;
+        self.other += o.other;
+    }
+}
 
 impl Model {
     /// The forward pass over segments; `want` applies per segment.
@@ -38,8 +84,12 @@ impl Model {
         &self,
         segs: &mut Segs<'_, '_, '_>,
         want: Logits,
+        opts: &mut PassOpts<'_>,
+        times: &mut PassTimes,
     ) -> Result<Vec<f32>, ModelError> {
+        let t_start = Instant::now();
         let cfg = self.config();
+        let chunk = opts.chunk.max(1);
         let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
         let t = tokens.len();
         if t == 0 {
@@ -63,23 +113,43 @@ impl Model {
             pos0s: segs.iter().map(|(s, _)| s.pos).collect(),
             angles: segs
                 .iter()
-                .map(|(s, toks)| Angles::new(self.rope(), s.pos, toks.len()))
+                .map(|(s, toks)| {
+                    (0..toks.len())
+                        .step_by(chunk)
+                        .map(|c0| Angles::new(self.rope(), s.pos + c0, chunk.min(toks.len() - c0)))
+                        .collect()
+                })
                 .collect(),
+            chunk,
             single: segs.len() == 1,
             recording_routes: segs.iter().any(|(s, _)| s.routes.is_some()),
+            attention_seconds: Cell::new(0.0),
+            expert_seconds: Cell::new(0.0),
         };
-        self.experts().begin_step();
+        if opts.new_step {
+            self.experts().begin_step();
+        }
 
         let hs = self.embed_rows(&tokens)?;
         record(&pass, segs, || ("embeddings".into(), hs.clone()));
         let mut stream = Stream::new(cfg.residual, hs);
         for l in 0..cfg.layers {
             self.layer(&pass, segs, &mut stream, l)?;
+            if let Some(f) = opts.on_layer.as_mut() {
+                f(l);
+            }
         }
         for (state, toks) in segs.iter_mut() {
             state.pos += toks.len();
         }
-        self.head(&pass, segs, &stream, want)
+        let logits = self.head(&pass, segs, &stream, want)?;
+        let (attention, experts) = (pass.attention_seconds.get(), pass.expert_seconds.get());
+        *times += PassTimes {
+            attention,
+            experts,
+            other: (t_start.elapsed().as_secs_f64() - attention - experts).max(0.0),
+        };
+        Ok(logits)
     }
 
     /// RMSNorm of each `[hidden]` row of `src` with weights `w`.
@@ -121,7 +191,11 @@ impl Model {
             &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
             &spec.input_norm.to_f32(blob),
         );
-        stream.add_attention(l, self.attend(pass, segs, l, spec, blob, &x)?);
+        let t0 = Instant::now();
+        let a = self.attend(pass, segs, l, spec, blob, &x)?;
+        pass.attention_seconds
+            .set(pass.attention_seconds.get() + t0.elapsed().as_secs_f64());
+        stream.add_attention(l, a);
         let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
         let f = self.feed_forward(pass, segs, l, spec, blob, &mlp_in)?;
         drop(mlp_in);
@@ -148,7 +222,8 @@ impl Model {
         Ok(())
     }
 
-    /// Layer `l`'s attention over the normed rows `x`, per segment against its own cache.
+    /// Layer `l`'s attention over the normed rows `x`, per segment against its own cache, in
+    /// calls of at most `chunk` rows (each after the earlier ones have written the cache).
     fn attend(
         &self,
         pass: &Pass,
@@ -163,28 +238,30 @@ impl Model {
         let starts = &pass.starts;
         let mut out = Vec::with_capacity(x.len());
         for (si, (state, toks)) in segs.iter_mut().enumerate() {
-            if toks.is_empty() {
-                continue;
+            for (ci, c0) in (0..toks.len()).step_by(pass.chunk).enumerate() {
+                let c1 = (c0 + pass.chunk).min(toks.len());
+                let cx = crate::attention::Ctx {
+                    exec: self.exec(),
+                    rope: self.rope(),
+                    angles: &pass.angles[si][ci],
+                    hidden: h,
+                    eps: cfg.eps,
+                    pass_start: pass.pos0s[si],
+                };
+                let rows = starts[si] + c0..starts[si] + c1;
+                let a = cfg.layer_plan[l].attention.forward(
+                    &cx,
+                    &spec.attn,
+                    blob,
+                    &mut state.layers[l],
+                    pass.pos0s[si] + c0,
+                    &x[rows.start * h..rows.end * h],
+                )?;
+                if out.is_empty() && rows.len() == pass.t {
+                    return Ok(a);
+                }
+                out.extend_from_slice(&a);
             }
-            let cx = crate::attention::Ctx {
-                exec: self.exec(),
-                rope: self.rope(),
-                angles: &pass.angles[si],
-                hidden: h,
-                eps: cfg.eps,
-            };
-            let a = cfg.layer_plan[l].attention.forward(
-                &cx,
-                &spec.attn,
-                blob,
-                &mut state.layers[l],
-                pass.pos0s[si],
-                &x[starts[si] * h..starts[si + 1] * h],
-            )?;
-            if out.is_empty() && starts[si + 1] - starts[si] == pass.t {
-                return Ok(a);
-            }
-            out.extend_from_slice(&a);
         }
         Ok(out)
     }
@@ -216,7 +293,7 @@ impl Model {
                 if let Some((nl, ids)) = &next {
                     self.experts().prefetch(*nl, ids);
                 }
-                glu(self.exec(), m, blob, &x, pass.t, cfg.mlp_act)
+                glu_rows(self.exec(), m, blob, &x, cfg.mlp_act, pass.chunk)
             }
             moe_spec @ FfnSpec::Moe { .. } => {
                 // Routes come back with their row index as position.
@@ -234,6 +311,8 @@ impl Model {
                     routes.as_mut(),
                     next.as_ref(),
                     self.gathers_experts(),
+                    pass.chunk,
+                    &pass.expert_seconds,
                 )?;
                 let starts = &pass.starts;
                 for mut r in routes.into_iter().flatten() {

@@ -54,8 +54,22 @@ pub struct MemoryPlan {
     /// Sequences decoded together (batched decoding) the KV cache, recurrent state and scratch
     /// are reserved for.
     pub sequences: usize,
-    /// Activations and scratch for a prefill chunk.
+    /// Activations and scratch for a forward pass of `chunk` rows.
     pub scratch: u64,
+    /// Rows each call inside a layer takes at most (attention, products): what bounds the
+    /// scratch. A prefill runs a layer over a whole span of the prompt at a time, in calls of
+    /// this many rows.
+    pub chunk: usize,
+    /// Bytes of activations each prompt token of a prefill span holds while a layer runs over
+    /// the span (residual stream, normed inputs, routing, expert outputs): see
+    /// [`span_bytes_per_token`].
+    pub span_bytes_per_token: u64,
+    /// The longest span of a prompt one prefill pass runs each layer over, with nothing else in
+    /// the pool lent out: every expert a layer's span routes to is then read once for all of
+    /// its rows. Its activations beyond the first `chunk` rows (which `scratch` holds) are lent
+    /// by the expert cache for the pass and given back after it, like KV pages; when the pool
+    /// has less room at the time, the span is shorter. Never less than `chunk`.
+    pub prefill_span: usize,
     /// Memory the caller keeps for itself inside the budget (the tokenizer: its vocabulary and
     /// the peak of encoding the longest prompt that can fit; see [`crate::ModelOptions`]).
     pub text: u64,
@@ -94,6 +108,23 @@ pub fn recurrent_bytes(cfg: &ModelConfig) -> u64 {
 /// KV-cache bytes per position (every layer with a KV cache; recurrent layers keep none).
 pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let floats: usize = cfg.layer_plan.iter().map(|p| p.attention.kv_floats()).sum();
+    (floats * 4) as u64
+}
+
+/// Bytes each token of a prefill span holds while a layer runs over the whole span: the
+/// residual stream (with attention residuals, every completed block), the normed attention and
+/// feed-forward inputs, the attention and feed-forward outputs, the shared expert's output,
+/// the router's logits and choices, each routed slot's output and their combination (in the
+/// experts' latent space where they have one). What each call of `chunk` rows works with
+/// beyond that is [`scratch_bytes`].
+pub fn span_bytes_per_token(cfg: &ModelConfig) -> u64 {
+    let attn_res = match cfg.residual {
+        Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
+        Residual::Add => 0,
+    };
+    let w = cfg.moe.latent.map_or(cfg.hidden, |l| l.dim);
+    let k = cfg.moe.top_k;
+    let floats = 7 * cfg.hidden + attn_res + cfg.moe.experts + k * w + 2 * w + 6 * k + 16;
     (floats * 4) as u64
 }
 
@@ -137,8 +168,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
 
 impl MemoryPlan {
     /// Splits `opts.memory` (None: unlimited) for a model whose bytes `reader` will read:
-    /// `opts.context` positions (capped by the model's maximum), prefill chunks of
-    /// `opts.chunk` tokens, `opts.sequences` sequences and `opts.text_memory` kept for the
+    /// `opts.context` positions (capped by the model's maximum), calls of `opts.chunk` rows, `opts.sequences` sequences and `opts.text_memory` kept for the
     /// caller's tokenizer.
     pub fn new(
         cfg: &ModelConfig,
@@ -285,6 +315,18 @@ impl MemoryPlan {
             .saturating_sub(kv_cache)
             .max(expert_floor)
             .min(all_experts);
+        let span_bytes_per_token = span_bytes_per_token(cfg);
+        let prefill_span = prefill_span(
+            budget.is_none(),
+            pool,
+            kv_cache,
+            all_experts,
+            expert_floor,
+            kv_per_position,
+            span_bytes_per_token,
+            ring_slots == 0,
+        )
+        .clamp(chunk, context.max(chunk));
         let context_fit = pool
             .saturating_sub(expert_floor)
             .checked_div(kv_per_position)
@@ -307,6 +349,9 @@ impl MemoryPlan {
             context,
             sequences,
             scratch,
+            chunk,
+            span_bytes_per_token,
+            prefill_span,
             text,
             expert_cache,
             expert_cache_full_context,
@@ -328,6 +373,42 @@ impl MemoryPlan {
         self.expert_cache_full_context >= self.all_expert_bytes
             && self.pool.saturating_sub(self.kv_cache) >= self.all_expert_bytes
     }
+}
+
+/// The longest prefill span a pool holds (before clamping to `chunk..=context`). With every
+/// expert staying cached beside full-context KV caches and the trunk resident (passes run in
+/// the compute pool and must never wait for room), only what is spare beyond both; otherwise
+/// what the pool holds beside the expert floor with the span's own KV pages.
+#[allow(clippy::too_many_arguments)]
+fn prefill_span(
+    unlimited: bool,
+    pool: u64,
+    kv_cache: u64,
+    all_experts: u64,
+    floor: u64,
+    kv_per_position: u64,
+    per_token: u64,
+    trunk_resident: bool,
+) -> usize {
+    if unlimited {
+        return usize::MAX;
+    }
+    let fit = pool.saturating_sub(kv_cache) >= all_experts;
+    if fit && trunk_resident {
+        let spare = pool.saturating_sub(kv_cache).saturating_sub(all_experts);
+        return usize::try_from(spare / per_token.max(1)).unwrap_or(usize::MAX);
+    }
+    // The span's KV cache is taken in whole pages.
+    let room = pool.saturating_sub(floor);
+    let need = |s: u64| {
+        s.saturating_mul(per_token)
+            .saturating_add(s.div_ceil(KV_PAGE as u64) * KV_PAGE as u64 * kv_per_position)
+    };
+    let mut span = room / (per_token + kv_per_position).max(1);
+    while span > 0 && need(span) > room {
+        span -= 1;
+    }
+    usize::try_from(span).unwrap_or(usize::MAX)
 }
 
 /// Bytes as `1.50 GiB`, `12.0 MiB`, `512 B`.

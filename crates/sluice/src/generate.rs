@@ -10,14 +10,14 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use sluice_model::{Logits, State};
+use sluice_model::{Logits, PrefillEvent, PrefillOptions, State};
 use sluice_sampler::SamplingOptions;
 use sluice_store::ExpertStats;
 
 use crate::Error;
 use crate::decoding::{Choice, Decoding};
 use crate::engine::Engine;
-use crate::stats::{GenerationStats, PrefillChunkStats, stats_since};
+use crate::stats::{GenerationStats, PrefillSpanStats, stats_since};
 
 /// How to generate.
 #[derive(Clone, Debug)]
@@ -30,15 +30,24 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Stop at the model's end-of-sequence tokens.
     pub stop_at_eos: bool,
-    /// Prompt tokens per prefill chunk (at least 1).
+    /// Prompt rows each call inside a layer takes at most during the prefill (at least 1):
+    /// attention runs over the prompt this many queries at a time, and each product this many
+    /// rows at a time.
     ///
     /// Under a memory budget the scratch is planned for the engine's chunk
     /// ([`EngineBuilder::prefill_chunk`](crate::EngineBuilder::prefill_chunk), see
     /// [`Engine::prefill_chunk`]); a larger value is clamped to it, so that no caller can take
     /// more scratch than the budget holds. Chunking never changes the output, so the clamp
-    /// changes only the prefill's figures ([`GenerationStats::prefill_chunks`]). With
-    /// [`Memory::Unlimited`](crate::Memory::Unlimited) the value is used as given.
+    /// changes only the prefill's speed ([`GenerationStats::prefill_chunk`] is the value used).
+    /// With [`Memory::Unlimited`](crate::Memory::Unlimited) the value is used as given.
     pub prefill_chunk: usize,
+    /// Most prompt tokens one prefill pass runs each layer over (None: as many as the memory
+    /// plan allows, the whole prompt when its activations fit). Every layer's experts are read
+    /// once per pass for all of its tokens, so a shorter span reads them more often; the output
+    /// is the same whatever the span ([`GenerationStats::prefill_spans`]).
+    pub prefill_span: Option<usize>,
+    /// Called as the prefill goes (after each layer of each pass).
+    pub on_prefill: Option<PrefillHook>,
     /// Keep every row of logits (prompt positions and each step) in the result.
     pub keep_logits: bool,
 }
@@ -51,8 +60,34 @@ impl Default for GenerateOptions {
             stop: Vec::new(),
             stop_at_eos: true,
             prefill_chunk: 64,
+            prefill_span: None,
+            on_prefill: None,
             keep_logits: false,
         }
+    }
+}
+
+/// How far a prefill has got, for a progress display.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillProgress {
+    /// Prompt tokens done: the passes finished, and of the current one the share of its layers
+    /// done.
+    pub done: usize,
+    /// Prompt tokens in all.
+    pub total: usize,
+    /// Seconds since the prefill began.
+    pub seconds: f64,
+    /// Expert bytes read from disk since it began.
+    pub expert_bytes_read: u64,
+}
+
+/// A callback hearing of a prefill's progress ([`GenerateOptions::on_prefill`]).
+#[derive(Clone)]
+pub struct PrefillHook(pub std::sync::Arc<dyn Fn(&PrefillProgress) + Send + Sync>);
+
+impl std::fmt::Debug for PrefillHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrefillHook")
     }
 }
 
@@ -85,6 +120,9 @@ pub(crate) fn check_options(opts: &GenerateOptions) -> Result<(), Error> {
     crate::decoding::check_stops(&opts.stop)?;
     if opts.prefill_chunk == 0 {
         return Err(Error::Usage("prefill_chunk must be at least 1".into()));
+    }
+    if opts.prefill_span == Some(0) {
+        return Err(Error::Usage("prefill_span must be at least 1".into()));
     }
     Ok(())
 }
@@ -133,8 +171,9 @@ pub(crate) struct Prefilled {
     pub(crate) prompt_logits: Vec<f32>,
 }
 
-/// Runs `feed` through the model in chunks, appending each chunk to `history` once it is in
-/// `state`, and starts the sequence's generation.
+/// Runs `feed` through the model (layer-major spans as long as the memory plan allows, see
+/// [`sluice_model::Model::prefill`]), appending each span to `history` once it is in `state`,
+/// and starts the sequence's generation.
 pub(crate) fn prefill(
     engine: &Engine,
     state: &mut State,
@@ -150,45 +189,68 @@ pub(crate) fn prefill(
     let trunk0 = model.trunk_bytes_read();
     let cache0 = model.experts().capacity();
     let chunk = prefill_chunk(engine, opts.prefill_chunk);
-    let mut prompt_logits = Vec::new();
-    let mut last = Vec::new();
-    let mut chunk_stats = Vec::new();
-    let n_chunks = feed.len().div_ceil(chunk);
-    for (ci, part) in feed.chunks(chunk).enumerate() {
-        let (c0, e0) = (Instant::now(), model.experts().stats());
-        let want = if keep_logits {
-            Logits::All
-        } else if ci + 1 == n_chunks {
-            Logits::Last
-        } else {
-            Logits::None
-        };
-        let l = model.forward(state, part, want)?;
-        let e1 = model.experts().stats();
-        chunk_stats.push(PrefillChunkStats {
-            tokens: part.len(),
-            seconds: c0.elapsed().as_secs_f64(),
-            expert_requests: e1.requests - e0.requests,
-            expert_hits: e1.hits - e0.hits,
-            experts_touched: e1.touched - e0.touched,
-            expert_touched_bytes: e1.touched_bytes - e0.touched_bytes,
-            expert_bytes_read: e1.bytes_read - e0.bytes_read,
-        });
-        history.extend_from_slice(part);
-        if ci + 1 == n_chunks {
-            let v = model.config().vocab;
-            last = l[l.len() - v..].to_vec();
+    let want = if keep_logits {
+        Logits::All
+    } else {
+        Logits::Last
+    };
+    let mut span_stats = Vec::new();
+    let (mut s0, mut e0) = (Instant::now(), expert0.clone());
+    let mut added = 0;
+    let total = feed.len();
+    let hook = opts.on_prefill.clone();
+    let mut on = |ev: &PrefillEvent| match *ev {
+        PrefillEvent::Layer {
+            done,
+            span,
+            layer,
+            layers,
+        } => {
+            if let Some(h) = &hook {
+                h.0(&PrefillProgress {
+                    done: done + span * (layer + 1) / layers.max(1),
+                    total,
+                    seconds: t0.elapsed().as_secs_f64(),
+                    expert_bytes_read: model.experts().stats().bytes_read - expert0.bytes_read,
+                });
+            }
         }
-        if keep_logits {
-            prompt_logits.extend(l);
+        PrefillEvent::Span { tokens } => {
+            let e1 = model.experts().stats();
+            span_stats.push(PrefillSpanStats {
+                tokens,
+                seconds: s0.elapsed().as_secs_f64(),
+                expert_requests: e1.requests - e0.requests,
+                expert_hits: e1.hits - e0.hits,
+                expert_bytes_read: e1.bytes_read - e0.bytes_read,
+            });
+            history.extend_from_slice(&feed[added..added + tokens]);
+            added += tokens;
+            (s0, e0) = (Instant::now(), e1);
         }
-    }
+    };
+    let pre_opts = PrefillOptions {
+        chunk,
+        max_span: opts.prefill_span.unwrap_or(usize::MAX),
+    };
+    let out = model.prefill(state, feed, want, pre_opts, &mut on)?;
+    let v = model.config().vocab;
+    let last = match out.logits.len() {
+        n if n >= v => out.logits[n - v..].to_vec(),
+        _ => Vec::new(),
+    };
+    let e1 = model.experts().stats();
     let stats = GenerationStats {
         prefill_tokens: feed.len(),
         prefill_seconds: t0.elapsed().as_secs_f64(),
-        prefill_expert_bytes_read: model.experts().stats().bytes_read - expert0.bytes_read,
+        prefill_expert_bytes_read: e1.bytes_read - expert0.bytes_read,
+        prefill_expert_touched_bytes: e1.touched_bytes - expert0.touched_bytes,
         prefill_trunk_bytes_read: model.trunk_bytes_read() - trunk0,
-        prefill_chunks: chunk_stats,
+        prefill_attention_seconds: out.times.attention,
+        prefill_expert_seconds: out.times.experts,
+        prefill_other_seconds: out.times.other,
+        prefill_chunk: chunk,
+        prefill_spans: span_stats,
         io_mode: model.io_mode().name().to_owned(),
         memory_budget_bytes: engine.budget().unwrap_or(0),
         expert_cache_start_bytes: cache0,
@@ -206,7 +268,7 @@ pub(crate) fn prefill(
             counted: false,
         },
         last,
-        prompt_logits,
+        prompt_logits: if keep_logits { out.logits } else { Vec::new() },
     })
 }
 

@@ -35,7 +35,7 @@ pub mod tools;
 // trace replay) live in `tools`.
 pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
 pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
-pub use generate::{FinishReason, GenerateOptions, Token};
+pub use generate::{FinishReason, GenerateOptions, PrefillHook, PrefillProgress, Token};
 pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
 pub use sluice_model::{Description, MemoryPlan, ModelConfig};
@@ -45,7 +45,7 @@ pub use sluice_store::{
     TraceEvent,
 };
 pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
-pub use stats::{EngineStats, GenerationStats, PrefillChunkStats, peak_rss_bytes};
+pub use stats::{EngineStats, GenerationStats, PrefillSpanStats, peak_rss_bytes};
 
 use std::path::PathBuf;
 

@@ -46,10 +46,23 @@ pub struct GenerationStats {
     pub expert_touched_bytes: u64,
     /// Of `expert_bytes_read`, bytes read during the prompt.
     pub prefill_expert_bytes_read: u64,
+    /// Buffer bytes of the distinct experts the whole prompt routed to (each layer's union
+    /// over every prompt token): what a prefill with a cold cache must read at least, and
+    /// reads exactly once when the prompt is one span.
+    pub prefill_expert_touched_bytes: u64,
     /// Of `trunk_bytes_read`, bytes read during the prompt.
     pub prefill_trunk_bytes_read: u64,
-    /// Each prefill chunk's figures.
-    pub prefill_chunks: Vec<PrefillChunkStats>,
+    /// Seconds of the prefill in attention.
+    pub prefill_attention_seconds: f64,
+    /// Seconds of the prefill in routed experts (waiting for reads, and their products).
+    pub prefill_expert_seconds: f64,
+    /// Seconds of the prefill in everything else (embeddings, norms, routers, shared experts,
+    /// dense blocks, the head, bookkeeping).
+    pub prefill_other_seconds: f64,
+    /// Rows each call inside a layer took at most during the prefill.
+    pub prefill_chunk: usize,
+    /// Each prefill pass's figures: a pass runs every layer over a span of the prompt.
+    pub prefill_spans: Vec<PrefillSpanStats>,
     /// Seconds spent waiting on expert reads.
     pub io_seconds: f64,
     /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
@@ -82,22 +95,18 @@ pub struct GenerationStats {
     pub isa: String,
 }
 
-/// Figures of one prefill chunk (one forward step).
+/// Figures of one prefill pass: every layer over one span of the prompt.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
-pub struct PrefillChunkStats {
-    /// Tokens in the chunk.
+pub struct PrefillSpanStats {
+    /// Tokens in the span.
     pub tokens: usize,
     /// Seconds it took.
     pub seconds: f64,
-    /// Routed experts asked for.
+    /// Routed experts asked for (one request per layer per distinct expert).
     pub expert_requests: u64,
     /// Of those, found in memory.
     pub expert_hits: u64,
-    /// Distinct experts asked for.
-    pub experts_touched: u64,
-    /// Their buffer bytes.
-    pub expert_touched_bytes: u64,
-    /// Expert bytes read from disk during the chunk (demand and prefetch).
+    /// Expert bytes read from disk during the pass.
     pub expert_bytes_read: u64,
 }
 

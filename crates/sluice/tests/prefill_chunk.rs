@@ -1,6 +1,7 @@
-//! `GenerateOptions::prefill_chunk` under a memory budget never exceeds the chunk the plan's
-//! scratch was made for: a larger one is clamped (the output is the same whatever the chunk),
-//! in sessions and in the batcher alike. Without a budget it is used as given.
+//! `GenerateOptions::prefill_chunk` (rows per call inside a layer) under a memory budget never
+//! exceeds the chunk the plan's scratch was made for: a larger one is clamped (the output is the
+//! same whatever the chunk), in sessions and in the batcher alike. Without a budget it is used as
+//! given. `GenerateOptions::prefill_span` caps the tokens of each layer-major pass.
 
 mod common;
 
@@ -43,30 +44,45 @@ fn a_larger_prefill_chunk_is_clamped_to_the_planned_one_under_a_budget() {
         let mut s = unlimited.session().unwrap();
         let mut g = s.generate(Prompt::Text(PROMPT), &opts()).unwrap();
         g.run().unwrap();
-        (g.ids().to_vec(), g.stats().prefill_chunks)
+        (g.ids().to_vec(), g.stats())
     };
     // Unlimited memory: the chunk asked for, one pass over the whole prompt.
-    assert_eq!(chunks.len(), 1);
-    assert_eq!(chunks[0].tokens, n);
+    assert_eq!(chunks.prefill_chunk, 64);
+    assert_eq!(chunks.prefill_spans.len(), 1);
+    assert_eq!(chunks.prefill_spans[0].tokens, n);
 
-    let check = |what: &str, ids: &[u32], chunks: &[sluice::PrefillChunkStats]| {
+    let check = |what: &str, ids: &[u32], st: &sluice::GenerationStats| {
         assert_eq!(ids, &want[..], "{what}: the clamp changes no token");
-        assert_eq!(chunks.len(), n.div_ceil(planned), "{what}");
-        assert!(
-            chunks.iter().all(|c| c.tokens <= planned),
-            "{what}: chunks of {:?} tokens, planned {planned}",
-            chunks.iter().map(|c| c.tokens).collect::<Vec<_>>()
+        assert_eq!(st.prefill_chunk, planned, "{what}");
+        assert_eq!(
+            st.prefill_spans.iter().map(|s| s.tokens).sum::<usize>(),
+            n,
+            "{what}"
         );
     };
     {
         let mut s = engine.session().unwrap();
         let mut g = s.generate(Prompt::Text(PROMPT), &opts()).unwrap();
         g.run().unwrap();
-        check("session", g.ids(), &g.stats().prefill_chunks);
+        check("session", g.ids(), &g.stats());
+        // Spans capped at 3 tokens: more passes, the same tokens.
+        let capped = GenerateOptions {
+            prefill_span: Some(3),
+            ..opts()
+        };
+        drop(g);
+        drop(s);
+        let mut s = engine.session().unwrap();
+        let mut g = s.generate(Prompt::Text(PROMPT), &capped).unwrap();
+        g.run().unwrap();
+        check("session, spans of 3", g.ids(), &g.stats());
+        let spans: Vec<usize> = g.stats().prefill_spans.iter().map(|s| s.tokens).collect();
+        assert_eq!(spans.len(), n.div_ceil(3), "{spans:?}");
+        assert!(spans.iter().all(|&s| s <= 3), "{spans:?}");
     }
     let batcher = Batcher::new(engine, 1).unwrap();
     let f = batcher
         .generate(&OwnedPrompt::Text(PROMPT.into()), opts())
         .unwrap();
-    check("batcher", &f.ids, &f.stats.prefill_chunks);
+    check("batcher", &f.ids, &f.stats);
 }

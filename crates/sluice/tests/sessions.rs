@@ -18,10 +18,22 @@ fn k3() -> Engine {
 }
 
 fn greedy(s: &mut Session, ids: Vec<u32>, n: usize, chunk: usize) -> Vec<u32> {
+    greedy_spans(s, ids, n, chunk, None)
+}
+
+/// Greedy generation with prefill calls of `chunk` rows in passes of at most `span` tokens.
+fn greedy_spans(
+    s: &mut Session,
+    ids: Vec<u32>,
+    n: usize,
+    chunk: usize,
+    span: Option<usize>,
+) -> Vec<u32> {
     let opts = GenerateOptions {
         max_tokens: n,
         stop_at_eos: false,
         prefill_chunk: chunk,
+        prefill_span: span,
         ..Default::default()
     };
     let mut g = s.generate_ids(ids, &opts).unwrap();
@@ -35,11 +47,13 @@ const PROMPT: [u32; 7] = [383, 178, 452, 226, 380, 239, 384];
 fn continuing_with_no_ids_is_one_generation() {
     let e = k3();
     let whole = greedy(&mut e.session().unwrap(), PROMPT.to_vec(), 8, 64);
-    for chunk in [1, 3, 64] {
+    // Calls of 1, 2, 3 or 64 rows inside a layer, in one pass or in passes of 3 or 5 tokens:
+    // the recurrent state advances chunk by chunk within a pass and is saved once per pass.
+    for (chunk, span) in [(1, None), (3, None), (2, Some(5)), (3, Some(3)), (64, None)] {
         let mut s = e.session().unwrap();
-        let mut got = greedy(&mut s, PROMPT.to_vec(), 3, chunk);
-        got.extend(greedy(&mut s, Vec::new(), 5, chunk));
-        assert_eq!(got, whole, "chunk {chunk}");
+        let mut got = greedy_spans(&mut s, PROMPT.to_vec(), 3, chunk, span);
+        got.extend(greedy_spans(&mut s, Vec::new(), 5, chunk, span));
+        assert_eq!(got, whole, "chunk {chunk}, span {span:?}");
     }
 }
 

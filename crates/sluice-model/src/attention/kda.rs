@@ -270,8 +270,8 @@ impl Cache {
 const L2_EPS: f32 = 1e-6;
 
 /// One KDA layer over the normed input `x` `[t, hidden]`, advancing `cache`; returns
-/// `[t, hidden]`. The cache's state before the call is saved first, so a failed pass can
-/// restore it.
+/// `[t, hidden]`. The cache's state before the pass (the first call of a pass that runs the
+/// layer chunk by chunk) is saved first, so a failed pass can restore it.
 pub(crate) fn forward(
     kc: &KdaConfig,
     cx: &Ctx<'_>,
@@ -286,7 +286,9 @@ pub(crate) fn forward(
     let (nh, d, kk) = (kc.heads, kc.head_dim, kc.conv_kernel);
     let c = nh * d;
     let k = exec.kernels();
-    cache.save();
+    if cache.pos == cx.pass_start {
+        cache.save();
+    }
 
     // q, k, v through their short convolutions (with SiLU), carrying the last kk − 1 inputs.
     let mut proj = [vec![0f32; t * c], vec![0f32; t * c], vec![0f32; t * c]];

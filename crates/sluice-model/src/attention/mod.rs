@@ -64,6 +64,9 @@ pub(crate) struct Ctx<'a> {
     pub hidden: usize,
     /// The model's RMSNorm epsilon.
     pub eps: f32,
+    /// The sequence's first position in this forward pass (a pass over a long span calls a
+    /// layer once per chunk of rows; a recurrent kind saves its state only at the first).
+    pub pass_start: usize,
 }
 
 impl AttentionConfig {

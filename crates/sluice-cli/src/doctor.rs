@@ -52,6 +52,13 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         c.isas.join(", "),
         c.best_isa
     );
+    println!(
+        "         FMA ceiling {:.1} G multiply-adds/s per thread ({}), {:.1} G on {} threads",
+        c.fma_gmacs_per_thread,
+        c.best_isa,
+        c.fma_gmacs_per_thread * c.threads as f64,
+        c.threads
+    );
     let m = &r.memory;
     println!(
         "memory   {} total, {} available; read bandwidth {:.1} GB/s (1 thread), {:.1} GB/s ({} threads)",

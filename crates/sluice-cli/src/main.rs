@@ -187,7 +187,16 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
     if p.recurrent > 0 {
         println!("  recurrent state   {}", b(p.recurrent));
     }
-    println!("  scratch           {}", b(p.scratch));
+    println!(
+        "  scratch           {} (calls of {} rows)",
+        b(p.scratch),
+        p.chunk
+    );
+    println!(
+        "  prefill span      {} tokens per pass ({} per token, lent by the expert cache)",
+        p.prefill_span,
+        b(p.span_bytes_per_token)
+    );
     if p.tokenizer > 0 {
         println!("  tokenizer         {}", b(p.tokenizer));
     }

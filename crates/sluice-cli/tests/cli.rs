@@ -418,6 +418,10 @@ fn a_trunk_four_times_the_budget_streams_within_its_rss() {
     .unwrap();
     let d = dir.to_str().unwrap();
     let info = json(&run(&["inspect", d, "--json", "--context", "256"]));
+    // Unlimited memory: a prefill pass can take the whole context, in calls of 64 rows.
+    assert_eq!(info["plan"]["prefill_span"], 256, "{info}");
+    assert_eq!(info["plan"]["chunk"], 64, "{info}");
+    assert!(info["plan"]["span_bytes_per_token"].as_u64().unwrap() > 0);
     let trunk = info["trunk_bytes"].as_u64().unwrap();
     let budget = info["plan"]["minimum"].as_u64().unwrap() + (8 << 20);
     assert!(
@@ -702,6 +706,10 @@ fn doctor_measures_a_scratch_file_and_removes_it() {
     assert!(v["memory"]["read_gbps_1_thread"].as_f64().unwrap() > 0.0);
     assert!(v["memory"]["auto_budget_bytes"].as_u64().is_some());
     assert!(!v["cpu"]["isas"].as_array().unwrap().is_empty());
+    assert!(
+        v["cpu"]["fma_gmacs_per_thread"].as_f64().unwrap() > 0.0,
+        "{v}"
+    );
     assert_eq!(
         std::fs::read_dir(d.path()).unwrap().count(),
         0,

@@ -59,6 +59,7 @@
 pub mod decode;
 pub mod gguf;
 mod matrix;
+pub mod probe;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -20,6 +20,24 @@ impl std::fmt::Debug for Exec {
     }
 }
 
+/// Hands tasks to the pool of an [`Exec::tasks`] call.
+pub(crate) enum Spawner<'a, 's> {
+    /// Tasks run on the pool's threads.
+    Pool(&'a rayon::Scope<'s>),
+    /// No pool: a task runs at once, on the caller's thread.
+    Inline,
+}
+
+impl<'s> Spawner<'_, 's> {
+    /// Runs `f` as a task.
+    pub(crate) fn spawn(&self, f: impl FnOnce() + Send + 's) {
+        match self {
+            Spawner::Pool(s) => s.spawn(move |_| f()),
+            Spawner::Inline => f(),
+        }
+    }
+}
+
 /// Rows below which a product is not split across threads.
 const MIN_ROWS_PER_TASK: usize = 16;
 
@@ -43,6 +61,25 @@ impl Exec {
             pool,
             threads,
         })
+    }
+
+    /// The same kernels on the caller's thread alone: for work that is itself one task of a
+    /// parallel loop ([`Exec::tasks`]).
+    pub(crate) fn serial(&self) -> Exec {
+        Exec {
+            kernels: self.kernels,
+            pool: None,
+            threads: 1,
+        }
+    }
+
+    /// Runs `f` on the caller's thread with a [`Spawner`] whose tasks go to the pool (or run at
+    /// once without one); returns when `f` and every task it spawned are done.
+    pub(crate) fn tasks<'s, R>(&self, f: impl FnOnce(&Spawner<'_, 's>) -> R) -> R {
+        match &self.pool {
+            Some(pool) => pool.in_place_scope(|s| f(&Spawner::Pool(s))),
+            None => f(&Spawner::Inline),
+        }
     }
 
     /// The kernels.
@@ -192,6 +229,20 @@ impl Exec {
                 y[b * n_out + start..b * n_out + start + w]
                     .copy_from_slice(&part[b * w..(b + 1) * w]);
             }
+        }
+    }
+
+    /// `f(0), …, f(n − 1)` across the pool, in order.
+    pub fn map<T: Send, F>(&self, n: usize, f: F) -> Vec<T>
+    where
+        F: Fn(usize) -> T + Send + Sync,
+    {
+        match &self.pool {
+            Some(pool) if n > 1 => {
+                use rayon::prelude::*;
+                pool.install(|| (0..n).into_par_iter().map(f).collect())
+            }
+            _ => (0..n).map(f).collect(),
         }
     }
 

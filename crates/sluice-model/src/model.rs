@@ -91,6 +91,15 @@ pub struct Prefilled {
     pub times: PassTimes,
 }
 
+/// The attention tiles' room: the prefill's when a span has it, else the planned scratch's.
+fn score_floats(wide: bool) -> usize {
+    if wide {
+        crate::attention::PREFILL_TILE_SCORE_FLOATS
+    } else {
+        crate::attention::TILE_SCORE_FLOATS
+    }
+}
+
 /// What a prefill span holds of the pool while it runs, given back on drop.
 enum SpanLease<'a> {
     /// Lent by the expert cache (held only to be dropped).
@@ -444,6 +453,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
+            score_floats: crate::attention::TILE_SCORE_FLOATS,
         };
         self.forward_segments(
             &mut [(state, tokens)],
@@ -486,7 +496,7 @@ impl Model {
         let mut done = 0;
         while done < tokens.len() {
             let rest = (tokens.len() - done).min(opts.max_span.max(1));
-            let (span, lease) = self.span_for(state, rest, want)?;
+            let (span, lease, score_floats) = self.span_for(state, rest, want)?;
             let part = &tokens[done..done + span];
             let last = done + span == tokens.len();
             let w = match want {
@@ -506,6 +516,7 @@ impl Model {
                 chunk,
                 new_step: false,
                 on_layer: Some(&mut on_layer),
+                score_floats,
             };
             let logits =
                 self.forward_segments(&mut [(&mut *state, part)], w, &mut opts, &mut out.times)?;
@@ -518,21 +529,28 @@ impl Model {
         Ok(out)
     }
 
-    /// The next prefill span for `rest` tokens, and what it holds of the pool while it runs.
+    /// The next prefill span for `rest` tokens, what it holds of the pool while it runs, and
+    /// the floats of attention scores its tiles may hold.
     fn span_for(
         &self,
         state: &mut State,
         rest: usize,
         want: Logits,
-    ) -> Result<(usize, Option<SpanLease<'_>>), ModelError> {
-        // The plan's scratch holds the activations of this many rows.
+    ) -> Result<(usize, Option<SpanLease<'_>>, usize), ModelError> {
+        use crate::attention::{PREFILL_TILE_SCORE_FLOATS, TILE_SCORE_FLOATS};
+        // The plan's scratch holds the activations of this many rows, and tiles of
+        // TILE_SCORE_FLOATS; a span that can also have the larger tiles' room takes it.
         let chunk = self.plan.chunk.max(1);
+        let tiles = ((PREFILL_TILE_SCORE_FLOATS - TILE_SCORE_FLOATS) * 4) as u64;
         let mut span = rest.min(self.plan.prefill_span.max(chunk));
         if want == Logits::All {
             span = span.min(chunk);
         }
-        if span <= chunk || self.plan.pool == u64::MAX {
-            return Ok((span, None));
+        if self.plan.pool == u64::MAX {
+            return Ok((span, None, PREFILL_TILE_SCORE_FLOATS));
+        }
+        if span <= chunk {
+            return Ok((span, None, TILE_SCORE_FLOATS));
         }
         let per = self.plan.span_bytes_per_token.max(1);
         if self.in_pool {
@@ -548,9 +566,13 @@ impl Model {
                 let free = spare.saturating_sub(used);
                 let n = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
                 if n <= chunk {
-                    return Ok((chunk.min(rest), None));
+                    return Ok((chunk.min(rest), None, TILE_SCORE_FLOATS));
                 }
-                let bytes = (n - chunk) as u64 * per;
+                let mut bytes = (n - chunk) as u64 * per;
+                let wide = free >= bytes + tiles;
+                if wide {
+                    bytes += tiles;
+                }
                 match self.span_bytes.compare_exchange(
                     used,
                     used + bytes,
@@ -558,13 +580,11 @@ impl Model {
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {
-                        return Ok((
-                            n,
-                            Some(SpanLease::Spare {
-                                counter: &self.span_bytes,
-                                bytes,
-                            }),
-                        ));
+                        let lease = SpanLease::Spare {
+                            counter: &self.span_bytes,
+                            bytes,
+                        };
+                        return Ok((n, Some(lease), score_floats(wide)));
                     }
                     Err(now) => used = now,
                 }
@@ -579,13 +599,15 @@ impl Model {
         let free = self.experts.capacity().saturating_sub(self.experts.floor());
         span = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
         while span > chunk {
-            if lease.grow_to((span - chunk) as u64 * per).is_ok() {
-                return Ok((span, Some(SpanLease::Pool(lease))));
+            let bytes = (span - chunk) as u64 * per;
+            if lease.grow_to(bytes).is_ok() {
+                let wide = lease.grow_to(bytes + tiles).is_ok();
+                return Ok((span, Some(SpanLease::Pool(lease)), score_floats(wide)));
             }
             // Another session took room meanwhile.
             span = (span / 2).max(chunk);
         }
-        Ok((span.min(rest), None))
+        Ok((span.min(rest), None, TILE_SCORE_FLOATS))
     }
 
     /// One decoding step for several sequences at once (batched decoding): `tokens[i]` is fed
@@ -624,6 +646,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
+            score_floats: crate::attention::TILE_SCORE_FLOATS,
         };
         self.forward_segments(
             &mut segs,

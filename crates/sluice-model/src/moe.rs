@@ -99,6 +99,15 @@ fn glu_activation(a: ExpertActivation) -> Option<GluActivation> {
     }
 }
 
+/// Rows from which a layer's routed experts run as tasks across the threads, each on one
+/// thread over all of its rows (a prefill), rather than one after another with each product
+/// split across the threads (a decode step, whose experts are too small to be tasks).
+const EXPERT_TASK_ROWS: usize = 8;
+
+fn poisoned() -> ModelError {
+    ModelError::Internal("an expert task panicked".into())
+}
+
 /// One GLU block of a [`glu_many`] call: its matrices, their bytes, its `[t, width]` input and
 /// activation.
 pub(crate) struct GluJob<'a> {
@@ -428,6 +437,60 @@ pub(crate) fn moe(
                     .copy_from_slice(&y[r * w..(r + 1) * w]);
             }
         };
+        if t >= EXPERT_TASK_ROWS {
+            // A prefill: the experts are tasks across the threads, each run on its own thread
+            // over all of its rows, so no product waits for the others between experts. With
+            // every expert fitting (passes may run inside the pool) the group lands first.
+            type Arrival = Result<(usize, Pinned), sluice_store::StoreError>;
+            let source: Box<dyn Iterator<Item = Arrival>> = if gather {
+                Box::new(arrivals.collect::<Vec<Arrival>>().into_iter())
+            } else {
+                Box::new(arrivals)
+            };
+            let serial = exec.serial();
+            type Out = Result<Vec<f32>, ModelError>;
+            let done: std::sync::Mutex<Vec<(u32, Out)>> =
+                std::sync::Mutex::new(Vec::with_capacity(chunk.len()));
+            let shared_out: std::sync::Mutex<Option<Out>> = std::sync::Mutex::new(None);
+            let (serial, done, shared_out, inputs) = (&serial, &done, &shared_out, &inputs);
+            let fed: Result<(), ModelError> = exec.tasks(|sp| {
+                if let Some(sh) = shared
+                    && shared_y.is_none()
+                {
+                    sp.spawn(move || {
+                        let y = glu_rows(serial, sh, blob, x, cfg.mlp_act, rows_per_call);
+                        if let Ok(mut s) = shared_out.lock() {
+                            *s = Some(y);
+                        }
+                    });
+                }
+                let feed = |arrival: Arrival| {
+                    let (ci, eb) = arrival?;
+                    let e = chunk[ci];
+                    sp.spawn(move || {
+                        let y = inputs(e).and_then(|(xe, spec)| {
+                            let n = xe.len() / w;
+                            expert_rows(serial, cfg, spec, &eb, &xe, n, rows_per_call)
+                        });
+                        drop(eb);
+                        if let Ok(mut d) = done.lock() {
+                            d.push((e, y));
+                        }
+                    });
+                    Ok::<(), ModelError>(())
+                };
+                { source }.try_for_each(feed)
+            });
+            fed?;
+            if let Some(y) = shared_out.lock().ok().and_then(|mut s| s.take()) {
+                shared_y = Some(y?);
+            }
+            let results = std::mem::take(&mut *done.lock().map_err(|_| poisoned())?);
+            for (e, y) in results {
+                put(e, &y?);
+            }
+            continue;
+        }
         if gather {
             // Every expert fits in the cache, so once warm a step reads nothing: take the whole
             // group, then run its GLU blocks (with the last group, the shared expert's too) in

@@ -34,6 +34,8 @@ struct Pass {
     angles: Vec<Vec<Angles>>,
     /// Rows each call inside a layer takes at most.
     chunk: usize,
+    /// Floats of attention scores its tiles may hold at once.
+    score_floats: usize,
     /// Every segment has at most one token (a decode step).
     single_token_steps: bool,
     /// Intermediate tensors are recorded for a single sequence only.
@@ -57,6 +59,8 @@ pub(crate) struct PassOpts<'f> {
     pub new_step: bool,
     /// Called with each layer's index once the layer has run over every row.
     pub on_layer: Option<&'f mut (dyn FnMut(usize) + Send)>,
+    /// Floats of attention scores the pass's tiles may hold at once.
+    pub score_floats: usize,
 }
 
 /// Where a forward pass spent its time, in seconds.
@@ -121,6 +125,7 @@ impl Model {
                 })
                 .collect(),
             chunk,
+            score_floats: opts.score_floats,
             single: segs.len() == 1,
             recording_routes: segs.iter().any(|(s, _)| s.routes.is_some()),
             attention_seconds: Cell::new(0.0),
@@ -247,6 +252,7 @@ impl Model {
                     hidden: h,
                     eps: cfg.eps,
                     pass_start: pass.pos0s[si],
+                    score_floats: pass.score_floats,
                 };
                 let rows = starts[si] + c0..starts[si] + c1;
                 let a = cfg.layer_plan[l].attention.forward(

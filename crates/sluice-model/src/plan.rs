@@ -209,7 +209,10 @@ impl MemoryPlan {
         let rows = chunk.max(sequences);
         // Embedding rows read on demand need a buffer per row (plus alignment).
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
-        let scratch = scratch_bytes(cfg, rows) + row_buf;
+        // Attention tiles' scores (see `attention::tile_rows`); a prefill span that gets room
+        // for more takes it with its activations.
+        let tiles = (crate::attention::TILE_SCORE_FLOATS * 4) as u64;
+        let scratch = scratch_bytes(cfg, rows) + row_buf + tiles;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
         let fixed = recurrent
             .saturating_add(scratch)

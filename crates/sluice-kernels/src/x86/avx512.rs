@@ -345,7 +345,7 @@ const R1: usize = 4;
 const RS: usize = 8;
 /// Output rows (dense, quantized) × activation rows per tile for several activation rows.
 const RQ: usize = 4;
-const RB: usize = 4;
+const RB: usize = 6;
 const BB: usize = 4;
 
 /// [`crate::Kernels::matmul`] with AVX-512.

@@ -229,33 +229,79 @@ impl GqaConfig {
         let window = self.window;
         let sinks = w.sinks.map(|s| s.to_f32(blob));
         let sinks = sinks.as_deref();
-        let mut out = vec![0f32; t * heads * hd];
         let (kc, vc) = (&*kc, &*vc);
         let qs = &qs;
-        exec.for_each_chunk(&mut out, hd, |idx, o| {
-            let (i, head) = (idx / heads, idx % heads);
-            let p = pos0 + i;
-            let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
-            let n = p + 1 - lo;
-            let g = head / group;
-            let kmat = &kc[g][lo * hd..(p + 1) * hd];
-            let qh = &qs[(i * heads + head) * hd..(i * heads + head + 1) * hd];
-            // With a sink, one more logit joins the softmax and is dropped after it.
-            let mut scores = vec![0f32; n + usize::from(sinks.is_some())];
+        // Tiles of query-head rows of one KV group (rows `(i, head in group)` in that order):
+        // the tile's scores are one product against the group's keys, and each cached value
+        // row is read once per tile.
+        let per_g = t * group;
+        let rows = super::tile_rows(pos0 + t, t * heads, exec.threads(), cx.score_floats);
+        let tiles: Vec<(usize, usize, usize)> = (0..kvh)
+            .flat_map(|g| {
+                (0..per_g)
+                    .step_by(rows)
+                    .map(move |b0| (g, b0, rows.min(per_g - b0)))
+            })
+            .collect();
+        let done = exec.map(tiles.len(), |ti| {
+            let (g, b0, nb) = tiles[ti];
+            let pos = |b: usize| pos0 + b / group;
+            let lo_of = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
+            // Keys the tile's rows see, together.
+            let (lo, hi) = (lo_of(pos(b0)), pos(b0 + nb - 1) + 1);
+            let nk = hi - lo;
+            let mut qrows = Vec::with_capacity(nb * hd);
+            for b in b0..b0 + nb {
+                let head = g * group + b % group;
+                let i = b / group;
+                qrows.extend_from_slice(&qs[(i * heads + head) * hd..(i * heads + head + 1) * hd]);
+            }
+            let mut scores = vec![0f32; nb * nk];
             // Shapes are consistent by construction.
-            if let Ok(m) = f32_matrix(kmat, n, hd) {
-                exec.kernels().matmul(&m, qh, &mut scores[..n], 0..n);
+            if let Ok(m) = f32_matrix(&kc[g][lo * hd..hi * hd], nk, hd) {
+                exec.kernels().matmul(&m, &qrows, &mut scores, 0..nk);
             }
-            for s in &mut scores[..n] {
-                *s *= scale;
+            // Per row: its own keys' scores (with a sink, one more logit joins the softmax and
+            // is dropped after it).
+            let mut probs: Vec<Vec<f32>> = Vec::with_capacity(nb);
+            for (k, s) in scores.chunks_exact(nk).enumerate() {
+                let b = b0 + k;
+                let p = pos(b);
+                let from = lo_of(p) - lo;
+                let n = p + 1 - lo_of(p);
+                let mut row = Vec::with_capacity(n + 1);
+                row.extend(s[from..from + n].iter().map(|x| x * scale));
+                if let Some(sk) = sinks {
+                    row.push(sk[g * group + b % group]);
+                }
+                exec.kernels().softmax(&mut row);
+                row.truncate(n);
+                probs.push(row);
             }
-            if let Some(sk) = sinks {
-                scores[n] = sk[head];
+            // o = Σ_j p_j v_j per row, in position order, a block of cached rows at a time.
+            let mut o = vec![0f32; nb * hd];
+            const BLOCK: usize = 32;
+            for j0 in (lo..hi).step_by(BLOCK) {
+                for (k, ob) in o.chunks_exact_mut(hd).enumerate() {
+                    let first = lo_of(pos(b0 + k));
+                    let p = &probs[k];
+                    for j in j0.max(first)..(j0 + BLOCK).min(first + p.len()) {
+                        exec.kernels()
+                            .axpy(p[j - first], &vc[g][j * hd..(j + 1) * hd], ob);
+                    }
+                }
             }
-            exec.kernels().softmax(&mut scores);
-            exec.kernels()
-                .weighted_sum(&scores[..n], &vc[g][lo * hd..(p + 1) * hd], hd, o);
+            o
         });
+        let mut out = vec![0f32; t * heads * hd];
+        for (&(g, b0, _), o) in tiles.iter().zip(&done) {
+            for (k, ob) in o.chunks_exact(hd).enumerate() {
+                let b = b0 + k;
+                let head = g * group + b % group;
+                let i = b / group;
+                out[(i * heads + head) * hd..(i * heads + head + 1) * hd].copy_from_slice(ob);
+            }
+        }
         let mut y = vec![0f32; t * h];
         exec.matmul(&w.o.view(blob)?, &out, &mut y);
         if let Some(b) = &w.o_bias {

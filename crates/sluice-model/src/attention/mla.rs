@@ -2,6 +2,13 @@
 //! absorption: the cache holds per position the normalised latent `c` (`kv_lora_rank` values)
 //! and the shared rope key; scores are `q_lat · c + q_rope · k_rope` with `q_lat = W_ukᵀ q_nope`,
 //! and the attention-weighted latent is multiplied by `W_uv` afterwards.
+//!
+//! Every head reads the same cache, so queries are taken in tiles of query-head rows
+//! ([`super::tile_rows`]): the scores of a whole tile are one product against the cache, and
+//! each cached row is read once per tile for the weighted sum, instead of once per query and
+//! head. Each row's arithmetic — its dot products, its softmax over its own positions, its sum
+//! in position order — is the same whatever the tile, so a prompt gives the same bits in one
+//! pass, in chunks or token by token.
 
 use sluice_store::Blob;
 
@@ -61,28 +68,32 @@ pub struct MlaWeights {
     pub gate: Option<MatSpec>,
 }
 
-/// MLA's compressed latent `[pos, kv_lora_rank]` and the shared rotated key `[pos, rope]`.
+/// MLA's cache: per position the compressed latent (`kv_lora_rank` values) followed by the
+/// shared rotated key (`rope` values), `[pos, rank + rope]`, so that a query's scores are one
+/// dot product per position with `[q_lat, q_rope]`.
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {
-    c: Vec<f32>,
-    kr: Vec<f32>,
+    ckr: Vec<f32>,
     rank: usize,
     rope: usize,
 }
 
 impl Cache {
+    fn width(&self) -> usize {
+        self.rank + self.rope
+    }
+
     pub(crate) fn truncate(&mut self, pos: usize) {
-        self.c.truncate(pos * self.rank);
-        self.kr.truncate(pos * self.rope);
+        self.ckr.truncate(pos * self.width());
     }
 
     pub(crate) fn reserve(&mut self, positions: usize) {
-        super::room(&mut self.c, positions * self.rank);
-        super::room(&mut self.kr, positions * self.rope);
+        let w = self.width();
+        super::room(&mut self.ckr, positions * w);
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        (self.c.len() + self.kr.len()) * 4
+        self.ckr.len() * 4
     }
 }
 
@@ -110,8 +121,7 @@ impl MlaConfig {
 
     pub(crate) fn new_cache(&self) -> Cache {
         Cache {
-            c: Vec::new(),
-            kr: Vec::new(),
+            ckr: Vec::new(),
             rank: self.kv_lora_rank,
             rope: self.qk_rope_head_dim,
         }
@@ -218,54 +228,76 @@ impl MlaConfig {
         }
         let norm_w = w.kv_a_norm.to_f32(blob);
         let mut normed = vec![0f32; r];
-        let (cc, krc) = (&mut cache.c, &mut cache.kr);
+        let cw = r + rd;
+        let ckr = &mut cache.ckr;
         for i in 0..t {
             let (cos, sin) = cx.angles.get(i);
-            let row = &mut ckv[i * (r + rd)..(i + 1) * (r + rd)];
+            let row = &mut ckv[i * cw..(i + 1) * cw];
             exec.kernels()
                 .rmsnorm(&row[..r], &norm_w, MLA_NORM_EPS, &mut normed);
-            cc.extend_from_slice(&normed);
+            ckr.extend_from_slice(&normed);
             if self.rope {
                 cx.rope.apply(&mut row[r..], cos, sin);
                 for head in qs[i * heads * qk..(i + 1) * heads * qk].chunks_exact_mut(qk) {
                     cx.rope.apply(&mut head[nope..], cos, sin);
                 }
             }
-            krc.extend_from_slice(&row[r..]);
+            ckr.extend_from_slice(&row[r..]);
         }
         let kvb = w.kv_b.view(blob)?;
+        // Per query and head, `[q_lat, q_rope]` with q_lat = W_ukᵀ q_nope (W_uk absorbed).
+        let mut qa = vec![0f32; t * heads * cw];
+        exec.for_each_chunk(&mut qa, cw, |idx, q| {
+            let qh = &qs[idx * qk..(idx + 1) * qk];
+            let base = (idx % heads) * (nope + vd);
+            exec.kernels()
+                .absorb(&kvb, base..base + nope, &qh[..nope], &mut q[..r]);
+            q[r..].copy_from_slice(&qh[nope..]);
+        });
         let scale = self.softmax_scale;
         let mut out = vec![0f32; t * heads * vd];
-        let (cc, krc, qs) = (&*cc, &*krc, &qs);
-        exec.for_each_chunk(&mut out, vd, |idx, o| {
-            let (i, head) = (idx / heads, idx % heads);
-            let p = pos0 + i;
-            let n = p + 1;
-            let qh = &qs[(i * heads + head) * qk..(i * heads + head + 1) * qk];
-            // Absorb W_uk into the query: q_lat = W_ukᵀ q_nope.
-            let base = head * (nope + vd);
-            let mut q_lat = vec![0f32; r];
-            exec.kernels()
-                .absorb(&kvb, base..base + nope, &qh[..nope], &mut q_lat);
-            let mut scores = vec![0f32; n];
-            let mut rs = vec![0f32; n];
-            if let (Ok(cm), Ok(km)) = (
-                f32_matrix(&cc[..n * r], n, r),
-                f32_matrix(&krc[..n * rd], n, rd),
-            ) {
-                exec.kernels().matmul(&cm, &q_lat, &mut scores, 0..n);
-                exec.kernels().matmul(&km, &qh[nope..], &mut rs, 0..n);
+        let ckr = &*ckr;
+        let rows = super::tile_rows(pos0 + t, t * heads, exec.threads(), cx.score_floats);
+        exec.for_each_chunk(&mut out, rows * vd, |tile, o| {
+            let b0 = tile * rows;
+            let nb = o.len() / vd;
+            // Positions the tile's last query sees; each row uses its own prefix of them.
+            let n_max = pos0 + (b0 + nb - 1) / heads + 1;
+            let mut scores = vec![0f32; nb * n_max];
+            let qrows = &qa[b0 * cw..(b0 + nb) * cw];
+            if let Ok(m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) {
+                exec.kernels().matmul(&m, qrows, &mut scores, 0..n_max);
             }
-            for (s, b) in scores.iter_mut().zip(&rs) {
-                *s = (*s + b) * scale;
+            let mut o_lat = vec![0f32; nb * r];
+            let seen = |k: usize| pos0 + (b0 + k) / heads + 1;
+            for (k, s) in scores.chunks_exact_mut(n_max).enumerate() {
+                let s = &mut s[..seen(k)];
+                for x in s.iter_mut() {
+                    *x *= scale;
+                }
+                exec.kernels().softmax(s);
             }
-            exec.kernels().softmax(&mut scores);
-            let mut o_lat = vec![0f32; r];
-            exec.kernels()
-                .weighted_sum(&scores, &cc[..n * r], r, &mut o_lat);
+            // o_lat = Σ_j p_j c_j per row, in position order, a block of cached rows at a time
+            // so that the block stays in cache across the tile's rows.
+            const BLOCK: usize = 32;
+            for j0 in (0..n_max).step_by(BLOCK) {
+                for (k, ol) in o_lat.chunks_exact_mut(r).enumerate() {
+                    let p = &scores[k * n_max..k * n_max + seen(k)];
+                    for (j, &pj) in p.iter().enumerate().take(j0 + BLOCK).skip(j0) {
+                        exec.kernels().axpy(pj, &ckr[j * cw..j * cw + r], ol);
+                    }
+                }
+            }
             // Values: W_uv o_lat.
-            exec.kernels()
-                .matmul(&kvb, &o_lat, o, base + nope..base + nope + vd);
+            for (k, (ol, ob)) in o_lat
+                .chunks_exact(r)
+                .zip(o.chunks_exact_mut(vd))
+                .enumerate()
+            {
+                let base = ((b0 + k) % heads) * (nope + vd);
+                exec.kernels()
+                    .matmul(&kvb, ol, ob, base + nope..base + nope + vd);
+            }
         });
         if let Some(g) = &w.gate {
             // Kimi K3: the attention output times σ(g_proj x), before o_proj.

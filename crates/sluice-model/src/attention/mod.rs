@@ -67,6 +67,9 @@ pub(crate) struct Ctx<'a> {
     /// The sequence's first position in this forward pass (a pass over a long span calls a
     /// layer once per chunk of rows; a recurrent kind saves its state only at the first).
     pub pass_start: usize,
+    /// Floats of attention scores the pass's tiles may hold at once, all threads together
+    /// (see [`tile_rows`]).
+    pub score_floats: usize,
 }
 
 impl AttentionConfig {
@@ -223,6 +226,25 @@ impl LayerCache {
             LayerCache::Kda(k) => k.bytes(),
         }
     }
+}
+
+/// Floats of attention scores all threads' tiles hold at once in any pass: planned as
+/// scratch (256 KiB).
+pub const TILE_SCORE_FLOATS: usize = 64 * 1024;
+
+/// The same for a prefill pass whose span holds room for more (16 MiB, lent with the span's
+/// activations): tiles of more queries read the cache fewer times.
+pub const PREFILL_TILE_SCORE_FLOATS: usize = 4 * 1024 * 1024;
+
+/// Query-head rows per attention tile over `n` cached positions, for `total` rows on
+/// `threads` threads sharing `score_floats` floats of scores: as many as a thread's share holds
+/// scores for (at most 256, at least 1), and few enough that every thread gets several tiles.
+pub(crate) fn tile_rows(n: usize, total: usize, threads: usize, score_floats: usize) -> usize {
+    let threads = threads.max(1);
+    (score_floats / threads / n.max(1))
+        .clamp(1, 256)
+        .min(total.div_ceil(4 * threads))
+        .max(1)
 }
 
 /// Room for exactly `n` floats in `v` (never less than it holds).

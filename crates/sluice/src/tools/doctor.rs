@@ -61,6 +61,9 @@ pub struct CpuReport {
     pub isas: Vec<String>,
     /// The one sluice picks.
     pub best_isa: String,
+    /// f32 multiply-adds per second one thread sustains with the best ISA's widest FMA, in
+    /// billions: the ceiling a compute-bound kernel (a long prefill) is held against.
+    pub fma_gmacs_per_thread: f64,
 }
 
 /// Memory.
@@ -182,6 +185,12 @@ pub fn cpu_report() -> CpuReport {
             .map(|i| i.name().to_owned())
             .collect(),
         best_isa: Isa::best().name().to_owned(),
+        fma_gmacs_per_thread: sluice_kernels::probe::fma_ceiling(
+            Isa::best(),
+            std::time::Duration::from_millis(300),
+        )
+        .unwrap_or(0.0)
+            / 1e9,
     }
 }
 

@@ -93,8 +93,15 @@ pub struct PlanSummary {
     pub recurrent: u64,
     /// Positions it covers.
     pub context: usize,
-    /// Scratch.
+    /// Scratch (for calls of `chunk` rows).
     pub scratch: u64,
+    /// Rows per call inside a layer the scratch is for.
+    pub chunk: usize,
+    /// The longest prompt span one prefill pass runs each layer over (its experts read once
+    /// for all of it), with nothing else lent out of the pool.
+    pub prefill_span: usize,
+    /// Bytes of activations each token of a span holds, lent by the expert cache for the pass.
+    pub span_bytes_per_token: u64,
     /// Kept for the tokenizer (its vocabulary and the peak of encoding the longest prompt that
     /// fits).
     pub tokenizer: u64,
@@ -199,6 +206,9 @@ pub fn inspect(
             recurrent: plan.recurrent,
             context: plan.context,
             scratch: plan.scratch,
+            chunk: plan.chunk,
+            prefill_span: plan.prefill_span,
+            span_bytes_per_token: plan.span_bytes_per_token,
             tokenizer: plan.text,
             expert_cache: plan.expert_cache,
             expert_cache_experts: plan.expert_cache / plan.expert_bytes.max(1),

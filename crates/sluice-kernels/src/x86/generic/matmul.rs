@@ -365,7 +365,7 @@ struct Job<'a, 'm> {
 }
 
 /// Rows decoded together for several activation rows.
-const RD: usize = 8;
+const RD: usize = 12;
 /// Blocks of columns per range for several activation rows (rounded to whole groups).
 const KC: usize = 16;
 

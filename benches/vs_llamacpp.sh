@@ -2,6 +2,8 @@
 # sluice beside llama.cpp on the same synthetic DeepSeek-V3-shaped model (BF16 in both), the same
 # prompt length, generation length and thread count: (a) in RAM, (b) under a memory cap the model
 # is at least 4x larger than, enforced by a child memory cgroup this script creates and removes.
+# Prompt processing and decode are measured in alternating pairs (llama.cpp, then sluice), REPS
+# times per setting, and the medians are printed with their ratios.
 #
 #   bash benches/vs_llamacpp.sh
 #
@@ -15,8 +17,10 @@
 #   WORK       where the model and its GGUF are written (kept for reuse)  [/work/bench-data/vs]
 #   THREADS    threads for both engines                                   [nproc]
 #   CAP        memory cap of the cgroup run, MiB                          [512]
-#   PROMPT     prompt tokens                                              [64]
+#   PROMPT     prompt tokens in RAM                                       [512]
+#   CAP_PROMPT prompt tokens under the cap                                [2048]
 #   GEN        generated tokens (in RAM / under the cap)                  [32 / 16]
+#   REPS       alternating pairs per setting                              [3]
 #   MOE_INTER  expert intermediate size of the synthetic model            [768]
 #
 # llama.cpp is built, for example, from the source distribution of llama-cpp-python:
@@ -34,7 +38,9 @@ SLUICE=${SLUICE:-${CARGO_TARGET_DIR:-$repo/target}/release/sluice}
 WORK=${WORK:-/work/bench-data/vs}
 THREADS=${THREADS:-$(nproc)}
 CAP=${CAP:-512}
-PROMPT=${PROMPT:-64}
+PROMPT=${PROMPT:-512}
+CAP_PROMPT=${CAP_PROMPT:-2048}
+REPS=${REPS:-3}
 GEN_RAM=${GEN:-32}
 GEN_CAP=${GEN:-16}
 MOE_INTER=${MOE_INTER:-768}
@@ -63,7 +69,7 @@ if [ $((model_bytes)) -lt $((4 * cap_bytes)) ]; then
 fi
 # Prompt ids as `sluice bench` makes them: deterministic, in [2, vocab).
 vocab=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$model/config.json")
-ids=$(seq 0 $((PROMPT - 1)) | awk -v v="$vocab" '{printf "%s%d", (NR>1?",":""), ($1*7919+13)%(v-2)+2}')
+prompt_ids() { seq 0 $(($1 - 1)) | awk -v v="$vocab" '{printf "%s%d", (NR>1?",":""), ($1*7919+13)%(v-2)+2}'; }
 
 # Drops the page-cache pages of files so nothing is read from memory charged to someone else.
 drop() { for f in "$@"; do dd if="$f" iflag=nocache count=0 status=none 2>/dev/null || true; done; }
@@ -100,11 +106,12 @@ make_cgroup() {
 # Runs a command inside the cgroup.
 in_cg() { sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@"; }
 
-# llama-bench: prompt processing and generation tokens/s as "pp tg".
+# llama-bench: prompt processing and generation tokens/s as "pp tg" (prompt of $1 tokens, $2
+# generated, one repetition after llama-bench's own warm-up).
 llama() {
-    local gen=$1 reps=$2; shift 2
+    local prompt=$1 gen=$2; shift 2
     drop "$gguf"
-    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$PROMPT" -n "$gen" -t "$THREADS" -r "$reps" -o json 2>/dev/null |
+    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$prompt" -n "$gen" -t "$THREADS" -r 1 -o json 2>/dev/null |
         "$PYTHON" -c '
 import json, sys
 rows = json.load(sys.stdin)
@@ -112,45 +119,69 @@ pp = [r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0]
 tg = [r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0]
 print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")'
 }
-# sluice: prefill and decode tokens/s and peak RSS (after a warm-up generation, as llama-bench
-# warms up), as "pp tg rss".
+# sluice: prefill and decode tokens/s, peak RSS and prefill expert bytes read / bytes of the
+# distinct experts the prompt touched (after a warm-up generation, as llama-bench warms up),
+# as "pp tg rss read_over_touched".
 sluice() {
-    local gen=$1 memory=$2; shift 2
+    local prompt=$1 gen=$2 memory=$3; shift 3
     drop "$model"/*.safetensors
-    "$@" "$SLUICE" run --model "$model" --prompt-ids "$ids" --max-tokens $((gen + 1)) \
-        --memory "$memory" --threads "$THREADS" --context $((PROMPT + gen + 8)) --warmup --json |
+    "$@" "$SLUICE" run --model "$model" --prompt-ids "$(prompt_ids "$prompt")" --max-tokens $((gen + 1)) \
+        --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --json |
         "$PYTHON" -c '
 import json, sys
 s = json.load(sys.stdin)["stats"]
 # max_tokens = gen + 1: the first token comes from the prompt pass, then gen decode passes.
 passes = max(s["decode_tokens"] - 1, 1)
 pp = s["prefill_tokens"] / s["prefill_seconds"]
-print("%.3f %.3f %d" % (pp, passes / s["decode_seconds"], s["peak_rss_bytes"]))'
+touched = s["prefill_expert_touched_bytes"]
+ratio = s["prefill_expert_bytes_read"] / touched if touched else 0.0
+print("%.3f %.3f %d %.3f" % (pp, passes / s["decode_seconds"], s["peak_rss_bytes"], ratio))'
+}
+median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }'; }
+
+# REPS alternating pairs; sets $1_pp/$1_tg (llama.cpp) and $2_pp/$2_tg/$2_rss/$2_rt (sluice)
+# to medians.
+pairs() {
+    local prompt=$1 gen=$2 memory=$3 wrap=$4
+    local lpp="" ltg="" spp="" stg="" srss="" srt="" a b c d
+    for _ in $(seq "$REPS"); do
+        read -r a b < <(llama "$prompt" "$gen" $wrap)
+        lpp="$lpp $a"; ltg="$ltg $b"
+        read -r a b c d < <(sluice "$prompt" "$gen" "$memory" $wrap)
+        spp="$spp $a"; stg="$stg $b"; srss="$srss $c"; srt="$srt $d"
+    done
+    P_LPP=$(echo $lpp | median); P_LTG=$(echo $ltg | median)
+    P_SPP=$(echo $spp | median); P_STG=$(echo $stg | median)
+    P_SRSS=$(echo $srss | median); P_SRT=$(echo $srt | median)
+    P_ALL="llama.cpp pp [$lpp ] tg [$ltg ]; sluice pp [$spp ] tg [$stg ]"
 }
 
-echo "== in RAM: $THREADS threads, prompt $PROMPT, generate $GEN_RAM" >&2
-read -r l_pp l_tg < <(llama "$GEN_RAM" 3)
-read -r s_pp s_tg s_rss < <(sluice "$GEN_RAM" unlimited)
+echo "== in RAM: $THREADS threads, prompt $PROMPT, generate $GEN_RAM, $REPS pairs" >&2
+pairs "$PROMPT" "$GEN_RAM" unlimited ""
+ram=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); ram_all=$P_ALL
 
-echo "== under a ${CAP} MiB cgroup cap: generate $GEN_CAP" >&2
+echo "== under a ${CAP} MiB cgroup cap: prompt $CAP_PROMPT, generate $GEN_CAP, $REPS pairs" >&2
 make_cgroup
 # sluice's budget leaves room in the cap for the binary, thread stacks and allocator slack.
 budget=$(( (CAP - 64) * 1024 * 1024 ))
-read -r lc_pp lc_tg < <(llama "$GEN_CAP" 1 in_cg)
-read -r sc_pp sc_tg sc_rss < <(sluice "$GEN_CAP" "$budget" in_cg)
+pairs "$CAP_PROMPT" "$GEN_CAP" "$budget" in_cg
+cap=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); cap_all=$P_ALL
 peak=$(cat "$cg/memory.max_usage_in_bytes" 2>/dev/null || cat "$cg/memory.peak" 2>/dev/null || echo 0)
 cleanup
 cg=""
 
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1fx", a / b; else print "-" }'; }
 echo
-echo "model: $model ($((model_bytes / 1048576)) MiB safetensors, $((gguf_bytes / 1048576)) MiB GGUF), $THREADS threads"
+echo "model: $model ($((model_bytes / 1048576)) MiB safetensors, $((gguf_bytes / 1048576)) MiB GGUF), $THREADS threads, medians of $REPS alternating pairs"
 echo
-echo "| setting | engine | prefill tok/s | decode tok/s | decode vs llama.cpp |"
-echo "|---|---|---:|---:|---:|"
-echo "| in RAM | llama.cpp | $l_pp | $l_tg | 1.0x |"
-echo "| in RAM | sluice | $s_pp | $s_tg | $(ratio "$s_tg" "$l_tg") |"
-echo "| ${CAP} MiB cap | llama.cpp | $lc_pp | $lc_tg | 1.0x |"
-echo "| ${CAP} MiB cap | sluice (--memory $((budget / 1048576))MiB) | $sc_pp | $sc_tg | $(ratio "$sc_tg" "$lc_tg") |"
+echo "| setting | engine | prompt | prefill tok/s | prefill vs llama.cpp | decode tok/s | decode vs llama.cpp |"
+echo "|---|---|---:|---:|---:|---:|---:|"
+echo "| in RAM | llama.cpp | $PROMPT | ${ram[0]} | 1.00x | ${ram[1]} | 1.00x |"
+echo "| in RAM | sluice | $PROMPT | ${ram[2]} | $(ratio "${ram[2]}" "${ram[0]}") | ${ram[3]} | $(ratio "${ram[3]}" "${ram[1]}") |"
+echo "| ${CAP} MiB cap | llama.cpp | $CAP_PROMPT | ${cap[0]} | 1.00x | ${cap[1]} | 1.00x |"
+echo "| ${CAP} MiB cap | sluice (--memory $((budget / 1048576))MiB) | $CAP_PROMPT | ${cap[2]} | $(ratio "${cap[2]}" "${cap[0]}") | ${cap[3]} | $(ratio "${cap[3]}" "${cap[1]}") |"
 echo
-echo "sluice peak RSS: $((s_rss / 1048576)) MiB in RAM, $((sc_rss / 1048576)) MiB under the cap; cgroup peak (page cache included): $((peak / 1048576)) MiB"
+echo "sluice prefill expert bytes read / bytes of the distinct experts the prompt touched, measured run (after the warm-up): ${ram[5]} in RAM, ${cap[5]} under the cap"
+echo "sluice peak RSS: $((${ram[4]%.*} / 1048576)) MiB in RAM, $((${cap[4]%.*} / 1048576)) MiB under the cap; cgroup peak (page cache included): $((peak / 1048576)) MiB"
+echo "in RAM: $ram_all"
+echo "under the cap: $cap_all"

@@ -262,34 +262,28 @@ impl GqaConfig {
                 exec.kernels().matmul(&m, &qrows, &mut scores, 0..nk);
             }
             // Per row: its own keys' scores (with a sink, one more logit joins the softmax and
-            // is dropped after it).
-            let mut probs: Vec<Vec<f32>> = Vec::with_capacity(nb);
-            for (k, s) in scores.chunks_exact(nk).enumerate() {
+            // is dropped after it); the tile's other keys get probability +0, whose terms
+            // fma(+0, v, acc) leave the sum as it is.
+            let mut row = Vec::with_capacity(nk + 1);
+            for (k, s) in scores.chunks_exact_mut(nk).enumerate() {
                 let b = b0 + k;
                 let p = pos(b);
                 let from = lo_of(p) - lo;
                 let n = p + 1 - lo_of(p);
-                let mut row = Vec::with_capacity(n + 1);
+                row.clear();
                 row.extend(s[from..from + n].iter().map(|x| x * scale));
                 if let Some(sk) = sinks {
                     row.push(sk[g * group + b % group]);
                 }
                 exec.kernels().softmax(&mut row);
-                row.truncate(n);
-                probs.push(row);
+                s.fill(0.0);
+                s[from..from + n].copy_from_slice(&row[..n]);
             }
-            // o = Σ_j p_j v_j per row, in position order, a block of cached rows at a time.
+            // o = Σ_j p_j v_j per row, in position order: one product of the tile's
+            // probabilities with the cached values.
             let mut o = vec![0f32; nb * hd];
-            const BLOCK: usize = 32;
-            for j0 in (lo..hi).step_by(BLOCK) {
-                for (k, ob) in o.chunks_exact_mut(hd).enumerate() {
-                    let first = lo_of(pos(b0 + k));
-                    let p = &probs[k];
-                    for j in j0.max(first)..(j0 + BLOCK).min(first + p.len()) {
-                        exec.kernels()
-                            .axpy(p[j - first], &vc[g][j * hd..(j + 1) * hd], ob);
-                    }
-                }
+            if let Ok(m) = f32_matrix(&vc[g][lo * hd..hi * hd], nk, hd) {
+                exec.kernels().matmul_xw(&m, &scores, &mut o, 0..hd);
             }
             o
         });

@@ -268,25 +268,21 @@ impl MlaConfig {
             if let Ok(m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) {
                 exec.kernels().matmul(&m, qrows, &mut scores, 0..n_max);
             }
-            let mut o_lat = vec![0f32; nb * r];
             let seen = |k: usize| pos0 + (b0 + k) / heads + 1;
             for (k, s) in scores.chunks_exact_mut(n_max).enumerate() {
-                let s = &mut s[..seen(k)];
+                let (s, unseen) = s.split_at_mut(seen(k));
                 for x in s.iter_mut() {
                     *x *= scale;
                 }
                 exec.kernels().softmax(s);
+                // Positions past the row's own add fma(+0, c, acc) = acc: nothing.
+                unseen.fill(0.0);
             }
-            // o_lat = Σ_j p_j c_j per row, in position order, a block of cached rows at a time
-            // so that the block stays in cache across the tile's rows.
-            const BLOCK: usize = 32;
-            for j0 in (0..n_max).step_by(BLOCK) {
-                for (k, ol) in o_lat.chunks_exact_mut(r).enumerate() {
-                    let p = &scores[k * n_max..k * n_max + seen(k)];
-                    for (j, &pj) in p.iter().enumerate().take(j0 + BLOCK).skip(j0) {
-                        exec.kernels().axpy(pj, &ckr[j * cw..j * cw + r], ol);
-                    }
-                }
+            // o_lat = Σ_j p_j c_j per row, in position order: one product of the tile's
+            // probabilities with the cached latents.
+            let mut o_lat = vec![0f32; nb * r];
+            if let Ok(m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) {
+                exec.kernels().matmul_xw(&m, &scores, &mut o_lat, 0..r);
             }
             // Values: W_uv o_lat.
             for (k, (ol, ob)) in o_lat

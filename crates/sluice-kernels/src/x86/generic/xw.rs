@@ -98,10 +98,11 @@ pub(crate) unsafe fn decode_row<V: Vector, C: Codec<V>>(
 /// [`crate::scalar::matmul_xw`] does (which is this over all rows; [`crate::scalar::absorb`]
 /// and [`crate::scalar::weighted_sum`] are it for one activation row over all columns).
 ///
-/// The weights stream through once, row by row, `R` rows at a time (`R` sequential streams):
-/// each block of the `R` rows is decoded once, then for every activation row its 16
-/// accumulators are loaded from a buffer (kept in the decoder's lane layout, so nothing is
-/// permuted until the end), take the `R` rows' terms in row order, and are stored back.
+/// The weights stream through row by row, `R` rows at a time (`R` sequential streams), once
+/// per group of activation rows whose accumulators fit in L1: each block of the `R` rows is
+/// decoded once per group, then for every activation row of the group its 16 accumulators are
+/// loaded from a buffer (kept in the decoder's lane layout, so nothing is permuted until the
+/// end), take the `R` rows' terms in row order, and are stored back.
 ///
 /// # Safety
 /// The ISA of `V` is available, `m.codes()` is the coding `C` decodes, `rows` and `cols` lie
@@ -124,28 +125,40 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize>(
     assert!(rows.end <= m.rows() && cols.end <= m.cols());
     let first = cols.start / LANES * LANES;
     let nblocks = (cols.end - first).div_ceil(LANES);
-    // Accumulators of activation row `b`, block `k`: `acc[(b × nblocks + k) × 16 ..][..16]`.
-    let mut acc = vec![0f32; batch * nblocks * LANES];
-    let mut i = rows.start;
-    // SAFETY: forwarded from this function's contract; every block starts below `cols.end`,
-    // and every accumulator index is inside `acc`.
-    unsafe {
-        while i + R <= rows.end {
-            rows_step::<V, C, R>(m, i, rows.start, x, n_in, &mut acc, first, nblocks, batch);
-            i += R;
-        }
-        while i < rows.end {
-            rows_step::<V, C, 1>(m, i, rows.start, x, n_in, &mut acc, first, nblocks, batch);
-            i += 1;
-        }
-        for (b, out) in y.chunks_exact_mut(w).enumerate() {
-            for k in 0..nblocks {
-                let a = V::load(acc.as_ptr().add((b * nblocks + k) * LANES));
-                put::<V, C>(a, first + k * LANES, &cols, out);
+    // Activation rows a pass over the weights takes: as many as keep their accumulators within
+    // about 16 KiB (L1), at least one; more rows make more passes over the weights.
+    let group = (XW_ACC_FLOATS / (nblocks * LANES)).clamp(1, batch.max(1));
+    // Accumulators of activation row `b` of the group, block `k`:
+    // `acc[(b × nblocks + k) × 16 ..][..16]`.
+    let mut acc = vec![0f32; group * nblocks * LANES];
+    for b0 in (0..batch).step_by(group) {
+        let gb = group.min(batch - b0);
+        let xg = &x[b0 * n_in..(b0 + gb) * n_in];
+        acc.fill(0.0);
+        let mut i = rows.start;
+        // SAFETY: forwarded from this function's contract; every block starts below
+        // `cols.end`, and every accumulator index is inside `acc`.
+        unsafe {
+            while i + R <= rows.end {
+                rows_step::<V, C, R>(m, i, rows.start, xg, n_in, &mut acc, first, nblocks, gb);
+                i += R;
+            }
+            while i < rows.end {
+                rows_step::<V, C, 1>(m, i, rows.start, xg, n_in, &mut acc, first, nblocks, gb);
+                i += 1;
+            }
+            for (b, out) in y[b0 * w..(b0 + gb) * w].chunks_exact_mut(w).enumerate() {
+                for k in 0..nblocks {
+                    let a = V::load(acc.as_ptr().add((b * nblocks + k) * LANES));
+                    put::<V, C>(a, first + k * LANES, &cols, out);
+                }
             }
         }
     }
 }
+
+/// Accumulator floats one pass of [`xw`] keeps (16 KiB).
+const XW_ACC_FLOATS: usize = 4096;
 
 /// Rows `i0 .. i0 + R` of [`xw`]: their terms added to every accumulator, in row order.
 ///

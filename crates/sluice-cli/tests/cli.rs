@@ -101,6 +101,12 @@ fn json_has_the_documented_keys() {
         "policy",
         "threads",
         "isa",
+        "prefill_expert_bytes_read",
+        "prefill_expert_touched_bytes",
+        "prefill_attention_seconds",
+        "prefill_expert_seconds",
+        "prefill_other_seconds",
+        "prefill_chunk",
     ] {
         assert!(
             !v["stats"][k].is_null(),
@@ -109,6 +115,43 @@ fn json_has_the_documented_keys() {
         );
     }
     assert_eq!(v["stats"]["decode_tokens"], 5);
+    // One pass over the 3-token prompt.
+    assert_eq!(
+        v["stats"]["prefill_spans"][0]["tokens"], 3,
+        "{}",
+        v["stats"]
+    );
+}
+
+/// `--prefill-span` caps each layer-major prefill pass and changes no token.
+#[test]
+fn prefill_span_caps_the_passes_and_changes_nothing() {
+    let m = fixture("deepseek_v3-fp32");
+    let go = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3,4,5,6,7",
+            "--max-tokens",
+            "4",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        json(&run(&a))
+    };
+    let whole = go(&[]);
+    let capped = go(&["--prefill-span", "2", "--prefill-chunk", "1"]);
+    assert_eq!(whole["ids"], capped["ids"]);
+    let spans: Vec<u64> = capped["stats"]["prefill_spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["tokens"].as_u64().unwrap())
+        .collect();
+    assert_eq!(spans, vec![2, 2, 2, 1]);
+    assert_eq!(capped["stats"]["prefill_chunk"], 1);
 }
 
 #[test]

@@ -65,9 +65,15 @@ fn a_larger_prefill_chunk_is_clamped_to_the_planned_one_under_a_budget() {
         let mut g = s.generate(Prompt::Text(PROMPT), &opts()).unwrap();
         g.run().unwrap();
         check("session", g.ids(), &g.stats());
-        // Spans capped at 3 tokens: more passes, the same tokens.
+        // Spans capped at 3 tokens: more passes, the same tokens; the progress hook hears of
+        // every layer of every pass, the tokens done never going back, up to the whole prompt.
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
         let capped = GenerateOptions {
             prefill_span: Some(3),
+            on_prefill: Some(sluice::PrefillHook(std::sync::Arc::new(
+                move |p: &sluice::PrefillProgress| log.lock().unwrap().push((p.done, p.total)),
+            ))),
             ..opts()
         };
         drop(g);
@@ -79,6 +85,12 @@ fn a_larger_prefill_chunk_is_clamped_to_the_planned_one_under_a_budget() {
         let spans: Vec<usize> = g.stats().prefill_spans.iter().map(|s| s.tokens).collect();
         assert_eq!(spans.len(), n.div_ceil(3), "{spans:?}");
         assert!(spans.iter().all(|&s| s <= 3), "{spans:?}");
+        let seen = seen.lock().unwrap();
+        let layers = engine.model().config().layers;
+        assert_eq!(seen.len(), spans.len() * layers, "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0), "{seen:?}");
+        assert!(seen.iter().all(|&(_, total)| total == n));
+        assert_eq!(seen.last().map(|p| p.0), Some(n));
     }
     let batcher = Batcher::new(engine, 1).unwrap();
     let f = batcher

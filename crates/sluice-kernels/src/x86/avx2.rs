@@ -48,6 +48,20 @@ macro_rules! both {
 
 impl Vector for V256 {
     #[inline(always)]
+    unsafe fn tree(self) -> f32 {
+        // SAFETY: AVX is available (trait contract).
+        unsafe {
+            // s8[i] = a[i] + a[i + 8]: the two halves.
+            let s8 = _mm256_add_ps(self.0, self.1);
+            // s4[i] = s8[i] + s8[i + 4]
+            let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+            // s2 = [s4[0] + s4[2], s4[1] + s4[3]]
+            let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            // s2[0] + s2[1]
+            _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+        }
+    }
+    #[inline(always)]
     unsafe fn zero() -> Self {
         // SAFETY: AVX is available (trait contract).
         unsafe { V256(_mm256_setzero_ps(), _mm256_setzero_ps()) }

@@ -61,6 +61,16 @@ pub(crate) trait Vector: Copy {
     /// [`crate::decode::scale_at`]).
     unsafe fn decode_scales(ty: ScaleType, src: &[u8], dst: &mut [f32]);
 
+    /// The contract's pairwise tree over the lanes in lane order ([`scalar::tree`]): lanes
+    /// `i` and `i + 8` first, then `i` and `i + 4`, `i` and `i + 2`, then the last two. The
+    /// ISA types do it with shuffles; the adds are the tree's (each pair added once, and an
+    /// IEEE sum does not depend on its operands' order), so the bits are too.
+    #[inline(always)]
+    unsafe fn tree(self) -> f32 {
+        // SAFETY: the caller guarantees the ISA.
+        scalar::tree(&unsafe { self.to_array() })
+    }
+
     /// The lanes as an array.
     #[inline(always)]
     unsafe fn to_array(self) -> [f32; LANES] {
@@ -106,6 +116,10 @@ pub(crate) trait Codec<V: Vector> {
 /// The contract's tree over a vector's lanes, after putting them back in column order.
 #[inline(always)]
 pub(super) unsafe fn reduce<V: Vector>(v: V, layout: &[u8; LANES]) -> f32 {
+    if *layout == NATURAL {
+        // SAFETY: the caller guarantees the ISA.
+        return unsafe { v.tree() };
+    }
     // SAFETY: the caller guarantees the ISA.
     let a = unsafe { v.to_array() };
     let mut c = [0f32; LANES];

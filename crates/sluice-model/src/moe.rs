@@ -66,8 +66,28 @@ pub(crate) fn glu(
     Ok(y)
 }
 
-/// [`glu`] over the rows of `x` in calls of at most `rows` rows (each row's arithmetic is the
-/// same either way: the calls only bound the scratch).
+/// `f(part, rows_of_part)` over the `[t, width]` rows of `x` in calls of at most `rows` rows,
+/// the outputs concatenated (each row's arithmetic is the same either way: the calls only
+/// bound the scratch).
+fn in_calls(
+    x: &[f32],
+    width: usize,
+    rows: usize,
+    f: impl Fn(&[f32], usize) -> Result<Vec<f32>, ModelError>,
+) -> Result<Vec<f32>, ModelError> {
+    let width = width.max(1);
+    let t = x.len() / width;
+    if t <= rows {
+        return f(x, t);
+    }
+    let mut y = Vec::new();
+    for part in x.chunks(rows.max(1) * width) {
+        y.extend(f(part, part.len() / width)?);
+    }
+    Ok(y)
+}
+
+/// [`glu`] over the rows of `x` in calls of at most `rows` rows.
 pub(crate) fn glu_rows(
     exec: &Exec,
     spec: &MlpSpec,
@@ -76,16 +96,9 @@ pub(crate) fn glu_rows(
     act: GluActivation,
     rows: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    let width = spec.gate.cols;
-    let t = x.len() / width.max(1);
-    if t <= rows {
-        return glu(exec, spec, blob, x, t, act);
-    }
-    let mut y = Vec::with_capacity(t * spec.down.rows);
-    for part in x.chunks(rows * width) {
-        y.extend(glu(exec, spec, blob, part, part.len() / width, act)?);
-    }
-    Ok(y)
+    in_calls(x, spec.gate.cols, rows, |part, t| {
+        glu(exec, spec, blob, part, t, act)
+    })
 }
 
 /// The GLU activation of SwiGLU-shaped routed experts (None for GPT-OSS's clamped form).
@@ -208,15 +221,9 @@ pub(crate) fn expert_rows(
     t: usize,
     rows: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    if t <= rows {
-        return expert(exec, cfg, spec, blob, x, t);
-    }
-    let width = x.len() / t;
-    let mut y = Vec::new();
-    for part in x.chunks(rows * width) {
-        y.extend(expert(exec, cfg, spec, blob, part, part.len() / width)?);
-    }
-    Ok(y)
+    in_calls(x, x.len() / t.max(1), rows, |part, n| {
+        expert(exec, cfg, spec, blob, part, n)
+    })
 }
 
 /// One routed expert over `[t, width]` rows.

@@ -138,6 +138,9 @@ ratio = s["prefill_expert_bytes_read"] / touched if touched else 0.0
 print("%.3f %.3f %d %.3f" % (pp, passes / s["decode_seconds"], s["peak_rss_bytes"], ratio))'
 }
 median() { tr ' ' '\n' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+# "min / max" of the values on stdin.
+span() { tr ' ' '\n' | sort -g | awk 'NF {a[++n]=$1} END {printf "%s / %s", a[1], a[n]}'; }
+load() { cut -d' ' -f1-3 /proc/loadavg; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2fx", a / b; else print "-" }'; }
 
 # REPS alternating pairs; sets $1_pp/$1_tg (llama.cpp) and $2_pp/$2_tg/$2_rss/$2_rt (sluice)
@@ -154,19 +157,24 @@ pairs() {
     P_LPP=$(echo $lpp | median); P_LTG=$(echo $ltg | median)
     P_SPP=$(echo $spp | median); P_STG=$(echo $stg | median)
     P_SRSS=$(echo $srss | median); P_SRT=$(echo $srt | median)
+    P_MM=("$(echo $lpp | span)" "$(echo $ltg | span)" "$(echo $spp | span)" "$(echo $stg | span)")
     P_ALL="llama.cpp pp [$lpp ] tg [$ltg ]; sluice pp [$spp ] tg [$stg ]"
 }
 
 echo "== in RAM: $THREADS threads, prompt $PROMPT, generate $GEN_RAM, $REPS pairs" >&2
+ram_load="$(load) before"
 pairs "$PROMPT" "$GEN_RAM" unlimited ""
-ram=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); ram_all=$P_ALL
+ram=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); ram_all=$P_ALL; ram_mm=("${P_MM[@]}")
+ram_load="$ram_load, $(load) after"
 
 echo "== under a ${CAP} MiB cgroup cap: prompt $CAP_PROMPT, generate $GEN_CAP, $REPS pairs" >&2
 make_cgroup
 # sluice's budget leaves room in the cap for the binary, thread stacks and allocator slack.
 budget=$(( (CAP - 64) * 1024 * 1024 ))
+cap_load="$(load) before"
 pairs "$CAP_PROMPT" "$GEN_CAP" "$budget" in_cg
-cap=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); cap_all=$P_ALL
+cap=("$P_LPP" "$P_LTG" "$P_SPP" "$P_STG" "$P_SRSS" "$P_SRT"); cap_all=$P_ALL; cap_mm=("${P_MM[@]}")
+cap_load="$cap_load, $(load) after"
 peak=$(cat "$cg/memory.max_usage_in_bytes" 2>/dev/null || cat "$cg/memory.peak" 2>/dev/null || echo 0)
 cleanup
 cg=""
@@ -174,12 +182,14 @@ cg=""
 echo
 echo "model: $model ($((model_bytes / 1048576)) MiB safetensors, $((gguf_bytes / 1048576)) MiB GGUF), $THREADS threads, medians of $REPS alternating pairs"
 echo
-echo "| setting | engine | prompt | prefill tok/s | prefill vs llama.cpp | decode tok/s | decode vs llama.cpp |"
+echo "| setting | engine | prompt | prefill tok/s median (min / max) | prefill vs llama.cpp | decode tok/s median (min / max) | decode vs llama.cpp |"
 echo "|---|---|---:|---:|---:|---:|---:|"
-echo "| in RAM | llama.cpp | $PROMPT | ${ram[0]} | 1.00x | ${ram[1]} | 1.00x |"
-echo "| in RAM | sluice | $PROMPT | ${ram[2]} | $(ratio "${ram[2]}" "${ram[0]}") | ${ram[3]} | $(ratio "${ram[3]}" "${ram[1]}") |"
-echo "| ${CAP} MiB cap | llama.cpp | $CAP_PROMPT | ${cap[0]} | 1.00x | ${cap[1]} | 1.00x |"
-echo "| ${CAP} MiB cap | sluice (--memory $((budget / 1048576))MiB) | $CAP_PROMPT | ${cap[2]} | $(ratio "${cap[2]}" "${cap[0]}") | ${cap[3]} | $(ratio "${cap[3]}" "${cap[1]}") |"
+echo "| in RAM | llama.cpp | $PROMPT | ${ram[0]} (${ram_mm[0]}) | 1.00x | ${ram[1]} (${ram_mm[1]}) | 1.00x |"
+echo "| in RAM | sluice | $PROMPT | ${ram[2]} (${ram_mm[2]}) | $(ratio "${ram[2]}" "${ram[0]}") | ${ram[3]} (${ram_mm[3]}) | $(ratio "${ram[3]}" "${ram[1]}") |"
+echo "| ${CAP} MiB cap | llama.cpp | $CAP_PROMPT | ${cap[0]} (${cap_mm[0]}) | 1.00x | ${cap[1]} (${cap_mm[1]}) | 1.00x |"
+echo "| ${CAP} MiB cap | sluice (--memory $((budget / 1048576))MiB) | $CAP_PROMPT | ${cap[2]} (${cap_mm[2]}) | $(ratio "${cap[2]}" "${cap[0]}") | ${cap[3]} (${cap_mm[3]}) | $(ratio "${cap[3]}" "${cap[1]}") |"
+echo
+echo "load average (1, 5, 15 min): in RAM $ram_load; under the cap $cap_load"
 echo
 echo "sluice prefill expert bytes read / bytes of the distinct experts the prompt touched, measured run (after the warm-up): ${ram[5]} in RAM, ${cap[5]} under the cap"
 echo "sluice peak RSS: $((${ram[4]%.*} / 1048576)) MiB in RAM, $((${cap[4]%.*} / 1048576)) MiB under the cap; cgroup peak (page cache included): $((peak / 1048576)) MiB"

@@ -446,14 +446,13 @@ pub(crate) fn moe(
         };
         if t >= EXPERT_TASK_ROWS {
             // A prefill: the experts are tasks across the threads, each run on its own thread
-            // over all of its rows, so no product waits for the others between experts. With
-            // every expert fitting (passes may run inside the pool) the group lands first.
+            // over all of its rows as soon as its read lands, so no product waits for the
+            // others between experts. This thread lands every read of the group before it
+            // waits for the tasks (the end of the scope, the only place it can pick up another
+            // session's pass): passes inside the pool keep landing their reads before any
+            // parallel wait.
             type Arrival = Result<(usize, Pinned), sluice_store::StoreError>;
-            let source: Box<dyn Iterator<Item = Arrival>> = if gather {
-                Box::new(arrivals.collect::<Vec<Arrival>>().into_iter())
-            } else {
-                Box::new(arrivals)
-            };
+            let source = arrivals;
             let serial = exec.serial();
             type Out = Result<Vec<f32>, ModelError>;
             let done: std::sync::Mutex<Vec<(u32, Out)>> =
@@ -486,7 +485,7 @@ pub(crate) fn moe(
                     });
                     Ok::<(), ModelError>(())
                 };
-                { source }.try_for_each(feed)
+                { source }.try_for_each(|a: Arrival| feed(a))
             });
             fed?;
             if let Some(y) = shared_out.lock().ok().and_then(|mut s| s.take()) {

@@ -20,7 +20,10 @@ const WATCHDOG: Duration = Duration::from_secs(120);
 const PROMPTS: [&str; 4] = [
     "It is a truth universally acknowledged",
     "The weather",
-    "Mr. Darcy said",
+    // Long enough that its prefill runs the experts as tasks across the threads, while other
+    // sessions' passes run beside it.
+    "Mr. Darcy said that the whole of the party had walked out into the garden that morning, \
+     and that nobody had yet come back to the house",
     "In the morning",
 ];
 

@@ -367,7 +367,7 @@ struct Job<'a, 'm> {
 /// Rows decoded together for several activation rows.
 const RD: usize = 12;
 /// Blocks of columns per range for several activation rows (rounded to whole groups).
-const KC: usize = 16;
+const KC: usize = 32;
 
 impl Job<'_, '_> {
     /// The padded tails and decoded scales of rows `r0 .. r0 + R`, the scales in `sbuf` slots

@@ -111,6 +111,15 @@ pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
     (floats * 4) as u64
 }
 
+/// Floats per token of attention residuals: every completed block's running sum is kept for
+/// the whole pass (0 with plain residual adds).
+fn attn_res_floats(cfg: &ModelConfig) -> usize {
+    match cfg.residual {
+        Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
+        Residual::Add => 0,
+    }
+}
+
 /// Bytes each token of a prefill span holds while a layer runs over the whole span: the
 /// residual stream (with attention residuals, every completed block), the normed attention and
 /// feed-forward inputs, the attention and feed-forward outputs, the shared expert's output,
@@ -118,10 +127,7 @@ pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
 /// experts' latent space where they have one). What each call of `chunk` rows works with
 /// beyond that is [`scratch_bytes`].
 pub fn span_bytes_per_token(cfg: &ModelConfig) -> u64 {
-    let attn_res = match cfg.residual {
-        Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
-        Residual::Add => 0,
-    };
+    let attn_res = attn_res_floats(cfg);
     let w = cfg.moe.latent.map_or(cfg.hidden, |l| l.dim);
     let k = cfg.moe.top_k;
     let floats = 7 * cfg.hidden + attn_res + cfg.moe.experts + k * w + 2 * w + 6 * k + 16;
@@ -149,11 +155,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
         })
         .max()
         .unwrap_or(0);
-    // Attention residuals: every completed block's running sum is kept for the whole pass.
-    let attn_res = match cfg.residual {
-        Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
-        Residual::Add => 0,
-    };
+    let attn_res = attn_res_floats(cfg);
     let latent = cfg.moe.latent.map_or(0, |l| 2 * l.dim);
     let per_token = 8 * cfg.hidden
         + 2 * widest_attn
@@ -168,8 +170,8 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
 
 impl MemoryPlan {
     /// Splits `opts.memory` (None: unlimited) for a model whose bytes `reader` will read:
-    /// `opts.context` positions (capped by the model's maximum), calls of `opts.chunk` rows, `opts.sequences` sequences and `opts.text_memory` kept for the
-    /// caller's tokenizer.
+    /// `opts.context` positions (capped by the model's maximum), calls of `opts.chunk` rows,
+    /// `opts.sequences` sequences and `opts.text_memory` kept for the caller's tokenizer.
     pub fn new(
         cfg: &ModelConfig,
         layout: &WeightLayout,

@@ -263,11 +263,14 @@ impl MlaConfig {
             let nb = o.len() / vd;
             // Positions the tile's last query sees; each row uses its own prefix of them.
             let n_max = pos0 + (b0 + nb - 1) / heads + 1;
+            // Shapes are consistent by construction.
+            let Ok(cache_m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) else {
+                return;
+            };
             let mut scores = vec![0f32; nb * n_max];
             let qrows = &qa[b0 * cw..(b0 + nb) * cw];
-            if let Ok(m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) {
-                exec.kernels().matmul(&m, qrows, &mut scores, 0..n_max);
-            }
+            exec.kernels()
+                .matmul(&cache_m, qrows, &mut scores, 0..n_max);
             let seen = |k: usize| pos0 + (b0 + k) / heads + 1;
             for (k, s) in scores.chunks_exact_mut(n_max).enumerate() {
                 let (s, unseen) = s.split_at_mut(seen(k));
@@ -281,9 +284,8 @@ impl MlaConfig {
             // o_lat = Σ_j p_j c_j per row, in position order: one product of the tile's
             // probabilities with the cached latents.
             let mut o_lat = vec![0f32; nb * r];
-            if let Ok(m) = f32_matrix(&ckr[..n_max * cw], n_max, cw) {
-                exec.kernels().matmul_xw(&m, &scores, &mut o_lat, 0..r);
-            }
+            exec.kernels()
+                .matmul_xw(&cache_m, &scores, &mut o_lat, 0..r);
             // Values: W_uv o_lat.
             for (k, (ol, ob)) in o_lat
                 .chunks_exact(r)

@@ -68,9 +68,11 @@ pub(crate) struct PassOpts<'f> {
 pub struct PassTimes {
     /// Attention (projections, the cache, scores).
     pub attention: f64,
-    /// Routed experts: waiting for their reads and their products.
+    /// Routed experts: waiting for their reads and their products (in a prefill, where the
+    /// shared expert runs as a task beside them, its product too).
     pub experts: f64,
-    /// Everything else (embeddings, norms, routers, shared experts, dense blocks, the head).
+    /// Everything else (embeddings, norms, routers, dense blocks, the head, and the shared
+    /// expert of a decode step).
     pub other: f64,
 }
 

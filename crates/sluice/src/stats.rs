@@ -54,10 +54,11 @@ pub struct GenerationStats {
     pub prefill_trunk_bytes_read: u64,
     /// Seconds of the prefill in attention.
     pub prefill_attention_seconds: f64,
-    /// Seconds of the prefill in routed experts (waiting for reads, and their products).
+    /// Seconds of the prefill in routed experts (waiting for reads, and their products, with
+    /// the shared expert's, which runs beside them).
     pub prefill_expert_seconds: f64,
-    /// Seconds of the prefill in everything else (embeddings, norms, routers, shared experts,
-    /// dense blocks, the head, bookkeeping).
+    /// Seconds of the prefill in everything else (embeddings, norms, routers, dense blocks,
+    /// the head, bookkeeping).
     pub prefill_other_seconds: f64,
     /// Rows each call inside a layer took at most during the prefill.
     pub prefill_chunk: usize,

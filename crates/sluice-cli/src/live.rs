@@ -104,15 +104,23 @@ impl Live {
         } else {
             sluice::tools::fmt_bytes(s.memory_budget_bytes)
         };
+        // A dense model asks for no expert: its line has no expert figures.
+        let experts = if s.expert_requests == 0 {
+            String::new()
+        } else {
+            format!(
+                "experts {:.1}% hits, {} read, ",
+                hit_rate(s),
+                sluice::tools::fmt_bytes(s.expert_bytes_read)
+            )
+        };
         eprintln!(
-            "[prompt {} tokens in {:.2}s | {} tokens in {:.2}s, {:.2} tokens/s | experts {:.1}% hits, {} read, trunk {} read ({} I/O) | peak RSS {} of budget {} | {} threads, {} | {:.1}s total]",
+            "[prompt {} tokens in {:.2}s | {} tokens in {:.2}s, {:.2} tokens/s | {experts}trunk {} read ({} I/O) | peak RSS {} of budget {} | {} threads, {} | {:.1}s total]",
             s.prefill_tokens,
             s.prefill_seconds,
             s.decode_tokens,
             s.decode_seconds,
             rate(s),
-            hit_rate(s),
-            sluice::tools::fmt_bytes(s.expert_bytes_read),
             sluice::tools::fmt_bytes(s.trunk_bytes_read),
             s.io_mode,
             sluice::tools::fmt_bytes(s.peak_rss_bytes),

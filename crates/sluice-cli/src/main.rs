@@ -123,19 +123,28 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         "{} ({}, {} shards, {} I/O)",
         i.dir, i.model_type, i.shards, i.io_mode
     );
-    println!(
-        "  {} layers ({} with experts), hidden {}, vocab {}, {} experts top-{}, {} attention",
-        i.layers, i.moe_layers, i.hidden, i.vocab, i.experts, i.top_k, i.attention
-    );
+    if i.moe_layers == 0 {
+        println!(
+            "  {} layers, dense (no experts), hidden {}, vocab {}, {} attention",
+            i.layers, i.hidden, i.vocab, i.attention
+        );
+    } else {
+        println!(
+            "  {} layers ({} with experts), hidden {}, vocab {}, {} experts top-{}, {} attention",
+            i.layers, i.moe_layers, i.hidden, i.vocab, i.experts, i.top_k, i.attention
+        );
+    }
     println!("  checkpoint        {}", b(i.checkpoint_bytes));
     println!("  trunk             {}", b(i.trunk_bytes));
-    println!(
-        "  routed experts    {} ({} each; {} per token at top-{} when nothing is cached)",
-        b(i.expert_bytes),
-        b(i.bytes_per_expert),
-        b(i.expert_bytes_per_token),
-        i.top_k
-    );
+    if i.moe_layers > 0 {
+        println!(
+            "  routed experts    {} ({} each; {} per token at top-{} when nothing is cached)",
+            b(i.expert_bytes),
+            b(i.bytes_per_expert),
+            b(i.expert_bytes_per_token),
+            i.top_k
+        );
+    }
     if i.recurrent_layers > 0 {
         println!(
             "  layer plan        {} softmax-attention layers (KV cache), {} {} layers (recurrent state)",

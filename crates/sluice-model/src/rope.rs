@@ -30,6 +30,21 @@ impl Rope {
                     .collect(),
                 1.0,
             ),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings: old,
+            } => (
+                llama3(
+                    &pos_freqs,
+                    *factor,
+                    *low_freq_factor,
+                    *high_freq_factor,
+                    *old,
+                ),
+                1.0,
+            ),
             RopeScaling::Yarn {
                 factor,
                 original_max_position_embeddings: orig,
@@ -105,6 +120,33 @@ impl Rope {
             sluice_kernels::scalar::rope_half(x, cos, sin)
         }
     }
+}
+
+/// Llama 3's inverse frequencies, in f32 step by step as transformers computes them (a scalar
+/// over a tensor is the tensor's reciprocal times the scalar, as torch evaluates it).
+fn llama3(pos_freqs: &[f32], factor: f64, low: f64, high: f64, old: f64) -> Vec<f32> {
+    let (factor, old) = (factor as f32, old as f32);
+    let low_wavelen = (old as f64 / low) as f32;
+    let high_wavelen = (old as f64 / high) as f32;
+    let two_pi = (2.0 * std::f64::consts::PI) as f32;
+    let span = (high - low) as f32;
+    pos_freqs
+        .iter()
+        .map(|&p| {
+            let inv = 1.0 / p;
+            let wavelen = (1.0 / inv) * two_pi;
+            let scaled = if wavelen > low_wavelen {
+                inv / factor
+            } else {
+                inv
+            };
+            if wavelen < high_wavelen || wavelen > low_wavelen {
+                return scaled;
+            }
+            let smooth = ((1.0 / wavelen) * old - low as f32) / span;
+            (1.0 - smooth) * scaled / factor + smooth * scaled
+        })
+        .collect()
 }
 
 /// cos/sin for a run of positions, computed once per forward pass and shared by every layer.

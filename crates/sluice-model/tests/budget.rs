@@ -183,6 +183,10 @@ macro_rules! fixture_budget_test {
 fixture_budget_test!(deepseek_v3_release_layout, "deepseek_v3-fp32");
 fixture_budget_test!(qwen3_moe_scattered_layout, "qwen3_moe-bf16");
 fixture_budget_test!(mixtral, "mixtral-fp32");
+fixture_budget_test!(glm4_moe_scattered_layout, "glm4_moe-bf16");
+fixture_budget_test!(minimax_m2, "minimax_m2-fp32");
+fixture_budget_test!(dense_mistral_window, "mistral-fp32");
+fixture_budget_test!(dense_qwen3_tied_embeddings, "qwen3-bf16");
 fixture_budget_test!(kimi_linear, "kimi/kimi_linear-fp32");
 fixture_budget_test!(kimi_k3_bf16, "kimi/k3/k3-tiny-bf16");
 fixture_budget_test!(kimi_k3_mxfp4, "kimi/k3/k3-tiny-mxfp4");

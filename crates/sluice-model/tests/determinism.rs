@@ -36,6 +36,13 @@ fn kimi_k3_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("kimi/k3/k3-tiny-mxfp4");
 }
 
+/// A dense model (no experts: every budget below the whole model streams its layers): the
+/// same matrix.
+#[test]
+fn dense_llama_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/llama-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

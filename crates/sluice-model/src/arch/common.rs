@@ -1,6 +1,8 @@
 //! Reads several families share: the top-level sizes, grouped-query attention's heads, the
 //! softmax router, the count check of experts per token, and the assembly of the description.
 
+use serde_json::Value;
+
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, GluActivation, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig,
@@ -129,6 +131,43 @@ pub(super) fn top_k(c: &Cfg<'_>, experts: usize) -> Result<usize, ModelError> {
     Ok(top_k)
 }
 
+/// The groups of sigmoid group routing (DeepSeek's `noaux_tc`): `n_group` divides the
+/// experts into groups of at least 2 (a group scores the sum of its top 2), `topk_group` of
+/// them kept, holding at least the `top_k` chosen.
+pub(super) fn check_groups(
+    c: &Cfg<'_>,
+    experts: usize,
+    top_k: usize,
+    n_group: usize,
+    topk_group: usize,
+) -> Result<(), ModelError> {
+    if !experts.is_multiple_of(n_group) {
+        return Err(c.err(
+            "n_group",
+            format!("{n_group} does not divide the {experts} experts"),
+        ));
+    }
+    if topk_group > n_group {
+        return Err(c.err(
+            "topk_group",
+            format!("{topk_group} is more than n_group {n_group}"),
+        ));
+    }
+    if experts / n_group < 2 {
+        return Err(c.err(
+            "n_group",
+            "groups need at least 2 experts (group score = sum of the top 2)",
+        ));
+    }
+    if top_k > topk_group * (experts / n_group) {
+        return Err(c.err(
+            "num_experts_per_tok",
+            "more than the experts in the kept groups",
+        ));
+    }
+    Ok(())
+}
+
 /// A refused sliding window of 0.
 pub(super) fn check_window(c: &Cfg<'_>, w: Option<usize>) -> Result<(), ModelError> {
     if w == Some(0) {
@@ -143,15 +182,27 @@ pub(super) fn inv_sqrt(dim: usize) -> f64 {
 }
 
 /// Grouped-query attention read the common way: heads from [`gqa_heads`], the rotary table
-/// over the whole head (`rope_parameters` / `rope_scaling`, pairs split in halves), the scale
-/// `head_dim^−½`; the family sets its switches on the result (biases, norms, windows).
+/// (`rope_parameters` / `rope_scaling`, pairs split in halves) over the first
+/// `partial_rotary_factor` of each head (absent: 1), the scale `head_dim^−½`; the family sets
+/// its switches on the result (biases, norms, windows).
 pub(super) fn gqa_rope(
     c: &Cfg<'_>,
     base: &Base,
     head_dim_required: bool,
 ) -> Result<(GqaConfig, RopeConfig), ModelError> {
+    gqa_rope_partial(c, base, head_dim_required, 1.0)
+}
+
+/// [`gqa_rope`] for a family whose transformers default `partial_rotary_factor` is `partial`.
+pub(super) fn gqa_rope_partial(
+    c: &Cfg<'_>,
+    base: &Base,
+    head_dim_required: bool,
+    partial: f64,
+) -> Result<(GqaConfig, RopeConfig), ModelError> {
+    let partial = Some(partial);
     let (kv_heads, head_dim) = gqa_heads(c, base.heads, base.hidden, head_dim_required)?;
-    let (rope, _) = read_rope(c, head_dim, false, base.max_positions)?;
+    let (rope, _) = read_rope(c, head_dim, false, base.max_positions, partial)?;
     Ok((
         GqaConfig {
             heads: base.heads,
@@ -192,4 +243,37 @@ pub(super) fn uniform_plan(
 /// Every layer a mixture of experts.
 pub(super) fn all_moe(layers: usize) -> impl Iterator<Item = MlpKind> {
     (0..layers).map(|_| MlpKind::Moe)
+}
+
+/// `layer_types`: true for `sliding_attention`; when absent, `default(layer)` (the family's
+/// transformers default).
+pub(super) fn read_layer_types(
+    c: &Cfg<'_>,
+    layers: usize,
+    default: impl Fn(usize) -> bool,
+) -> Result<Vec<bool>, ModelError> {
+    match c.get("layer_types") {
+        None => Ok((0..layers).map(default).collect()),
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(c.err(
+                    "layer_types",
+                    format!("{} entries for {layers} layers", a.len()),
+                ));
+            }
+            a.iter()
+                .map(|x| match x.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(c.err(
+                        "layer_types",
+                        format!(
+                            "`{x}` is not supported (supported: sliding_attention, full_attention)"
+                        ),
+                    )),
+                })
+                .collect()
+        }
+        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    }
 }

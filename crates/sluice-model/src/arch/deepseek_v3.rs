@@ -3,7 +3,7 @@
 //! first `first_k_dense_replace` layers dense.
 
 use super::Family;
-use super::common::{Base, inv_sqrt, top_k};
+use super::common::{Base, check_groups, inv_sqrt, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
@@ -38,7 +38,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     // transformers default: rope_interleave = true; attention_bias = false.
     let interleaved = c.bool_or("rope_interleave", true)?;
     let bias = c.bool_or("attention_bias", false)?;
-    let (rope, yarn_mscale_all) = read_rope(c, rope_dim, interleaved, base.max_positions)?;
+    let (rope, yarn_mscale_all) = read_rope(c, rope_dim, interleaved, base.max_positions, None)?;
     let mut softmax_scale = inv_sqrt(nope + rope_dim);
     if let Some((factor, all)) = yarn_mscale_all {
         let m = yarn_get_mscale(factor, all);
@@ -64,30 +64,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     c.expect_str("topk_method", "noaux_tc", &["noaux_tc"])?;
     let n_group = c.pos_usize("n_group")?;
     let topk_group = c.pos_usize("topk_group")?;
-    if !experts.is_multiple_of(n_group) {
-        return Err(c.err(
-            "n_group",
-            format!("{n_group} does not divide the {experts} experts"),
-        ));
-    }
-    if topk_group > n_group {
-        return Err(c.err(
-            "topk_group",
-            format!("{topk_group} is more than n_group {n_group}"),
-        ));
-    }
-    if experts / n_group < 2 {
-        return Err(c.err(
-            "n_group",
-            "groups need at least 2 experts (group score = sum of the top 2)",
-        ));
-    }
-    if top_k > topk_group * (experts / n_group) {
-        return Err(c.err(
-            "num_experts_per_tok",
-            "more than the experts in the kept groups",
-        ));
-    }
+    check_groups(c, experts, top_k, n_group, topk_group)?;
     let router = RouterKind::SigmoidGroup {
         n_group,
         topk_group,

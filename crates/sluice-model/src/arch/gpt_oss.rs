@@ -3,10 +3,8 @@
 //! softmax over them; clamped SwiGLU experts fused per layer (`gate_up_proj` interleaved by
 //! row, with biases), in BF16 or as MXFP4 blocks (`quant_method` `mxfp4`).
 
-use serde_json::Value;
-
 use super::Family;
-use super::common::{Base, all_moe, check_window, gqa_rope, top_k};
+use super::common::{Base, all_moe, check_window, gqa_rope, read_layer_types, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, ModelConfig, MoeConfig,
@@ -26,7 +24,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let b = c.bool_or("attention_bias", true)?;
     (gqa.qkv_bias, gqa.o_bias) = (b, b);
     gqa.sinks = true;
-    let sliding = read_layer_types(c, base.layers)?;
+    // transformers default when `layer_types` is absent: even layers slide, odd layers are full.
+    let sliding = read_layer_types(c, base.layers, |l| l % 2 == 0)?;
     let window = c.opt_usize("sliding_window")?;
     if window.is_none() && sliding.iter().any(|&s| s) {
         return Err(c.err(
@@ -78,33 +77,4 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         ..TensorNames::standard()
     };
     base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
-}
-
-/// `layer_types`: true for `sliding_attention`. transformers' default when absent: even layers
-/// slide, odd layers are full.
-fn read_layer_types(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
-    match c.get("layer_types") {
-        None => Ok((0..layers).map(|l| l % 2 == 0).collect()),
-        Some(Value::Array(a)) => {
-            if a.len() != layers {
-                return Err(c.err(
-                    "layer_types",
-                    format!("{} entries for {layers} layers", a.len()),
-                ));
-            }
-            a.iter()
-                .map(|x| match x.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(c.err(
-                        "layer_types",
-                        format!(
-                            "`{x}` is not supported (supported: sliding_attention, full_attention)"
-                        ),
-                    )),
-                })
-                .collect()
-        }
-        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
-    }
 }

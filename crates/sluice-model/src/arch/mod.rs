@@ -12,11 +12,14 @@ use crate::config::{Cfg, ModelConfig};
 
 mod common;
 mod deepseek_v3;
+mod glm4_moe;
 mod gpt_oss;
 mod kimi_linear;
+mod llama;
+mod minimax_m2;
 mod mixtral;
 mod olmoe;
-mod qwen_moe;
+mod qwen;
 
 /// A model family: the `model_type` values it reads and its reader.
 pub struct Family {
@@ -37,11 +40,14 @@ impl std::fmt::Debug for Family {
 /// Every family sluice implements, in the order `model_type`s are listed in errors.
 pub static FAMILIES: &[Family] = &[
     deepseek_v3::FAMILY,
-    qwen_moe::FAMILY,
+    qwen::FAMILY,
     mixtral::FAMILY,
     olmoe::FAMILY,
     gpt_oss::FAMILY,
     kimi_linear::FAMILY,
+    llama::FAMILY,
+    glm4_moe::FAMILY,
+    minimax_m2::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.
@@ -70,6 +76,6 @@ mod tests {
             assert_eq!(all.iter().filter(|x| *x == t).count(), 1, "{t}");
             assert!(family(t).is_some_and(|f| f.model_types.contains(t)));
         }
-        assert!(family("llama").is_none());
+        assert!(family("llama4").is_none());
     }
 }

@@ -1,6 +1,7 @@
 //! Grouped-query attention, with the Qwen3 / OLMoE query-key norms, OLMoE's clamp, sliding
-//! windows and GPT-OSS's attention sinks. The cache holds every position's keys and values per
-//! KV head.
+//! windows, GPT-OSS's attention sinks and partial rotary (GLM-4.5, MiniMax-M2: only the first
+//! `rope.dim` dimensions of each head are rotated). The cache holds every position's keys and
+//! values per KV head.
 
 use sluice_store::Blob;
 
@@ -210,13 +211,16 @@ impl GqaConfig {
             }
         }
         let (kc, vc) = (&mut cache.k, &mut cache.v);
+        // The first `rot` dimensions of each head are rotated (all of them unless the model
+        // rotates part of each head, `partial_rotary_factor`).
+        let rot = 2 * cx.rope.pairs();
         for i in 0..t {
             let (cos, sin) = cx.angles.get(i);
             for head in qs[i * heads * hd..(i + 1) * heads * hd].chunks_exact_mut(hd) {
-                cx.rope.apply(head, cos, sin);
+                cx.rope.apply(&mut head[..rot], cos, sin);
             }
             for head in ks[i * kvh * hd..(i + 1) * kvh * hd].chunks_exact_mut(hd) {
-                cx.rope.apply(head, cos, sin);
+                cx.rope.apply(&mut head[..rot], cos, sin);
             }
             for g in 0..kvh {
                 let at = (i * kvh + g) * hd;

@@ -46,6 +46,18 @@ pub enum RopeScaling {
         /// The factor.
         factor: f64,
     },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth ramp between
+    /// (transformers' `_compute_llama3_parameters`).
+    Llama3 {
+        /// Extension factor.
+        factor: f64,
+        /// `low_freq_factor`.
+        low_freq_factor: f64,
+        /// `high_freq_factor`.
+        high_freq_factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+    },
     /// YaRN (as transformers computes it).
     Yarn {
         /// Extension factor.
@@ -268,6 +280,22 @@ pub struct MoeConfig {
 }
 
 impl MoeConfig {
+    /// The mixture of a model without one (a dense transformer): no experts, and no layer
+    /// whose plan is [`MlpKind::Moe`].
+    pub fn none() -> MoeConfig {
+        MoeConfig {
+            experts: 0,
+            top_k: 0,
+            intermediate: 0,
+            router: RouterKind::Softmax {
+                norm_topk_prob: false,
+            },
+            shared: None,
+            activation: ExpertActivation::SwiGlu,
+            latent: None,
+        }
+    }
+
     /// The width routed experts read and write: the latent width, or the hidden size.
     pub fn expert_width(&self, hidden: usize) -> usize {
         self.latent.map_or(hidden, |l| l.dim)

@@ -14,13 +14,55 @@ pub fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
     }
 }
 
+/// The rotated dimensions of a head of `dim`: `int(dim × partial_rotary_factor)` as
+/// transformers computes it, the factor read from the rope parameters, else the top level,
+/// else `partial` (the family's default). A family that rotates whole heads passes `None`,
+/// and any factor but 1 is refused.
+fn rotary_dim(
+    c: &Cfg<'_>,
+    p: Option<&Cfg<'_>>,
+    dim: usize,
+    partial: Option<f64>,
+) -> Result<usize, ModelError> {
+    let (field, given) = match p.map(|p| p.opt_f64("partial_rotary_factor")).transpose()? {
+        Some(Some(f)) => (p.unwrap(), Some(f)),
+        _ => (c, c.opt_f64("partial_rotary_factor")?),
+    };
+    let Some(default) = partial else {
+        return match given {
+            Some(f) if f != 1.0 => Err(field.err(
+                "partial_rotary_factor",
+                format!("{f} is not supported (only 1.0)"),
+            )),
+            _ => Ok(dim),
+        };
+    };
+    let f = given.unwrap_or(default);
+    if !(f > 0.0 && f <= 1.0) {
+        return Err(field.err("partial_rotary_factor", format!("{f} is not in (0, 1]")));
+    }
+    let rot = (dim as f64 * f) as usize;
+    if rot == 0 || !rot.is_multiple_of(2) {
+        return Err(field.err(
+            "partial_rotary_factor",
+            format!(
+                "{f} of head_dim {dim} gives {rot} rotated dimensions, not a positive even number"
+            ),
+        ));
+    }
+    Ok(rot)
+}
+
 /// Reads rope parameters from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`
-/// (older configs). Returns the config and, for YaRN with `mscale_all_dim`, (factor, mscale_all_dim).
+/// (older configs), for heads of `dim` of which `partial_rotary_factor` are rotated when
+/// `partial` is the family's default factor (see [`rotary_dim`]). Returns the config and, for
+/// YaRN with `mscale_all_dim`, (factor, mscale_all_dim).
 pub(crate) fn read_rope(
     c: &Cfg<'_>,
     dim: usize,
     interleaved: bool,
     max_positions: usize,
+    partial: Option<f64>,
 ) -> Result<(RopeConfig, Option<(f64, f64)>), ModelError> {
     let (params, prefix) = match c.get("rope_parameters") {
         Some(p) => (Some(p), "rope_parameters."),
@@ -43,6 +85,7 @@ pub(crate) fn read_rope(
         return Err(c.err("rope_theta", "must be positive"));
     }
     let Some(p) = p else {
+        let dim = rotary_dim(c, None, dim, partial)?;
         return Ok((
             RopeConfig {
                 theta,
@@ -61,20 +104,37 @@ pub(crate) fn read_rope(
         (None, Some(_)) => p.str("type")?,
         (None, None) => "default",
     };
-    if let Some(f) = p.opt_f64("partial_rotary_factor")?
-        && f != 1.0
-    {
-        return Err(p.err(
-            "partial_rotary_factor",
-            format!("{f} is not supported (only 1.0)"),
-        ));
-    }
+    let dim = rotary_dim(c, Some(&p), dim, partial)?;
     let mut extra = None;
     let scaling = match ty {
         "default" => RopeScaling::None,
         "linear" => RopeScaling::Linear {
             factor: p.f64("factor")?,
         },
+        "llama3" => {
+            let low = p.f64("low_freq_factor")?;
+            let high = p.f64("high_freq_factor")?;
+            if high <= low {
+                return Err(p.err(
+                    "high_freq_factor",
+                    format!("{high} is not above low_freq_factor {low}"),
+                ));
+            }
+            let factor = p.f64("factor")?;
+            if factor <= 0.0 {
+                return Err(p.err("factor", "must be positive"));
+            }
+            let original = p.f64("original_max_position_embeddings")?;
+            if original <= 0.0 {
+                return Err(p.err("original_max_position_embeddings", "must be positive"));
+            }
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: original,
+            }
+        }
         "yarn" => {
             let factor = p.f64("factor")?;
             let original = match p.opt_f64("original_max_position_embeddings")? {
@@ -112,7 +172,7 @@ pub(crate) fn read_rope(
             };
             return Err(p.err(
                 field,
-                format!("`{other}` is not supported (supported: default, linear, yarn)"),
+                format!("`{other}` is not supported (supported: default, linear, llama3, yarn)"),
             ));
         }
     };

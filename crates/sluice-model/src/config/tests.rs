@@ -73,7 +73,7 @@ fn missing_field_is_named() {
 #[test]
 fn unsupported_values_are_named() {
     let mut v = ds();
-    v["model_type"] = json!("llama");
+    v["model_type"] = json!("llama4");
     assert_eq!(field_of(parse(&v).unwrap_err()), "model_type");
     let mut v = ds();
     v["hidden_act"] = json!("gelu");
@@ -275,4 +275,119 @@ fn hostile_sizes_and_floats_are_refused_naming_the_field() {
     let mut v = ds();
     v["num_hidden_layers"] = json!(MAX_LAYERS);
     assert!(parse(&v).is_ok(), "{:?}", parse(&v).err());
+}
+
+fn dense(model_type: &str) -> Value {
+    json!({
+        "model_type": model_type, "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 4,
+        "rms_norm_eps": 1e-6, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "max_position_embeddings": 256, "hidden_act": "silu",
+        "intermediate_size": 96, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}
+    })
+}
+
+fn gqa(c: &ModelConfig, l: usize) -> &GqaConfig {
+    match &c.layer_plan[l].attention {
+        AttentionConfig::Gqa(g) => g,
+        a => panic!("layer {l}: {a:?}"),
+    }
+}
+
+#[test]
+fn dense_families_read() {
+    for t in ["llama", "mistral", "qwen2", "qwen3"] {
+        let c = parse(&dense(t)).unwrap();
+        assert_eq!(c.moe_layers(), 0, "{t}");
+        assert_eq!(c.moe.experts, 0, "{t}");
+        assert!(
+            c.layer_plan
+                .iter()
+                .all(|p| p.mlp == MlpKind::Dense { intermediate: 96 }),
+            "{t}"
+        );
+    }
+    // Qwen2 always has q/k/v biases; Qwen3 per-head q/k norms; Llama biases by the flag.
+    assert!(gqa(&parse(&dense("qwen2")).unwrap(), 0).qkv_bias);
+    assert_eq!(
+        gqa(&parse(&dense("qwen3")).unwrap(), 0).qk_norm,
+        QkNorm::PerHead
+    );
+    let mut v = dense("llama");
+    v["attention_bias"] = json!(true);
+    let g = gqa(&parse(&v).unwrap(), 0).clone();
+    assert!(g.qkv_bias && g.o_bias);
+    v["mlp_bias"] = json!(true);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "mlp_bias");
+}
+
+#[test]
+fn dense_windows_follow_transformers() {
+    // Mistral: every layer slides.
+    let mut v = dense("mistral");
+    v["sliding_window"] = json!(8);
+    let c = parse(&v).unwrap();
+    assert!((0..4).all(|l| gqa(&c, l).window == Some(8)));
+    v["sliding_window"] = json!(0);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "sliding_window");
+    // Qwen2: only with use_sliding_window, from max_window_layers on unless layer_types says.
+    let mut v = dense("qwen2");
+    v["sliding_window"] = json!(8);
+    v["max_window_layers"] = json!(2);
+    let c = parse(&v).unwrap();
+    assert!((0..4).all(|l| gqa(&c, l).window.is_none()));
+    v["use_sliding_window"] = json!(true);
+    let c = parse(&v).unwrap();
+    let w: Vec<_> = (0..4).map(|l| gqa(&c, l).window).collect();
+    assert_eq!(w, [None, None, Some(8), Some(8)]);
+    v["layer_types"] = json!([
+        "sliding_attention",
+        "full_attention",
+        "full_attention",
+        "full_attention"
+    ]);
+    let c = parse(&v).unwrap();
+    let w: Vec<_> = (0..4).map(|l| gqa(&c, l).window).collect();
+    assert_eq!(w, [Some(8), None, None, None]);
+    v["layer_types"] = json!(vec!["chunked_attention"; 4]);
+    assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+}
+
+#[test]
+fn llama3_rope_is_read_and_checked() {
+    let mut v = dense("llama");
+    v["rope_parameters"] = json!({
+        "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+    });
+    let c = parse(&v).unwrap();
+    assert_eq!(
+        c.rope.scaling,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0
+        }
+    );
+    for (field, bad) in [
+        ("high_freq_factor", json!(1.0)),
+        ("factor", json!(0.0)),
+        ("original_max_position_embeddings", json!(-1.0)),
+    ] {
+        let mut w = v.clone();
+        w["rope_parameters"][field] = bad;
+        assert_eq!(
+            field_of(parse(&w).unwrap_err()),
+            format!("rope_parameters.{field}")
+        );
+    }
+    let mut w = v.clone();
+    w["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("low_freq_factor");
+    assert_eq!(
+        field_of(parse(&w).unwrap_err()),
+        "rope_parameters.low_freq_factor"
+    );
 }

@@ -1,25 +1,29 @@
-//! Qwen3-MoE and Qwen2-MoE / Qwen1.5-MoE (`qwen3_moe`, `qwen2_moe`): grouped-query attention
-//! (Qwen3 with a per-head query/key norm, Qwen2 with q/k/v biases), softmax routing, Qwen2's
-//! sigmoid-gated shared expert, and dense layers by `decoder_sparse_step` / `mlp_only_layers`.
+//! Qwen (`qwen3_moe`, `qwen2_moe`, and the dense `qwen3`, `qwen2`): grouped-query attention
+//! (Qwen3 with a per-head query/key norm, Qwen2 with q/k/v biases); for the MoE models softmax
+//! routing, Qwen2's sigmoid-gated shared expert, and dense layers by `decoder_sparse_step` /
+//! `mlp_only_layers`; for the dense models an optional sliding window on the layers
+//! `layer_types` names (by default those from `max_window_layers` on).
 
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, gqa_rope, softmax_router, top_k, uniform_plan};
+use super::common::{
+    Base, check_window, gqa_rope, read_layer_types, softmax_router, top_k, uniform_plan,
+};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, QkNorm, SharedExpert,
-    TensorNames,
+    AttentionConfig, Cfg, ExpertActivation, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig,
+    QkNorm, SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
-    name: "qwen_moe",
-    model_types: &["qwen3_moe", "qwen2_moe"],
+    name: "qwen",
+    model_types: &["qwen3_moe", "qwen2_moe", "qwen3", "qwen2"],
     read,
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    let qwen3 = model_type == "qwen3_moe";
+    let qwen3 = model_type.starts_with("qwen3");
     let base = Base::read(c, false)?;
     let (mut gqa, rope) = gqa_rope(c, &base, qwen3)?;
     if qwen3 {
@@ -27,9 +31,15 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         let b = c.bool_or("attention_bias", false)?;
         (gqa.qkv_bias, gqa.o_bias) = (b, b);
         gqa.qk_norm = QkNorm::PerHead;
-    } else {
+    } else if model_type == "qwen2_moe" {
         // transformers default: qkv_bias = true.
         gqa.qkv_bias = c.bool_or("qkv_bias", true)?;
+    } else {
+        // Qwen2: q, k and v always have biases, o never.
+        gqa.qkv_bias = true;
+    }
+    if !model_type.ends_with("_moe") {
+        return dense(c, model_type, base, gqa, rope);
     }
     if c.bool_or("use_sliding_window", false)? {
         return Err(c.err(
@@ -103,4 +113,47 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         ..TensorNames::standard()
     };
     base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}
+
+/// The dense models: every layer a SwiGLU MLP of `intermediate_size`; the window, when
+/// `use_sliding_window`, on the layers `layer_types` says slide.
+fn dense(
+    c: &Cfg<'_>,
+    model_type: &str,
+    base: Base,
+    gqa: GqaConfig,
+    rope: crate::config::RopeConfig,
+) -> Result<ModelConfig, ModelError> {
+    // transformers: `sliding_window` counts only when `use_sliding_window` (default false);
+    // `layer_types` defaults to sliding from `max_window_layers` (default 28) on.
+    let window = if c.bool_or("use_sliding_window", false)? {
+        let w = c.opt_usize("sliding_window")?;
+        check_window(c, w)?;
+        w
+    } else {
+        None
+    };
+    let from = c.opt_usize("max_window_layers")?.unwrap_or(28);
+    let sliding = read_layer_types(c, base.layers, |l| window.is_some() && l >= from)?;
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let layer_plan = sliding
+        .iter()
+        .map(|&slides| {
+            let mut g = gqa.clone();
+            g.window = window.filter(|_| slides);
+            LayerPlan {
+                attention: AttentionConfig::Gqa(g),
+                mlp: MlpKind::Dense { intermediate },
+            }
+        })
+        .collect();
+    base.finish(
+        c,
+        FAMILY.name,
+        model_type,
+        rope,
+        layer_plan,
+        MoeConfig::none(),
+        TensorNames::standard(),
+    )
 }

@@ -1,0 +1,98 @@
+//! GLM-4.5 / GLM-4.6 (`glm4_moe`): grouped-query attention rotating half of each head
+//! (`partial_rotary_factor`, default 0.5) with q/k/v biases (`attention_bias`) and optional
+//! per-head q/k norms (`use_qk_norm`); DeepSeek-V3's routing (sigmoid scores, a selection-only
+//! `e_score_correction_bias`, group-limited top-k, renormalised and scaled); shared experts;
+//! the first `first_k_dense_replace` layers dense; MTP layers (`num_mtp_layers`, hub configs'
+//! `num_nextn_predict_layers`) may follow the last layer in the checkpoint, and are unused.
+
+use super::Family;
+use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, QkNorm, RouterKind,
+    SharedExpert, TensorNames, shared_width,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "glm4_moe",
+    model_types: &["glm4_moe"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    // transformers defaults: partial_rotary_factor 0.5, attention_bias and use_qk_norm false.
+    let (mut gqa, rope) = gqa_rope_partial(c, &base, false, 0.5)?;
+    gqa.qkv_bias = c.bool_or("attention_bias", false)?;
+    if c.bool_or("use_qk_norm", false)? {
+        gqa.qk_norm = QkNorm::PerHead;
+    }
+
+    let experts = c.pos_usize("n_routed_experts")?;
+    let intermediate = c.pos_usize("moe_intermediate_size")?;
+    let top_k = top_k(c, experts)?;
+    // transformers defaults: n_group = topk_group = 1, norm_topk_prob true, scaling 1.0,
+    // one shared expert, the first layer dense.
+    let n_group = c.opt_usize("n_group")?.unwrap_or(1);
+    let topk_group = c.opt_usize("topk_group")?.unwrap_or(1);
+    if n_group == 0 {
+        return Err(c.err("n_group", "must be positive"));
+    }
+    if topk_group == 0 {
+        return Err(c.err("topk_group", "must be positive"));
+    }
+    check_groups(c, experts, top_k, n_group, topk_group)?;
+    let scaling = c.opt_f32("routed_scaling_factor")?.unwrap_or(1.0);
+    if scaling <= 0.0 || !scaling.is_finite() {
+        return Err(c.err("routed_scaling_factor", "must be positive"));
+    }
+    let router = RouterKind::SigmoidGroup {
+        n_group,
+        topk_group,
+        norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
+        routed_scaling_factor: scaling,
+    };
+    let n_shared = c.opt_usize("n_shared_experts")?.unwrap_or(1);
+    let shared = (n_shared > 0)
+        .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
+        .transpose()?
+        .map(|intermediate| SharedExpert {
+            intermediate,
+            gated: false,
+        });
+    let first_dense = c.opt_usize("first_k_dense_replace")?.unwrap_or(1);
+    let dense = if first_dense > 0 {
+        c.pos_usize("intermediate_size")?
+    } else {
+        0
+    };
+    let mlp = (0..base.layers).map(|l| {
+        if l < first_dense {
+            MlpKind::Dense {
+                intermediate: dense,
+            }
+        } else {
+            MlpKind::Moe
+        }
+    });
+    let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
+    let moe = MoeConfig {
+        experts,
+        top_k,
+        intermediate,
+        router,
+        shared,
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+    };
+    let names = TensorNames {
+        router_bias: Some("gate.e_score_correction_bias"),
+        ..TensorNames::standard()
+    };
+    let draft = c.opt_usize("num_mtp_layers")?;
+    let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
+    if let Some(d) = draft {
+        cfg.draft_layers = d;
+    }
+    Ok(cfg)
+}

@@ -1,0 +1,45 @@
+//! Llama and Mistral (`llama`, `mistral`): dense transformers of grouped-query attention and a
+//! SwiGLU MLP in every layer — Llama with optional attention biases (`attention_bias`) and
+//! Llama 3's rope scaling, Mistral with a sliding window on every layer (`sliding_window`).
+//! No layer has experts: the whole model is trunk, tiered like any trunk when it does not fit.
+
+use super::Family;
+use super::common::{Base, check_window, gqa_rope, uniform_plan};
+use crate::ModelError;
+use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, TensorNames};
+
+pub(super) const FAMILY: Family = Family {
+    name: "llama",
+    model_types: &["llama", "mistral"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let (mut gqa, rope) = gqa_rope(c, &base, false)?;
+    if model_type == "llama" {
+        // transformers defaults: attention_bias = mlp_bias = false.
+        let b = c.bool_or("attention_bias", false)?;
+        (gqa.qkv_bias, gqa.o_bias) = (b, b);
+        if c.bool_or("mlp_bias", false)? {
+            return Err(c.err("mlp_bias", "biases in the MLP are not supported"));
+        }
+    } else {
+        // Mistral: every layer slides when `sliding_window` is set (transformers ignores
+        // `layer_types` for this model type).
+        gqa.window = c.opt_usize("sliding_window")?;
+        check_window(c, gqa.window)?;
+    }
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let mlp = (0..base.layers).map(|_| MlpKind::Dense { intermediate });
+    let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
+    base.finish(
+        c,
+        FAMILY.name,
+        model_type,
+        rope,
+        layer_plan,
+        MoeConfig::none(),
+        TensorNames::standard(),
+    )
+}

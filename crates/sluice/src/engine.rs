@@ -261,7 +261,6 @@ impl EngineBuilder {
         }
         eos.sort_unstable();
         eos.dedup();
-        let bos = model.config().bos_token_id;
         let sampling = gen_cfg.as_ref().map(sampling_defaults).unwrap_or_default();
         Ok(Engine {
             inner: Arc::new(Inner {
@@ -270,7 +269,6 @@ impl EngineBuilder {
                 tokenizer,
                 template,
                 eos,
-                bos,
                 sampling,
                 memory: self.memory,
                 budget: memory,
@@ -292,7 +290,6 @@ struct Inner {
     tokenizer: Option<Tokenizer>,
     template: Option<ChatTemplate>,
     eos: Vec<u32>,
-    bos: Option<u32>,
     sampling: SamplingOptions,
     memory: Memory,
     budget: Option<u64>,
@@ -490,8 +487,9 @@ impl Engine {
         (s.taken.lock().map_or(0, |t| *t), s.limit)
     }
 
-    /// Token ids of a prompt. Text is encoded with the tokenizer (with its BOS when it adds
-    /// one); chat messages go through the chat template first.
+    /// Token ids of a prompt. Text is encoded with the tokenizer, with the special tokens its
+    /// post-processor adds (a BOS where it adds one), as transformers' tokenizer of the
+    /// directory does; chat messages go through the chat template first.
     pub fn encode(&self, prompt: &Prompt<'_>) -> Result<Vec<u32>, Error> {
         match prompt {
             Prompt::Ids(ids) => Ok(ids.to_vec()),
@@ -503,14 +501,9 @@ impl Engine {
                     ))
                 })?;
                 tok.check_fits(t, self.model().max_positions())?;
-                let mut ids = tok.encode(t, true)?;
-                if let Some(b) = self.inner.bos
-                    && ids.first() != Some(&b)
-                    && tok.encode("", true)?.is_empty()
-                {
-                    ids.insert(0, b);
-                }
-                Ok(ids)
+                // What transformers 5's tokenizer of the directory gives: the special tokens of
+                // tokenizer.json's post-processor, nothing from config.json's `bos_token_id`.
+                Ok(tok.encode(t, true)?)
             }
             Prompt::Chat(msgs) => {
                 let tpl = self.chat_template().ok_or_else(|| {

@@ -43,6 +43,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     DeepseekV3Config,
+    Ernie4_5_MoeConfig,
     Glm4MoeConfig,
     LlamaConfig,
     MiniMaxM2Config,
@@ -90,6 +91,7 @@ ROUTER_GAIN_SIGMOID = 1.5  # sigmoid saturates if larger, which shrinks score ga
 E_BIAS_STD = 0.15  # DeepSeek e_score_correction_bias (a zero buffer by default)
 NORM_JITTER = 0.1  # RMSNorm weights = 1 + 0.1 * N(0, 1), so a forgotten norm weight shows
 BIAS_STD = 0.1  # linear biases (qwen2_moe qkv)
+SOFTMAX_E_BIAS_STD = 0.05  # ERNIE's selection bias, added to softmax probabilities
 
 COMMON = dict(
     vocab_size=VOCAB,
@@ -308,6 +310,29 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    dict(
+        name="ernie4_5_moe",
+        base_seed=13000,
+        router="ernie",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: Ernie4_5_MoeConfig(
+            **{**COMMON, "tie_word_embeddings": True},  # the family's default
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_bias=False,
+            moe_num_experts=16,
+            moe_k=4,
+            moe_num_shared_experts=2,
+            # MoE in layers 1 and 2 only: dense before the start and after the end
+            moe_layer_start_index=1,
+            moe_layer_end_index=2,
+            moe_layer_interval=1,
+            moe_norm_min=1e-12,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -426,6 +451,8 @@ def init_weights(model: torch.nn.Module, seed: int, router_kind: str) -> None:
                 v = z * (LM_HEAD_GAIN / p.shape[-1] ** 0.5)
             elif name.endswith("mlp.gate.weight"):  # the router
                 v = z * (router_gain / p.shape[-1] ** 0.5)
+            elif name.endswith("e_score_correction_bias"):  # ERNIE keeps it as a parameter
+                v = SOFTMAX_E_BIAS_STD * z
             elif name.endswith(".bias"):
                 v = BIAS_STD * z
             elif p.dim() >= 2:  # linear / fused expert weights, [.., out, in]
@@ -609,6 +636,17 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         ids_nobias = s.topk(k, dim=-1).indices
         w = s.gather(1, ids)
         w = w / w.sum(-1, keepdim=True)
+        return ids, w, egap, None, ids_nobias
+    if kind == "ernie":
+        # softmax probabilities, a selection-only bias, renormalised with a clamped divisor
+        probs = torch.softmax(logits, dim=-1)
+        choice = probs + module.moe_statics.e_score_correction_bias.float().squeeze()
+        cs = choice.sort(dim=-1, descending=True).values
+        egap = cs[:, k - 1] - cs[:, k]
+        ids = choice.topk(k, dim=-1).indices
+        ids_nobias = probs.topk(k, dim=-1).indices
+        w = probs.gather(1, ids)
+        w = w / torch.clamp(w.sum(-1, keepdim=True), min=cfg.moe_norm_min)
         return ids, w, egap, None, ids_nobias
     if kind == "deepseek":
         s = torch.sigmoid(logits)
@@ -907,7 +945,7 @@ def main() -> int:
                     "min_router_group_gap": r["min_group_gap"],
                     "routing_decisions_checked": r["decisions"],
                     "decisions_changed_by_score_bias": (
-                        r["bias_changed"] if arch["router"] in ("deepseek", "minimax") else None
+                        r["bias_changed"] if arch["router"] in ("deepseek", "minimax", "ernie") else None
                     ),
                     "max_abs_logit": r["max_abs_logit"],
                     "cached_vs_full_max_abs_diff": r["cached_vs_full"],

@@ -259,8 +259,8 @@ pub(crate) fn expert(
 /// One token's routing: `(expert, weight)` sorted by expert id.
 pub(crate) type Selection = Vec<(u32, f32)>;
 
-/// Routes one token from its router logits. `bias` is DeepSeek's selection-only score bias, or
-/// GPT-OSS's router bias (added to the logits).
+/// Routes one token from its router logits. `bias` is DeepSeek's or ERNIE's selection-only
+/// score bias, or GPT-OSS's router bias (added to the logits).
 pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>) -> Selection {
     let k = cfg.moe.top_k;
     let mut sel: Selection = match &cfg.moe.router {
@@ -316,6 +316,16 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
                 *x *= routed_scaling_factor;
             }
             top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
+        RouterKind::SoftmaxBiased { norm_min } => {
+            scalar::softmax(logits);
+            let choice: Vec<f32> = match bias {
+                Some(b) => logits.iter().zip(b).map(|(p, b)| p + b).collect(),
+                None => logits.to_vec(),
+            };
+            let top = scalar::top_k(&choice, k);
+            let s = top.iter().map(|p| logits[p.0]).sum::<f32>().max(*norm_min);
+            top.iter().map(|p| (p.0 as u32, logits[p.0] / s)).collect()
         }
         RouterKind::TopKSoftmax => {
             if let Some(b) = bias {

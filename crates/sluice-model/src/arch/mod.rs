@@ -12,6 +12,7 @@ use crate::config::{Cfg, ModelConfig};
 
 mod common;
 mod deepseek_v3;
+mod ernie4_5_moe;
 mod glm4_moe;
 mod gpt_oss;
 mod kimi_linear;
@@ -48,6 +49,7 @@ pub static FAMILIES: &[Family] = &[
     llama::FAMILY,
     glm4_moe::FAMILY,
     minimax_m2::FAMILY,
+    ernie4_5_moe::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -101,6 +101,13 @@ pub enum RouterKind {
     /// Top-k of the logits (the router's bias added first), then a softmax over the k chosen
     /// (GPT-OSS).
     TopKSoftmax,
+    /// Softmax over all experts; the top-k of the probabilities plus a selection-only bias
+    /// ([`TensorNames::router_bias`]); the chosen probabilities divided by their sum, clamped
+    /// below at `norm_min` (ERNIE 4.5's `moe_statics`).
+    SoftmaxBiased {
+        /// The smallest divisor (`moe_norm_min`).
+        norm_min: f32,
+    },
 }
 
 /// What a routed expert computes.
@@ -206,7 +213,9 @@ pub struct TensorNames {
     pub router: &'static str,
     /// The router's bias under [`Self::moe`], if it has one: DeepSeek's selection-only
     /// `gate.e_score_correction_bias` with [`RouterKind::SigmoidGroup`], GPT-OSS's
-    /// `router.bias` (added to the logits) with [`RouterKind::TopKSoftmax`].
+    /// `router.bias` (added to the logits) with [`RouterKind::TopKSoftmax`], ERNIE's
+    /// selection-only `moe_statics.e_score_correction_bias` (`[1, experts]`) with
+    /// [`RouterKind::SoftmaxBiased`].
     pub router_bias: Option<&'static str>,
     /// The shared expert's module under [`Self::moe`] (`shared_experts`, `shared_expert`); a
     /// gated one's gate is `{shared}_gate`.

@@ -517,7 +517,8 @@ fn layer(
             let moe = |rest: &str| at(&format!("{}.{rest}", names.moe));
             let router = p.matrix(&moe(&format!("{}.weight", names.router)), m.experts, h)?;
             let bias = match names.router_bias {
-                Some(b) => Some(p.vector(&moe(b), m.experts)?),
+                // `[experts]`, or ERNIE's `[1, experts]`.
+                Some(b) => Some(p.vector_any(&moe(b), &[m.experts])?),
                 None => None,
             };
             let (shared, shared_gate) = match &m.shared {

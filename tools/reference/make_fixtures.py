@@ -54,6 +54,7 @@ from transformers import (  # noqa: E402
     Qwen2MoeConfig,
     Qwen3Config,
     Qwen3MoeConfig,
+    Qwen3NextConfig,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -333,6 +334,37 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    dict(
+        name="qwen3_next",
+        base_seed=14000,
+        router="softmax",
+        zero_centred_norms=True,
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: Qwen3NextConfig(
+            **COMMON,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=False,
+            # Gated DeltaNet: 2 key heads serving 4 value heads, key dim 16, value dim 8
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[2],  # one dense layer, a linear-attention one
+            # a quarter of each head rotated (4 of 16 dimensions)
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -434,7 +466,7 @@ def make_prompts() -> dict[int, torch.Tensor]:
     return {t: torch.randint(0, VOCAB, (t,), generator=g, dtype=torch.int64) for t in PROMPT_LENS}
 
 
-def init_weights(model: torch.nn.Module, seed: int, router_kind: str) -> None:
+def init_weights(model: torch.nn.Module, seed: int, router_kind: str, zero_centred: bool = False) -> None:
     """Deterministically overwrite every parameter (and the DeepSeek score bias buffer)."""
     g = torch.Generator().manual_seed(seed)
     router_gain = ROUTER_GAIN_SIGMOID if router_kind in ("deepseek", "minimax") else ROUTER_GAIN_SOFTMAX
@@ -443,8 +475,12 @@ def init_weights(model: torch.nn.Module, seed: int, router_kind: str) -> None:
         for name in sorted(params):
             p = params[name]
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
-            if name.endswith("norm.weight"):  # every RMSNorm incl. q/k norms and MLA latent norms
+            if zero_centred and name.endswith("norm.weight") and "linear_attn" not in name:
+                v = NORM_JITTER * z  # Qwen3-Next's zero-centred norms scale by 1 + w
+            elif name.endswith("norm.weight"):  # every RMSNorm incl. q/k norms and MLA latent norms
                 v = 1.0 + NORM_JITTER * z
+            elif name.endswith("A_log") or name.endswith("dt_bias"):  # Gated DeltaNet's decay
+                v = 0.5 * z
             elif name == "model.embed_tokens.weight":
                 v = EMBED_STD * z
             elif name == "lm_head.weight":
@@ -837,7 +873,7 @@ def build_arch(arch, seed: int, prompts, work: Path):
     model = AutoModelForCausalLM.from_config(
         cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     )
-    init_weights(model, seed, arch["router"])
+    init_weights(model, seed, arch["router"], arch.get("zero_centred_norms", False))
     model.eval()
     expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
     expected = {k: v for k, v in expected.items() if "rotary_emb" not in k}

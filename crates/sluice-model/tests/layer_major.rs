@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 6] = [
+const FIXTURES: [&str; 7] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -25,6 +25,8 @@ const FIXTURES: [&str; 6] = [
     "kimi/k3/k3-tiny-mxfp4",
     // Partial rotary with per-head q/k norms, sigmoid group routing, a shared expert.
     "models/glm4_moe-fp32",
+    // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
+    "models/qwen3_next-bf16",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

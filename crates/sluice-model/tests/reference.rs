@@ -196,6 +196,8 @@ arch_tests! {
     minimax_m2_bf16 => "minimax_m2-bf16",
     ernie4_5_moe_fp32 => "ernie4_5_moe-fp32",
     ernie4_5_moe_bf16 => "ernie4_5_moe-bf16",
+    qwen3_next_fp32 => "qwen3_next-fp32",
+    qwen3_next_bf16 => "qwen3_next-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

@@ -76,6 +76,7 @@ impl Base {
             residual: Residual::Add,
             mlp_act: GluActivation::Silu,
             draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
+            zero_centred_norms: false,
         };
         check_widths(c, &cfg)?;
         Ok(cfg)
@@ -214,6 +215,8 @@ pub(super) fn gqa_rope_partial(
             clip_qkv: None,
             window: None,
             sinks: false,
+            output_gate: false,
+            zero_centred_qk_norm: false,
             softmax_scale: inv_sqrt(head_dim) as f32,
         },
         rope,

@@ -484,6 +484,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         names: TensorNames {
             prefix: prefix.to_owned(),
             attention: "self_attn",
+            linear_attention: None,
             // transformers saves Kimi Linear's MLPs as `block_sparse_moe.*` (it renames
             // `block_sparse_moe` to `mlp` on load and back on save, dense layers included),
             // Moonshot's checkpoints dense layers as `mlp.*`: either is read.
@@ -501,6 +502,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         residual,
         mlp_act,
         draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
+        zero_centred_norms: false,
     };
     check_widths(&t, &cfg)?;
     Ok(cfg)

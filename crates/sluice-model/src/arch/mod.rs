@@ -21,6 +21,7 @@ mod minimax_m2;
 mod mixtral;
 mod olmoe;
 mod qwen;
+mod qwen3_next;
 
 /// A model family: the `model_type` values it reads and its reader.
 pub struct Family {
@@ -50,6 +51,7 @@ pub static FAMILIES: &[Family] = &[
     glm4_moe::FAMILY,
     minimax_m2::FAMILY,
     ernie4_5_moe::FAMILY,
+    qwen3_next::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

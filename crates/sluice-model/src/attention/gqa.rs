@@ -41,6 +41,11 @@ pub struct GqaConfig {
     pub window: Option<usize>,
     /// A learned per-head sink logit joins each softmax and is dropped after it (GPT-OSS).
     pub sinks: bool,
+    /// `q_proj` also gives a gate per query dimension (per head `[q | gate]`); the attention
+    /// output is multiplied by its sigmoid before `o_proj` (Qwen3-Next).
+    pub output_gate: bool,
+    /// The q/k norms scale by `1 + w` (Qwen3-Next's zero-centred norms).
+    pub zero_centred_qk_norm: bool,
     /// Softmax scale of the scores.
     pub softmax_scale: f32,
 }
@@ -105,7 +110,8 @@ impl GqaConfig {
 
     /// Floats of scratch per token of a pass.
     pub fn scratch_floats(&self) -> usize {
-        (self.heads + 2 * self.kv_heads) * self.head_dim
+        let gate = if self.output_gate { 2 * self.heads } else { 0 };
+        (self.heads + 2 * self.kv_heads + gate) * self.head_dim
     }
 
     /// The product the arithmetic multiplies out, and the field that names it, for the
@@ -135,14 +141,17 @@ impl GqaConfig {
         h: usize,
     ) -> Result<GqaWeights, ModelError> {
         let (qd, kd) = self.widths();
+        let zc = self.zero_centred_qk_norm;
+        // With an output gate, q_proj gives each head's queries and then its gate.
+        let qrows = if self.output_gate { 2 * qd } else { qd };
         Ok(GqaWeights {
-            q: p.linear(&a("q_proj"), qd, h)?,
+            q: p.linear(&a("q_proj"), qrows, h)?,
             k: p.linear(&a("k_proj"), kd, h)?,
             v: p.linear(&a("v_proj"), kd, h)?,
             o: p.linear(&a("o_proj"), h, qd)?,
             qkv_bias: if self.qkv_bias {
                 Some([
-                    p.vector(&a("q_proj.bias"), qd)?,
+                    p.vector(&a("q_proj.bias"), qrows)?,
                     p.vector(&a("k_proj.bias"), kd)?,
                     p.vector(&a("v_proj.bias"), kd)?,
                 ])
@@ -157,12 +166,12 @@ impl GqaConfig {
             qk_norm: match self.qk_norm {
                 QkNorm::None => None,
                 QkNorm::PerHead => Some([
-                    p.vector(&a("q_norm.weight"), self.head_dim)?,
-                    p.vector(&a("k_norm.weight"), self.head_dim)?,
+                    p.vector(&a("q_norm.weight"), self.head_dim)?.norm(zc),
+                    p.vector(&a("k_norm.weight"), self.head_dim)?.norm(zc),
                 ]),
                 QkNorm::Full => Some([
-                    p.vector(&a("q_norm.weight"), qd)?,
-                    p.vector(&a("k_norm.weight"), kd)?,
+                    p.vector(&a("q_norm.weight"), qd)?.norm(zc),
+                    p.vector(&a("k_norm.weight"), kd)?.norm(zc),
                 ]),
             },
             sinks: if self.sinks {
@@ -188,7 +197,8 @@ impl GqaConfig {
         let h = cx.hidden;
         let t = x.len() / h;
         let (heads, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
-        let mut qs = vec![0f32; t * heads * hd];
+        let qw = if self.output_gate { 2 * hd } else { hd };
+        let mut qs = vec![0f32; t * heads * qw];
         let mut ks = vec![0f32; t * kvh * hd];
         let mut vs = vec![0f32; t * kvh * hd];
         exec.matmul(&w.q.view(blob)?, x, &mut qs);
@@ -199,6 +209,19 @@ impl GqaConfig {
             add_bias(&mut ks, &kb.to_f32(blob));
             add_bias(&mut vs, &vb.to_f32(blob));
         }
+        // Split each head's `[q | gate]`.
+        let gate = if self.output_gate {
+            let mut q = Vec::with_capacity(t * heads * hd);
+            let mut g = Vec::with_capacity(t * heads * hd);
+            for head in qs.chunks_exact(2 * hd) {
+                q.extend_from_slice(&head[..hd]);
+                g.extend_from_slice(&head[hd..]);
+            }
+            qs = q;
+            Some(g)
+        } else {
+            None
+        };
         if let Some([qn, kn]) = &w.qk_norm {
             let (qn, kn) = (qn.to_f32(blob), kn.to_f32(blob));
             // Full: over the whole projection (OLMoE); per head: over each head (Qwen3).
@@ -299,6 +322,9 @@ impl GqaConfig {
                 let i = b / group;
                 out[(i * heads + head) * hd..(i * heads + head + 1) * hd].copy_from_slice(ob);
             }
+        }
+        if let Some(g) = &gate {
+            exec.kernels().mul_sigmoid(&mut out, g);
         }
         let mut y = vec![0f32; t * h];
         exec.matmul(&w.o.view(blob)?, &out, &mut y);

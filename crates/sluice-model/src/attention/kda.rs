@@ -116,12 +116,7 @@ impl KdaConfig {
     }
 
     pub(crate) fn new_cache(&self) -> Cache {
-        Cache {
-            pos: 0,
-            conv: vec![0.0; self.conv_len()],
-            state: vec![0.0; self.state_len()],
-            undo: None,
-        }
+        Cache::new(self.conv_len(), self.state_len())
     }
 
     /// Finds and checks the layer's tensors; `a` names a tensor of the attention module.
@@ -197,24 +192,45 @@ fn a_log(p: &mut PartBuilder<'_, '_>, name: &str, heads: usize) -> Result<VecSpe
     Ok(p.vector_as(name, codes, heads))
 }
 
-/// The state of one KDA layer: fixed in size, whatever the sequence length.
+/// The state of one delta-rule layer (KDA, and Gated DeltaNet in [`super::gdn`]): fixed in
+/// size, whatever the sequence length.
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {
     /// Positions absorbed.
     pos: usize,
-    /// The last `kernel − 1` inputs of the q, k and v convolutions, oldest first:
-    /// `[3][kernel − 1][heads × head_dim]` (zeros before the first token).
-    conv: Vec<f32>,
-    /// Per head, the `[head_dim (key), head_dim (value)]` state matrix.
-    state: Vec<f32>,
+    /// The last `kernel − 1` inputs of the convolutions, oldest first (KDA:
+    /// `[3][kernel − 1][heads × head_dim]`; zeros before the first token).
+    pub(super) conv: Vec<f32>,
+    /// Per head, the `[key dim, value dim]` state matrix.
+    pub(super) state: Vec<f32>,
     /// `conv` and `state` as they were at position `undo_pos`, before the latest forward pass
     /// that changed them: what a failed pass, or a truncation back to that position, restores.
     undo: Option<(usize, Vec<f32>, Vec<f32>)>,
 }
 
 impl Cache {
+    /// A zero state of `conv` and `state` floats.
+    pub(super) fn new(conv: usize, state: usize) -> Cache {
+        Cache {
+            pos: 0,
+            conv: vec![0.0; conv],
+            state: vec![0.0; state],
+            undo: None,
+        }
+    }
+
+    /// Whether this call starts the pass that began at `pass_start` (so the state is saved).
+    pub(super) fn at_pass_start(&self, pass_start: usize) -> bool {
+        self.pos == pass_start
+    }
+
+    /// `t` more positions absorbed.
+    pub(super) fn advance(&mut self, t: usize) {
+        self.pos += t;
+    }
+
     /// Saves the state before a forward pass changes it.
-    fn save(&mut self) {
+    pub(super) fn save(&mut self) {
         match &mut self.undo {
             Some((p, c, s)) => {
                 *p = self.pos;

@@ -6,7 +6,9 @@
 //! - [`gqa`]: grouped-query attention (Qwen, Mixtral, OLMoE, GPT-OSS), a KV cache.
 //! - [`mla`]: DeepSeek's multi-head latent attention on the compressed cache.
 //! - [`kda`]: Kimi Delta Attention, a fixed-size recurrent state.
+//! - [`gdn`]: Qwen3-Next's Gated DeltaNet, the same delta rule with a decay per head.
 
+pub mod gdn;
 pub mod gqa;
 pub mod kda;
 pub mod mla;
@@ -14,6 +16,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
+pub use gdn::{GdnConfig, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
 pub use kda::{KdaConfig, KdaGate, KdaWeights};
 pub use mla::{MlaConfig, MlaWeights};
@@ -32,6 +35,8 @@ pub enum AttentionConfig {
     Mla(MlaConfig),
     /// Kimi Delta Attention, with a fixed-size recurrent state.
     Kda(KdaConfig),
+    /// Gated DeltaNet (Qwen3-Next).
+    Gdn(GdnConfig),
 }
 
 /// The attention weights of one layer.
@@ -45,6 +50,8 @@ pub enum AttnSpec {
     Mla(MlaWeights),
     /// Kimi Delta Attention.
     Kda(KdaWeights),
+    /// Gated DeltaNet.
+    Gdn(GdnWeights),
 }
 
 /// The cache of one layer of one sequence.
@@ -53,6 +60,8 @@ pub(crate) enum LayerCache {
     Gqa(gqa::Cache),
     Mla(mla::Cache),
     Kda(kda::Cache),
+    /// Gated DeltaNet's state (the same kind as KDA's).
+    Gdn(kda::Cache),
 }
 
 /// What every kind's forward pass shares: the threads, the rotary table and this pass's
@@ -79,6 +88,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(_) => "gqa",
             AttentionConfig::Mla(_) => "mla",
             AttentionConfig::Kda(_) => "kda",
+            AttentionConfig::Gdn(_) => "gdn",
         }
     }
 
@@ -95,7 +105,7 @@ impl AttentionConfig {
         match self {
             AttentionConfig::Gqa(g) => g.kv_floats(),
             AttentionConfig::Mla(m) => m.kv_floats(),
-            AttentionConfig::Kda(_) => 0,
+            AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) => 0,
         }
     }
 
@@ -104,6 +114,7 @@ impl AttentionConfig {
     pub fn recurrent_floats(&self) -> usize {
         match self {
             AttentionConfig::Kda(k) => k.state_len() + k.conv_len(),
+            AttentionConfig::Gdn(g) => g.state_len() + g.conv_len(),
             _ => 0,
         }
     }
@@ -114,6 +125,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(g) => g.scratch_floats(),
             AttentionConfig::Mla(m) => m.scratch_floats(),
             AttentionConfig::Kda(k) => k.scratch_floats(),
+            AttentionConfig::Gdn(g) => g.scratch_floats(),
         }
     }
 
@@ -124,6 +136,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(g) => g.widest(),
             AttentionConfig::Mla(m) => m.widest(),
             AttentionConfig::Kda(k) => k.widest(),
+            AttentionConfig::Gdn(g) => g.widest(),
         }
     }
 
@@ -133,6 +146,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(g) => LayerCache::Gqa(g.new_cache()),
             AttentionConfig::Mla(m) => LayerCache::Mla(m.new_cache()),
             AttentionConfig::Kda(k) => LayerCache::Kda(k.new_cache()),
+            AttentionConfig::Gdn(g) => LayerCache::Gdn(g.new_cache()),
         }
     }
 
@@ -147,6 +161,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(g) => AttnSpec::Gqa(g.load(p, a, hidden)?),
             AttentionConfig::Mla(m) => AttnSpec::Mla(m.load(p, a, hidden)?),
             AttentionConfig::Kda(k) => AttnSpec::Kda(k.load(p, a, hidden)?),
+            AttentionConfig::Gdn(g) => AttnSpec::Gdn(g.load(p, a, hidden)?),
         })
     }
 
@@ -172,6 +187,9 @@ impl AttentionConfig {
             (AttentionConfig::Kda(c), AttnSpec::Kda(w), LayerCache::Kda(s)) => {
                 kda::forward(c, cx, w, blob, s, x)
             }
+            (AttentionConfig::Gdn(c), AttnSpec::Gdn(w), LayerCache::Gdn(s)) => {
+                gdn::forward(c, cx, w, blob, s, x)
+            }
             _ => Err(ModelError::Internal(
                 "attention spec does not match the configuration".into(),
             )),
@@ -184,7 +202,7 @@ impl LayerCache {
     /// recurrent state only to the start or to where it was before the latest pass.
     pub(crate) fn can_back_to(&self, pos: usize) -> bool {
         match self {
-            LayerCache::Kda(k) => k.can_back_to(pos),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => k.can_back_to(pos),
             _ => true,
         }
     }
@@ -192,7 +210,7 @@ impl LayerCache {
     /// The position a recurrent state can go back to besides the start, if any.
     pub(crate) fn undo_pos(&self) -> Option<usize> {
         match self {
-            LayerCache::Kda(k) => k.undo_pos(),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => k.undo_pos(),
             _ => None,
         }
     }
@@ -202,9 +220,9 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.truncate(pos),
             LayerCache::Mla(c) => c.truncate(pos),
-            LayerCache::Kda(k) => {
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let ok = k.back_to(pos);
-                debug_assert!(ok, "KDA layer cannot go back to {pos}");
+                debug_assert!(ok, "recurrent layer cannot go back to {pos}");
             }
         }
     }
@@ -214,7 +232,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.reserve(positions),
             LayerCache::Mla(c) => c.reserve(positions),
-            LayerCache::Kda(_) => {}
+            LayerCache::Kda(_) | LayerCache::Gdn(_) => {}
         }
     }
 
@@ -223,7 +241,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.bytes(),
             LayerCache::Mla(c) => c.bytes(),
-            LayerCache::Kda(k) => k.bytes(),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => k.bytes(),
         }
     }
 }

@@ -204,6 +204,9 @@ pub struct TensorNames {
     pub prefix: String,
     /// The attention module (`self_attn`).
     pub attention: &'static str,
+    /// The module of the recurrent (linear-attention) layers, when it is not
+    /// [`Self::attention`] (Qwen3-Next's `linear_attn`).
+    pub linear_attention: Option<&'static str>,
     /// The mixture-of-experts module (`mlp`, `block_sparse_moe`).
     pub moe: &'static str,
     /// The modules a dense layer's MLP may be under, tried in order: the first that has a
@@ -231,6 +234,7 @@ impl TensorNames {
         TensorNames {
             prefix: String::new(),
             attention: "self_attn",
+            linear_attention: None,
             moe: "mlp",
             dense: &["mlp"],
             router: "gate",
@@ -241,6 +245,16 @@ impl TensorNames {
                 up: "up_proj",
                 down: "down_proj",
             },
+        }
+    }
+}
+
+impl TensorNames {
+    /// The module a layer of `attention` keeps its tensors under.
+    pub fn attention_of(&self, attention: &AttentionConfig) -> &'static str {
+        match self.linear_attention {
+            Some(m) if attention.recurrent_floats() > 0 => m,
+            _ => self.attention,
         }
     }
 }
@@ -351,6 +365,9 @@ pub struct ModelConfig {
     /// Draft layers after the last (`num_nextn_predict_layers`, DeepSeek-V3's multi-token
     /// prediction): their tensors may be in the checkpoint, and are not used.
     pub draft_layers: usize,
+    /// The trunk's RMSNorms (before attention and the MLP, the final norm, q/k norms) scale by
+    /// `1 + w` rather than `w` (Qwen3-Next's zero-centred norms).
+    pub zero_centred_norms: bool,
 }
 
 /// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any

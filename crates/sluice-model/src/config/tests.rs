@@ -26,7 +26,7 @@ fn scale(c: &ModelConfig) -> f32 {
     match &c.layer_plan[0].attention {
         AttentionConfig::Gqa(g) => g.softmax_scale,
         AttentionConfig::Mla(m) => m.softmax_scale,
-        AttentionConfig::Kda(_) => panic!("no softmax"),
+        AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) => panic!("no softmax"),
     }
 }
 
@@ -423,4 +423,53 @@ fn ernie_moe_layers_follow_start_end_and_interval() {
         w[field] = bad;
         assert_eq!(field_of(parse(&w).unwrap_err()), field);
     }
+}
+
+#[test]
+fn qwen3_next_hybrid_plan_and_checks() {
+    let v = json!({
+        "model_type": "qwen3_next", "vocab_size": 512, "hidden_size": 64,
+        "num_hidden_layers": 8, "rms_norm_eps": 1e-6, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+        "hidden_act": "silu", "intermediate_size": 128, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4, "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+        "mlp_only_layers": [5], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}
+    });
+    let c = parse(&v).unwrap();
+    // transformers' default: every fourth layer full attention.
+    let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
+    assert_eq!(
+        kinds,
+        ["gdn", "gdn", "gdn", "gqa", "gdn", "gdn", "gdn", "gqa"]
+    );
+    assert!(c.zero_centred_norms);
+    assert_eq!(c.moe_layers(), 7);
+    assert!(!c.is_moe(5));
+    let g = gqa(&c, 3);
+    assert!(g.output_gate && g.zero_centred_qk_norm);
+    // a quarter of each head rotated by default
+    assert_eq!(c.rope.dim, 4);
+    assert_eq!(
+        c.names.attention_of(&c.layer_plan[0].attention),
+        "linear_attn"
+    );
+    assert_eq!(
+        c.names.attention_of(&c.layer_plan[3].attention),
+        "self_attn"
+    );
+    for (field, bad) in [
+        ("linear_num_value_heads", json!(3)),
+        ("linear_conv_kernel_dim", json!(0)),
+        ("layer_types", json!(["linear_attention"])),
+        ("full_attention_interval", json!(0)),
+    ] {
+        let mut w = v.clone();
+        w[field] = bad;
+        assert_eq!(field_of(parse(&w).unwrap_err()), field);
+    }
+    let mut w = v.clone();
+    w["num_experts"] = json!(0);
+    assert_eq!(parse(&w).unwrap().moe_layers(), 0);
 }

@@ -148,6 +148,7 @@ impl PartBuilder<'_, '_> {
             piece: layout.piece(name),
             codes: codes_of(t)?,
             len,
+            plus_one: false,
         })
     }
 
@@ -173,6 +174,7 @@ impl PartBuilder<'_, '_> {
                 piece: layout.piece(name),
                 codes,
                 len,
+                plus_one: false,
             },
         }
     }
@@ -183,6 +185,7 @@ fn placeholder(len: usize) -> VecSpec {
         piece: 0,
         codes: Codes::F32,
         len,
+        plus_one: false,
     }
 }
 
@@ -266,5 +269,6 @@ fn vec(ck: &Checkpoint, part: &PartLayout, name: &str, len: usize) -> Result<Vec
         piece: part.piece(name),
         codes: codes_of(t)?,
         len,
+        plus_one: false,
     })
 }

@@ -144,6 +144,7 @@ pub(super) fn fused_experts(
                 piece: part.piece(&format!("{}.bias", f.stem)),
                 codes: codes_of(f.bias)?,
                 len: f.rows,
+                plus_one: false,
             };
             Ok((m, b))
         };

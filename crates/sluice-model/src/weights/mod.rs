@@ -105,12 +105,30 @@ pub struct VecSpec {
     pub codes: Codes,
     /// Elements.
     pub len: usize,
+    /// The weight of a zero-centred RMSNorm (Qwen3-Next): what is used is `1 + w`, rounded
+    /// once in f32 as transformers computes `1.0 + weight.float()`.
+    pub plus_one: bool,
 }
 
 impl VecSpec {
-    /// The vector as f32 (exact conversion).
+    /// The vector as f32 (exact conversion; `1 + w` when [`VecSpec::plus_one`]).
     pub fn to_f32(&self, blob: &Blob) -> Vec<f32> {
-        sluice_kernels::decode::decode_vec(self.codes, blob.piece(self.piece), self.len)
+        let mut v =
+            sluice_kernels::decode::decode_vec(self.codes, blob.piece(self.piece), self.len);
+        if self.plus_one {
+            for x in &mut v {
+                *x += 1.0;
+            }
+        }
+        v
+    }
+
+    /// The same vector as the weight of a zero-centred norm when `zero_centred`.
+    pub fn norm(self, zero_centred: bool) -> VecSpec {
+        VecSpec {
+            plus_one: zero_centred,
+            ..self
+        }
     }
 }
 
@@ -487,12 +505,17 @@ fn layer(
     let names = &cfg.names;
     let h = cfg.hidden;
     let at = |rest: &str| layer_name(names, l, rest);
-    let input_norm = p.vector(&at("input_layernorm.weight"), h)?;
-    let post_norm = p.vector(&at("post_attention_layernorm.weight"), h)?;
+    let zc = cfg.zero_centred_norms;
+    let input_norm = p.vector(&at("input_layernorm.weight"), h)?.norm(zc);
+    let post_norm = p
+        .vector(&at("post_attention_layernorm.weight"), h)?
+        .norm(zc);
     let plan = &cfg.layer_plan[l];
-    let attn = plan
-        .attention
-        .load(p, &|x| at(&format!("{}.{x}", names.attention)), h)?;
+    let attn = plan.attention.load(
+        p,
+        &|x| at(&format!("{}.{x}", names.attention_of(&plan.attention))),
+        h,
+    )?;
     let attn_res = match cfg.residual {
         Residual::AttnRes { .. } => Some([
             attn_res(p, &at("self_attention"), h)?,
@@ -605,7 +628,9 @@ fn head(
     let top = |rest: &str| format!("{}{rest}", cfg.names.prefix);
     let h = cfg.hidden;
     Ok(HeadSpec {
-        norm: p.vector(&top("model.norm.weight"), h)?,
+        norm: p
+            .vector(&top("model.norm.weight"), h)?
+            .norm(cfg.zero_centred_norms),
         lm_head: if cfg.tie_embeddings {
             p.matrix(embed, cfg.vocab, h)?
         } else {

@@ -1,0 +1,160 @@
+//! Qwen3-Next (`qwen3_next`): a hybrid of Gated DeltaNet layers (`linear_attention`, the
+//! `linear_*` fields, tensors under `linear_attn`) and gated full-attention layers
+//! (`full_attention`: grouped-query attention whose `q_proj` also gives a sigmoid output gate
+//! per head, per-head q/k norms, a quarter of each head rotated by default); every RMSNorm of
+//! the trunk zero-centred (it scales by `1 + w`) except the DeltaNet's gated one; MoE with
+//! softmax routing and a sigmoid-gated shared expert, dense layers by `decoder_sparse_step` /
+//! `mlp_only_layers`. The checkpoint's multi-token-prediction tensors (`mtp.*`) are not used.
+
+use serde_json::Value;
+
+use super::Family;
+use super::common::{Base, gqa_rope_partial, softmax_router, top_k};
+use crate::ModelError;
+use crate::attention::GdnConfig;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, QkNorm,
+    SharedExpert, TensorNames,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "qwen3_next",
+    model_types: &["qwen3_next"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    // transformers defaults: partial_rotary_factor 0.25, attention_bias false.
+    let (mut gqa, rope) = gqa_rope_partial(c, &base, true, 0.25)?;
+    let b = c.bool_or("attention_bias", false)?;
+    (gqa.qkv_bias, gqa.o_bias) = (b, b);
+    gqa.qk_norm = QkNorm::PerHead;
+    gqa.zero_centred_qk_norm = true;
+    gqa.output_gate = true;
+
+    let k_heads = c.pos_usize("linear_num_key_heads")?;
+    let v_heads = c.pos_usize("linear_num_value_heads")?;
+    if !v_heads.is_multiple_of(k_heads) {
+        return Err(c.err(
+            "linear_num_value_heads",
+            format!("{v_heads} is not a multiple of linear_num_key_heads {k_heads}"),
+        ));
+    }
+    let gdn = GdnConfig {
+        k_heads,
+        v_heads,
+        k_dim: c.pos_usize("linear_key_head_dim")?,
+        v_dim: c.pos_usize("linear_value_head_dim")?,
+        conv_kernel: c.pos_usize("linear_conv_kernel_dim")?,
+    };
+    let linear = read_layer_kinds(c, base.layers)?;
+
+    let experts = c.usize("num_experts")?;
+    let (moe, sparse) = if experts == 0 {
+        (MoeConfig::none(), Vec::new())
+    } else {
+        let intermediate = c.pos_usize("moe_intermediate_size")?;
+        let shared = c.usize("shared_expert_intermediate_size")?;
+        let moe = MoeConfig {
+            experts,
+            top_k: top_k(c, experts)?,
+            intermediate,
+            // transformers default: norm_topk_prob = true.
+            router: softmax_router(c, true)?,
+            shared: (shared > 0).then_some(SharedExpert {
+                intermediate: shared,
+                gated: true,
+            }),
+            activation: ExpertActivation::SwiGlu,
+            latent: None,
+        };
+        let step = match c.opt_usize("decoder_sparse_step")? {
+            Some(0) => return Err(c.err("decoder_sparse_step", "must be positive")),
+            Some(s) => s,
+            None => 1,
+        };
+        let only = layer_list(c, "mlp_only_layers")?;
+        let sparse = (0..base.layers)
+            .map(|l| !only.contains(&l) && (l + 1).is_multiple_of(step))
+            .collect();
+        (moe, sparse)
+    };
+    let dense = if (0..base.layers).all(|l| sparse.get(l) == Some(&true)) {
+        0
+    } else {
+        c.pos_usize("intermediate_size")?
+    };
+    let layer_plan = (0..base.layers)
+        .map(|l| LayerPlan {
+            attention: if linear[l] {
+                AttentionConfig::Gdn(gdn)
+            } else {
+                AttentionConfig::Gqa(gqa.clone())
+            },
+            mlp: if sparse.get(l) == Some(&true) {
+                MlpKind::Moe
+            } else {
+                MlpKind::Dense {
+                    intermediate: dense,
+                }
+            },
+        })
+        .collect();
+    let names = TensorNames {
+        linear_attention: Some("linear_attn"),
+        shared: "shared_expert",
+        ..TensorNames::standard()
+    };
+    let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
+    cfg.zero_centred_norms = true;
+    Ok(cfg)
+}
+
+/// `layer_types` (true for `linear_attention`); when absent, transformers' default from
+/// `full_attention_interval` (4): every interval-th layer full, the others linear.
+fn read_layer_kinds(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
+    match c.get("layer_types") {
+        None => {
+            let every = c.opt_usize("full_attention_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(c.err("full_attention_interval", "must be positive"));
+            }
+            Ok((0..layers)
+                .map(|l| !(l + 1).is_multiple_of(every))
+                .collect())
+        }
+        Some(Value::Array(a)) if a.len() == layers => a
+            .iter()
+            .map(|x| match x.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(c.err(
+                    "layer_types",
+                    format!("`{x}` is not supported (supported: linear_attention, full_attention)"),
+                )),
+            })
+            .collect(),
+        Some(Value::Array(a)) => Err(c.err(
+            "layer_types",
+            format!("{} entries for {layers} layers", a.len()),
+        )),
+        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    }
+}
+
+/// A list of layer indices (absent: empty).
+fn layer_list(c: &Cfg<'_>, field: &str) -> Result<Vec<usize>, ModelError> {
+    match c.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| c.err(field, "expected layer indices"))
+            })
+            .collect(),
+        Some(_) => Err(c.err(field, "expected a list of layer indices")),
+    }
+}

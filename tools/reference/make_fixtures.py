@@ -55,6 +55,7 @@ from transformers import (  # noqa: E402
     Qwen3Config,
     Qwen3MoeConfig,
     Qwen3NextConfig,
+    Qwen3_5MoeTextConfig,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -363,6 +364,37 @@ ARCHS = [
             mlp_only_layers=[2],  # one dense layer, a linear-attention one
             # a quarter of each head rotated (4 of 16 dimensions)
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        ),
+    ),
+    dict(
+        name="qwen3_5_moe",
+        base_seed=15000,
+        router="softmax_renorm",
+        zero_centred_norms=True,
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: Qwen3_5MoeTextConfig(
+            **COMMON,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            attention_bias=False,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=8,
+            linear_conv_kernel_dim=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+            # multimodal rotary sections: text-only positions make them the plain rotation
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+            },
         ),
     ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
@@ -901,6 +933,71 @@ def build_arch(arch, seed: int, prompts, work: Path):
     return True, results
 
 
+@torch.no_grad()
+def write_qwen3_5_multimodal(prompts) -> dict:
+    """Qwen3.5 as released: the multimodal checkpoint (`qwen3_5_moe`, `text_config`, tensors under
+    `model.language_model.`, experts fused as transformers keeps them, a vision tower), holding
+    the weights of the `qwen3_5_moe-bf16` text fixture. Its reference is that fixture's: the
+    script checks that transformers' multimodal model gives the same prompt logits."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    src = OUT / "qwen3_5_moe-bf16"
+    dst = OUT / "qwen3_5_moe_multimodal-bf16"
+    text = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, experts_implementation="eager")
+    tc = json.loads((src / "config.json").read_text())
+    torch.manual_seed(0)
+    cfg = Qwen3_5MoeConfig(
+        text_config=tc,
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=HIDDEN),
+    )
+    mm = Qwen3_5MoeForConditionalGeneration(cfg).to(torch.bfloat16)
+    mm.model.language_model.load_state_dict(text.model.state_dict())
+    mm.lm_head.load_state_dict(text.lm_head.state_dict())
+    mm.save_pretrained(dst, max_shard_size="1GB")
+    # transformers writes one tensor per expert; also loads (and holds) them fused per layer,
+    # `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I]: store that form, the
+    # other one sluice reads.
+    tensors = load_file(str(dst / "model.safetensors"))
+    fused: dict[str, torch.Tensor] = {}
+    layers = 1 + max(
+        int(k.split(".")[3]) for k in tensors if k.startswith("model.language_model.layers.")
+    )
+    for l in range(layers):
+        stem = f"model.language_model.layers.{l}.mlp.experts"
+        n = sum(1 for k in tensors if k.startswith(f"{stem}.") and k.endswith(".gate_proj.weight"))
+        if n == 0:
+            continue
+        gate_up = [torch.cat([tensors.pop(f"{stem}.{e}.gate_proj.weight"), tensors.pop(f"{stem}.{e}.up_proj.weight")]) for e in range(n)]
+        down = [tensors.pop(f"{stem}.{e}.down_proj.weight") for e in range(n)]
+        fused[f"{stem}.gate_up_proj"] = torch.stack(gate_up).contiguous()
+        fused[f"{stem}.down_proj"] = torch.stack(down).contiguous()
+    tensors.update(fused)
+    save_file(dict(sorted(tensors.items())), str(dst / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copyfile(src / "reference.safetensors", dst / "reference.safetensors")
+    back = Qwen3_5MoeForConditionalGeneration.from_pretrained(
+        dst, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
+    ).float()
+    back.eval()
+    ref = load_file(str(dst / "reference.safetensors"))
+    worst = 0.0
+    for t in PROMPT_LENS:
+        got = back(input_ids=prompts[t][None], use_cache=False).logits[0].float()
+        worst = max(worst, float((got - ref[f"prompt{t}.logits"]).abs().max()))
+    assert worst < 1e-4, f"the multimodal checkpoint's logits differ by {worst}"
+    chmod_tree(dst)
+    return {
+        "architecture": "qwen3_5_moe (multimodal checkpoint of qwen3_5_moe-bf16)",
+        "model_type": "qwen3_5_moe",
+        "weights": "bf16",
+        "reference": "qwen3_5_moe-bf16's reference.safetensors",
+        "multimodal_vs_text_max_abs_logit_diff": worst,
+        "layout_facts": layout_facts(dst),
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dst.iterdir())
+        },
+    }
+
+
 def main() -> int:
     versions = {
         "python": platform.python_version(),
@@ -989,6 +1086,7 @@ def main() -> int:
                     "files": files,
                 }
                 rows.append((name, seed, r, facts))
+    summary["models"]["qwen3_5_moe_multimodal-bf16"] = write_qwen3_5_multimodal(prompts)
     chmod_tree(OUT)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     os.chmod(OUT / "summary.json", 0o644)

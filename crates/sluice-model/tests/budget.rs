@@ -187,6 +187,10 @@ fixture_budget_test!(glm4_moe_scattered_layout, "glm4_moe-bf16");
 fixture_budget_test!(minimax_m2, "minimax_m2-fp32");
 fixture_budget_test!(ernie4_5_moe_tied_scattered, "ernie4_5_moe-bf16");
 fixture_budget_test!(qwen3_next_gated_deltanet, "qwen3_next-fp32");
+fixture_budget_test!(
+    qwen3_5_multimodal_fused_experts,
+    "qwen3_5_moe_multimodal-bf16"
+);
 fixture_budget_test!(dense_mistral_window, "mistral-fp32");
 fixture_budget_test!(dense_qwen3_tied_embeddings, "qwen3-bf16");
 fixture_budget_test!(kimi_linear, "kimi/kimi_linear-fp32");

@@ -483,6 +483,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         quant,
         names: TensorNames {
             prefix: prefix.to_owned(),
+            model: "model.",
             attention: "self_attn",
             linear_attention: None,
             // transformers saves Kimi Linear's MLPs as `block_sparse_moe.*` (it renames

@@ -1,10 +1,14 @@
-//! Qwen3-Next (`qwen3_next`): a hybrid of Gated DeltaNet layers (`linear_attention`, the
+//! Qwen3-Next (`qwen3_next`) and Qwen3.5 MoE (`qwen3_5_moe_text`, and `qwen3_5_moe`, the text
+//! model of the multimodal checkpoint: `text_config`, tensors under `model.language_model.`,
+//! the vision tower ignored): a hybrid of Gated DeltaNet layers (`linear_attention`, the
 //! `linear_*` fields, tensors under `linear_attn`) and gated full-attention layers
 //! (`full_attention`: grouped-query attention whose `q_proj` also gives a sigmoid output gate
 //! per head, per-head q/k norms, a quarter of each head rotated by default); every RMSNorm of
 //! the trunk zero-centred (it scales by `1 + w`) except the DeltaNet's gated one; MoE with
 //! softmax routing and a sigmoid-gated shared expert, dense layers by `decoder_sparse_step` /
-//! `mlp_only_layers`. The checkpoint's multi-token-prediction tensors (`mtp.*`) are not used.
+//! `mlp_only_layers`. Qwen3.5 differs only in its DeltaNet's four separate input projections
+//! (and multimodal rotary sections, which for text-only positions are the plain rotation). The
+//! checkpoint's multi-token-prediction tensors (`mtp.*`) are not used.
 
 use serde_json::Value;
 
@@ -19,11 +23,39 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen3_next",
-    model_types: &["qwen3_next"],
+    model_types: &["qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"],
     read,
 };
 
-fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    // Qwen3.5's released checkpoints are multimodal: the text model's config is `text_config`
+    // and its tensors are under `model.language_model.` (the vision tower is not read).
+    let multimodal = model_type == "qwen3_5_moe";
+    let text;
+    let c = if multimodal {
+        let Some(tv) = top.get("text_config") else {
+            return Err(top.err("text_config", "required field is missing"));
+        };
+        if !tv.is_object() {
+            return Err(top.err("text_config", "expected an object"));
+        }
+        if top.get("quantization_config").is_some() {
+            return Err(top.err(
+                "quantization_config",
+                "quantized multimodal Qwen3.5 checkpoints are not supported yet",
+            ));
+        }
+        text = Cfg {
+            v: tv,
+            file: top.file,
+            prefix: "text_config.".into(),
+        };
+        text.expect_str("model_type", "qwen3_5_moe_text", &["qwen3_5_moe_text"])?;
+        &text
+    } else {
+        top
+    };
+    let qwen3_5 = model_type != "qwen3_next";
     let base = Base::read(c, false)?;
     // transformers defaults: partial_rotary_factor 0.25, attention_bias false.
     let (mut gqa, rope) = gqa_rope_partial(c, &base, true, 0.25)?;
@@ -47,6 +79,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         k_dim: c.pos_usize("linear_key_head_dim")?,
         v_dim: c.pos_usize("linear_value_head_dim")?,
         conv_kernel: c.pos_usize("linear_conv_kernel_dim")?,
+        split: qwen3_5,
     };
     let linear = read_layer_kinds(c, base.layers)?;
 
@@ -102,6 +135,11 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         })
         .collect();
     let names = TensorNames {
+        model: if multimodal {
+            "model.language_model."
+        } else {
+            "model."
+        },
         linear_attention: Some("linear_attn"),
         shared: "shared_expert",
         ..TensorNames::standard()

@@ -1,8 +1,8 @@
-//! Gated DeltaNet (GDN), the linear attention of Qwen3-Next.
+//! Gated DeltaNet (GDN), the linear attention of Qwen3-Next and Qwen3.5.
 //!
 //! Per value head, a `head_k_dim × head_v_dim` state `S` is carried from token to token. For
-//! each token: one projection gives q, k (per key head), v and the output gate z (per value
-//! head), a second gives b and a (per value head); q, k and v pass together through a short
+//! each token: projections give q, k (per key head), v and the output gate z (per value
+//! head), b and a (per value head) — two grouped by key head (Qwen3-Next) or four (Qwen3.5); q, k and v pass together through a short
 //! causal depthwise convolution with SiLU (its last `kernel − 1` inputs are carried too); q and
 //! k are L2-normalised and q divided by `head_k_dim^½`; each key head serves
 //! `value heads / key heads` consecutive value heads; the decay is one scalar per value head,
@@ -36,16 +36,42 @@ pub struct GdnConfig {
     pub v_dim: usize,
     /// Taps of the causal convolution (`linear_conv_kernel_dim`).
     pub conv_kernel: usize,
+    /// The projections are separate (Qwen3.5: `in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+    /// `in_proj_a`, each in plain head order) rather than Qwen3-Next's two grouped by key head.
+    pub split: bool,
+}
+
+/// The input projections of a Gated DeltaNet layer.
+#[derive(Clone, Copy, Debug)]
+pub enum GdnProj {
+    /// `in_proj_qkvz` `[2 key_dim + 2 value_dim, hidden]`, grouped by key head: per key head
+    /// its q, k, then the v and z of the value heads it serves; `in_proj_ba` `[2 v_heads,
+    /// hidden]` grouped the same way (b then a). Qwen3-Next.
+    Grouped {
+        /// `in_proj_qkvz`.
+        qkvz: MatSpec,
+        /// `in_proj_ba`.
+        ba: MatSpec,
+    },
+    /// `in_proj_qkv` `[2 key_dim + value_dim, hidden]` (q, k, v in head order), `in_proj_z`
+    /// `[value_dim, hidden]`, `in_proj_b` and `in_proj_a` `[v_heads, hidden]`. Qwen3.5.
+    Split {
+        /// `in_proj_qkv`.
+        qkv: MatSpec,
+        /// `in_proj_z`.
+        z: MatSpec,
+        /// `in_proj_b`.
+        b: MatSpec,
+        /// `in_proj_a`.
+        a: MatSpec,
+    },
 }
 
 /// The weights of a Gated DeltaNet layer.
 #[derive(Clone, Copy, Debug)]
 pub struct GdnWeights {
-    /// `in_proj_qkvz` `[2 key_dim + 2 value_dim, hidden]`, grouped by key head: per key head
-    /// its q, k, then the v and z of the value heads it serves.
-    pub qkvz: MatSpec,
-    /// `in_proj_ba` `[2 v_heads, hidden]`, grouped by key head the same way (b then a).
-    pub ba: MatSpec,
+    /// The input projections.
+    pub proj: GdnProj,
     /// `conv1d.weight` `[conv_dim, 1, kernel]` over the channels `[q | k | v]`.
     pub conv: VecSpec,
     /// `dt_bias` `[v_heads]`.
@@ -112,9 +138,21 @@ impl GdnConfig {
         h: usize,
     ) -> Result<GdnWeights, ModelError> {
         let (kd, vd) = (self.key_dim(), self.value_dim());
+        let proj = if self.split {
+            GdnProj::Split {
+                qkv: p.linear(&a("in_proj_qkv"), 2 * kd + vd, h)?,
+                z: p.linear(&a("in_proj_z"), vd, h)?,
+                b: p.linear(&a("in_proj_b"), self.v_heads, h)?,
+                a: p.linear(&a("in_proj_a"), self.v_heads, h)?,
+            }
+        } else {
+            GdnProj::Grouped {
+                qkvz: p.linear(&a("in_proj_qkvz"), 2 * kd + 2 * vd, h)?,
+                ba: p.linear(&a("in_proj_ba"), 2 * self.v_heads, h)?,
+            }
+        };
         Ok(GdnWeights {
-            qkvz: p.linear(&a("in_proj_qkvz"), 2 * kd + 2 * vd, h)?,
-            ba: p.linear(&a("in_proj_ba"), 2 * self.v_heads, h)?,
+            proj,
             conv: p.vector_any(&a("conv1d.weight"), &[self.conv_dim(), 1, self.conv_kernel])?,
             dt_bias: p.vector_any(&a("dt_bias"), &[self.v_heads])?,
             a_log: p.vector_any(&a("A_log"), &[self.v_heads])?,
@@ -150,34 +188,49 @@ pub(crate) fn forward(
         cache.save();
     }
 
-    let mut qkvz = vec![0f32; t * (2 * kd + 2 * vd)];
-    exec.matmul(&spec.qkvz.view(blob)?, x, &mut qkvz);
-    let mut ba = vec![0f32; t * 2 * nv];
-    exec.matmul(&spec.ba.view(blob)?, x, &mut ba);
-
-    // Ungroup: per token, `mixed = [q | k | v]` in head order, z, b and a.
+    // Per token: `mixed = [q | k | v]` in head order, z, b and a.
     let mut mixed = vec![0f32; t * c];
     let mut z = vec![0f32; t * vd];
     let mut b = vec![0f32; t * nv];
     let mut a = vec![0f32; t * nv];
-    let group = 2 * dk + 2 * r * dv;
-    for tok in 0..t {
-        let src = &qkvz[tok * (2 * kd + 2 * vd)..(tok + 1) * (2 * kd + 2 * vd)];
-        let dst = &mut mixed[tok * c..(tok + 1) * c];
-        let zt = &mut z[tok * vd..(tok + 1) * vd];
-        for g in 0..nk {
-            let s = &src[g * group..(g + 1) * group];
-            dst[g * dk..(g + 1) * dk].copy_from_slice(&s[..dk]);
-            dst[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&s[dk..2 * dk]);
-            dst[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv]
-                .copy_from_slice(&s[2 * dk..2 * dk + r * dv]);
-            zt[g * r * dv..(g + 1) * r * dv].copy_from_slice(&s[2 * dk + r * dv..]);
+    match &spec.proj {
+        GdnProj::Split {
+            qkv,
+            z: zm,
+            b: bm,
+            a: am,
+        } => {
+            exec.matmul(&qkv.view(blob)?, x, &mut mixed);
+            exec.matmul(&zm.view(blob)?, x, &mut z);
+            exec.matmul(&bm.view(blob)?, x, &mut b);
+            exec.matmul(&am.view(blob)?, x, &mut a);
         }
-        let bs = &ba[tok * 2 * nv..(tok + 1) * 2 * nv];
-        for g in 0..nk {
-            let s = &bs[g * 2 * r..(g + 1) * 2 * r];
-            b[tok * nv + g * r..tok * nv + (g + 1) * r].copy_from_slice(&s[..r]);
-            a[tok * nv + g * r..tok * nv + (g + 1) * r].copy_from_slice(&s[r..]);
+        GdnProj::Grouped { qkvz: qm, ba: bam } => {
+            let mut qkvz = vec![0f32; t * (2 * kd + 2 * vd)];
+            exec.matmul(&qm.view(blob)?, x, &mut qkvz);
+            let mut ba = vec![0f32; t * 2 * nv];
+            exec.matmul(&bam.view(blob)?, x, &mut ba);
+            // Ungroup: each key head's q, k, then its value heads' v and z (and b, a).
+            let group = 2 * dk + 2 * r * dv;
+            for tok in 0..t {
+                let src = &qkvz[tok * (2 * kd + 2 * vd)..(tok + 1) * (2 * kd + 2 * vd)];
+                let dst = &mut mixed[tok * c..(tok + 1) * c];
+                let zt = &mut z[tok * vd..(tok + 1) * vd];
+                for g in 0..nk {
+                    let s = &src[g * group..(g + 1) * group];
+                    dst[g * dk..(g + 1) * dk].copy_from_slice(&s[..dk]);
+                    dst[kd + g * dk..kd + (g + 1) * dk].copy_from_slice(&s[dk..2 * dk]);
+                    dst[2 * kd + g * r * dv..2 * kd + (g + 1) * r * dv]
+                        .copy_from_slice(&s[2 * dk..2 * dk + r * dv]);
+                    zt[g * r * dv..(g + 1) * r * dv].copy_from_slice(&s[2 * dk + r * dv..]);
+                }
+                let bs = &ba[tok * 2 * nv..(tok + 1) * 2 * nv];
+                for g in 0..nk {
+                    let s = &bs[g * 2 * r..(g + 1) * 2 * r];
+                    b[tok * nv + g * r..tok * nv + (g + 1) * r].copy_from_slice(&s[..r]);
+                    a[tok * nv + g * r..tok * nv + (g + 1) * r].copy_from_slice(&s[r..]);
+                }
+            }
         }
     }
 

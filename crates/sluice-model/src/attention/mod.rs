@@ -16,7 +16,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
-pub use gdn::{GdnConfig, GdnWeights};
+pub use gdn::{GdnConfig, GdnProj, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
 pub use kda::{KdaConfig, KdaGate, KdaWeights};
 pub use mla::{MlaConfig, MlaWeights};

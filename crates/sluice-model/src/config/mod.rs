@@ -182,7 +182,10 @@ pub struct LayerPlan {
 /// How the routed experts of a layer are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ExpertNames {
-    /// One module per expert, `{moe}.experts.{e}.{gate|up|down}` (the three names given).
+    /// One module per expert, `{moe}.experts.{e}.{gate|up|down}` (the three names given) — or,
+    /// when the checkpoint has `{moe}.experts.gate_up_proj` instead, all of them fused as
+    /// transformers 5 holds them: `gate_up_proj` `[experts, 2 × inter, in]` (gate rows, then up
+    /// rows) and `down_proj` `[experts, out, inter]`, no biases.
     Separate {
         /// Gate projection (`gate_proj`, `w1`).
         gate: &'static str,
@@ -197,11 +200,16 @@ pub enum ExpertNames {
     FusedGateUp,
 }
 
-/// Where a family's tensors are. Layer tensors are `{prefix}model.layers.{l}.{module}.…`.
+/// Where a family's tensors are. Layer tensors are `{prefix}{model}layers.{l}.{module}.…`, the
+/// embeddings `{prefix}{model}embed_tokens`, the final norm `{prefix}{model}norm` and the head
+/// `{prefix}lm_head`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorNames {
     /// Prefix of every tensor name (`language_model.` for Kimi K3, else empty).
     pub prefix: String,
+    /// The module holding the layers, embeddings and final norm, under the prefix (`model.`;
+    /// `model.language_model.` for Qwen3.5's multimodal checkpoints).
+    pub model: &'static str,
     /// The attention module (`self_attn`).
     pub attention: &'static str,
     /// The module of the recurrent (linear-attention) layers, when it is not
@@ -233,6 +241,7 @@ impl TensorNames {
     pub fn standard() -> TensorNames {
         TensorNames {
             prefix: String::new(),
+            model: "model.",
             attention: "self_attn",
             linear_attention: None,
             moe: "mlp",

@@ -473,3 +473,40 @@ fn qwen3_next_hybrid_plan_and_checks() {
     w["num_experts"] = json!(0);
     assert_eq!(parse(&w).unwrap().moe_layers(), 0);
 }
+
+#[test]
+fn qwen3_5_multimodal_reads_its_text_config() {
+    let text = json!({
+        "model_type": "qwen3_5_moe_text", "vocab_size": 512, "hidden_size": 64,
+        "num_hidden_layers": 4, "rms_norm_eps": 1e-6, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+        "hidden_act": "silu", "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+        "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                            "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0]}
+    });
+    let c = parse(&text).unwrap();
+    assert_eq!(c.names.model, "model.");
+    assert!(matches!(
+        c.layer_plan[0].attention,
+        AttentionConfig::Gdn(g) if g.split
+    ));
+    let mm = json!({"model_type": "qwen3_5_moe", "text_config": text, "vision_config": {}});
+    let c = parse(&mm).unwrap();
+    assert_eq!(c.names.model, "model.language_model.");
+    assert_eq!(c.moe_layers(), 4);
+    let mut bad = mm.clone();
+    bad["text_config"]["linear_key_head_dim"] = json!("16");
+    assert_eq!(
+        field_of(parse(&bad).unwrap_err()),
+        "text_config.linear_key_head_dim"
+    );
+    let mut bad = mm.clone();
+    bad.as_object_mut().unwrap().remove("text_config");
+    assert_eq!(field_of(parse(&bad).unwrap_err()), "text_config");
+    let mut bad = mm;
+    bad["quantization_config"] = json!({"quant_method": "fp8"});
+    assert_eq!(field_of(parse(&bad).unwrap_err()), "quantization_config");
+}

@@ -1,4 +1,5 @@
-//! Experts fused per layer (GPT-OSS's layout): `gate_up_proj` `[experts, in, 2 × inter]` with
+//! Experts fused per layer: [`concat_experts`] (transformers 5's own layout, Qwen3.5), and
+//! GPT-OSS's layout: `gate_up_proj` `[experts, in, 2 × inter]` with
 //! gate and up interleaved by row, `down_proj` `[experts, inter, out]`, both with biases, in
 //! BF16 (the `x @ W` layout) or as MXFP4 blocks and scales. Each expert's slice of a fused
 //! tensor is a contiguous byte range, so each expert is still one blob of its own.
@@ -8,7 +9,7 @@ use sluice_kernels::{Codes, ScaleType};
 use sluice_store::Piece;
 
 use super::builder::{Ctx, check_dtype, check_shape, codes_of, scale_type, tensor_err};
-use super::{ExpertSpec, FusedExpertSpec, MatSpec, PartLayout, ScaleSpec, VecSpec};
+use super::{ExpertSpec, FusedExpertSpec, MatSpec, MlpSpec, PartLayout, ScaleSpec, VecSpec};
 use crate::ModelError;
 use crate::config::ModelConfig;
 
@@ -20,6 +21,50 @@ fn slice(t: &TensorInfo, i: usize, n: usize) -> Piece {
         offset: t.offset + i as u64 * per,
         len: per,
     }
+}
+
+/// Experts fused per layer the way transformers 5 keeps them (Qwen3.5's released layout):
+/// `gate_up_proj` `[experts, 2 × inter, in]` (each expert's gate rows, then its up rows) and
+/// `down_proj` `[experts, out, inter]`, no biases, dense codings only. Each expert's slice is
+/// contiguous, and its gate and up halves are too: an expert is one blob of three pieces.
+pub(super) fn concat_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    base: &str,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let ck = ctx.ck;
+    let (n, inter) = (cfg.moe.experts, cfg.moe.intermediate);
+    let width = cfg.moe.expert_width(cfg.hidden);
+    let gu = ck.tensor(&format!("{base}.gate_up_proj"))?;
+    let down = ck.tensor(&format!("{base}.down_proj"))?;
+    check_shape(gu, &[n, 2 * inter, width], " ([experts, 2 × inter, in])")?;
+    check_shape(down, &[n, width, inter], " ([experts, out, inter])")?;
+    let (gu_codes, down_codes) = (codes_of(gu)?, codes_of(down)?);
+    let mut pieces = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for e in 0..n {
+        let both = slice(gu, e, n);
+        let half = both.len / 2;
+        let gate = Piece { len: half, ..both };
+        let up = Piece {
+            offset: both.offset + half,
+            len: half,
+            ..both
+        };
+        let part = PartLayout::from_ranges(vec![
+            ("gate".to_owned(), gate),
+            ("up".to_owned(), up),
+            ("down".to_owned(), slice(down, e, n)),
+        ]);
+        let m = |name: &str, codes, rows, cols| MatSpec::dense(part.piece(name), codes, rows, cols);
+        specs.push(ExpertSpec::SwiGlu(MlpSpec {
+            gate: m("gate", gu_codes, inter, width),
+            up: m("up", gu_codes, inter, width),
+            down: m("down", down_codes, width, inter),
+        }));
+        pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
 }
 
 /// The fused experts under `base` (`{moe}.experts`), cut into one blob per expert: each expert's slice of a

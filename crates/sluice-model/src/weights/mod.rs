@@ -329,7 +329,7 @@ pub struct WeightLayout {
 /// missing tensor; fewer (a silently truncated model) names the tensors that would go unused.
 /// Draft layers (`num_nextn_predict_layers`) directly after the last may be present.
 fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelError> {
-    let head = format!("{}model.layers.", cfg.names.prefix);
+    let head = format!("{}{}layers.", cfg.names.prefix, cfg.names.model);
     let layer_of = |name: &str| -> Option<usize> {
         let rest = name.strip_prefix(&head)?;
         rest.split('.').next()?.parse().ok()
@@ -384,7 +384,7 @@ impl WeightLayout {
         let ctx = Ctx::new(ck, &cfg.quant);
         let names = &cfg.names;
         let h = cfg.hidden;
-        let embed_name = format!("{}model.embed_tokens.weight", names.prefix);
+        let embed_name = format!("{}{}embed_tokens.weight", names.prefix, names.model);
         let (embed, embed_spec) = build_part(&ctx, |p| p.matrix(&embed_name, cfg.vocab, h))?;
 
         let mut layers = Vec::with_capacity(cfg.layers);
@@ -464,9 +464,9 @@ impl WeightLayout {
     }
 }
 
-/// `{prefix}model.layers.{l}.{rest}`.
+/// `{prefix}{model}layers.{l}.{rest}`.
 fn layer_name(names: &TensorNames, l: usize, rest: &str) -> String {
-    format!("{}model.layers.{l}.{rest}", names.prefix)
+    format!("{}{}layers.{l}.{rest}", names.prefix, names.model)
 }
 
 /// `{module}.{gate,up,down}_proj` as one gated MLP of `[hidden → inter → hidden]`.
@@ -597,6 +597,11 @@ fn routed_experts(
         ExpertNames::FusedGateUp => {
             return fused::fused_experts(ctx, cfg, &format!("{moe}.experts"));
         }
+        ExpertNames::Separate { .. }
+            if ctx.ck.get(&format!("{moe}.experts.gate_up_proj")).is_some() =>
+        {
+            return fused::concat_experts(ctx, cfg, &format!("{moe}.experts"));
+        }
         ExpertNames::Separate { gate, up, down } => (gate, up, down),
     };
     let width = cfg.moe.expert_width(cfg.hidden);
@@ -626,10 +631,11 @@ fn head(
     embed: &str,
 ) -> Result<HeadSpec, ModelError> {
     let top = |rest: &str| format!("{}{rest}", cfg.names.prefix);
+    let model = |rest: &str| top(&format!("{}{rest}", cfg.names.model));
     let h = cfg.hidden;
     Ok(HeadSpec {
         norm: p
-            .vector(&top("model.norm.weight"), h)?
+            .vector(&model("norm.weight"), h)?
             .norm(cfg.zero_centred_norms),
         lm_head: if cfg.tie_embeddings {
             p.matrix(embed, cfg.vocab, h)?
@@ -637,7 +643,7 @@ fn head(
             p.linear(&top("lm_head"), cfg.vocab, h)?
         },
         attn_res: match cfg.residual {
-            Residual::AttnRes { .. } => Some(attn_res(p, &top("model.output_attn"), h)?),
+            Residual::AttnRes { .. } => Some(attn_res(p, &model("output_attn"), h)?),
             Residual::Add => None,
         },
     })

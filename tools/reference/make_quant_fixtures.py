@@ -15,6 +15,7 @@ weights as the format's *reference code* decodes them:
 | fixture | release it imitates | weights the reference runs on |
 |---|---|---|
 | deepseek_v3-fp8 | DeepSeek-V3 / Kimi K2: FP8 E4M3 + F32 `weight_scale_inv` per 128x128 block; hidden 192 so blocks are cut at the edges | DeepSeek's layout, w[i, j] = q[i, j] * s[i // 128, j // 128] (transformers' own FP8 dequant derives the block from rows / scale rows and is wrong at those edges; the script checks it agrees wherever a dimension is a multiple of 128 and records where it does not) |
+| minimax_m2-fp8 | MiniMax-M2 (released in FP8 only): the same FP8 blocks on attention and `block_sparse_moe` experts, F32 router and bias | the same DeepSeek-layout dequantization |
 | deepseek_v3-int4 | Kimi K2 Thinking / K2.5: compressed-tensors pack-quantized INT4 routed experts, group 32, K2's ignore list | compressed-tensors' own decompressor, run with the BF16 group scales widened to fp32 so the products are exact; transformers' native load (BF16) is checked to be the BF16 rounding of exactly these |
 | qwen3_moe-mxfp4 | compressed-tensors mxfp4-pack-quantized experts (the Kimi K3 layout) | transformers' native compressed-tensors load (exact: power-of-two scales) |
 | gpt_oss-bf16 | GPT-OSS as transformers saves it: fused x@W experts | transformers' load of the BF16 file |
@@ -53,6 +54,7 @@ from transformers import (  # noqa: E402
     CompressedTensorsConfig,
     DeepseekV3Config,
     GptOssConfig,
+    MiniMaxM2Config,
     Mxfp4Config,
     Qwen3MoeConfig,
 )
@@ -106,6 +108,23 @@ def ds_fp8_config():
             "mscale": 1.0,
             "mscale_all_dim": 1.0,
         },
+    )
+
+
+def minimax_fp8_config():
+    # MiniMax-M2 is released in FP8 only. hidden 192 = 128 + 64 cuts block grids at the edges;
+    # head_dim 64 with rotary_dim 32 (its legacy field), q/k norms over the whole projection.
+    return MiniMaxM2Config(
+        **{**mf.COMMON, "hidden_size": 192, "num_hidden_layers": 3},
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        router_jitter_noise=0.0,
+        rotary_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )
 
 
@@ -460,13 +479,15 @@ def plain_fp32_dir(hf_dir: Path, state: dict, dst: Path) -> Path:
 
 
 def is_fp8_target(name: str) -> bool:
-    """What DeepSeek-V3 stores in FP8: every projection inside the layers (attention, dense MLP,
-    shared and routed experts); not the router, norms, embeddings or lm_head."""
+    """What DeepSeek-V3 and MiniMax-M2 store in FP8: every projection inside the layers
+    (attention, dense MLP, shared and routed experts); not the router (`mlp.gate`,
+    `block_sparse_moe.gate`), norms, embeddings or lm_head."""
     return (
         name.startswith("model.layers.")
         and name.endswith(".weight")
         and not name.endswith("norm.weight")
         and not name.endswith(".mlp.gate.weight")
+        and not name.endswith(".block_sparse_moe.gate.weight")
     )
 
 
@@ -538,6 +559,36 @@ def build_ds_fp8(seed: int, work: Path):
         "orientation_checked_on": "[256, 384] (2 x 3 full blocks): transformers == DeepSeek layout",
     }
     return d, finish_ref(m), "deepseek", facts
+
+
+def build_minimax_fp8(seed: int, work: Path):
+    """MiniMax-M2 as released: FP8 projections with 128x128 `weight_scale_inv`, the router and
+    `e_score_correction_bias` in F32, the rest BF16. The reference runs on the DeepSeek-layout
+    dequantization of the codes."""
+    model = new_model(minimax_fp8_config(), seed, "minimax")
+    hf = work / "hf"
+    model.save_pretrained(hf, max_shard_size="1GB")
+    src = load_file(str(hf / "model.safetensors"))
+    out, ref = {}, {}
+    for k, v in sorted(src.items()):
+        if is_fp8_target(k):
+            q, sc = fp8_quantize(v)
+            out[k] = q
+            out[k + "_scale_inv"] = sc
+            ref[k] = fp8_dequant_deepseek(q, sc)
+        elif k.endswith("e_score_correction_bias") or k.endswith(".gate.weight"):
+            out[k] = v.float()
+            ref[k] = v.float()
+        else:
+            out[k] = v.to(torch.bfloat16)
+            ref[k] = out[k].float()
+    d = work / "minimax_m2-fp8"
+    d.mkdir()
+    save_st(out, d / "model.safetensors")
+    write_config(hf, d, FP8_QCFG)
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
+    facts = {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
+    return d, finish_ref(m), "minimax", facts
 
 
 def build_ds_int4(seed: int, work: Path):
@@ -670,6 +721,7 @@ FIXTURES = [
     dict(name="deepseek_v3-fp8", base_seed=11000, variants=[("fp8", build_ds_fp8)]),
     dict(name="deepseek_v3-int4", base_seed=12000, variants=[("int4", build_ds_int4)]),
     dict(name="qwen3_moe-mxfp4", base_seed=13000, variants=[("mxfp4", build_qwen3_mxfp4)]),
+    dict(name="minimax_m2-fp8", base_seed=15000, variants=[("fp8", build_minimax_fp8)]),
     dict(
         name="gpt_oss",
         base_seed=14000,
@@ -688,11 +740,12 @@ class Tap:
     """Forward hooks on every router (`mlp.gate` or GPT-OSS `mlp.router`)."""
 
     def __init__(self, model):
-        self.calls, self.routers, self.handles = [], {}, []
+        self.calls, self.routers, self.blocks, self.handles = [], {}, {}, []
         for li, layer in enumerate(model.model.layers):
             r = getattr(layer.mlp, "gate", None) or getattr(layer.mlp, "router", None)
             if r is not None and type(r).__name__.endswith("Router"):
                 self.routers[li] = r
+                self.blocks[li] = layer.mlp
                 self.handles.append(r.register_forward_hook(self._hook(li)))
 
     def _hook(self, li):
@@ -706,13 +759,13 @@ class Tap:
         return c
 
 
-def recompute(kind, module, cfg, logits):
+def recompute(kind, module, cfg, logits, block=None):
     if kind == "gptoss":  # top-k of the (biased) logits, softmax over the k chosen
         k = cfg.num_experts_per_tok
         srt = logits.float().sort(dim=-1, descending=True).values
         top = logits.float().topk(k, dim=-1)
         return top.indices, torch.softmax(top.values, dim=-1), srt[:, k - 1] - srt[:, k], None
-    ids, w, egap, ggap, _ = mf.recompute_route(kind, module, cfg, logits)
+    ids, w, egap, ggap, _ = mf.recompute_route(kind, module, cfg, logits, block)
     return ids, w, egap, ggap
 
 
@@ -721,7 +774,7 @@ def check_routes(kind, tap, cfg, calls, seq_len):
     for li, out in calls:
         logits, weights, ids = out[0], out[1], out[2]
         assert ids.shape == (seq_len, cfg.num_experts_per_tok), (li, ids.shape)
-        rid, rw, egap, ggap = recompute(kind, tap.routers[li], cfg, logits)
+        rid, rw, egap, ggap = recompute(kind, tap.routers[li], cfg, logits, tap.blocks[li])
         hs, horder = ids.sort(dim=-1)
         rs, rorder = rid.sort(dim=-1)
         assert torch.equal(hs, rs), f"layer {li}: expert sets differ from re-derivation"

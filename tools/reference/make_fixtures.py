@@ -46,6 +46,7 @@ from transformers import (  # noqa: E402
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
     LlamaConfig,
+    MiMoV2FlashConfig,
     MiniMaxM2Config,
     MistralConfig,
     MixtralConfig,
@@ -397,6 +398,36 @@ ARCHS = [
             },
         ),
     ),
+    dict(
+        name="mimo_v2_flash",
+        base_seed=16000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: MiMoV2FlashConfig(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=1,  # 2 in the sliding layers
+            head_dim=16,
+            v_head_dim=8,
+            attention_value_scale=0.707,
+            sliding_window=8,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            norm_topk_prob=True,
+            routed_scaling_factor=None,  # as the hub config stores it: 1
+            # each layer type its own theta; half of each head rotated
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 0.5},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            },
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -513,6 +544,8 @@ def init_weights(model: torch.nn.Module, seed: int, router_kind: str, zero_centr
                 v = 1.0 + NORM_JITTER * z
             elif name.endswith("A_log") or name.endswith("dt_bias"):  # Gated DeltaNet's decay
                 v = 0.5 * z
+            elif name.endswith(".sinks"):  # per-head attention sink logits
+                v = z
             elif name == "model.embed_tokens.weight":
                 v = EMBED_STD * z
             elif name == "lm_head.weight":

@@ -123,6 +123,8 @@ pub struct Model {
     layout: WeightLayout,
     exec: Exec,
     rope: Rope,
+    /// The second rotary table ([`ModelConfig::local_rope`]).
+    local_rope: Option<Rope>,
     /// The embedding table when pinned; otherwise rows are read per token.
     embed: Option<Arc<Blob>>,
     /// Parts 0..layers are the layers, part `layers` the head.
@@ -266,6 +268,7 @@ impl Model {
         )?;
         let exec = Exec::new(opts.kernels, opts.threads)?;
         let rope = Rope::new(&cfg.rope);
+        let local_rope = cfg.local_rope.as_ref().map(Rope::new);
         // Prefetch is pointless when every expert fits (even beside full-context KV caches,
         // which also keeps the gathered path, and passes run in the pool, from ever waiting
         // for room).
@@ -277,6 +280,7 @@ impl Model {
             layout,
             exec,
             rope,
+            local_rope,
             embed,
             trunk,
             reader,
@@ -362,6 +366,10 @@ impl Model {
     /// The rotary table.
     pub(crate) fn rope(&self) -> &Rope {
         &self.rope
+    }
+
+    pub(crate) fn local_rope(&self) -> Option<&Rope> {
+        self.local_rope.as_ref()
     }
 
     /// Whether a layer's experts are taken as a group (every expert fits; see [`moe`]).

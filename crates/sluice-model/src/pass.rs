@@ -32,6 +32,8 @@ struct Pass {
     pos0s: Vec<usize>,
     /// Each segment's rotary angles, per chunk of `chunk` rows.
     angles: Vec<Vec<Angles>>,
+    /// The same for the second rotary table, when the model has one.
+    local_angles: Option<Vec<Vec<Angles>>>,
     /// Rows each call inside a layer takes at most.
     chunk: usize,
     /// Floats of attention scores its tiles may hold at once.
@@ -126,6 +128,16 @@ impl Model {
                         .collect()
                 })
                 .collect(),
+            local_angles: self.local_rope().map(|rope| {
+                segs.iter()
+                    .map(|(s, toks)| {
+                        (0..toks.len())
+                            .step_by(chunk)
+                            .map(|c0| Angles::new(rope, s.pos + c0, chunk.min(toks.len() - c0)))
+                            .collect()
+                    })
+                    .collect()
+            }),
             chunk,
             score_floats: opts.score_floats,
             single: segs.len() == 1,
@@ -251,6 +263,10 @@ impl Model {
                     exec: self.exec(),
                     rope: self.rope(),
                     angles: &pass.angles[si][ci],
+                    local: self
+                        .local_rope()
+                        .zip(pass.local_angles.as_ref())
+                        .map(|(r, a)| (r, &a[si][ci])),
                     hidden: h,
                     eps: cfg.eps,
                     pass_start: pass.pos0s[si],

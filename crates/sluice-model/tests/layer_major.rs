@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 7] = [
+const FIXTURES: [&str; 8] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -27,6 +27,8 @@ const FIXTURES: [&str; 7] = [
     "models/glm4_moe-fp32",
     // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
     "models/qwen3_next-bf16",
+    // Sliding layers with sinks and their own rotary table, values narrower than keys.
+    "models/mimo_v2_flash-bf16",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

@@ -67,6 +67,7 @@ impl Base {
             tie_embeddings: self.tie_embeddings,
             max_positions: self.max_positions,
             rope,
+            local_rope: None,
             layer_plan,
             moe,
             bos_token_id: c.token_ids("bos_token_id")?.first().copied(),
@@ -201,26 +202,36 @@ pub(super) fn gqa_rope_partial(
     head_dim_required: bool,
     partial: f64,
 ) -> Result<(GqaConfig, RopeConfig), ModelError> {
-    let partial = Some(partial);
+    let gqa = gqa_config(c, base, head_dim_required)?;
+    let (rope, _) = read_rope(c, gqa.head_dim, false, base.max_positions, Some(partial))?;
+    Ok((gqa, rope))
+}
+
+/// Grouped-query attention's heads ([`gqa_heads`]) with every switch off and the scale
+/// `head_dim^−½`, its rotary table read by the caller.
+pub(super) fn gqa_config(
+    c: &Cfg<'_>,
+    base: &Base,
+    head_dim_required: bool,
+) -> Result<GqaConfig, ModelError> {
     let (kv_heads, head_dim) = gqa_heads(c, base.heads, base.hidden, head_dim_required)?;
-    let (rope, _) = read_rope(c, head_dim, false, base.max_positions, partial)?;
-    Ok((
-        GqaConfig {
-            heads: base.heads,
-            kv_heads,
-            head_dim,
-            qkv_bias: false,
-            o_bias: false,
-            qk_norm: QkNorm::None,
-            clip_qkv: None,
-            window: None,
-            sinks: false,
-            output_gate: false,
-            zero_centred_qk_norm: false,
-            softmax_scale: inv_sqrt(head_dim) as f32,
-        },
-        rope,
-    ))
+    Ok(GqaConfig {
+        heads: base.heads,
+        kv_heads,
+        head_dim,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: QkNorm::None,
+        clip_qkv: None,
+        window: None,
+        sinks: false,
+        output_gate: false,
+        zero_centred_qk_norm: false,
+        v_head_dim: head_dim,
+        v_scale: None,
+        local_rope: false,
+        softmax_scale: inv_sqrt(head_dim) as f32,
+    })
 }
 
 /// The softmax router (top-k of a softmax over all experts), renormalised when

@@ -463,6 +463,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         tie_embeddings,
         max_positions,
         rope,
+        local_rope: None,
         layer_plan,
         moe: MoeConfig {
             experts,

@@ -17,6 +17,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod kimi_linear;
 mod llama;
+mod mimo_v2_flash;
 mod minimax_m2;
 mod mixtral;
 mod olmoe;
@@ -52,6 +53,7 @@ pub static FAMILIES: &[Family] = &[
     minimax_m2::FAMILY,
     ernie4_5_moe::FAMILY,
     qwen3_next::FAMILY,
+    mimo_v2_flash::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -1,7 +1,8 @@
 //! Grouped-query attention, with the Qwen3 / OLMoE query-key norms, OLMoE's clamp, sliding
-//! windows, GPT-OSS's attention sinks and partial rotary (GLM-4.5, MiniMax-M2: only the first
-//! `rope.dim` dimensions of each head are rotated). The cache holds every position's keys and
-//! values per KV head.
+//! windows, GPT-OSS's attention sinks, partial rotary (GLM-4.5, MiniMax-M2: only the first
+//! `rope.dim` dimensions of each head are rotated), Qwen3-Next's sigmoid output gate, and
+//! MiMo-V2-Flash's values of their own width and scale and its per-layer-type rotary table. The
+//! cache holds every position's keys and values per KV head.
 
 use sluice_store::Blob;
 
@@ -46,6 +47,12 @@ pub struct GqaConfig {
     pub output_gate: bool,
     /// The q/k norms scale by `1 + w` (Qwen3-Next's zero-centred norms).
     pub zero_centred_qk_norm: bool,
+    /// Dimension of a value head (MiMo-V2-Flash: smaller than `head_dim`; else equal).
+    pub v_head_dim: usize,
+    /// Values are multiplied by this after their projection (MiMo's `attention_value_scale`).
+    pub v_scale: Option<f32>,
+    /// Rotated by the model's second table ([`crate::ModelConfig::local_rope`]).
+    pub local_rope: bool,
     /// Softmax scale of the scores.
     pub softmax_scale: f32,
 }
@@ -71,24 +78,31 @@ pub struct GqaWeights {
     pub sinks: Option<VecSpec>,
 }
 
-/// Keys and values per KV head, `[pos, head_dim]` each.
+/// Keys and values per KV head, `[pos, head_dim]` and `[pos, v_head_dim]`.
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
     head_dim: usize,
+    v_head_dim: usize,
 }
 
 impl Cache {
     pub(crate) fn truncate(&mut self, pos: usize) {
-        for x in self.k.iter_mut().chain(self.v.iter_mut()) {
+        for x in &mut self.k {
             x.truncate(pos * self.head_dim);
+        }
+        for x in &mut self.v {
+            x.truncate(pos * self.v_head_dim);
         }
     }
 
     pub(crate) fn reserve(&mut self, positions: usize) {
-        for x in self.k.iter_mut().chain(self.v.iter_mut()) {
+        for x in &mut self.k {
             super::room(x, positions * self.head_dim);
+        }
+        for x in &mut self.v {
+            super::room(x, positions * self.v_head_dim);
         }
     }
 
@@ -105,13 +119,13 @@ impl GqaConfig {
 
     /// Floats cached per position.
     pub fn kv_floats(&self) -> usize {
-        2 * self.kv_heads * self.head_dim
+        self.kv_heads * (self.head_dim + self.v_head_dim)
     }
 
     /// Floats of scratch per token of a pass.
     pub fn scratch_floats(&self) -> usize {
         let gate = if self.output_gate { 2 * self.heads } else { 0 };
-        (self.heads + 2 * self.kv_heads + gate) * self.head_dim
+        (self.heads + 2 * self.kv_heads + gate) * self.head_dim.max(self.v_head_dim)
     }
 
     /// The product the arithmetic multiplies out, and the field that names it, for the
@@ -130,6 +144,7 @@ impl GqaConfig {
             k: vec![Vec::new(); self.kv_heads],
             v: vec![Vec::new(); self.kv_heads],
             head_dim: self.head_dim,
+            v_head_dim: self.v_head_dim,
         }
     }
 
@@ -141,19 +156,23 @@ impl GqaConfig {
         h: usize,
     ) -> Result<GqaWeights, ModelError> {
         let (qd, kd) = self.widths();
+        let (vd, od) = (
+            self.kv_heads * self.v_head_dim,
+            self.heads * self.v_head_dim,
+        );
         let zc = self.zero_centred_qk_norm;
         // With an output gate, q_proj gives each head's queries and then its gate.
         let qrows = if self.output_gate { 2 * qd } else { qd };
         Ok(GqaWeights {
             q: p.linear(&a("q_proj"), qrows, h)?,
             k: p.linear(&a("k_proj"), kd, h)?,
-            v: p.linear(&a("v_proj"), kd, h)?,
-            o: p.linear(&a("o_proj"), h, qd)?,
+            v: p.linear(&a("v_proj"), vd, h)?,
+            o: p.linear(&a("o_proj"), h, od)?,
             qkv_bias: if self.qkv_bias {
                 Some([
                     p.vector(&a("q_proj.bias"), qrows)?,
                     p.vector(&a("k_proj.bias"), kd)?,
-                    p.vector(&a("v_proj.bias"), kd)?,
+                    p.vector(&a("v_proj.bias"), vd)?,
                 ])
             } else {
                 None
@@ -174,8 +193,17 @@ impl GqaConfig {
                     p.vector(&a("k_norm.weight"), kd)?.norm(zc),
                 ]),
             },
+            // `sinks` (GPT-OSS), or `attention_sink_bias` (MiMo-V2-Flash's checkpoints).
             sinks: if self.sinks {
-                Some(p.vector(&a("sinks"), self.heads)?)
+                let alt = a("attention_sink_bias");
+                let name = if p.checkpoint().get(&a("sinks")).is_none()
+                    && p.checkpoint().get(&alt).is_some()
+                {
+                    alt
+                } else {
+                    a("sinks")
+                };
+                Some(p.vector(&name, self.heads)?)
             } else {
                 None
             },
@@ -196,11 +224,11 @@ impl GqaConfig {
         let exec = cx.exec;
         let h = cx.hidden;
         let t = x.len() / h;
-        let (heads, kvh, hd) = (self.heads, self.kv_heads, self.head_dim);
+        let (heads, kvh, hd, vd) = (self.heads, self.kv_heads, self.head_dim, self.v_head_dim);
         let qw = if self.output_gate { 2 * hd } else { hd };
         let mut qs = vec![0f32; t * heads * qw];
         let mut ks = vec![0f32; t * kvh * hd];
-        let mut vs = vec![0f32; t * kvh * hd];
+        let mut vs = vec![0f32; t * kvh * vd];
         exec.matmul(&w.q.view(blob)?, x, &mut qs);
         exec.matmul(&w.k.view(blob)?, x, &mut ks);
         exec.matmul(&w.v.view(blob)?, x, &mut vs);
@@ -233,22 +261,37 @@ impl GqaConfig {
                 *a = a.clamp(-c, c);
             }
         }
+        if let Some(sc) = self.v_scale {
+            for a in &mut vs {
+                *a *= sc;
+            }
+        }
+        let (rope, angles) = match (self.local_rope, cx.local) {
+            (true, Some(local)) => local,
+            (true, None) => {
+                return Err(ModelError::Internal(
+                    "a layer asks for the second rotary table, which the model lacks".into(),
+                ));
+            }
+            (false, _) => (cx.rope, cx.angles),
+        };
         let (kc, vc) = (&mut cache.k, &mut cache.v);
         // The first `rot` dimensions of each head are rotated (all of them unless the model
         // rotates part of each head, `partial_rotary_factor`).
-        let rot = 2 * cx.rope.pairs();
+        let rot = 2 * rope.pairs();
         for i in 0..t {
-            let (cos, sin) = cx.angles.get(i);
+            let (cos, sin) = angles.get(i);
             for head in qs[i * heads * hd..(i + 1) * heads * hd].chunks_exact_mut(hd) {
-                cx.rope.apply(&mut head[..rot], cos, sin);
+                rope.apply(&mut head[..rot], cos, sin);
             }
             for head in ks[i * kvh * hd..(i + 1) * kvh * hd].chunks_exact_mut(hd) {
-                cx.rope.apply(&mut head[..rot], cos, sin);
+                rope.apply(&mut head[..rot], cos, sin);
             }
             for g in 0..kvh {
                 let at = (i * kvh + g) * hd;
                 kc[g].extend_from_slice(&ks[at..at + hd]);
-                vc[g].extend_from_slice(&vs[at..at + hd]);
+                let av = (i * kvh + g) * vd;
+                vc[g].extend_from_slice(&vs[av..av + vd]);
             }
         }
         let group = heads / kvh;
@@ -308,19 +351,19 @@ impl GqaConfig {
             }
             // o = Σ_j p_j v_j per row, in position order: one product of the tile's
             // probabilities with the cached values.
-            let mut o = vec![0f32; nb * hd];
-            if let Ok(m) = f32_matrix(&vc[g][lo * hd..hi * hd], nk, hd) {
-                exec.kernels().matmul_xw(&m, &scores, &mut o, 0..hd);
+            let mut o = vec![0f32; nb * vd];
+            if let Ok(m) = f32_matrix(&vc[g][lo * vd..hi * vd], nk, vd) {
+                exec.kernels().matmul_xw(&m, &scores, &mut o, 0..vd);
             }
             o
         });
-        let mut out = vec![0f32; t * heads * hd];
+        let mut out = vec![0f32; t * heads * vd];
         for (&(g, b0, _), o) in tiles.iter().zip(&done) {
-            for (k, ob) in o.chunks_exact(hd).enumerate() {
+            for (k, ob) in o.chunks_exact(vd).enumerate() {
                 let b = b0 + k;
                 let head = g * group + b % group;
                 let i = b / group;
-                out[(i * heads + head) * hd..(i * heads + head + 1) * hd].copy_from_slice(ob);
+                out[(i * heads + head) * vd..(i * heads + head + 1) * vd].copy_from_slice(ob);
             }
         }
         if let Some(g) = &gate {

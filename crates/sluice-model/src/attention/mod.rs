@@ -70,6 +70,8 @@ pub(crate) struct Ctx<'a> {
     pub exec: &'a Exec,
     pub rope: &'a Rope,
     pub angles: &'a Angles,
+    /// The second rotary table and its angles, when the model has one.
+    pub local: Option<(&'a Rope, &'a Angles)>,
     pub hidden: usize,
     /// The model's RMSNorm epsilon.
     pub eps: f32,

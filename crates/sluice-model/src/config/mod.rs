@@ -353,8 +353,11 @@ pub struct ModelConfig {
     pub tie_embeddings: bool,
     /// Maximum positions the model was configured for.
     pub max_positions: usize,
-    /// Rotary embedding (shared by every rotated layer).
+    /// Rotary embedding (of every rotated layer but those that take [`Self::local_rope`]).
     pub rope: RopeConfig,
+    /// A second rotary table, for the grouped-query layers whose `local_rope` is set
+    /// (MiMo-V2-Flash's sliding-window layers have their own θ).
+    pub local_rope: Option<RopeConfig>,
     /// Per layer: its attention and feed-forward block.
     pub layer_plan: Vec<LayerPlan>,
     /// The MoE shape (for layers that have one).

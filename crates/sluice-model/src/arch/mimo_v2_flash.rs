@@ -1,0 +1,204 @@
+//! MiMo-V2-Flash (`mimo_v2_flash`): hybrid attention — sliding-window layers with twice the KV
+//! heads, a per-head attention sink and their own rotary table, and full-attention layers
+//! (`layer_types`, by default the first and every sixth) — queries and keys of `head_dim`,
+//! values of the smaller `v_head_dim` scaled by `attention_value_scale`, a third of each head
+//! rotated (`partial_rotary_factor` 0.334 per layer type); DeepSeek's sigmoid group routing
+//! with a selection-only bias and no shared expert; dense layers by `mlp_layer_types`.
+
+use serde_json::Value;
+
+use super::Family;
+use super::common::{Base, check_groups, gqa_config, top_k};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig,
+    RouterKind, TensorNames, read_rope,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "mimo_v2_flash",
+    model_types: &["mimo_v2_flash"],
+    read,
+};
+
+/// transformers' default `partial_rotary_factor` of either layer type.
+const PARTIAL: f64 = 0.334;
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let sliding = strings(
+        c,
+        "layer_types",
+        base.layers,
+        &["full_attention", "sliding_attention"],
+    )?
+    .map(|v| {
+        v.iter()
+            .map(|s| s == "sliding_attention")
+            .collect::<Vec<_>>()
+    })
+    // transformers default: full attention for the first layer and every sixth.
+    .unwrap_or_else(|| {
+        (0..base.layers)
+            .map(|i| !(i == 0 || (i + 1).is_multiple_of(6)))
+            .collect()
+    });
+    let sparse = strings(c, "mlp_layer_types", base.layers, &["dense", "sparse"])?
+        .map(|v| v.iter().map(|s| s == "sparse").collect::<Vec<_>>())
+        // transformers default: the first layer dense, the others MoE.
+        .unwrap_or_else(|| (0..base.layers).map(|i| i > 0).collect());
+
+    // Grouped-query attention with the rotary table of each layer type.
+    let (full, full_rope) = gqa_rope_typed(c, &base, "full_attention")?;
+    let (mut swa, swa_rope) = gqa_rope_typed(c, &base, "sliding_attention")?;
+    let v_head_dim = c.pos_usize("v_head_dim")?;
+    // transformers: the released configs' `sliding_window_size` counts the previous tokens,
+    // the window the query too.
+    let window = match c.opt_usize("sliding_window_size")? {
+        Some(w) => w + 1,
+        None => c.pos_usize("sliding_window")?,
+    };
+    let v_scale = match c.get("attention_value_scale") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(c.f32("attention_value_scale")?),
+    };
+    let bias = c.bool_or("attention_bias", false)?;
+    let mut full = full;
+    for (g, sw) in [(&mut full, false), (&mut swa, true)] {
+        g.qkv_bias = bias;
+        g.v_head_dim = v_head_dim;
+        g.v_scale = v_scale;
+        if sw {
+            g.kv_heads *= 2;
+            if !g.heads.is_multiple_of(g.kv_heads) {
+                return Err(c.err(
+                    "num_key_value_heads",
+                    "twice it (the sliding layers' KV heads) does not divide num_attention_heads",
+                ));
+            }
+            g.window = Some(window);
+            g.sinks = true;
+            g.local_rope = true;
+        }
+    }
+
+    let experts = c.pos_usize("n_routed_experts")?;
+    let intermediate = c.pos_usize("moe_intermediate_size")?;
+    let top_k = top_k(c, experts)?;
+    let n_group = c.opt_usize("n_group")?.unwrap_or(1);
+    let topk_group = c.opt_usize("topk_group")?.unwrap_or(1);
+    if n_group == 0 || topk_group == 0 {
+        return Err(c.err("n_group", "n_group and topk_group must be positive"));
+    }
+    check_groups(c, experts, top_k, n_group, topk_group)?;
+    // The hub config stores `routed_scaling_factor` as null: 1.
+    let scaling = match c.get("routed_scaling_factor") {
+        None | Some(Value::Null) => 1.0,
+        Some(_) => c.pos_f32("routed_scaling_factor")?,
+    };
+    let moe = MoeConfig {
+        experts,
+        top_k,
+        intermediate,
+        router: RouterKind::SigmoidGroup {
+            n_group,
+            topk_group,
+            norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
+            routed_scaling_factor: scaling,
+        },
+        shared: None,
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+    };
+    let dense = if sparse.iter().all(|&s| s) {
+        0
+    } else {
+        c.pos_usize("intermediate_size")?
+    };
+    let layer_plan = (0..base.layers)
+        .map(|l| LayerPlan {
+            attention: AttentionConfig::Gqa(if sliding[l] {
+                swa.clone()
+            } else {
+                full.clone()
+            }),
+            mlp: if sparse[l] {
+                MlpKind::Moe
+            } else {
+                MlpKind::Dense {
+                    intermediate: dense,
+                }
+            },
+        })
+        .collect();
+    let names = TensorNames {
+        router_bias: Some("gate.e_score_correction_bias"),
+        ..TensorNames::standard()
+    };
+    let mut cfg = base.finish(
+        c,
+        FAMILY.name,
+        model_type,
+        full_rope,
+        layer_plan,
+        moe,
+        names,
+    )?;
+    cfg.local_rope = Some(swa_rope);
+    Ok(cfg)
+}
+
+/// Grouped-query attention read with the rotary parameters of `layer_type`
+/// (`rope_parameters.{layer_type}`: its `rope_theta` and `partial_rotary_factor`; only the
+/// default rotation is implemented).
+fn gqa_rope_typed(
+    c: &Cfg<'_>,
+    base: &Base,
+    layer_type: &str,
+) -> Result<(crate::config::GqaConfig, RopeConfig), ModelError> {
+    let Some(all) = c.get("rope_parameters") else {
+        return Err(c.err("rope_parameters", "required field is missing"));
+    };
+    let Some(p) = all.get(layer_type) else {
+        return Err(c.err(
+            &format!("rope_parameters.{layer_type}"),
+            "required field is missing",
+        ));
+    };
+    let pc = Cfg {
+        v: p,
+        file: c.file,
+        prefix: format!("{}rope_parameters.{layer_type}.", c.prefix),
+    };
+    pc.expect_str("rope_type", "default", &["default"])?;
+    let gqa = gqa_config(c, base, true)?;
+    let (rope, _) = read_rope(&pc, gqa.head_dim, false, base.max_positions, Some(PARTIAL))?;
+    Ok((gqa, rope))
+}
+
+/// A list of `layers` strings each one of `allowed`, if present.
+fn strings(
+    c: &Cfg<'_>,
+    field: &str,
+    layers: usize,
+    allowed: &[&str],
+) -> Result<Option<Vec<String>>, ModelError> {
+    match c.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) if a.len() == layers => a
+            .iter()
+            .map(|x| match x.as_str() {
+                Some(s) if allowed.contains(&s) => Ok(s.to_owned()),
+                _ => Err(c.err(
+                    field,
+                    format!("`{x}` is not supported (supported: {})", allowed.join(", ")),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(Value::Array(a)) => {
+            Err(c.err(field, format!("{} entries for {layers} layers", a.len())))
+        }
+        Some(v) => Err(c.err(field, format!("expected a list, got {v}"))),
+    }
+}

@@ -45,6 +45,7 @@ from transformers import (  # noqa: E402
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
+    Llama4TextConfig,
     LlamaConfig,
     MiMoV2FlashConfig,
     MiniMaxM2Config,
@@ -428,6 +429,32 @@ ARCHS = [
             },
         ),
     ),
+    dict(
+        name="llama4",
+        base_seed=17000,
+        router="llama4",
+        xw_experts=True,
+        layouts={"fp32": ("single", None), "bf16": ("single", None)},
+        config=lambda: Llama4TextConfig(
+            **COMMON,
+            intermediate_size=32,  # experts and the shared expert
+            intermediate_size_mlp=96,  # dense layers
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_local_experts=8,
+            num_experts_per_tok=1,
+            interleave_moe_layer_step=2,  # MoE layers 1 and 3, dense 0 and 2
+            no_rope_layer_interval=2,  # layers 1 and 3 NoPE, 0 and 2 rotated
+            attention_chunk_size=8,  # rotated layers attend within chunks of 8
+            use_qk_norm=True,
+            attn_temperature_tuning=True,
+            floor_scale=4,  # the temperature changes every 4 positions
+            attn_scale=0.1,
+            router_jitter_noise=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -529,7 +556,9 @@ def make_prompts() -> dict[int, torch.Tensor]:
     return {t: torch.randint(0, VOCAB, (t,), generator=g, dtype=torch.int64) for t in PROMPT_LENS}
 
 
-def init_weights(model: torch.nn.Module, seed: int, router_kind: str, zero_centred: bool = False) -> None:
+def init_weights(
+    model: torch.nn.Module, seed: int, router_kind: str, zero_centred: bool = False, xw: bool = False
+) -> None:
     """Deterministically overwrite every parameter (and the DeepSeek score bias buffer)."""
     g = torch.Generator().manual_seed(seed)
     router_gain = ROUTER_GAIN_SIGMOID if router_kind in ("deepseek", "minimax") else ROUTER_GAIN_SOFTMAX
@@ -550,8 +579,10 @@ def init_weights(model: torch.nn.Module, seed: int, router_kind: str, zero_centr
                 v = EMBED_STD * z
             elif name == "lm_head.weight":
                 v = z * (LM_HEAD_GAIN / p.shape[-1] ** 0.5)
-            elif name.endswith("mlp.gate.weight"):  # the router
+            elif name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight"):  # the router
                 v = z * (router_gain / p.shape[-1] ** 0.5)
+            elif xw and p.dim() == 3:  # fused experts in the x @ W layout: [E, in, out]
+                v = z / p.shape[-2] ** 0.5
             elif name.endswith("e_score_correction_bias"):  # ERNIE keeps it as a parameter
                 v = SOFTMAX_E_BIAS_STD * z
             elif name.endswith(".bias"):
@@ -643,8 +674,10 @@ def expert_of(name: str):
     """(layer, expert) for a per-expert tensor name, else None."""
     if EXPERT_KEY not in name or layer_of(name) is None:
         return None
-    rest = name.split(EXPERT_KEY, 1)[1]
-    return layer_of(name), int(rest.split(".", 1)[0])
+    rest = name.split(EXPERT_KEY, 1)[1].split(".", 1)[0]
+    if not rest.isdigit():  # experts fused per layer (`experts.gate_up_proj`)
+        return None
+    return layer_of(name), int(rest)
 
 
 def layout_facts(d: Path) -> dict:
@@ -705,15 +738,22 @@ class RouterTap:
         self.blocks = {}
         self.handles = []
         for li, layer in enumerate(model.model.layers):
-            gate = getattr(layer.mlp, "gate", None)
+            block = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None)
+            gate = getattr(block, "gate", None) or getattr(block, "router", None)
             if gate is not None and type(gate).__name__.endswith("Router"):
                 self.routers[li] = gate
-                self.blocks[li] = layer.mlp
+                self.blocks[li] = block
                 self.handles.append(gate.register_forward_hook(self._hook(li)))
 
     def _hook(self, li):
         def fn(module, args, out):
-            self.calls.append((li, args[0].detach().clone(), tuple(o.detach().clone() for o in out)))
+            out = tuple(o.detach().clone() for o in out)
+            if type(module).__name__ == "Llama4Router":
+                # (scores, logits): the top-k ids of the logits and their sigmoid scores
+                scores, logits = out
+                ids = logits.float().topk(module.top_k, dim=-1).indices
+                out = (logits, scores.gather(1, ids), ids)
+            self.calls.append((li, args[0].detach().clone(), out))
 
         return fn
 
@@ -738,6 +778,12 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         w = s.gather(1, ids)
         w = w / w.sum(-1, keepdim=True)
         return ids, w, egap, None, ids_nobias
+    if kind == "llama4":
+        # top-k of the logits, each weighted by its sigmoid (it scales the expert's input)
+        srt = logits.sort(dim=-1, descending=True).values
+        egap = srt[:, k - 1] - srt[:, k]
+        top = logits.topk(k, dim=-1)
+        return top.indices, torch.sigmoid(top.values), egap, None, top.indices
     if kind == "ernie":
         # softmax probabilities, a selection-only bias, renormalised with a clamped divisor
         probs = torch.softmax(logits, dim=-1)
@@ -938,7 +984,7 @@ def build_arch(arch, seed: int, prompts, work: Path):
     model = AutoModelForCausalLM.from_config(
         cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     )
-    init_weights(model, seed, arch["router"], arch.get("zero_centred_norms", False))
+    init_weights(model, seed, arch["router"], arch.get("zero_centred_norms", False), arch.get("xw_experts", False))
     model.eval()
     expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
     expected = {k: v for k, v in expected.items() if "rotary_emb" not in k}

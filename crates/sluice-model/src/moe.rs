@@ -11,7 +11,7 @@ use crate::ModelError;
 use crate::config::{ExpertActivation, GluActivation, ModelConfig, RouterKind};
 use crate::exec::Exec;
 use crate::state::Route;
-use crate::weights::{ExpertSpec, FfnSpec, FusedExpertSpec, MatSpec, MlpSpec, VecSpec};
+use crate::weights::{ExpertSpec, FfnSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, VecSpec};
 
 /// `y = x · Wᵀ` for the matrix of `spec` in `blob` (`x` is `[t, cols]`, `y` is `[t, rows]`),
 /// whichever way it is stored.
@@ -211,6 +211,27 @@ fn clamped_expert(
     Ok(y)
 }
 
+/// An expert whose gate and up are one product (Llama 4's `x @ W` halves): `down(silu(g) · u)`
+/// with `[g | u]` = the product's two halves of each row.
+fn gate_up_expert(
+    exec: &Exec,
+    spec: &GateUpSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+) -> Result<Vec<f32>, ModelError> {
+    let inter = spec.down.cols;
+    let mut gu = vec![0f32; t * 2 * inter];
+    linear(exec, &spec.gate_up, blob, x, &mut gu)?;
+    let mut act = vec![0f32; t * inter];
+    for (row, out) in gu.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
+        exec.kernels().silu_mul(&row[..inter], &row[inter..], out);
+    }
+    let mut y = vec![0f32; t * spec.down.rows];
+    linear(exec, &spec.down, blob, &act, &mut y)?;
+    Ok(y)
+}
+
 /// One routed expert over `[t, width]` rows, in calls of at most `rows` rows.
 pub(crate) fn expert_rows(
     exec: &Exec,
@@ -250,6 +271,7 @@ pub(crate) fn expert(
         (ExpertSpec::Fused(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             clamped_expert(exec, g, blob, x, t, alpha, limit)
         }
+        (ExpertSpec::GateUp(g), ExpertActivation::SwiGlu) => gate_up_expert(exec, g, blob, x, t),
         _ => Err(ModelError::Internal(
             "expert spec does not match the configured activation".into(),
         )),
@@ -316,6 +338,12 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
                 *x *= routed_scaling_factor;
             }
             top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
+        RouterKind::TopKSigmoid => {
+            let top = scalar::top_k(logits, k);
+            top.iter()
+                .map(|p| (p.0 as u32, scalar::sigmoid(p.1)))
+                .collect()
         }
         RouterKind::SoftmaxBiased { norm_min } => {
             scalar::softmax(logits);
@@ -438,10 +466,18 @@ pub(crate) fn moe(
         if let Some((nl, next)) = prefetch_next.take() {
             experts.prefetch(*nl, next);
         }
+        let on_input = cfg.moe.weight_on_input;
         let inputs = |e: u32| -> Result<(Vec<f32>, &ExpertSpec), ModelError> {
             let mut xe = Vec::with_capacity(users[&e].len() * w);
-            for &(i, _) in &users[&e] {
-                xe.extend_from_slice(&xr[i * w..(i + 1) * w]);
+            for &(i, slot) in &users[&e] {
+                let row = &xr[i * w..(i + 1) * w];
+                if on_input {
+                    // Llama 4: the expert sees its routing weight times the row.
+                    let wt = sels[i][slot].1;
+                    xe.extend(row.iter().map(|&v| v * wt));
+                } else {
+                    xe.extend_from_slice(row);
+                }
             }
             let spec = expert_specs
                 .get(e as usize)
@@ -590,14 +626,21 @@ pub(crate) fn moe(
     expert_seconds
         .set(expert_seconds.get() + (t_experts.elapsed().as_secs_f64() - shared_seconds).max(0.0));
 
-    // Combine per token in expert-id order: acc += w · y (as transformers' index_add does).
+    // Combine per token in expert-id order: acc += w · y (as transformers' index_add does),
+    // or acc += y when the weight went into the input.
     let mut comb = vec![0f32; t * w];
     for (i, s) in sels.iter().enumerate() {
         let acc = &mut comb[i * w..(i + 1) * w];
         for (slot, &(_, wt)) in s.iter().enumerate() {
             let y = &outs[(i * k + slot) * w..(i * k + slot + 1) * w];
-            for (a, &v) in acc.iter_mut().zip(y) {
-                *a += wt * v;
+            if cfg.moe.weight_on_input {
+                for (a, &v) in acc.iter_mut().zip(y) {
+                    *a += v;
+                }
+            } else {
+                for (a, &v) in acc.iter_mut().zip(y) {
+                    *a += wt * v;
+                }
             }
         }
     }

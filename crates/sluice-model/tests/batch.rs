@@ -28,6 +28,7 @@ const FIXTURES: &[&str] = &[
     "models/qwen3_next-bf16",
     "models/qwen3_5_moe_multimodal-bf16",
     "models/mimo_v2_flash-bf16",
+    "models/llama4-fp32",
     "models/llama-fp32",
     "models/qwen2-bf16",
     "quant/gpt_oss-mxfp4",

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 8] = [
+const FIXTURES: [&str; 9] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -29,6 +29,8 @@ const FIXTURES: [&str; 8] = [
     "models/qwen3_next-bf16",
     // Sliding layers with sinks and their own rotary table, values narrower than keys.
     "models/mimo_v2_flash-bf16",
+    // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
+    "models/llama4-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

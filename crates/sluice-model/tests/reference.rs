@@ -203,6 +203,8 @@ arch_tests! {
     qwen3_5_moe_multimodal_bf16 => "qwen3_5_moe_multimodal-bf16",
     mimo_v2_flash_fp32 => "mimo_v2_flash-fp32",
     mimo_v2_flash_bf16 => "mimo_v2_flash-bf16",
+    llama4_fp32 => "llama4-fp32",
+    llama4_bf16 => "llama4-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

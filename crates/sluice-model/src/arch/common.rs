@@ -230,6 +230,10 @@ pub(super) fn gqa_config(
         v_head_dim: head_dim,
         v_scale: None,
         local_rope: false,
+        nope: false,
+        rms_qk_after_rope: false,
+        temperature: None,
+        chunk: None,
         softmax_scale: inv_sqrt(head_dim) as f32,
     })
 }

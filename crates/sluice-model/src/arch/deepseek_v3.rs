@@ -106,6 +106,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared,
         activation: ExpertActivation::SwiGlu,
         latent: None,
+        weight_on_input: false,
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

@@ -96,6 +96,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared,
         activation: ExpertActivation::SwiGlu,
         latent: None,
+        weight_on_input: false,
     };
     let names = TensorNames {
         router_bias: Some("moe_statics.e_score_correction_bias"),

@@ -57,6 +57,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared: None,
         activation: ExpertActivation::ClampedSwiGlu { alpha, limit },
         latent: None,
+        weight_on_input: false,
     };
     let layer_plan = sliding
         .iter()

@@ -478,6 +478,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
             shared,
             activation,
             latent,
+            weight_on_input: false,
         },
         bos_token_id,
         eos_token_ids,

@@ -109,6 +109,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared: None,
         activation: ExpertActivation::SwiGlu,
         latent: None,
+        weight_on_input: false,
     };
     let dense = if sparse.iter().all(|&s| s) {
         0

@@ -33,6 +33,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared: None,
         activation: ExpertActivation::SwiGlu,
         latent: None,
+        weight_on_input: false,
     };
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
     let names = TensorNames {

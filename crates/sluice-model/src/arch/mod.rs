@@ -17,6 +17,7 @@ mod glm4_moe;
 mod gpt_oss;
 mod kimi_linear;
 mod llama;
+mod llama4;
 mod mimo_v2_flash;
 mod minimax_m2;
 mod mixtral;
@@ -54,6 +55,7 @@ pub static FAMILIES: &[Family] = &[
     ernie4_5_moe::FAMILY,
     qwen3_next::FAMILY,
     mimo_v2_flash::FAMILY,
+    llama4::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.
@@ -82,6 +84,6 @@ mod tests {
             assert_eq!(all.iter().filter(|x| *x == t).count(), 1, "{t}");
             assert!(family(t).is_some_and(|f| f.model_types.contains(t)));
         }
-        assert!(family("llama4").is_none());
+        assert!(family("llama5").is_none());
     }
 }

@@ -107,6 +107,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared,
         activation: ExpertActivation::SwiGlu,
         latent: None,
+        weight_on_input: false,
     };
     let names = TensorNames {
         shared: "shared_expert",

@@ -1,8 +1,9 @@
 //! Grouped-query attention, with the Qwen3 / OLMoE query-key norms, OLMoE's clamp, sliding
 //! windows, GPT-OSS's attention sinks, partial rotary (GLM-4.5, MiniMax-M2: only the first
 //! `rope.dim` dimensions of each head are rotated), Qwen3-Next's sigmoid output gate, and
-//! MiMo-V2-Flash's values of their own width and scale and its per-layer-type rotary table. The
-//! cache holds every position's keys and values per KV head.
+//! MiMo-V2-Flash's values of their own width and scale and its per-layer-type rotary table, and
+//! Llama 4's NoPE layers, attention temperature, RMS-divided q/k after rotation and chunked
+//! attention. The cache holds every position's keys and values per KV head.
 
 use sluice_store::Blob;
 
@@ -53,6 +54,17 @@ pub struct GqaConfig {
     pub v_scale: Option<f32>,
     /// Rotated by the model's second table ([`crate::ModelConfig::local_rope`]).
     pub local_rope: bool,
+    /// Not rotated at all (Llama 4's NoPE layers).
+    pub nope: bool,
+    /// Queries and keys, after rotation, divided per head by their root mean square (with the
+    /// model's eps, no weight: Llama 4's `L2Norm`).
+    pub rms_qk_after_rope: bool,
+    /// Llama 4's attention temperature on queries, `(floor_scale, attn_scale)`: at position p
+    /// they are multiplied by `log1p(floor((p + 1) / floor_scale)) · attn_scale + 1`.
+    pub temperature: Option<(f32, f32)>,
+    /// Chunked attention: a query sees only the keys of its own chunk of this many positions
+    /// (Llama 4's `attention_chunk_size`).
+    pub chunk: Option<usize>,
     /// Softmax scale of the scores.
     pub softmax_scale: f32,
 }
@@ -278,14 +290,37 @@ impl GqaConfig {
         let (kc, vc) = (&mut cache.k, &mut cache.v);
         // The first `rot` dimensions of each head are rotated (all of them unless the model
         // rotates part of each head, `partial_rotary_factor`).
-        let rot = 2 * rope.pairs();
+        let rot = if self.nope { 0 } else { 2 * rope.pairs() };
+        let ones = vec![1f32; if self.rms_qk_after_rope { hd } else { 0 }];
+        let mut tmp = vec![0f32; ones.len()];
         for i in 0..t {
             let (cos, sin) = angles.get(i);
+            let temp = self.temperature.map(|(floor_scale, attn_scale)| {
+                let p = (pos0 + i) as f32;
+                libm::log1pf(((p + 1.0) / floor_scale).floor()) * attn_scale + 1.0
+            });
             for head in qs[i * heads * hd..(i + 1) * heads * hd].chunks_exact_mut(hd) {
-                rope.apply(&mut head[..rot], cos, sin);
+                if rot > 0 {
+                    rope.apply(&mut head[..rot], cos, sin);
+                }
+                if !ones.is_empty() {
+                    exec.kernels().rmsnorm(head, &ones, cx.eps, &mut tmp);
+                    head.copy_from_slice(&tmp);
+                }
+                if let Some(s) = temp {
+                    for v in head.iter_mut() {
+                        *v *= s;
+                    }
+                }
             }
             for head in ks[i * kvh * hd..(i + 1) * kvh * hd].chunks_exact_mut(hd) {
-                rope.apply(&mut head[..rot], cos, sin);
+                if rot > 0 {
+                    rope.apply(&mut head[..rot], cos, sin);
+                }
+                if !ones.is_empty() {
+                    exec.kernels().rmsnorm(head, &ones, cx.eps, &mut tmp);
+                    head.copy_from_slice(&tmp);
+                }
             }
             for g in 0..kvh {
                 let at = (i * kvh + g) * hd;
@@ -296,7 +331,7 @@ impl GqaConfig {
         }
         let group = heads / kvh;
         let scale = self.softmax_scale;
-        let window = self.window;
+        let (window, chunk) = (self.window, self.chunk);
         let sinks = w.sinks.map(|s| s.to_f32(blob));
         let sinks = sinks.as_deref();
         let (kc, vc) = (&*kc, &*vc);
@@ -316,7 +351,10 @@ impl GqaConfig {
         let done = exec.map(tiles.len(), |ti| {
             let (g, b0, nb) = tiles[ti];
             let pos = |b: usize| pos0 + b / group;
-            let lo_of = |p: usize| window.map_or(0, |w| (p + 1).saturating_sub(w));
+            let lo_of = |p: usize| {
+                let w = window.map_or(0, |w| (p + 1).saturating_sub(w));
+                w.max(chunk.map_or(0, |c| p / c * c))
+            };
             // Keys the tile's rows see, together.
             let (lo, hi) = (lo_of(pos(b0)), pos(b0 + nb - 1) + 1);
             let nk = hi - lo;

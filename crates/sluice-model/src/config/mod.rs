@@ -101,6 +101,8 @@ pub enum RouterKind {
     /// Top-k of the logits (the router's bias added first), then a softmax over the k chosen
     /// (GPT-OSS).
     TopKSoftmax,
+    /// The top-k of the logits, each weighted by its sigmoid, not renormalised (Llama 4).
+    TopKSigmoid,
     /// Softmax over all experts; the top-k of the probabilities plus a selection-only bias
     /// ([`TensorNames::router_bias`]); the chosen probabilities divided by their sum, clamped
     /// below at `norm_min` (ERNIE 4.5's `moe_statics`).
@@ -198,6 +200,10 @@ pub enum ExpertNames {
     /// by row) and `{moe}.experts.down_proj`, `[experts, in, out]`, with biases, or as MXFP4
     /// blocks and scales (GPT-OSS).
     FusedGateUp,
+    /// All experts of a layer fused in the `x @ W` layout without biases, gate and up halves
+    /// side by side: `{moe}.experts.gate_up_proj` `[experts, in, 2 × inter]` (the gate's
+    /// columns, then the up's) and `{moe}.experts.down_proj` `[experts, inter, out]` (Llama 4).
+    FusedXw,
 }
 
 /// Where a family's tensors are. Layer tensors are `{prefix}{model}layers.{l}.{module}.…`, the
@@ -309,6 +315,9 @@ pub struct MoeConfig {
     pub activation: ExpertActivation,
     /// Experts run in a latent space (Kimi K3).
     pub latent: Option<LatentMoe>,
+    /// The routing weight scales each expert's input rather than its output (Llama 4:
+    /// `expert(w · x)`, the outputs summed unweighted).
+    pub weight_on_input: bool,
 }
 
 impl MoeConfig {
@@ -325,6 +334,7 @@ impl MoeConfig {
             shared: None,
             activation: ExpertActivation::SwiGlu,
             latent: None,
+            weight_on_input: false,
         }
     }
 

@@ -73,7 +73,7 @@ fn missing_field_is_named() {
 #[test]
 fn unsupported_values_are_named() {
     let mut v = ds();
-    v["model_type"] = json!("llama4");
+    v["model_type"] = json!("llama5");
     assert_eq!(field_of(parse(&v).unwrap_err()), "model_type");
     let mut v = ds();
     v["hidden_act"] = json!("gelu");
@@ -572,4 +572,46 @@ fn mimo_v2_flash_layer_types_and_two_rotary_tables() {
     let mut w = v;
     w["mlp_layer_types"] = json!(["dense"]);
     assert_eq!(field_of(parse(&w).unwrap_err()), "mlp_layer_types");
+}
+
+#[test]
+fn llama4_layers_follow_transformers_defaults() {
+    let v = json!({
+        "model_type": "llama4_text", "vocab_size": 512, "hidden_size": 64,
+        "num_hidden_layers": 8, "rms_norm_eps": 1e-5, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+        "hidden_act": "silu", "intermediate_size": 32, "intermediate_size_mlp": 96,
+        "num_local_experts": 8, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}
+    });
+    let c = parse(&v).unwrap();
+    // Every 4th layer NoPE (with the temperature), the others rotated, normed and chunked.
+    for l in 0..8 {
+        let g = gqa(&c, l);
+        let nope = (l + 1) % 4 == 0;
+        assert_eq!(g.nope, nope, "layer {l}");
+        assert_eq!(g.rms_qk_after_rope, !nope, "layer {l}");
+        assert_eq!(g.chunk, (!nope).then_some(8192), "layer {l}");
+        assert_eq!(g.temperature, nope.then_some((8192.0, 0.1)), "layer {l}");
+    }
+    assert!(c.rope.interleaved);
+    let moe: Vec<usize> = (0..8).filter(|&l| c.is_moe(l)).collect();
+    assert_eq!(moe, [1, 3, 5, 7]);
+    assert!(c.moe.weight_on_input);
+    assert_eq!(c.moe.router, RouterKind::TopKSigmoid);
+    assert_eq!(c.layer_plan[0].mlp, MlpKind::Dense { intermediate: 96 });
+    for (field, bad) in [
+        ("no_rope_layers", json!([1, 0, 2, 1, 1, 1, 1, 1])),
+        ("moe_layers", json!([9])),
+        ("interleave_moe_layer_step", json!(0)),
+        ("floor_scale", json!(0)),
+    ] {
+        let mut w = v.clone();
+        w[field] = bad;
+        assert_eq!(field_of(parse(&w).unwrap_err()), field);
+    }
+    let mut w = v;
+    w["attention_chunk_size"] = json!(null);
+    let c = parse(&w).unwrap();
+    assert!((0..8).all(|l| gqa(&c, l).chunk.is_none()));
 }

@@ -9,7 +9,9 @@ use sluice_kernels::{Codes, ScaleType};
 use sluice_store::Piece;
 
 use super::builder::{Ctx, check_dtype, check_shape, codes_of, scale_type, tensor_err};
-use super::{ExpertSpec, FusedExpertSpec, MatSpec, MlpSpec, PartLayout, ScaleSpec, VecSpec};
+use super::{
+    ExpertSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, PartLayout, ScaleSpec, VecSpec,
+};
 use crate::ModelError;
 use crate::config::ModelConfig;
 
@@ -61,6 +63,50 @@ pub(super) fn concat_experts(
             gate: m("gate", gu_codes, inter, width),
             up: m("up", gu_codes, inter, width),
             down: m("down", down_codes, width, inter),
+        }));
+        pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
+}
+
+/// Llama 4's fused experts: `gate_up_proj` `[experts, in, 2 × inter]` and `down_proj`
+/// `[experts, inter, out]` in the `x @ W` layout, no biases, dense codings only; one blob per
+/// expert of two pieces, the gate and up kept as one product whose halves are split after it.
+pub(super) fn xw_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    base: &str,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let ck = ctx.ck;
+    let (n, inter) = (cfg.moe.experts, cfg.moe.intermediate);
+    let width = cfg.moe.expert_width(cfg.hidden);
+    let gu = ck.tensor(&format!("{base}.gate_up_proj"))?;
+    let down = ck.tensor(&format!("{base}.down_proj"))?;
+    check_shape(
+        gu,
+        &[n, width, 2 * inter],
+        " ([experts, in, 2 × inter]: the x @ W layout)",
+    )?;
+    check_shape(
+        down,
+        &[n, inter, width],
+        " ([experts, inter, out]: the x @ W layout)",
+    )?;
+    let (gu_codes, down_codes) = (codes_of(gu)?, codes_of(down)?);
+    let mut pieces = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for e in 0..n {
+        let part = PartLayout::from_ranges(vec![
+            ("gate_up".to_owned(), slice(gu, e, n)),
+            ("down".to_owned(), slice(down, e, n)),
+        ]);
+        let xw = |name: &str, codes, rows, cols| MatSpec {
+            transposed: true,
+            ..MatSpec::dense(part.piece(name), codes, rows, cols)
+        };
+        specs.push(ExpertSpec::GateUp(GateUpSpec {
+            gate_up: xw("gate_up", gu_codes, 2 * inter, width),
+            down: xw("down", down_codes, width, inter),
         }));
         pieces.push(part.pieces);
     }

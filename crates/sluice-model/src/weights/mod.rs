@@ -224,11 +224,23 @@ pub struct FusedExpertSpec {
     pub down_bias: VecSpec,
 }
 
+/// A SwiGLU expert whose gate and up are one matrix (Llama 4): the product's first
+/// `intermediate` outputs are the gate, the next the up.
+#[derive(Clone, Copy, Debug)]
+pub struct GateUpSpec {
+    /// Gate and up, `[2 × intermediate, hidden]` (as a view; stored `x @ W`).
+    pub gate_up: MatSpec,
+    /// Down projection, `[hidden, intermediate]`.
+    pub down: MatSpec,
+}
+
 /// What one routed expert holds, as specs into its blob.
 #[derive(Clone, Copy, Debug)]
 pub enum ExpertSpec {
     /// Separate gate, up and down matrices.
     SwiGlu(MlpSpec),
+    /// Gate and up as one matrix, no biases (Llama 4).
+    GateUp(GateUpSpec),
     /// Fused gate/up and down projections with biases (GPT-OSS).
     Fused(FusedExpertSpec),
 }
@@ -596,6 +608,9 @@ fn routed_experts(
     let (gate, up, down) = match names.experts {
         ExpertNames::FusedGateUp => {
             return fused::fused_experts(ctx, cfg, &format!("{moe}.experts"));
+        }
+        ExpertNames::FusedXw => {
+            return fused::xw_experts(ctx, cfg, &format!("{moe}.experts"));
         }
         ExpertNames::Separate { .. }
             if ctx.ck.get(&format!("{moe}.experts.gate_up_proj")).is_some() =>

@@ -1,0 +1,171 @@
+//! Llama 4's text model (`llama4_text`): grouped-query attention with interleaved rotary pairs
+//! on most layers and none on every `no_rope_layer_interval`-th (NoPE layers, whose queries get
+//! the attention temperature `log1p(⌊(p + 1) / floor_scale⌋) · attn_scale + 1`); on the rotated
+//! layers, keys and queries divided by their root mean square after rotation (`use_qk_norm`)
+//! and attention within chunks of `attention_chunk_size` positions; MoE layers (`moe_layers`,
+//! by default every `interleave_moe_layer_step`-th) with a top-k router whose sigmoid weights
+//! scale each expert's *input*, experts fused in the `x @ W` layout under `feed_forward`, and a
+//! shared expert; the other layers a dense MLP of `intermediate_size_mlp`.
+
+use serde_json::Value;
+
+use super::Family;
+use super::common::{Base, gqa_rope, top_k};
+use crate::ModelError;
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, MlpKind, ModelConfig,
+    MoeConfig, RouterKind, SharedExpert, TensorNames,
+};
+
+pub(super) const FAMILY: Family = Family {
+    name: "llama4",
+    model_types: &["llama4_text"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    let base = Base::read(c, false)?;
+    let (mut gqa, mut rope) = gqa_rope(c, &base, false)?;
+    // Llama 4 rotates adjacent pairs (complex multiplication of (x0, x1), (x2, x3), ...).
+    rope.interleaved = true;
+    let b = c.bool_or("attention_bias", false)?;
+    (gqa.qkv_bias, gqa.o_bias) = (b, b);
+    let layers = base.layers;
+
+    // transformers defaults: every 4th layer NoPE; rotated layers chunked when a chunk size is
+    // given (default 8192); q/k norm and temperature tuning on; floor_scale 8192, attn_scale 0.1.
+    let uses_rope = match flags(c, "no_rope_layers", layers)? {
+        Some(v) => v,
+        None => {
+            let every = c.opt_usize("no_rope_layer_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(c.err("no_rope_layer_interval", "must be positive"));
+            }
+            (0..layers)
+                .map(|l| !(l + 1).is_multiple_of(every))
+                .collect()
+        }
+    };
+    // An explicit null turns chunking off (`get` treats null as absent, so look at the value).
+    let chunk_size = match c.v.get("attention_chunk_size") {
+        Some(Value::Null) => None,
+        None => Some(8192),
+        Some(_) => Some(c.pos_usize("attention_chunk_size")?),
+    };
+    let chunked: Vec<bool> = match c.get("layer_types") {
+        None | Some(Value::Null) => (0..layers)
+            .map(|l| uses_rope[l] && chunk_size.is_some())
+            .collect(),
+        Some(Value::Array(a)) if a.len() == layers => a
+            .iter()
+            .map(|x| match x.as_str() {
+                Some("chunked_attention") if chunk_size.is_some() => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(c.err(
+                    "layer_types",
+                    format!(
+                        "`{x}` is not supported (supported: chunked_attention with \
+                         attention_chunk_size, full_attention)"
+                    ),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(c.err("layer_types", format!("expected {layers} layer types"))),
+    };
+    let qk_norm = c.bool_or("use_qk_norm", true)?;
+    let temperature = if c.bool_or("attn_temperature_tuning", true)? {
+        let floor = c.opt_f32("floor_scale")?.unwrap_or(8192.0);
+        if floor <= 0.0 || !floor.is_finite() {
+            return Err(c.err("floor_scale", "must be positive"));
+        }
+        Some((floor, c.opt_f32("attn_scale")?.unwrap_or(0.1)))
+    } else {
+        None
+    };
+
+    let experts = c.pos_usize("num_local_experts")?;
+    let intermediate = c.pos_usize("intermediate_size")?;
+    let moe_layers: Vec<usize> = match c.get("moe_layers") {
+        None | Some(Value::Null) => {
+            let step = c.opt_usize("interleave_moe_layer_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err(c.err("interleave_moe_layer_step", "must be positive"));
+            }
+            (step - 1..layers).step_by(step).collect()
+        }
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .filter(|&n| n < layers)
+                    .ok_or_else(|| c.err("moe_layers", format!("`{x}` is not a layer index")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(c.err("moe_layers", "expected a list of layer indices")),
+    };
+    let dense = if moe_layers.len() < layers {
+        c.pos_usize("intermediate_size_mlp")?
+    } else {
+        0
+    };
+    let moe = MoeConfig {
+        experts,
+        top_k: top_k(c, experts)?,
+        intermediate,
+        router: RouterKind::TopKSigmoid,
+        shared: Some(SharedExpert {
+            intermediate,
+            gated: false,
+        }),
+        activation: ExpertActivation::SwiGlu,
+        latent: None,
+        weight_on_input: true,
+    };
+    let layer_plan = (0..layers)
+        .map(|l| {
+            let mut g = gqa.clone();
+            g.nope = !uses_rope[l];
+            g.rms_qk_after_rope = qk_norm && uses_rope[l];
+            g.temperature = temperature.filter(|_| !uses_rope[l]);
+            g.chunk = chunk_size.filter(|_| chunked[l]);
+            LayerPlan {
+                attention: AttentionConfig::Gqa(g),
+                mlp: if moe_layers.contains(&l) {
+                    MlpKind::Moe
+                } else {
+                    MlpKind::Dense {
+                        intermediate: dense,
+                    }
+                },
+            }
+        })
+        .collect();
+    let names = TensorNames {
+        moe: "feed_forward",
+        dense: &["feed_forward"],
+        router: "router",
+        shared: "shared_expert",
+        experts: ExpertNames::FusedXw,
+        ..TensorNames::standard()
+    };
+    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}
+
+/// A list of `layers` 0/1 flags (`no_rope_layers`: 1 where the layer is rotated), if present.
+fn flags(c: &Cfg<'_>, field: &str, layers: usize) -> Result<Option<Vec<bool>>, ModelError> {
+    match c.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(a)) if a.is_empty() => Ok(None),
+        Some(Value::Array(a)) if a.len() == layers => a
+            .iter()
+            .map(|x| match x.as_u64() {
+                Some(0) => Ok(false),
+                Some(1) => Ok(true),
+                _ => Err(c.err(field, format!("`{x}` is not 0 or 1"))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(_) => Err(c.err(field, format!("expected {layers} flags of 0 or 1"))),
+    }
+}

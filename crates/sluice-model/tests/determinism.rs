@@ -43,6 +43,13 @@ fn dense_llama_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/llama-fp32");
 }
 
+/// Qwen3-Next (Gated DeltaNet state beside gated full attention, zero-centred norms): the same
+/// matrix.
+#[test]
+fn qwen3_next_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/qwen3_next-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

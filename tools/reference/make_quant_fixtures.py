@@ -16,6 +16,7 @@ weights as the format's *reference code* decodes them:
 |---|---|---|
 | deepseek_v3-fp8 | DeepSeek-V3 / Kimi K2: FP8 E4M3 + F32 `weight_scale_inv` per 128x128 block; hidden 192 so blocks are cut at the edges | DeepSeek's layout, w[i, j] = q[i, j] * s[i // 128, j // 128] (transformers' own FP8 dequant derives the block from rows / scale rows and is wrong at those edges; the script checks it agrees wherever a dimension is a multiple of 128 and records where it does not) |
 | minimax_m2-fp8 | MiniMax-M2 (released in FP8 only): the same FP8 blocks on attention and `block_sparse_moe` experts, F32 router and bias | the same DeepSeek-layout dequantization |
+| qwen3_5_moe-fp8 | Qwen3.5 FP8 releases: the multimodal layout, FP8 blocks on attention, DeltaNet projections and experts | the same DeepSeek-layout dequantization, on the text model |
 | deepseek_v3-int4 | Kimi K2 Thinking / K2.5: compressed-tensors pack-quantized INT4 routed experts, group 32, K2's ignore list | compressed-tensors' own decompressor, run with the BF16 group scales widened to fp32 so the products are exact; transformers' native load (BF16) is checked to be the BF16 rounding of exactly these |
 | qwen3_moe-mxfp4 | compressed-tensors mxfp4-pack-quantized experts (the Kimi K3 layout) | transformers' native compressed-tensors load (exact: power-of-two scales) |
 | gpt_oss-bf16 | GPT-OSS as transformers saves it: fused x@W experts | transformers' load of the BF16 file |
@@ -55,6 +56,7 @@ from transformers import (  # noqa: E402
     DeepseekV3Config,
     GptOssConfig,
     MiniMaxM2Config,
+    Qwen3_5MoeTextConfig,
     Mxfp4Config,
     Qwen3MoeConfig,
 )
@@ -125,6 +127,27 @@ def minimax_fp8_config():
         router_jitter_noise=0.0,
         rotary_dim=32,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+def qwen3_5_fp8_config():
+    # hidden 192 cuts block grids at the edges; DeltaNet key/value widths 2x32 / 4x16.
+    return Qwen3_5MoeTextConfig(
+        **{**mf.COMMON, "hidden_size": 192, "num_hidden_layers": 2},
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        layer_types=["linear_attention", "full_attention"],
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=128,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
     )
 
 
@@ -500,6 +523,8 @@ def new_model(cfg, seed: int, init: str):
     m = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **KW)
     if init == "gpt_oss":
         init_gpt_oss(m, seed)
+    elif init == "qwen3_5":  # zero-centred norms
+        mf.init_weights(m, seed, "softmax_renorm", True)
     else:
         mf.init_weights(m, seed, init)
     m.eval()
@@ -589,6 +614,53 @@ def build_minimax_fp8(seed: int, work: Path):
     m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
     facts = {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
     return d, finish_ref(m), "minimax", facts
+
+
+def build_qwen3_5_fp8(seed: int, work: Path):
+    """Qwen3.5 as its FP8 releases are laid out: the multimodal checkpoint (`qwen3_5_moe` with
+    `text_config`, the text model under `model.language_model.`, quantization_config at the top)
+    with 128x128-block FP8 linear layers — attention, the DeltaNet's projections, experts and
+    shared experts — and the router, the shared expert's gate, convolutions, norms, A_log,
+    dt_bias, embeddings and lm_head kept BF16. The reference is the text model on the
+    DeepSeek-layout dequantization."""
+    model = new_model(qwen3_5_fp8_config(), seed, "qwen3_5")
+    hf = work / "hf"
+    model.save_pretrained(hf, max_shard_size="1GB")
+    src = load_file(str(hf / "model.safetensors"))
+    out, ref = {}, {}
+    for k, v in sorted(src.items()):
+        if is_fp8_target(k) and "shared_expert_gate" not in k and "conv1d" not in k:
+            q, sc = fp8_quantize(v)
+            out[k] = q
+            out[k + "_scale_inv"] = sc
+            ref[k] = fp8_dequant_deepseek(q, sc)
+        else:
+            out[k] = v.to(torch.bfloat16)
+            ref[k] = out[k].float()
+    mm = {
+        (k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+        for k, v in out.items()
+    }
+    d = work / "qwen3_5_moe-fp8"
+    d.mkdir()
+    save_st(mm, d / "model.safetensors")
+    text = json.loads((hf / "config.json").read_text())
+    cfg = {
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_moe_vision", "depth": 1},
+        "quantization_config": FP8_QCFG,
+        "tie_word_embeddings": False,
+    }
+    (d / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shutil.copyfile(hf / "generation_config.json", d / "generation_config.json")
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
+    facts = {
+        "fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv")),
+        "layout": "multimodal: text_config, model.language_model.*, per-expert tensors",
+    }
+    return d, finish_ref(m), "softmax_renorm", facts
 
 
 def build_ds_int4(seed: int, work: Path):
@@ -722,6 +794,7 @@ FIXTURES = [
     dict(name="deepseek_v3-int4", base_seed=12000, variants=[("int4", build_ds_int4)]),
     dict(name="qwen3_moe-mxfp4", base_seed=13000, variants=[("mxfp4", build_qwen3_mxfp4)]),
     dict(name="minimax_m2-fp8", base_seed=15000, variants=[("fp8", build_minimax_fp8)]),
+    dict(name="qwen3_5_moe-fp8", base_seed=16000, variants=[("fp8", build_qwen3_5_fp8)]),
     dict(
         name="gpt_oss",
         base_seed=14000,

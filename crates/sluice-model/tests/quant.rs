@@ -174,6 +174,7 @@ macro_rules! fixture_tests {
 fixture_tests! {
     deepseek_v3_fp8 => "deepseek_v3-fp8",
     minimax_m2_fp8 => "minimax_m2-fp8",
+    qwen3_5_moe_fp8 => "qwen3_5_moe-fp8",
     deepseek_v3_int4 => "deepseek_v3-int4",
     qwen3_moe_mxfp4 => "qwen3_moe-mxfp4",
     gpt_oss_bf16 => "gpt_oss-bf16",
@@ -556,6 +557,7 @@ macro_rules! budget_test {
 budget_test!(budget_int4_experts, "deepseek_v3-int4");
 budget_test!(budget_gpt_oss_mxfp4, "gpt_oss-mxfp4");
 budget_test!(budget_minimax_m2_fp8, "minimax_m2-fp8");
+budget_test!(budget_qwen3_5_moe_fp8, "qwen3_5_moe-fp8");
 
 /// A NaN in a resident FP8 trunk weight (E4M3 `0x7f`) is refused at load naming the tensor, as a
 /// NaN in a BF16 or F32 one is; the largest finite value (`0x7e`, 448) is not.

@@ -39,12 +39,6 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         if !tv.is_object() {
             return Err(top.err("text_config", "expected an object"));
         }
-        if top.get("quantization_config").is_some() {
-            return Err(top.err(
-                "quantization_config",
-                "quantized multimodal Qwen3.5 checkpoints are not supported yet",
-            ));
-        }
         text = Cfg {
             v: tv,
             file: top.file,
@@ -56,7 +50,17 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         top
     };
     let qwen3_5 = model_type != "qwen3_next";
-    let base = Base::read(c, false)?;
+    let mut base = Base::read(c, false)?;
+    // The multimodal checkpoint says how it is quantized at the top, beside `text_config`.
+    if multimodal && let Some(q) = top.get("quantization_config") {
+        if c.get("quantization_config").is_some() {
+            return Err(top.err(
+                "quantization_config",
+                "given both at the top and in text_config",
+            ));
+        }
+        base.quant = crate::quant::read(q, top.file, false)?;
+    }
     // transformers defaults: partial_rotary_factor 0.25, attention_bias false.
     let (mut gqa, rope) = gqa_rope_partial(c, &base, true, 0.25)?;
     let b = c.bool_or("attention_bias", false)?;

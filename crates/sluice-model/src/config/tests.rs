@@ -506,9 +506,22 @@ fn qwen3_5_multimodal_reads_its_text_config() {
     let mut bad = mm.clone();
     bad.as_object_mut().unwrap().remove("text_config");
     assert_eq!(field_of(parse(&bad).unwrap_err()), "text_config");
-    let mut bad = mm;
-    bad["quantization_config"] = json!({"quant_method": "fp8"});
-    assert_eq!(field_of(parse(&bad).unwrap_err()), "quantization_config");
+    // Quantization is read at the top (Qwen3.5's FP8 releases), strictly.
+    let mut q = mm.clone();
+    q["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
+        "activation_scheme": "dynamic", "weight_block_size": [128, 128]});
+    assert!(parse(&q).is_ok());
+    q["quantization_config"]["quant_method"] = json!("gptq");
+    assert_eq!(
+        field_of(parse(&q).unwrap_err()),
+        "quantization_config.quant_method"
+    );
+    let mut both = mm;
+    let fp8 = json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128]});
+    both["quantization_config"] = fp8.clone();
+    both["text_config"]["quantization_config"] = fp8;
+    assert_eq!(field_of(parse(&both).unwrap_err()), "quantization_config");
 }
 
 #[test]

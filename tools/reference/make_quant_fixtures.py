@@ -16,6 +16,7 @@ weights as the format's *reference code* decodes them:
 |---|---|---|
 | deepseek_v3-fp8 | DeepSeek-V3 / Kimi K2: FP8 E4M3 + F32 `weight_scale_inv` per 128x128 block; hidden 192 so blocks are cut at the edges | DeepSeek's layout, w[i, j] = q[i, j] * s[i // 128, j // 128] (transformers' own FP8 dequant derives the block from rows / scale rows and is wrong at those edges; the script checks it agrees wherever a dimension is a multiple of 128 and records where it does not) |
 | minimax_m2-fp8 | MiniMax-M2 (released in FP8 only): the same FP8 blocks on attention and `block_sparse_moe` experts, F32 router and bias | the same DeepSeek-layout dequantization |
+| glm4_moe-fp8 | GLM-4.5-FP8: FP8 blocks on attention, dense MLP and experts | the same DeepSeek-layout dequantization |
 | qwen3_5_moe-fp8 | Qwen3.5 FP8 releases: the multimodal layout, FP8 blocks on attention, DeltaNet projections and experts | the same DeepSeek-layout dequantization, on the text model |
 | deepseek_v3-int4 | Kimi K2 Thinking / K2.5: compressed-tensors pack-quantized INT4 routed experts, group 32, K2's ignore list | compressed-tensors' own decompressor, run with the BF16 group scales widened to fp32 so the products are exact; transformers' native load (BF16) is checked to be the BF16 rounding of exactly these |
 | qwen3_moe-mxfp4 | compressed-tensors mxfp4-pack-quantized experts (the Kimi K3 layout) | transformers' native compressed-tensors load (exact: power-of-two scales) |
@@ -55,6 +56,7 @@ from transformers import (  # noqa: E402
     CompressedTensorsConfig,
     DeepseekV3Config,
     GptOssConfig,
+    Glm4MoeConfig,
     MiniMaxM2Config,
     Qwen3_5MoeTextConfig,
     Mxfp4Config,
@@ -127,6 +129,30 @@ def minimax_fp8_config():
         router_jitter_noise=0.0,
         rotary_dim=32,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+
+
+def glm4_fp8_config():
+    # GLM-4.5-FP8: hidden 192 cuts block grids at the edges; half of each head rotated.
+    return Glm4MoeConfig(
+        **{**mf.COMMON, "hidden_size": 192, "num_hidden_layers": 3},
+        intermediate_size=256,
+        moe_intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        attention_bias=True,
+        use_qk_norm=False,
+        first_k_dense_replace=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        n_group=2,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        num_mtp_layers=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     )
 
 
@@ -586,6 +612,35 @@ def build_ds_fp8(seed: int, work: Path):
     return d, finish_ref(m), "deepseek", facts
 
 
+def build_glm4_fp8(seed: int, work: Path):
+    """GLM-4.5 as its FP8 release: FP8 blocks on the attention (q/k/v biases stay BF16), dense MLP,
+    shared and routed experts; router BF16, `e_score_correction_bias` F32."""
+    model = new_model(glm4_fp8_config(), seed, "deepseek")
+    hf = work / "hf"
+    model.save_pretrained(hf, max_shard_size="1GB")
+    src = load_file(str(hf / "model.safetensors"))
+    out, ref = {}, {}
+    for k, v in sorted(src.items()):
+        if is_fp8_target(k):
+            q, sc = fp8_quantize(v)
+            out[k] = q
+            out[k + "_scale_inv"] = sc
+            ref[k] = fp8_dequant_deepseek(q, sc)
+        elif k.endswith("e_score_correction_bias"):
+            out[k] = v.float()
+            ref[k] = v.float()
+        else:
+            out[k] = v.to(torch.bfloat16)
+            ref[k] = out[k].float()
+    d = work / "glm4_moe-fp8"
+    d.mkdir()
+    save_st(out, d / "model.safetensors")
+    write_config(hf, d, FP8_QCFG)
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
+    facts = {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
+    return d, finish_ref(m), "deepseek", facts
+
+
 def build_minimax_fp8(seed: int, work: Path):
     """MiniMax-M2 as released: FP8 projections with 128x128 `weight_scale_inv`, the router and
     `e_score_correction_bias` in F32, the rest BF16. The reference runs on the DeepSeek-layout
@@ -794,6 +849,7 @@ FIXTURES = [
     dict(name="deepseek_v3-int4", base_seed=12000, variants=[("int4", build_ds_int4)]),
     dict(name="qwen3_moe-mxfp4", base_seed=13000, variants=[("mxfp4", build_qwen3_mxfp4)]),
     dict(name="minimax_m2-fp8", base_seed=15000, variants=[("fp8", build_minimax_fp8)]),
+    dict(name="glm4_moe-fp8", base_seed=17000, variants=[("fp8", build_glm4_fp8)]),
     dict(name="qwen3_5_moe-fp8", base_seed=16000, variants=[("fp8", build_qwen3_5_fp8)]),
     dict(
         name="gpt_oss",

@@ -175,6 +175,7 @@ fixture_tests! {
     deepseek_v3_fp8 => "deepseek_v3-fp8",
     minimax_m2_fp8 => "minimax_m2-fp8",
     qwen3_5_moe_fp8 => "qwen3_5_moe-fp8",
+    glm4_moe_fp8 => "glm4_moe-fp8",
     deepseek_v3_int4 => "deepseek_v3-int4",
     qwen3_moe_mxfp4 => "qwen3_moe-mxfp4",
     gpt_oss_bf16 => "gpt_oss-bf16",

@@ -1077,6 +1077,56 @@ def write_qwen3_5_multimodal(prompts) -> dict:
     }
 
 
+@torch.no_grad()
+def write_llama4_multimodal(prompts) -> dict:
+    """Llama 4 as released: the multimodal checkpoint (`llama4`, `text_config`, the text model
+    under `language_model.`, a vision tower and projector), holding the `llama4-bf16` weights; its
+    reference is that fixture's, checked against transformers' multimodal model."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    src = OUT / "llama4-bf16"
+    dst = OUT / "llama4_multimodal-bf16"
+    text = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16, experts_implementation="eager")
+    tc = json.loads((src / "config.json").read_text())
+    torch.manual_seed(0)
+    cfg = Llama4Config(
+        text_config=tc,
+        vision_config=dict(
+            hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            image_size=28, patch_size=14, vision_output_dim=32, projector_input_dim=32,
+            projector_output_dim=HIDDEN,
+        ),
+    )
+    mm = Llama4ForConditionalGeneration(cfg).to(torch.bfloat16)
+    mm.language_model.load_state_dict(text.state_dict())
+    mm.save_pretrained(dst, max_shard_size="1GB")
+    shutil.copyfile(src / "reference.safetensors", dst / "reference.safetensors")
+    back = Llama4ForConditionalGeneration.from_pretrained(
+        dst, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
+    ).float()
+    back.eval()
+    ref = load_file(str(dst / "reference.safetensors"))
+    worst = 0.0
+    for t in PROMPT_LENS:
+        # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text-only input
+        # (it reads `image_outputs` from its language model's output), so the check runs the
+        # language model it loaded from the multimodal file.
+        got = back.language_model(input_ids=prompts[t][None], use_cache=False).logits[0].float()
+        worst = max(worst, float((got - ref[f"prompt{t}.logits"]).abs().max()))
+    assert worst < 1e-4, f"the multimodal checkpoint's logits differ by {worst}"
+    chmod_tree(dst)
+    return {
+        "architecture": "llama4 (multimodal checkpoint of llama4-bf16)",
+        "model_type": "llama4",
+        "weights": "bf16",
+        "reference": "llama4-bf16's reference.safetensors",
+        "multimodal_vs_text_max_abs_logit_diff": worst,
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dst.iterdir())
+        },
+    }
+
+
 def main() -> int:
     versions = {
         "python": platform.python_version(),
@@ -1166,6 +1216,7 @@ def main() -> int:
                 }
                 rows.append((name, seed, r, facts))
     summary["models"]["qwen3_5_moe_multimodal-bf16"] = write_qwen3_5_multimodal(prompts)
+    summary["models"]["llama4_multimodal-bf16"] = write_llama4_multimodal(prompts)
     chmod_tree(OUT)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     os.chmod(OUT / "summary.json", 0o644)

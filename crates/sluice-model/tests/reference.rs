@@ -205,6 +205,7 @@ arch_tests! {
     mimo_v2_flash_bf16 => "mimo_v2_flash-bf16",
     llama4_fp32 => "llama4-fp32",
     llama4_bf16 => "llama4-bf16",
+    llama4_multimodal_bf16 => "llama4_multimodal-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

@@ -1,4 +1,5 @@
-//! Llama 4's text model (`llama4_text`): grouped-query attention with interleaved rotary pairs
+//! Llama 4's text model (`llama4_text`, and `llama4`, the multimodal checkpoint as released:
+//! `text_config`, tensors under `language_model.`, the vision tower not read): grouped-query attention with interleaved rotary pairs
 //! on most layers and none on every `no_rope_layer_interval`-th (NoPE layers, whose queries get
 //! the attention temperature `log1p(⌊(p + 1) / floor_scale⌋) · attn_scale + 1`); on the rotated
 //! layers, keys and queries divided by their root mean square after rotation (`use_qk_norm`)
@@ -19,12 +20,43 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "llama4",
-    model_types: &["llama4_text"],
+    model_types: &["llama4_text", "llama4"],
     read,
 };
 
-fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    let base = Base::read(c, false)?;
+fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    // The released checkpoints are multimodal (`llama4`): the text model's config is
+    // `text_config` and its tensors are under `language_model.` (the vision tower and the
+    // projector are not read).
+    let multimodal = model_type == "llama4";
+    let text;
+    let c = if multimodal {
+        let Some(tv) = top.get("text_config") else {
+            return Err(top.err("text_config", "required field is missing"));
+        };
+        if !tv.is_object() {
+            return Err(top.err("text_config", "expected an object"));
+        }
+        text = Cfg {
+            v: tv,
+            file: top.file,
+            prefix: "text_config.".into(),
+        };
+        text.expect_str("model_type", "llama4_text", &["llama4_text"])?;
+        &text
+    } else {
+        top
+    };
+    let mut base = Base::read(c, false)?;
+    if multimodal && let Some(q) = top.get("quantization_config") {
+        if c.get("quantization_config").is_some() {
+            return Err(top.err(
+                "quantization_config",
+                "given both at the top and in text_config",
+            ));
+        }
+        base.quant = crate::quant::read(q, top.file, false)?;
+    }
     let (mut gqa, mut rope) = gqa_rope(c, &base, false)?;
     // Llama 4 rotates adjacent pairs (complex multiplication of (x0, x1), (x2, x3), ...).
     rope.interleaved = true;
@@ -142,6 +174,11 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         })
         .collect();
     let names = TensorNames {
+        prefix: if multimodal {
+            "language_model.".into()
+        } else {
+            String::new()
+        },
         moe: "feed_forward",
         dense: &["feed_forward"],
         router: "router",

@@ -623,8 +623,18 @@ fn llama4_layers_follow_transformers_defaults() {
         w[field] = bad;
         assert_eq!(field_of(parse(&w).unwrap_err()), field);
     }
-    let mut w = v;
+    let mut w = v.clone();
     w["attention_chunk_size"] = json!(null);
     let c = parse(&w).unwrap();
     assert!((0..8).all(|l| gqa(&c, l).chunk.is_none()));
+    // The released multimodal checkpoint: `text_config`, tensors under `language_model.`.
+    let mm = json!({"model_type": "llama4", "text_config": v, "vision_config": {}});
+    let c = parse(&mm).unwrap();
+    assert_eq!(
+        (c.names.prefix.as_str(), c.names.model),
+        ("language_model.", "model.")
+    );
+    let mut bad = mm;
+    bad["text_config"]["model_type"] = json!("llama");
+    assert_eq!(field_of(parse(&bad).unwrap_err()), "text_config.model_type");
 }

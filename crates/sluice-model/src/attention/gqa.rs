@@ -251,6 +251,11 @@ impl GqaConfig {
         }
         // Split each head's `[q | gate]`.
         let gate = if self.output_gate {
+            if vd != hd {
+                return Err(ModelError::Internal(
+                    "an output gate needs values as wide as queries".into(),
+                ));
+            }
             let mut q = Vec::with_capacity(t * heads * hd);
             let mut g = Vec::with_capacity(t * heads * hd);
             for head in qs.chunks_exact(2 * hd) {

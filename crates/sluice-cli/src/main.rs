@@ -492,6 +492,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         prefill_chunk: a.engine.prefill_chunk,
         prefill_span: a.engine.prefill_span,
         on_prefill: if a.json { None } else { live::prefill_hook() },
+        logprobs: None,
     };
     let ids;
     let messages;

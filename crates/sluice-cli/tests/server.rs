@@ -477,3 +477,132 @@ fn half_sent_requests_time_out_and_ctrl_c_drops_them() {
     assert!(status.success(), "{status:?}");
     drop((half, body, idle));
 }
+
+/// The `logprobs` entries of a chat response or of a chat stream's chunks, in order.
+fn chat_entries(choices: &[&Value]) -> Vec<Value> {
+    choices
+        .iter()
+        .filter_map(|c| c["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn logprobs_for_chat_and_completions_stream_or_not_at_any_budget() {
+    let d = chat_model();
+    let full = start(d.path(), &[]);
+    let small = start(d.path(), &["--memory", "24MiB", "--batch-size", "1"]);
+    let req = json!({"messages": [{"role": "user", "content": "Tell me of Elizabeth."}],
+        "max_tokens": 8, "temperature": 0, "logprobs": true, "top_logprobs": 3});
+    let (st, body) = post(&full, "/v1/chat/completions", &req.to_string());
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let entries = chat_entries(&[&v["choices"][0]]);
+    assert_eq!(
+        entries.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let mut text = String::new();
+    for e in &entries {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{e}");
+        // Greedy: the chosen token is the most likely one, with its log-probability.
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert_eq!(top[0]["logprob"], e["logprob"], "{e}");
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]) && lps[0] <= 0.0, "{e}");
+        assert_eq!(
+            e["bytes"].as_array().unwrap().len(),
+            e["token"].as_str().unwrap().len()
+        );
+        text.push_str(e["token"].as_str().unwrap());
+    }
+    assert_eq!(
+        text,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+
+    // Streamed, and at a budget that streams the model: the same entries, bit for bit.
+    let mut sreq = req.clone();
+    sreq["stream"] = true.into();
+    for (server, r) in [(&full, &sreq), (&small, &req), (&small, &sreq)] {
+        let (st, body) = post(server, "/v1/chat/completions", &r.to_string());
+        assert_eq!(st, 200, "{body}");
+        let got = if r["stream"] == true {
+            let ev = events(&body);
+            let chunks: Vec<Value> = ev[..ev.len() - 1]
+                .iter()
+                .map(|e| serde_json::from_str(e).unwrap())
+                .collect();
+            chat_entries(&chunks.iter().map(|c| &c["choices"][0]).collect::<Vec<_>>())
+        } else {
+            let v: Value = serde_json::from_str(&body).unwrap();
+            chat_entries(&[&v["choices"][0]])
+        };
+        assert_eq!(got, entries, "stream {}", r["stream"]);
+    }
+
+    // Completions: `logprobs: N`.
+    let creq = json!({"prompt": "It is a truth universally acknowledged", "max_tokens": 6,
+        "temperature": 0, "logprobs": 2});
+    let (st, body) = post(&full, "/v1/completions", &creq.to_string());
+    assert_eq!(st, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 6, "{lp}");
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 6);
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    for (t, m) in tokens.iter().zip(lp["top_logprobs"].as_array().unwrap()) {
+        let m = m.as_object().unwrap();
+        assert!(!m.is_empty() && m.len() <= 2, "{m:?}");
+        assert!(
+            m.contains_key(t.as_str().unwrap()),
+            "greedy token among the top: {m:?}"
+        );
+    }
+    let (_, body2) = post(&small, "/v1/completions", &creq.to_string());
+    let v2: Value = serde_json::from_str(&body2).unwrap();
+    assert_eq!(v2["choices"][0]["logprobs"], *lp);
+    // Without the field: null, as before.
+    let (_, body) = post(
+        &full,
+        "/v1/completions",
+        r#"{"prompt":"The weather","max_tokens":2}"#,
+    );
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(v["choices"][0]["logprobs"].is_null());
+
+    // Bad combinations are 400s naming the field.
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}],"top_logprobs":2}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}],"logprobs":true,"top_logprobs":21}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"hi"}],"logprobs":3}"#,
+        ),
+        ("/v1/completions", r#"{"prompt":"x","logprobs":"many"}"#),
+        (
+            "/v1/completions",
+            r#"{"prompt":"x","logprobs":1,"top_logprobs":1}"#,
+        ),
+    ] {
+        let (st, b) = post(&full, path, body);
+        assert_eq!(st, 400, "{body}: {b}");
+        assert!(b.contains("logprobs"), "{body}: {b}");
+    }
+}

@@ -50,7 +50,14 @@ pub struct GenerateOptions {
     pub on_prefill: Option<PrefillHook>,
     /// Keep every row of logits (prompt positions and each step) in the result.
     pub keep_logits: bool,
+    /// Report each generated token's log-probability under the model (the log-softmax of its
+    /// raw logits, before temperature or any filter) and this many most likely alternatives
+    /// ([`Token::logprobs`]); `None` reports nothing. At most [`MAX_TOP_LOGPROBS`].
+    pub logprobs: Option<usize>,
 }
+
+/// The most alternatives [`GenerateOptions::logprobs`] may ask for.
+pub const MAX_TOP_LOGPROBS: usize = 20;
 
 impl Default for GenerateOptions {
     fn default() -> Self {
@@ -63,6 +70,7 @@ impl Default for GenerateOptions {
             prefill_span: None,
             on_prefill: None,
             keep_logits: false,
+            logprobs: None,
         }
     }
 }
@@ -111,12 +119,59 @@ pub struct Token {
     pub id: Option<u32>,
     /// The text it completes (whole UTF-8 characters; may be empty).
     pub text: String,
+    /// Its log-probability and the most likely alternatives, when asked for
+    /// ([`GenerateOptions::logprobs`]); `None` for an item without an id.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// A generated token's log-probability under the model and the most likely tokens at its
+/// position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// `log p(token)`: the log-softmax of the position's raw logits.
+    pub logprob: f32,
+    /// The most likely tokens and their log-probabilities, most likely first (ties by id).
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-softmax of `logits` at `id` and its `n` largest entries: `x − max − ln Σ e^(x − max)`,
+/// the sum in f64 in index order (so the same logits give the same bits).
+pub(crate) fn logprobs_of(logits: &[f32], id: u32, n: usize) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&x| ((x - max) as f64).exp()).sum();
+    let lse = sum.ln();
+    let lp = |x: f32| ((x - max) as f64 - lse) as f32;
+    let mut top: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let by = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let n = n.min(idx.len());
+        if n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, by);
+            idx.truncate(n);
+        }
+        idx.sort_by(by);
+        top.extend(idx.into_iter().map(|i| (i, lp(logits[i as usize]))));
+    }
+    TokenLogprobs {
+        logprob: lp(logits[id as usize]),
+        top,
+    }
 }
 
 /// The checks every generation's options pass before any work: sampling in range, stop
 /// strings non-empty, a prefill chunk of at least one token.
 pub(crate) fn check_options(opts: &GenerateOptions) -> Result<(), Error> {
     opts.sampling.validate()?;
+    if opts.logprobs.is_some_and(|n| n > MAX_TOP_LOGPROBS) {
+        return Err(Error::Usage(format!(
+            "logprobs: at most {MAX_TOP_LOGPROBS} alternatives per token"
+        )));
+    }
     crate::decoding::check_stops(&opts.stop)?;
     if opts.prefill_chunk == 0 {
         return Err(Error::Usage("prefill_chunk must be at least 1".into()));
@@ -161,6 +216,8 @@ pub(crate) struct Seq {
     trunk0: u64,
     /// Whether the engine's totals have this generation.
     counted: bool,
+    /// Alternatives per token to report, when log-probabilities are asked for.
+    logprobs: Option<usize>,
 }
 
 /// A prefilled sequence: its generation, the logits of its last position, and (with
@@ -266,6 +323,7 @@ pub(crate) fn prefill(
             expert0,
             trunk0,
             counted: false,
+            logprobs: opts.logprobs,
         },
         last,
         prompt_logits: if keep_logits { out.logits } else { Vec::new() },
@@ -299,10 +357,15 @@ impl Seq {
         if self.d.finish.is_some() {
             return Ok(Step::End(None));
         }
+        // The raw logits, before sampling changes them, when log-probabilities are asked for.
+        let raw = self.logprobs.map(|_| logits.to_vec());
         let id = match self.d.choose(logits, history, engine.eos_ids()) {
             Choice::Finish(r) => return Ok(Step::End(self.end(engine, r))),
             Choice::Token(id) => id,
         };
+        let logprobs = raw
+            .zip(self.logprobs)
+            .map(|(raw, n)| logprobs_of(&raw, id, n));
         self.stats.decode_tokens += 1;
         // With the context full the generation ends at this token with `length` (issue 18).
         let context_full = self.d.wants_more() && pos >= engine.model().max_positions();
@@ -315,7 +378,11 @@ impl Seq {
             text.push_str(&rest.text);
         }
         Ok(Step::Token {
-            token: Token { id: Some(id), text },
+            token: Token {
+                id: Some(id),
+                text,
+                logprobs,
+            },
             feed: self.d.wants_more(),
         })
     }
@@ -331,6 +398,7 @@ impl Seq {
         (!rest.is_empty()).then_some(Token {
             id: None,
             text: rest,
+            logprobs: None,
         })
     }
 
@@ -355,5 +423,31 @@ impl Seq {
             self.counted = true;
             engine.count_generation(&self.stats);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logprobs_are_a_log_softmax_with_the_top_sorted_and_ties_by_id() {
+        let logits = [1.0f32, 3.0, 3.0, -2.0, 0.5];
+        let l = logprobs_of(&logits, 4, 3);
+        let total: f64 = logits
+            .iter()
+            .map(|&x| ((x - 3.0) as f64).exp())
+            .sum::<f64>();
+        let want = |x: f32| ((x - 3.0) as f64 - total.ln()) as f32;
+        assert_eq!(l.logprob, want(0.5));
+        assert_eq!(l.top, vec![(1, want(3.0)), (2, want(3.0)), (0, want(1.0))]);
+        // exp of every log-probability sums to 1.
+        let s: f64 = (0..5)
+            .map(|i| (logprobs_of(&logits, i, 0).logprob as f64).exp())
+            .sum();
+        assert!((s - 1.0).abs() < 1e-6, "{s}");
+        // More alternatives than the vocabulary: all of them; none asked: none.
+        assert_eq!(logprobs_of(&logits, 0, 9).top.len(), 5);
+        assert!(logprobs_of(&logits, 0, 0).top.is_empty());
     }
 }

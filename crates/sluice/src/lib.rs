@@ -35,7 +35,10 @@ pub mod tools;
 // trace replay) live in `tools`.
 pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
 pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
-pub use generate::{FinishReason, GenerateOptions, PrefillHook, PrefillProgress, Token};
+pub use generate::{
+    FinishReason, GenerateOptions, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress, Token,
+    TokenLogprobs,
+};
 pub use session::{Generation, Session};
 pub use sluice_kernels::Isa;
 pub use sluice_model::{Description, MemoryPlan, ModelConfig};

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use crate::batch::{Batcher, Event, Finished, OwnedPrompt};
-use crate::generate::{FinishReason, GenerateOptions};
+use crate::generate::{FinishReason, GenerateOptions, Token};
 use crate::{Engine, Error};
 use sluice_text::Message;
 
@@ -124,7 +124,17 @@ struct Common {
     stream_options: Option<Value>,
     n: Option<u32>,
     user: Option<String>,
+    /// Chat: `true` for each token's log-probability; completions: the number of alternatives.
     logprobs: Option<Value>,
+    /// Chat: alternatives per token (0–20), with `logprobs: true`.
+    top_logprobs: Option<usize>,
+}
+
+/// Which endpoint a request came to: the two spell `logprobs` differently.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Chat,
+    Completions,
 }
 
 #[derive(Deserialize)]
@@ -187,7 +197,11 @@ fn usage(f: &Finished) -> Value {
 
 impl App {
     /// Checks the shared fields and builds generation options.
-    fn options(&self, c: &Common) -> Result<(GenerateOptions, bool, bool), ApiError> {
+    fn options(
+        &self,
+        c: &Common,
+        endpoint: Endpoint,
+    ) -> Result<(GenerateOptions, bool, bool), ApiError> {
         if let Some(m) = &c.model
             && m != &self.opts.model_name
         {
@@ -202,11 +216,32 @@ impl App {
         if c.n.is_some_and(|n| n != 1) {
             return Err(bad("`n` must be 1"));
         }
-        if c.logprobs
-            .as_ref()
-            .is_some_and(|l| !(l.is_null() || l == &Value::Bool(false)))
-        {
-            return Err(bad("`logprobs` is not supported"));
+        // Chat: `logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`.
+        let logprobs = match (endpoint, &c.logprobs) {
+            (_, None | Some(Value::Null)) | (Endpoint::Chat, Some(Value::Bool(false))) => {
+                if c.top_logprobs.is_some() {
+                    return Err(bad("`top_logprobs` needs `logprobs: true`"));
+                }
+                None
+            }
+            (Endpoint::Chat, Some(Value::Bool(true))) => Some(c.top_logprobs.unwrap_or(0)),
+            (Endpoint::Chat, Some(_)) => return Err(bad("`logprobs` must be true or false")),
+            (Endpoint::Completions, Some(v)) => {
+                if c.top_logprobs.is_some() {
+                    return Err(bad(
+                        "`top_logprobs` is a chat field; completions take `logprobs: N`",
+                    ));
+                }
+                Some(v.as_u64().map(|n| n as usize).ok_or_else(|| {
+                    bad("`logprobs` must be the number of alternatives per token")
+                })?)
+            }
+        };
+        if logprobs.is_some_and(|n| n > crate::MAX_TOP_LOGPROBS) {
+            return Err(bad(format!(
+                "at most {} alternatives per token (`top_logprobs` / `logprobs`)",
+                crate::MAX_TOP_LOGPROBS
+            )));
         }
         let _ = &c.user;
         let max = c
@@ -262,6 +297,7 @@ impl App {
                 max_tokens: max,
                 sampling: s,
                 stop,
+                logprobs,
                 ..Default::default()
             },
             c.stream.unwrap_or(false),
@@ -377,19 +413,23 @@ async fn completions(
         PromptField::Texts(mut v) if v.len() == 1 => OwnedPrompt::Text(v.remove(0)),
         PromptField::Texts(_) => return Err(bad("`prompt`: give one prompt per request")),
     };
-    let (opts, stream, include_usage) = app.options(&req.common)?;
+    let (opts, stream, include_usage) = app.options(&req.common, Endpoint::Completions)?;
     let rx = submit(&app, &prompt, opts)?;
     let id = app.id("cmpl");
     let name = app.opts.model_name.clone();
     let created = now();
+    let engine = app.batcher.engine().clone();
     if stream {
-        let chunk = move |text: &str, finish: Option<&str>| json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": null}]});
+        let chunk = move |text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
+            let logprobs = completion_logprobs(&engine, lp);
+            json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
+        };
         return Ok(sse(rx, chunk, None, include_usage).into_response());
     }
-    let f = collect(rx).await?;
+    let (f, lp) = collect(rx).await?;
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": name,
-        "choices": [{"index": 0, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": null}],
+        "choices": [{"index": 0, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": completion_logprobs(&engine, &lp)}],
         "usage": usage(&f),
     }))
     .into_response())
@@ -426,39 +466,111 @@ async fn chat_completions(
         };
         messages.push(Message::new(m.role, content));
     }
-    let (opts, stream, include_usage) = app.options(&req.common)?;
+    let (opts, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
     let rx = submit(&app, &OwnedPrompt::Chat(messages), opts)?;
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();
+    let engine = app.batcher.engine().clone();
     if stream {
         let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name,
             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
-        let chunk = move |text: &str, finish: Option<&str>| {
+        let chunk = move |text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
             let delta = if finish.is_some() {
                 json!({})
             } else {
                 json!({"content": text})
             };
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            let mut choice = json!({"index": 0, "delta": delta, "finish_reason": finish});
+            if let Some(l) = chat_logprobs(&engine, lp) {
+                choice["logprobs"] = l;
+            }
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
         };
         return Ok(sse(rx, chunk, Some(first), include_usage).into_response());
     }
-    let f = collect(rx).await?;
+    let (f, lp) = collect(rx).await?;
+    let mut choice = json!({"index": 0, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)});
+    if let Some(l) = chat_logprobs(&engine, &lp) {
+        choice["logprobs"] = l;
+    }
     Ok(axum::Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": name,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)}],
+        "choices": [choice],
         "usage": usage(&f),
     }))
     .into_response())
 }
 
-/// Waits for a job's end.
-async fn collect(mut rx: mpsc::UnboundedReceiver<Event>) -> Result<Finished, ApiError> {
+/// The text of one token id as a client sees it (lossy where the id ends mid-character).
+fn token_text(engine: &Engine, id: u32) -> String {
+    engine
+        .tokenizer()
+        .and_then(|t| t.decode(&[id]).ok())
+        .unwrap_or_default()
+}
+
+/// Chat's `logprobs` object for some tokens (`None` when none carries log-probabilities):
+/// `{"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}`.
+fn chat_logprobs(engine: &Engine, tokens: &[(Token, usize)]) -> Option<Value> {
+    let entry = |id: u32, lp: f32| {
+        let t = token_text(engine, id);
+        json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+    };
+    let content: Vec<Value> = tokens
+        .iter()
+        .filter_map(|(t, _)| {
+            let (id, l) = (t.id?, t.logprobs.as_ref()?);
+            let mut e = entry(id, l.logprob);
+            e["top_logprobs"] = l.top.iter().map(|&(i, p)| entry(i, p)).collect();
+            Some(e)
+        })
+        .collect();
+    (!content.is_empty()).then(|| json!({"content": content}))
+}
+
+/// The completions endpoint's `logprobs` object (`null` when no token carries any):
+/// `tokens`, `token_logprobs`, `top_logprobs` (one map per token) and `text_offset` (each
+/// token's byte offset in the completion, as given).
+fn completion_logprobs(engine: &Engine, tokens: &[(Token, usize)]) -> Value {
+    let with: Vec<(&Token, usize)> = tokens
+        .iter()
+        .filter(|(t, _)| t.id.is_some() && t.logprobs.is_some())
+        .map(|(t, o)| (t, *o))
+        .collect();
+    if with.is_empty() {
+        return Value::Null;
+    }
+    let ids = |t: &Token| t.id.unwrap_or_default();
+    json!({
+        "tokens": with.iter().map(|(t, _)| token_text(engine, ids(t))).collect::<Vec<_>>(),
+        "token_logprobs": with.iter().map(|(t, _)| t.logprobs.as_ref().map(|l| l.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": with.iter().map(|(t, _)| {
+            let m: serde_json::Map<String, Value> = t.logprobs.iter().flat_map(|l| l.top.iter())
+                .map(|&(i, p)| (token_text(engine, i), json!(p))).collect();
+            Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "text_offset": with.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+    })
+}
+
+/// Waits for a job's end; returns it with each token that carries log-probabilities and
+/// the byte offset in the completion where its text starts.
+async fn collect(
+    mut rx: mpsc::UnboundedReceiver<Event>,
+) -> Result<(Finished, Vec<(Token, usize)>), ApiError> {
+    let mut tokens = Vec::new();
+    let mut offset = 0;
     while let Some(e) = rx.recv().await {
         match e {
-            Event::Token(_) => {}
-            Event::Done(f) => return Ok(*f),
+            Event::Token(t) => {
+                let len = t.text.len();
+                if t.logprobs.is_some() {
+                    tokens.push((t, offset));
+                }
+                offset += len;
+            }
+            Event::Done(f) => return Ok((*f, tokens)),
             Event::Failed(e) => return Err(e.into()),
         }
     }
@@ -477,7 +589,7 @@ fn sse<F>(
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>>
 where
-    F: Fn(&str, Option<&str>) -> Value + Send + 'static,
+    F: Fn(&str, Option<&str>, &[(Token, usize)]) -> Value + Send + 'static,
 {
     struct St<F> {
         rx: mpsc::UnboundedReceiver<Event>,
@@ -486,6 +598,7 @@ where
         include_usage: bool,
         queue: std::collections::VecDeque<String>,
         done: bool,
+        offset: usize,
     }
     let st = St {
         rx,
@@ -494,6 +607,7 @@ where
         include_usage,
         queue: Default::default(),
         done: false,
+        offset: 0,
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -508,12 +622,23 @@ where
             }
             match st.rx.recv().await {
                 Some(Event::Token(t)) => {
-                    if !t.text.is_empty() {
-                        st.queue.push_back((st.chunk)(&t.text, None).to_string());
+                    // A token with log-probabilities gets its chunk even without text, so a
+                    // stream carries every token's entry.
+                    if !t.text.is_empty() || t.logprobs.is_some() {
+                        let text = t.text.clone();
+                        let at = st.offset;
+                        st.offset += text.len();
+                        let lp = [(t, at)];
+                        let lp = if lp[0].0.logprobs.is_some() {
+                            &lp[..]
+                        } else {
+                            &[]
+                        };
+                        st.queue.push_back((st.chunk)(&text, None, lp).to_string());
                     }
                 }
                 Some(Event::Done(f)) => {
-                    let mut last = (st.chunk)("", Some(finish_str(f.finish)));
+                    let mut last = (st.chunk)("", Some(finish_str(f.finish)), &[]);
                     if st.include_usage {
                         st.queue.push_back(last.to_string());
                         last = json!({"choices": [], "usage": usage(&f)});

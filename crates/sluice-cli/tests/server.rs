@@ -199,7 +199,8 @@ fn malformed_requests_get_clear_4xx() {
             400,
         ),
         (r#"{"prompt":"x","top_p":7}"#, "/v1/completions", 400),
-        (r#"{"prompt":"x","n":3}"#, "/v1/completions", 400),
+        (r#"{"prompt":"x","n":0}"#, "/v1/completions", 400),
+        (r#"{"prompt":"x","n":17}"#, "/v1/completions", 400),
         (r#"{"prompt":"x","model":"gpt-9"}"#, "/v1/completions", 404),
         (r#"{"prompt":["a","b"]}"#, "/v1/completions", 400),
         (r#"{"messages":[]}"#, "/v1/chat/completions", 400),
@@ -605,4 +606,98 @@ fn logprobs_for_chat_and_completions_stream_or_not_at_any_budget() {
         assert_eq!(st, 400, "{body}: {b}");
         assert!(b.contains("logprobs"), "{body}: {b}");
     }
+}
+
+#[test]
+fn several_choices_are_the_seeds_in_turn_stream_or_not() {
+    let d = chat_model();
+    let s = start(d.path(), &[]);
+    let text = |v: &Value, i: usize| v["choices"][i]["text"].as_str().unwrap().to_owned();
+    let one = |seed: u64| {
+        let (st, b) = post(
+            &s,
+            "/v1/completions",
+            &json!({"prompt": "It is a truth", "max_tokens": 10, "temperature": 0.9, "seed": seed})
+                .to_string(),
+        );
+        assert_eq!(st, 200, "{b}");
+        text(&serde_json::from_str(&b).unwrap(), 0)
+    };
+    let req =
+        json!({"prompt": "It is a truth", "max_tokens": 10, "temperature": 0.9, "seed": 5, "n": 3});
+    let (st, b) = post(&s, "/v1/completions", &req.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
+    // Choice i samples with seed + i: choice 0 is what n: 1 gives.
+    let got: Vec<String> = (0..3).map(|i| text(&v, i)).collect();
+    assert_eq!(got, vec![one(5), one(6), one(7)]);
+    assert!(
+        got[0] != got[1] || got[1] != got[2],
+        "three samples all alike: {got:?}"
+    );
+    let per: u64 = (0..3)
+        .map(|i| v["choices"][i]["index"].as_u64().unwrap())
+        .sum();
+    assert_eq!(per, 3);
+    assert_eq!(v["usage"]["completion_tokens"], 30);
+    assert_eq!(
+        v["usage"]["total_tokens"].as_u64().unwrap(),
+        30 + v["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+
+    // Streamed: the chunks of each choice make its text; one usage chunk after all.
+    let mut sreq = req.clone();
+    sreq["stream"] = true.into();
+    sreq["stream_options"] = json!({"include_usage": true});
+    let (st, b) = post(&s, "/v1/completions", &sreq.to_string());
+    assert_eq!(st, 200, "{b}");
+    let ev = events(&b);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let mut streamed = vec![String::new(); 3];
+    let mut finishes = 0;
+    for c in &chunks {
+        if let Some(ch) = c["choices"].as_array().and_then(|a| a.first()) {
+            let i = ch["index"].as_u64().unwrap() as usize;
+            streamed[i].push_str(ch["text"].as_str().unwrap_or(""));
+            finishes += usize::from(!ch["finish_reason"].is_null());
+        }
+    }
+    assert_eq!(streamed, got);
+    assert_eq!(finishes, 3);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 30);
+
+    // Chat: one assistant message per choice, a role chunk per choice when streaming.
+    let creq = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 6,
+        "temperature": 0.9, "seed": 1, "n": 2});
+    let (st, b) = post(&s, "/v1/chat/completions", &creq.to_string());
+    assert_eq!(st, 200, "{b}");
+    let v: Value = serde_json::from_str(&b).unwrap();
+    let msgs: Vec<String> = (0..2)
+        .map(|i| {
+            v["choices"][i]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let mut sreq = creq;
+    sreq["stream"] = true.into();
+    let (_, b) = post(&s, "/v1/chat/completions", &sreq.to_string());
+    let ev = events(&b);
+    let mut streamed = vec![String::new(); 2];
+    let mut roles = 0;
+    for e in &ev[..ev.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let ch = &c["choices"][0];
+        let i = ch["index"].as_u64().unwrap() as usize;
+        roles += usize::from(ch["delta"]["role"] == "assistant");
+        streamed[i].push_str(ch["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(roles, 2);
+    assert_eq!(streamed, msgs);
 }

@@ -130,6 +130,9 @@ struct Common {
     top_logprobs: Option<usize>,
 }
 
+/// The most choices one request may ask for (`n`).
+const MAX_CHOICES: usize = 16;
+
 /// Which endpoint a request came to: the two spell `logprobs` differently.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
@@ -191,8 +194,14 @@ fn finish_str(f: FinishReason) -> &'static str {
     }
 }
 
-fn usage(f: &Finished) -> Value {
-    json!({"prompt_tokens": f.prompt_ids.len(), "completion_tokens": f.ids.len(), "total_tokens": f.prompt_ids.len() + f.ids.len()})
+/// Usage of a request's choices: the prompt once, the completions summed.
+fn usage<'a>(done: impl Iterator<Item = &'a Finished>) -> Value {
+    let (mut prompt, mut completion) = (0, 0);
+    for f in done {
+        prompt = f.prompt_ids.len();
+        completion += f.ids.len();
+    }
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
 }
 
 impl App {
@@ -201,7 +210,7 @@ impl App {
         &self,
         c: &Common,
         endpoint: Endpoint,
-    ) -> Result<(GenerateOptions, bool, bool), ApiError> {
+    ) -> Result<(GenerateOptions, usize, bool, bool), ApiError> {
         if let Some(m) = &c.model
             && m != &self.opts.model_name
         {
@@ -213,8 +222,9 @@ impl App {
                 ),
             ));
         }
-        if c.n.is_some_and(|n| n != 1) {
-            return Err(bad("`n` must be 1"));
+        let n = c.n.unwrap_or(1) as usize;
+        if n == 0 || n > MAX_CHOICES {
+            return Err(bad(format!("`n` must be 1 to {MAX_CHOICES}")));
         }
         // Chat: `logprobs: true` and `top_logprobs: N`; completions: `logprobs: N`.
         let logprobs = match (endpoint, &c.logprobs) {
@@ -300,6 +310,7 @@ impl App {
                 logprobs,
                 ..Default::default()
             },
+            n,
             c.stream.unwrap_or(false),
             include_usage,
         ))
@@ -364,14 +375,22 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
 }
 
 /// Submits a job whose events flow into a channel; the job is cancelled when the receiver goes.
+/// Submits `n` jobs of one prompt, choice `i` sampling with seed `seed + i` (so choice 0 is
+/// what `n: 1` gives), their events tagged with the choice.
 fn submit(
     app: &App,
     prompt: &OwnedPrompt,
     opts: GenerateOptions,
-) -> Result<mpsc::UnboundedReceiver<Event>, ApiError> {
+    n: usize,
+) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    app.batcher
-        .submit(prompt, opts, Box::new(move |e| tx.send(e).is_ok()))?;
+    for i in 0..n {
+        let mut o = opts.clone();
+        o.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);
+        let tx = tx.clone();
+        app.batcher
+            .submit(prompt, o, Box::new(move |e| tx.send((i, e)).is_ok()))?;
+    }
     Ok(rx)
 }
 
@@ -413,24 +432,29 @@ async fn completions(
         PromptField::Texts(mut v) if v.len() == 1 => OwnedPrompt::Text(v.remove(0)),
         PromptField::Texts(_) => return Err(bad("`prompt`: give one prompt per request")),
     };
-    let (opts, stream, include_usage) = app.options(&req.common, Endpoint::Completions)?;
-    let rx = submit(&app, &prompt, opts)?;
+    let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Completions)?;
+    let rx = submit(&app, &prompt, opts, n)?;
     let id = app.id("cmpl");
     let name = app.opts.model_name.clone();
     let created = now();
     let engine = app.batcher.engine().clone();
     if stream {
-        let chunk = move |text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
+        let chunk = move |i: usize, text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
             let logprobs = completion_logprobs(&engine, lp);
-            json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
+            json!({"id": id, "object": "text_completion", "created": created, "model": name, "choices": [{"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
         };
-        return Ok(sse(rx, chunk, None, include_usage).into_response());
+        return Ok(sse(rx, n, chunk, Vec::new(), include_usage).into_response());
     }
-    let (f, lp) = collect(rx).await?;
+    let done = collect(rx, n).await?;
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, (f, lp))| json!({"index": i, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": completion_logprobs(&engine, lp)}))
+        .collect();
     Ok(axum::Json(json!({
         "id": id, "object": "text_completion", "created": created, "model": name,
-        "choices": [{"index": 0, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": completion_logprobs(&engine, &lp)}],
-        "usage": usage(&f),
+        "choices": choices,
+        "usage": usage(done.iter().map(|d| &d.0)),
     }))
     .into_response())
 }
@@ -466,38 +490,47 @@ async fn chat_completions(
         };
         messages.push(Message::new(m.role, content));
     }
-    let (opts, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
-    let rx = submit(&app, &OwnedPrompt::Chat(messages), opts)?;
+    let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
+    let rx = submit(&app, &OwnedPrompt::Chat(messages), opts, n)?;
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();
     let engine = app.batcher.engine().clone();
     if stream {
-        let first = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]});
-        let chunk = move |text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
+        let first = (0..n)
+            .map(|i| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name,
+                "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}]}))
+            .collect();
+        let chunk = move |i: usize, text: &str, finish: Option<&str>, lp: &[(Token, usize)]| {
             let delta = if finish.is_some() {
                 json!({})
             } else {
                 json!({"content": text})
             };
-            let mut choice = json!({"index": 0, "delta": delta, "finish_reason": finish});
+            let mut choice = json!({"index": i, "delta": delta, "finish_reason": finish});
             if let Some(l) = chat_logprobs(&engine, lp) {
                 choice["logprobs"] = l;
             }
             json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
         };
-        return Ok(sse(rx, chunk, Some(first), include_usage).into_response());
+        return Ok(sse(rx, n, chunk, first, include_usage).into_response());
     }
-    let (f, lp) = collect(rx).await?;
-    let mut choice = json!({"index": 0, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)});
-    if let Some(l) = chat_logprobs(&engine, &lp) {
-        choice["logprobs"] = l;
-    }
+    let done = collect(rx, n).await?;
+    let choices: Vec<Value> = done
+        .iter()
+        .enumerate()
+        .map(|(i, (f, lp))| {
+            let mut choice = json!({"index": i, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)});
+            if let Some(l) = chat_logprobs(&engine, lp) {
+                choice["logprobs"] = l;
+            }
+            choice
+        })
+        .collect();
     Ok(axum::Json(json!({
         "id": id, "object": "chat.completion", "created": created, "model": name,
-        "choices": [choice],
-        "usage": usage(&f),
+        "choices": choices,
+        "usage": usage(done.iter().map(|d| &d.0)),
     }))
     .into_response())
 }
@@ -554,23 +587,30 @@ fn completion_logprobs(engine: &Engine, tokens: &[(Token, usize)]) -> Value {
     })
 }
 
-/// Waits for a job's end; returns it with each token that carries log-probabilities and
-/// the byte offset in the completion where its text starts.
+/// Waits for the end of a request's `n` jobs; returns each with its tokens that carry
+/// log-probabilities and the byte offset in the completion where each token's text starts.
 async fn collect(
-    mut rx: mpsc::UnboundedReceiver<Event>,
-) -> Result<(Finished, Vec<(Token, usize)>), ApiError> {
-    let mut tokens = Vec::new();
-    let mut offset = 0;
-    while let Some(e) = rx.recv().await {
+    mut rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
+) -> Result<Vec<(Finished, Vec<(Token, usize)>)>, ApiError> {
+    let mut tokens: Vec<Vec<(Token, usize)>> = vec![Vec::new(); n];
+    let mut offset = vec![0usize; n];
+    let mut done: Vec<Option<Finished>> = (0..n).map(|_| None).collect();
+    while let Some((i, e)) = rx.recv().await {
         match e {
             Event::Token(t) => {
                 let len = t.text.len();
                 if t.logprobs.is_some() {
-                    tokens.push((t, offset));
+                    tokens[i].push((t, offset[i]));
                 }
-                offset += len;
+                offset[i] += len;
             }
-            Event::Done(f) => return Ok((*f, tokens)),
+            Event::Done(f) => {
+                done[i] = Some(*f);
+                if done.iter().all(Option::is_some) {
+                    return Ok(done.into_iter().flatten().zip(tokens).collect());
+                }
+            }
             Event::Failed(e) => return Err(e.into()),
         }
     }
@@ -580,40 +620,39 @@ async fn collect(
     ))
 }
 
-/// A job's events as server-sent events: `first` (if any), a chunk per text delta, a final
-/// chunk with the finish reason, optionally a usage chunk, then `[DONE]`.
+/// A request's events as server-sent events: `first` (a chunk per choice, if any), a chunk per
+/// text delta of each choice, a final chunk per choice with its finish reason, optionally a
+/// usage chunk once every choice is done, then `[DONE]`.
 fn sse<F>(
-    rx: mpsc::UnboundedReceiver<Event>,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
     chunk: F,
-    first: Option<Value>,
+    first: Vec<Value>,
     include_usage: bool,
 ) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>>
 where
-    F: Fn(&str, Option<&str>, &[(Token, usize)]) -> Value + Send + 'static,
+    F: Fn(usize, &str, Option<&str>, &[(Token, usize)]) -> Value + Send + 'static,
 {
     struct St<F> {
-        rx: mpsc::UnboundedReceiver<Event>,
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
         chunk: F,
-        first: Option<Value>,
         include_usage: bool,
         queue: std::collections::VecDeque<String>,
         done: bool,
-        offset: usize,
+        offset: Vec<usize>,
+        finished: Vec<Option<Finished>>,
     }
     let st = St {
         rx,
         chunk,
-        first,
         include_usage,
-        queue: Default::default(),
+        queue: first.into_iter().map(|v| v.to_string()).collect(),
         done: false,
-        offset: 0,
+        offset: vec![0; n],
+        finished: (0..n).map(|_| None).collect(),
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
         loop {
-            if let Some(first) = st.first.take() {
-                return Some((Ok(SseEvent::default().data(first.to_string())), st));
-            }
             if let Some(d) = st.queue.pop_front() {
                 return Some((Ok(SseEvent::default().data(d)), st));
             }
@@ -621,33 +660,38 @@ where
                 return None;
             }
             match st.rx.recv().await {
-                Some(Event::Token(t)) => {
+                Some((i, Event::Token(t))) => {
                     // A token with log-probabilities gets its chunk even without text, so a
                     // stream carries every token's entry.
                     if !t.text.is_empty() || t.logprobs.is_some() {
                         let text = t.text.clone();
-                        let at = st.offset;
-                        st.offset += text.len();
+                        let at = st.offset[i];
+                        st.offset[i] += text.len();
                         let lp = [(t, at)];
                         let lp = if lp[0].0.logprobs.is_some() {
                             &lp[..]
                         } else {
                             &[]
                         };
-                        st.queue.push_back((st.chunk)(&text, None, lp).to_string());
+                        st.queue
+                            .push_back((st.chunk)(i, &text, None, lp).to_string());
                     }
                 }
-                Some(Event::Done(f)) => {
-                    let mut last = (st.chunk)("", Some(finish_str(f.finish)), &[]);
-                    if st.include_usage {
-                        st.queue.push_back(last.to_string());
-                        last = json!({"choices": [], "usage": usage(&f)});
-                    }
+                Some((i, Event::Done(f))) => {
+                    let last = (st.chunk)(i, "", Some(finish_str(f.finish)), &[]);
                     st.queue.push_back(last.to_string());
-                    st.queue.push_back("[DONE]".into());
-                    st.done = true;
+                    st.finished[i] = Some(*f);
+                    if st.finished.iter().all(Option::is_some) {
+                        if st.include_usage {
+                            let u = usage(st.finished.iter().flatten());
+                            st.queue
+                                .push_back(json!({"choices": [], "usage": u}).to_string());
+                        }
+                        st.queue.push_back("[DONE]".into());
+                        st.done = true;
+                    }
                 }
-                Some(Event::Failed(e)) => {
+                Some((_, Event::Failed(e))) => {
                     st.queue.push_back(
                         json!({"error": {"message": e.to_string(), "type": "server_error"}})
                             .to_string(),

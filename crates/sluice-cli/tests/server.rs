@@ -701,3 +701,94 @@ fn several_choices_are_the_seeds_in_turn_stream_or_not() {
     assert_eq!(roles, 2);
     assert_eq!(streamed, msgs);
 }
+
+/// The demo model with a template that renders `tools` and calls in the Hermes syntax.
+fn tool_model() -> tempfile::TempDir {
+    let d = chat_model();
+    let cfg = d.path().join("tokenizer_config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["chat_template"] = concat!(
+        "{% if tools %}<|system|>\nTools: {{ tools | tojson }}\n{% endif %}",
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}",
+        "{% if m.tool_calls %}{% for t in m.tool_calls %}<tool_call>{{ t.function | tojson }}</tool_call>{% endfor %}{% endif %}\n",
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    .into();
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    d
+}
+
+#[test]
+fn tools_reach_the_template_and_tool_messages_render() {
+    let d = tool_model();
+    let s = start(d.path(), &[]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let user = json!({"role": "user", "content": "What is the weather in Bath?"});
+    let ask = |body: Value| {
+        let (st, b) = post(&s, "/v1/chat/completions", &body.to_string());
+        (
+            st,
+            serde_json::from_str::<Value>(&b).unwrap_or(Value::Null),
+            b,
+        )
+    };
+    let prompt_tokens = |v: &Value| v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let base = json!({"messages": [user], "max_tokens": 8, "temperature": 0});
+    let (st, plain, b) = ask(base.clone());
+    assert_eq!(st, 200, "{b}");
+    let mut with = base.clone();
+    with["tools"] = tools.clone();
+    let (st, v, b) = ask(with.clone());
+    assert_eq!(st, 200, "{b}");
+    // The tools were rendered into the prompt.
+    assert!(prompt_tokens(&v) > prompt_tokens(&plain), "{v} vs {plain}");
+    let c = &v["choices"][0];
+    assert_eq!(c["message"]["role"], "assistant");
+    assert!(["length", "stop", "tool_calls"].contains(&c["finish_reason"].as_str().unwrap()));
+    // Streamed: the same content.
+    let mut sw = with.clone();
+    sw["stream"] = true.into();
+    let (st, body) = post(&s, "/v1/chat/completions", &sw.to_string());
+    assert_eq!(st, 200, "{body}");
+    let ev = events(&body);
+    let streamed: String = ev[..ev.len() - 1]
+        .iter()
+        .filter_map(|e| {
+            serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(streamed, c["message"]["content"].as_str().unwrap_or(""));
+    // `tool_choice: none` is the request without tools.
+    let mut none = with.clone();
+    none["tool_choice"] = "none".into();
+    let (_, v_none, _) = ask(none);
+    assert_eq!(prompt_tokens(&v_none), prompt_tokens(&plain));
+    assert_eq!(
+        v_none["choices"][0]["message"],
+        plain["choices"][0]["message"]
+    );
+    // A history with a call and the tool's answer renders and is answered.
+    let mut hist = with.clone();
+    hist["messages"] = json!([user,
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Bath\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 12 degrees."}]);
+    let (st, vh, b) = ask(hist);
+    assert_eq!(st, 200, "{b}");
+    assert!(prompt_tokens(&vh) > prompt_tokens(&v));
+    // Forcing a call needs constrained decoding: refused, saying so.
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let mut r = with.clone();
+        r["tool_choice"] = choice;
+        let (st, _, b) = ask(r);
+        assert_eq!(st, 400, "{b}");
+        assert!(b.contains("constrained decoding"), "{b}");
+    }
+}

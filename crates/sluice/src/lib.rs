@@ -29,6 +29,7 @@ mod generate;
 pub mod server;
 mod session;
 mod stats;
+pub mod toolcall;
 pub mod tools;
 
 // The API a program running models needs; the tools' helpers (doctor, inspect, pack, synth,

@@ -154,8 +154,14 @@ struct CompletionRequest {
 #[serde(deny_unknown_fields)]
 struct ChatMessage {
     role: String,
-    content: Content,
+    /// Absent or null for an assistant message that only calls tools.
+    #[serde(default)]
+    content: Option<Content>,
     name: Option<String>,
+    /// An assistant message's calls, as OpenAI writes them (passed to the template as given).
+    tool_calls: Option<Vec<Value>>,
+    /// A `tool` message's answer to this call.
+    tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -177,6 +183,11 @@ struct Part {
 #[serde(deny_unknown_fields)]
 struct ChatRequest {
     messages: Vec<ChatMessage>,
+    /// Function tools, given to the chat template as its `tools` variable.
+    tools: Option<Vec<Value>>,
+    /// `"auto"` (the default with tools) or `"none"`; forcing a call needs constrained decoding.
+    tool_choice: Option<Value>,
+    parallel_tool_calls: Option<bool>,
     #[serde(flatten)]
     common: Common,
 }
@@ -469,12 +480,41 @@ async fn chat_completions(
     if req.messages.is_empty() {
         return Err(bad("`messages` is empty"));
     }
-    let mut messages = Vec::with_capacity(req.messages.len());
+    // With tools (or a history of calls) the template renders the request as OpenAI sent it,
+    // its `tools` variable set; the reply is parsed for calls in the template's syntax.
+    let tool_choice = match &req.tool_choice {
+        None => "auto",
+        Some(Value::String(s)) if s == "auto" || s == "none" => s.as_str(),
+        Some(Value::String(s)) if s == "required" => {
+            return Err(bad(
+                "`tool_choice: required` needs constrained decoding, which is not supported yet",
+            ));
+        }
+        Some(Value::Object(_)) => {
+            return Err(bad(
+                "a named `tool_choice` needs constrained decoding, which is not supported yet",
+            ));
+        }
+        Some(v) => {
+            return Err(bad(format!(
+                "`tool_choice` {v} is not auto, none or required"
+            )));
+        }
+    };
+    let _ = req.parallel_tool_calls;
+    let tools = req.tools.filter(|t| !t.is_empty() && tool_choice != "none");
+    let rich = tools.is_some()
+        || req
+            .messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.tool_call_id.is_some() || m.role == "tool");
+    let mut plain = Vec::with_capacity(req.messages.len());
+    let mut full = Vec::with_capacity(req.messages.len());
     for m in req.messages {
-        let _ = &m.name;
         let content = match m.content {
-            Content::Text(t) => t,
-            Content::Parts(parts) => {
+            None => String::new(),
+            Some(Content::Text(t)) => t,
+            Some(Content::Parts(parts)) => {
                 let mut s = String::new();
                 for p in parts {
                     if p.kind != "text" {
@@ -488,13 +528,61 @@ async fn chat_completions(
                 s
             }
         };
-        messages.push(Message::new(m.role, content));
+        let mut v = json!({"role": m.role, "content": content});
+        if let Some(n) = &m.name {
+            v["name"] = json!(n);
+        }
+        if let Some(c) = m.tool_calls {
+            v["tool_calls"] = Value::Array(c);
+        }
+        if let Some(id) = m.tool_call_id {
+            v["tool_call_id"] = json!(id);
+        }
+        full.push(v);
+        plain.push(Message::new(m.role, content));
     }
     let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
-    let rx = submit(&app, &OwnedPrompt::Chat(messages), opts, n)?;
+    let syntax = tools.as_ref().and_then(|_| {
+        app.batcher
+            .engine()
+            .chat_template()
+            .and_then(|t| crate::toolcall::Syntax::of_template(t.source()))
+    });
+    let prompt = if rich {
+        let engine = app.batcher.engine();
+        let tpl = engine
+            .chat_template()
+            .ok_or_else(|| bad("this model has no chat template"))?;
+        let tok = engine
+            .tokenizer()
+            .ok_or_else(|| bad("this model has no tokenizer"))?;
+        let text = tpl
+            .render_with(&full, true, &json!({"tools": tools}))
+            .map_err(|e| bad(e.to_string()))?;
+        tok.check_fits(&text, engine.model().max_positions())
+            .map_err(|e| bad(e.to_string()))?;
+        OwnedPrompt::Ids(tok.encode(&text, false).map_err(|e| bad(e.to_string()))?)
+    } else {
+        OwnedPrompt::Chat(plain)
+    };
+    let rx = submit(&app, &prompt, opts, n)?;
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();
+    if let Some(syntax) = syntax {
+        return tool_reply(
+            app.batcher.engine(),
+            rx,
+            n,
+            syntax,
+            id,
+            name,
+            created,
+            stream,
+            include_usage,
+        )
+        .await;
+    }
     let engine = app.batcher.engine().clone();
     if stream {
         let first = (0..n)
@@ -533,6 +621,112 @@ async fn chat_completions(
         "usage": usage(done.iter().map(|d| &d.0)),
     }))
     .into_response())
+}
+
+/// A chat reply when the request gave tools: each choice, once finished, parsed for calls in
+/// the template's syntax — `message.tool_calls` (ids `call_…`, `function.arguments` a JSON
+/// string) and `finish_reason: "tool_calls"` when it made any, plain content otherwise. A
+/// stream carries the same as chunks (role, content, one `delta.tool_calls` per choice, the
+/// finish), sent when the choice is complete: a call is not streamed half-written.
+#[allow(clippy::too_many_arguments)]
+async fn tool_reply(
+    engine: &Engine,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
+    syntax: crate::toolcall::Syntax,
+    id: String,
+    name: String,
+    created: u64,
+    stream: bool,
+    include_usage: bool,
+) -> Result<Response, ApiError> {
+    let done = collect(rx, n).await?;
+    let mut choices = Vec::with_capacity(n);
+    let mut chunks = Vec::new();
+    let chunk = |choice: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
+            .to_string()
+    };
+    for (i, (f, lp)) in done.iter().enumerate() {
+        let parsed = syntax.parse(&f.text);
+        let calls: Vec<Value> = parsed
+            .calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                json!({"id": format!("call_{id}_{i}_{k}"), "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+            })
+            .collect();
+        let finish = if calls.is_empty() {
+            finish_str(f.finish)
+        } else {
+            "tool_calls"
+        };
+        let content = if calls.is_empty() || !parsed.content.is_empty() {
+            json!(parsed.content)
+        } else {
+            Value::Null
+        };
+        let mut message = json!({"role": "assistant", "content": content});
+        if !calls.is_empty() {
+            message["tool_calls"] = json!(calls);
+        }
+        let mut choice = json!({"index": i, "message": message, "finish_reason": finish});
+        let logprobs = chat_logprobs(engine, lp);
+        if let Some(l) = &logprobs {
+            choice["logprobs"] = l.clone();
+        }
+        choices.push(choice);
+        // The same as a stream.
+        chunks.push(chunk(
+            json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
+        ));
+        if !parsed.content.is_empty() {
+            let mut c =
+                json!({"index": i, "delta": {"content": parsed.content}, "finish_reason": null});
+            if let Some(l) = logprobs {
+                c["logprobs"] = l;
+            }
+            chunks.push(chunk(c));
+        }
+        if !calls.is_empty() {
+            let deltas: Vec<Value> = calls
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let mut c = c.clone();
+                    c["index"] = json!(k);
+                    c
+                })
+                .collect();
+            chunks.push(chunk(
+                json!({"index": i, "delta": {"tool_calls": deltas}, "finish_reason": null}),
+            ));
+        }
+        chunks.push(chunk(
+            json!({"index": i, "delta": {}, "finish_reason": finish}),
+        ));
+    }
+    let u = usage(done.iter().map(|d| &d.0));
+    if !stream {
+        return Ok(axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": name,
+            "choices": choices,
+            "usage": u,
+        }))
+        .into_response());
+    }
+    if include_usage {
+        chunks.push(json!({"choices": [], "usage": u}).to_string());
+    }
+    chunks.push("[DONE]".into());
+    let events = futures_util::stream::iter(
+        chunks
+            .into_iter()
+            .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d))),
+    );
+    Ok(Sse::new(events).into_response())
 }
 
 /// The text of one token id as a client sees it (lossy where the id ends mid-character).
@@ -820,5 +1014,109 @@ mod tests {
             error_type(StatusCode::PAYLOAD_TOO_LARGE),
             "invalid_request_error"
         );
+    }
+
+    fn finished(text: &str) -> Finished {
+        Finished {
+            prompt_ids: vec![1, 2, 3],
+            ids: vec![5, 6],
+            text: text.into(),
+            finish: FinishReason::Eos,
+            stats: Default::default(),
+        }
+    }
+
+    /// Runs `tool_reply` on one finished choice with `text`; the JSON answer and the stream's
+    /// `data:` payloads.
+    fn reply(text: &str) -> (Value, Vec<String>) {
+        let engine = Engine::builder()
+            .model(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo"))
+            .build()
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let run = |stream: bool| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tx.send((0, Event::Done(Box::new(finished(text))))).unwrap();
+            let r = rt
+                .block_on(tool_reply(
+                    &engine,
+                    rx,
+                    1,
+                    crate::toolcall::Syntax::Hermes,
+                    "chatcmpl-1".into(),
+                    "demo".into(),
+                    0,
+                    stream,
+                    true,
+                ))
+                .unwrap_or_else(|e| panic!("{}", e.1));
+            rt.block_on(axum::body::to_bytes(r.into_body(), 1 << 20))
+                .unwrap()
+        };
+        let full: Value = serde_json::from_slice(&run(false)).unwrap();
+        let body = String::from_utf8(run(true).to_vec()).unwrap();
+        let events = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect();
+        (full, events)
+    }
+
+    #[test]
+    fn a_reply_with_a_call_is_tool_calls_streamed_or_not() {
+        let (v, ev) = reply(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        );
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "tool_calls");
+        assert!(c["message"]["content"].is_null(), "{c}");
+        let call = &c["message"]["tool_calls"][0];
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], r#"{"city":"Paris"}"#);
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(v["usage"]["completion_tokens"], 2);
+        // The stream: role, the calls, the finish, usage, [DONE].
+        assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+        let chunks: Vec<Value> = ev[..ev.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect();
+        let deltas: Vec<&Value> = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(deltas.len(), 1);
+        assert_eq!(deltas[0]["index"], 0);
+        assert_eq!(deltas[0]["function"], call["function"]);
+        assert!(
+            chunks
+                .iter()
+                .any(|c| c["choices"][0]["finish_reason"] == "tool_calls")
+        );
+        assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 2);
+    }
+
+    #[test]
+    fn a_malformed_call_is_plain_content() {
+        let text = "<tool_call>{\"name\": \"get_weather\", \"arguments\": {</tool_call>";
+        let (v, ev) = reply(text);
+        let c = &v["choices"][0];
+        assert_eq!(c["finish_reason"], "stop");
+        assert_eq!(c["message"]["content"], text);
+        assert!(c["message"].get("tool_calls").is_none());
+        let streamed: String = ev[..ev.len() - 1]
+            .iter()
+            .filter_map(|e| {
+                serde_json::from_str::<Value>(e).ok()?["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(streamed, text);
     }
 }

@@ -84,6 +84,7 @@ pub struct ChatTemplate {
     env: minijinja::Environment<'static>,
     special_tokens: Vec<(String, String)>,
     path: PathBuf,
+    source: String,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -209,7 +210,13 @@ impl ChatTemplate {
             env,
             special_tokens,
             path,
+            source: source.to_owned(),
         })
+    }
+
+    /// The template's Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The special-token variables the template sees.

@@ -792,3 +792,37 @@ fn tools_reach_the_template_and_tool_messages_render() {
         assert!(b.contains("constrained decoding"), "{b}");
     }
 }
+
+/// The official `openai` Python client against `sluice serve` (tests/clients/openai_client.py),
+/// when a Python with the `openai` package is at hand: `SLUICE_PYTHON`, else `python3`. Without
+/// one the test says so on stderr and checks nothing more; the HTTP tests above are the floor.
+#[test]
+fn the_official_openai_client_works_unchanged() {
+    let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = Command::new(&python)
+        .args(["-c", "import openai"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        eprintln!(
+            "SKIPPED the_official_openai_client_works_unchanged: `{python}` has no `openai` package (set SLUICE_PYTHON)"
+        );
+        return;
+    }
+    let d = tool_model();
+    let s = start(d.path(), &[]);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/openai_client.py");
+    let out = Command::new(&python)
+        .arg(script)
+        .arg(url(&s, "/v1"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+}

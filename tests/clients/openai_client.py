@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Drives a running `sluice serve` with the official `openai` Python client (its defaults, as an
+agent framework would): chat and completions, streamed and not, log-probabilities, several
+choices, tools in the request and a tool-call history. Prints one line per check and exits
+non-zero on the first failure.
+
+    python tests/clients/openai_client.py http://127.0.0.1:PORT/v1
+"""
+
+import sys
+
+import openai
+
+
+def main() -> int:
+    client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+    models = client.models.list()
+    name = models.data[0].id
+    print("models:", name)
+
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Tell me of Elizabeth."}],
+        max_tokens=8,
+        temperature=0,
+    )
+    text = r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant" and text, r
+    assert r.usage.completion_tokens == 8, r.usage
+    print("chat:", repr(text))
+
+    stream = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Tell me of Elizabeth."}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    parts, usage = [], None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                parts.append(c.delta.content)
+    assert "".join(parts) == text, (parts, text)
+    assert usage is not None and usage.completion_tokens == 8, usage
+    print("chat stream: same text")
+
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Tell me of Elizabeth."}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    content = r.choices[0].logprobs.content
+    assert len(content) == 4, content
+    for e in content:
+        assert len(e.top_logprobs) == 3, e
+        assert e.top_logprobs[0].token == e.token and e.logprob <= 0, e
+    print("logprobs: 3 alternatives per token, greedy on top")
+
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "Hello"}],
+        max_tokens=6,
+        temperature=0.9,
+        seed=3,
+        n=2,
+    )
+    assert [c.index for c in r.choices] == [0, 1], r.choices
+    print("n=2:", [c.message.content for c in r.choices])
+
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+            },
+        }
+    ]
+    r = client.chat.completions.create(
+        model=name,
+        messages=[{"role": "user", "content": "What is the weather in Bath?"}],
+        tools=tools,
+        max_tokens=8,
+        temperature=0,
+    )
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
+    print("tools accepted:", r.choices[0].finish_reason)
+    history = [
+        {"role": "user", "content": "What is the weather in Bath?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Bath"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Rain, 12 degrees."},
+    ]
+    r = client.chat.completions.create(model=name, messages=history, tools=tools, max_tokens=8, temperature=0)
+    assert r.choices[0].message.role == "assistant", r
+    print("tool history answered")
+
+    r = client.completions.create(
+        model=name, prompt="It is a truth universally acknowledged", max_tokens=6, temperature=0, logprobs=2
+    )
+    assert len(r.choices[0].logprobs.tokens) == 6, r.choices[0].logprobs
+    print("completions:", repr(r.choices[0].text))
+
+    try:
+        client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "x"}], max_tokens=2, frobnicate=1
+        )
+    except TypeError:
+        pass  # the client itself refuses unknown keyword arguments
+    try:
+        client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": "x"}], max_tokens=2, extra_body={"frobnicate": 1}
+        )
+        raise AssertionError("an unknown field was accepted")
+    except openai.BadRequestError as e:
+        assert "frobnicate" in str(e), e
+    print("unknown field: 400 naming it")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,6 +10,24 @@ use crate::config::{
 };
 use crate::quant::{self, Quantization};
 
+/// A multimodal checkpoint's text model (Qwen3.5, Llama 4): its `text_config`, whose
+/// `model_type` must be `text_type`.
+pub(super) fn text_config<'a>(top: &Cfg<'a>, text_type: &str) -> Result<Cfg<'a>, ModelError> {
+    let Some(tv) = top.get("text_config") else {
+        return Err(top.err("text_config", "required field is missing"));
+    };
+    if !tv.is_object() {
+        return Err(top.err("text_config", "expected an object"));
+    }
+    let text = Cfg {
+        v: tv,
+        file: top.file,
+        prefix: "text_config.".into(),
+    };
+    text.expect_str("model_type", text_type, &[text_type])?;
+    Ok(text)
+}
+
 /// The fields every non-Kimi family reads first, in this order.
 pub(super) struct Base {
     pub quant: Quantization,
@@ -23,6 +41,22 @@ pub(super) struct Base {
 }
 
 impl Base {
+    /// [`Base::read`] of a multimodal checkpoint's text config `text`: its quantization is said
+    /// at the top (`top`), beside `text_config`; one given in both places is refused.
+    pub fn read_multimodal(top: &Cfg<'_>, text: &Cfg<'_>) -> Result<Base, ModelError> {
+        let mut base = Base::read(text, false)?;
+        if let Some(q) = top.get("quantization_config") {
+            if text.get("quantization_config").is_some() {
+                return Err(top.err(
+                    "quantization_config",
+                    "given both at the top and in text_config",
+                ));
+            }
+            base.quant = quant::read(q, top.file, false)?;
+        }
+        Ok(base)
+    }
+
     /// `quantization_config` (MXFP4 of fused experts allowed when `fused_mxfp4`), then the
     /// sizes. `hidden_act` must be `silu`.
     pub fn read(c: &Cfg<'_>, fused_mxfp4: bool) -> Result<Base, ModelError> {
@@ -263,35 +297,67 @@ pub(super) fn all_moe(layers: usize) -> impl Iterator<Item = MlpKind> {
     (0..layers).map(|_| MlpKind::Moe)
 }
 
-/// `layer_types`: true for `sliding_attention`; when absent, `default(layer)` (the family's
-/// transformers default).
+/// A per-layer list of `layers` names (`layer_types`, `mlp_layer_types`), each one of `kinds`,
+/// as flags: true where a layer is `kinds[0]`. Absent (or null): `default(layer)`, the family's
+/// transformers default.
+pub(super) fn layer_kinds(
+    c: &Cfg<'_>,
+    field: &str,
+    layers: usize,
+    kinds: [&str; 2],
+    default: impl Fn(usize) -> bool,
+) -> Result<Vec<bool>, ModelError> {
+    match c.get(field) {
+        None => Ok((0..layers).map(default).collect()),
+        Some(Value::Array(a)) if a.len() == layers => a
+            .iter()
+            .map(|x| match x.as_str() {
+                Some(k) if k == kinds[0] => Ok(true),
+                Some(k) if k == kinds[1] => Ok(false),
+                _ => Err(c.err(
+                    field,
+                    format!(
+                        "`{x}` is not supported (supported: {}, {})",
+                        kinds[0], kinds[1]
+                    ),
+                )),
+            })
+            .collect(),
+        Some(Value::Array(a)) => {
+            Err(c.err(field, format!("{} entries for {layers} layers", a.len())))
+        }
+        Some(v) => Err(c.err(field, format!("expected a list, got {v}"))),
+    }
+}
+
+/// `layer_types`: true for `sliding_attention`, false for `full_attention`; when absent,
+/// `default(layer)`.
 pub(super) fn read_layer_types(
     c: &Cfg<'_>,
     layers: usize,
     default: impl Fn(usize) -> bool,
 ) -> Result<Vec<bool>, ModelError> {
-    match c.get("layer_types") {
-        None => Ok((0..layers).map(default).collect()),
-        Some(Value::Array(a)) => {
-            if a.len() != layers {
-                return Err(c.err(
-                    "layer_types",
-                    format!("{} entries for {layers} layers", a.len()),
-                ));
-            }
-            a.iter()
-                .map(|x| match x.as_str() {
-                    Some("sliding_attention") => Ok(true),
-                    Some("full_attention") => Ok(false),
-                    _ => Err(c.err(
-                        "layer_types",
-                        format!(
-                            "`{x}` is not supported (supported: sliding_attention, full_attention)"
-                        ),
-                    )),
-                })
-                .collect()
-        }
-        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    layer_kinds(
+        c,
+        "layer_types",
+        layers,
+        ["sliding_attention", "full_attention"],
+        default,
+    )
+}
+
+/// A list of layer indices (absent: empty).
+pub(super) fn layer_list(c: &Cfg<'_>, field: &str) -> Result<Vec<usize>, ModelError> {
+    match c.get(field) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .map(|n| n as usize)
+                    .ok_or_else(|| c.err(field, "expected layer indices"))
+            })
+            .collect(),
+        Some(_) => Err(c.err(field, "expected a list of layer indices")),
     }
 }

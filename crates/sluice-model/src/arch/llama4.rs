@@ -11,7 +11,7 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, gqa_rope, top_k};
+use super::common::{Base, gqa_rope, text_config, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, MlpKind, ModelConfig,
@@ -30,33 +30,12 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     // projector are not read).
     let multimodal = model_type == "llama4";
     let text;
-    let c = if multimodal {
-        let Some(tv) = top.get("text_config") else {
-            return Err(top.err("text_config", "required field is missing"));
-        };
-        if !tv.is_object() {
-            return Err(top.err("text_config", "expected an object"));
-        }
-        text = Cfg {
-            v: tv,
-            file: top.file,
-            prefix: "text_config.".into(),
-        };
-        text.expect_str("model_type", "llama4_text", &["llama4_text"])?;
-        &text
+    let (c, base) = if multimodal {
+        text = text_config(top, "llama4_text")?;
+        (&text, Base::read_multimodal(top, &text)?)
     } else {
-        top
+        (top, Base::read(top, false)?)
     };
-    let mut base = Base::read(c, false)?;
-    if multimodal && let Some(q) = top.get("quantization_config") {
-        if c.get("quantization_config").is_some() {
-            return Err(top.err(
-                "quantization_config",
-                "given both at the top and in text_config",
-            ));
-        }
-        base.quant = crate::quant::read(q, top.file, false)?;
-    }
     let (mut gqa, mut rope) = gqa_rope(c, &base, false)?;
     // Llama 4 rotates adjacent pairs (complex multiplication of (x0, x1), (x2, x3), ...).
     rope.interleaved = true;

@@ -8,7 +8,7 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, check_groups, gqa_config, top_k};
+use super::common::{Base, check_groups, gqa_config, layer_kinds, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig,
@@ -26,27 +26,22 @@ const PARTIAL: f64 = 0.334;
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let base = Base::read(c, false)?;
-    let sliding = strings(
+    // transformers defaults: full attention for the first layer and every sixth; the first
+    // layer dense, the others MoE.
+    let sliding = layer_kinds(
         c,
         "layer_types",
         base.layers,
-        &["full_attention", "sliding_attention"],
-    )?
-    .map(|v| {
-        v.iter()
-            .map(|s| s == "sliding_attention")
-            .collect::<Vec<_>>()
-    })
-    // transformers default: full attention for the first layer and every sixth.
-    .unwrap_or_else(|| {
-        (0..base.layers)
-            .map(|i| !(i == 0 || (i + 1).is_multiple_of(6)))
-            .collect()
-    });
-    let sparse = strings(c, "mlp_layer_types", base.layers, &["dense", "sparse"])?
-        .map(|v| v.iter().map(|s| s == "sparse").collect::<Vec<_>>())
-        // transformers default: the first layer dense, the others MoE.
-        .unwrap_or_else(|| (0..base.layers).map(|i| i > 0).collect());
+        ["sliding_attention", "full_attention"],
+        |i| !(i == 0 || (i + 1).is_multiple_of(6)),
+    )?;
+    let sparse = layer_kinds(
+        c,
+        "mlp_layer_types",
+        base.layers,
+        ["sparse", "dense"],
+        |i| i > 0,
+    )?;
 
     // Grouped-query attention with the rotary table of each layer type.
     let (full, full_rope) = gqa_rope_typed(c, &base, "full_attention")?;
@@ -175,31 +170,4 @@ fn gqa_rope_typed(
     let gqa = gqa_config(c, base, true)?;
     let (rope, _) = read_rope(&pc, gqa.head_dim, false, base.max_positions, Some(PARTIAL))?;
     Ok((gqa, rope))
-}
-
-/// A list of `layers` strings each one of `allowed`, if present.
-fn strings(
-    c: &Cfg<'_>,
-    field: &str,
-    layers: usize,
-    allowed: &[&str],
-) -> Result<Option<Vec<String>>, ModelError> {
-    match c.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(a)) if a.len() == layers => a
-            .iter()
-            .map(|x| match x.as_str() {
-                Some(s) if allowed.contains(&s) => Ok(s.to_owned()),
-                _ => Err(c.err(
-                    field,
-                    format!("`{x}` is not supported (supported: {})", allowed.join(", ")),
-                )),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some),
-        Some(Value::Array(a)) => {
-            Err(c.err(field, format!("{} entries for {layers} layers", a.len())))
-        }
-        Some(v) => Err(c.err(field, format!("expected a list, got {v}"))),
-    }
 }

@@ -4,11 +4,9 @@
 //! `mlp_only_layers`; for the dense models an optional sliding window on the layers
 //! `layer_types` names (by default those from `max_window_layers` on).
 
-use serde_json::Value;
-
 use super::Family;
 use super::common::{
-    Base, check_window, gqa_rope, read_layer_types, softmax_router, top_k, uniform_plan,
+    Base, check_window, gqa_rope, layer_list, read_layer_types, softmax_router, top_k, uniform_plan,
 };
 use crate::ModelError;
 use crate::config::{
@@ -72,18 +70,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         Some(s) => s,
         None => 1, // transformers default
     };
-    let only: Vec<usize> = match c.get("mlp_only_layers") {
-        None => Vec::new(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .map(|n| n as usize)
-                    .ok_or_else(|| c.err("mlp_only_layers", "expected layer indices"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(c.err("mlp_only_layers", "expected a list of layer indices")),
-    };
+    let only = layer_list(c, "mlp_only_layers")?;
     let dense = if only.is_empty() && step == 1 {
         0
     } else {

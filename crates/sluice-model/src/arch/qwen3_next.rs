@@ -10,10 +10,10 @@
 //! (and multimodal rotary sections, which for text-only positions are the plain rotation). The
 //! checkpoint's multi-token-prediction tensors (`mtp.*`) are not used.
 
-use serde_json::Value;
-
 use super::Family;
-use super::common::{Base, gqa_rope_partial, softmax_router, top_k};
+use super::common::{
+    Base, gqa_rope_partial, layer_kinds, layer_list, softmax_router, text_config, top_k,
+};
 use crate::ModelError;
 use crate::attention::GdnConfig;
 use crate::config::{
@@ -32,35 +32,13 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     // and its tensors are under `model.language_model.` (the vision tower is not read).
     let multimodal = model_type == "qwen3_5_moe";
     let text;
-    let c = if multimodal {
-        let Some(tv) = top.get("text_config") else {
-            return Err(top.err("text_config", "required field is missing"));
-        };
-        if !tv.is_object() {
-            return Err(top.err("text_config", "expected an object"));
-        }
-        text = Cfg {
-            v: tv,
-            file: top.file,
-            prefix: "text_config.".into(),
-        };
-        text.expect_str("model_type", "qwen3_5_moe_text", &["qwen3_5_moe_text"])?;
-        &text
+    let (c, base) = if multimodal {
+        text = text_config(top, "qwen3_5_moe_text")?;
+        (&text, Base::read_multimodal(top, &text)?)
     } else {
-        top
+        (top, Base::read(top, false)?)
     };
     let qwen3_5 = model_type != "qwen3_next";
-    let mut base = Base::read(c, false)?;
-    // The multimodal checkpoint says how it is quantized at the top, beside `text_config`.
-    if multimodal && let Some(q) = top.get("quantization_config") {
-        if c.get("quantization_config").is_some() {
-            return Err(top.err(
-                "quantization_config",
-                "given both at the top and in text_config",
-            ));
-        }
-        base.quant = crate::quant::read(q, top.file, false)?;
-    }
     // transformers defaults: partial_rotary_factor 0.25, attention_bias false.
     let (mut gqa, rope) = gqa_rope_partial(c, &base, true, 0.25)?;
     let b = c.bool_or("attention_bias", false)?;
@@ -157,47 +135,15 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
 /// `layer_types` (true for `linear_attention`); when absent, transformers' default from
 /// `full_attention_interval` (4): every interval-th layer full, the others linear.
 fn read_layer_kinds(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError> {
-    match c.get("layer_types") {
-        None => {
-            let every = c.opt_usize("full_attention_interval")?.unwrap_or(4);
-            if every == 0 {
-                return Err(c.err("full_attention_interval", "must be positive"));
-            }
-            Ok((0..layers)
-                .map(|l| !(l + 1).is_multiple_of(every))
-                .collect())
-        }
-        Some(Value::Array(a)) if a.len() == layers => a
-            .iter()
-            .map(|x| match x.as_str() {
-                Some("linear_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(c.err(
-                    "layer_types",
-                    format!("`{x}` is not supported (supported: linear_attention, full_attention)"),
-                )),
-            })
-            .collect(),
-        Some(Value::Array(a)) => Err(c.err(
-            "layer_types",
-            format!("{} entries for {layers} layers", a.len()),
-        )),
-        Some(v) => Err(c.err("layer_types", format!("expected a list, got {v}"))),
+    let every = c.opt_usize("full_attention_interval")?.unwrap_or(4);
+    if every == 0 {
+        return Err(c.err("full_attention_interval", "must be positive"));
     }
-}
-
-/// A list of layer indices (absent: empty).
-fn layer_list(c: &Cfg<'_>, field: &str) -> Result<Vec<usize>, ModelError> {
-    match c.get(field) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| {
-                x.as_u64()
-                    .map(|n| n as usize)
-                    .ok_or_else(|| c.err(field, "expected layer indices"))
-            })
-            .collect(),
-        Some(_) => Err(c.err(field, "expected a list of layer indices")),
-    }
+    layer_kinds(
+        c,
+        "layer_types",
+        layers,
+        ["linear_attention", "full_attention"],
+        |l| !(l + 1).is_multiple_of(every),
+    )
 }

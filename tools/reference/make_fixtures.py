@@ -1012,6 +1012,30 @@ def build_arch(arch, seed: int, prompts, work: Path):
     return True, results
 
 
+def check_multimodal(src: Path, dst: Path, run, prompts, model_type: str) -> dict:
+    """Copies `src`'s reference to the multimodal checkpoint `dst`, checks that `run(ids)` (the
+    multimodal model loaded from `dst`) gives its prompt logits, and returns `dst`'s summary."""
+    shutil.copyfile(src / "reference.safetensors", dst / "reference.safetensors")
+    ref = load_file(str(dst / "reference.safetensors"))
+    worst = 0.0
+    for t in PROMPT_LENS:
+        got = run(prompts[t][None]).logits[0].float()
+        worst = max(worst, float((got - ref[f"prompt{t}.logits"]).abs().max()))
+    assert worst < 1e-4, f"{dst.name}: the multimodal checkpoint's logits differ by {worst}"
+    chmod_tree(dst)
+    return {
+        "architecture": f"{model_type} (multimodal checkpoint of {src.name})",
+        "model_type": model_type,
+        "weights": "bf16",
+        "reference": f"{src.name}'s reference.safetensors",
+        "multimodal_vs_text_max_abs_logit_diff": worst,
+        "layout_facts": layout_facts(dst),
+        "files": {
+            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dst.iterdir())
+        },
+    }
+
+
 @torch.no_grad()
 def write_qwen3_5_multimodal(prompts) -> dict:
     """Qwen3.5 as released: the multimodal checkpoint (`qwen3_5_moe`, `text_config`, tensors under
@@ -1052,29 +1076,11 @@ def write_qwen3_5_multimodal(prompts) -> dict:
         fused[f"{stem}.down_proj"] = torch.stack(down).contiguous()
     tensors.update(fused)
     save_file(dict(sorted(tensors.items())), str(dst / "model.safetensors"), metadata={"format": "pt"})
-    shutil.copyfile(src / "reference.safetensors", dst / "reference.safetensors")
     back = Qwen3_5MoeForConditionalGeneration.from_pretrained(
         dst, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
     ).float()
     back.eval()
-    ref = load_file(str(dst / "reference.safetensors"))
-    worst = 0.0
-    for t in PROMPT_LENS:
-        got = back(input_ids=prompts[t][None], use_cache=False).logits[0].float()
-        worst = max(worst, float((got - ref[f"prompt{t}.logits"]).abs().max()))
-    assert worst < 1e-4, f"the multimodal checkpoint's logits differ by {worst}"
-    chmod_tree(dst)
-    return {
-        "architecture": "qwen3_5_moe (multimodal checkpoint of qwen3_5_moe-bf16)",
-        "model_type": "qwen3_5_moe",
-        "weights": "bf16",
-        "reference": "qwen3_5_moe-bf16's reference.safetensors",
-        "multimodal_vs_text_max_abs_logit_diff": worst,
-        "layout_facts": layout_facts(dst),
-        "files": {
-            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dst.iterdir())
-        },
-    }
+    return check_multimodal(src, dst, lambda ids: back(input_ids=ids, use_cache=False), prompts, "qwen3_5_moe")
 
 
 @torch.no_grad()
@@ -1100,31 +1106,16 @@ def write_llama4_multimodal(prompts) -> dict:
     mm = Llama4ForConditionalGeneration(cfg).to(torch.bfloat16)
     mm.language_model.load_state_dict(text.state_dict())
     mm.save_pretrained(dst, max_shard_size="1GB")
-    shutil.copyfile(src / "reference.safetensors", dst / "reference.safetensors")
     back = Llama4ForConditionalGeneration.from_pretrained(
         dst, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
     ).float()
     back.eval()
-    ref = load_file(str(dst / "reference.safetensors"))
-    worst = 0.0
-    for t in PROMPT_LENS:
-        # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text-only input
-        # (it reads `image_outputs` from its language model's output), so the check runs the
-        # language model it loaded from the multimodal file.
-        got = back.language_model(input_ids=prompts[t][None], use_cache=False).logits[0].float()
-        worst = max(worst, float((got - ref[f"prompt{t}.logits"]).abs().max()))
-    assert worst < 1e-4, f"the multimodal checkpoint's logits differ by {worst}"
-    chmod_tree(dst)
-    return {
-        "architecture": "llama4 (multimodal checkpoint of llama4-bf16)",
-        "model_type": "llama4",
-        "weights": "bf16",
-        "reference": "llama4-bf16's reference.safetensors",
-        "multimodal_vs_text_max_abs_logit_diff": worst,
-        "files": {
-            p.name: {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in sorted(dst.iterdir())
-        },
-    }
+    # transformers 5.24's Llama4ForConditionalGeneration.forward fails on text-only input (it
+    # reads `image_outputs` from its language model's output), so the check runs the language
+    # model it loaded from the multimodal file.
+    return check_multimodal(
+        src, dst, lambda ids: back.language_model(input_ids=ids, use_cache=False), prompts, "llama4"
+    )
 
 
 def main() -> int:

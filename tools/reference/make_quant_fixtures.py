@@ -612,10 +612,10 @@ def build_ds_fp8(seed: int, work: Path):
     return d, finish_ref(m), "deepseek", facts
 
 
-def build_glm4_fp8(seed: int, work: Path):
-    """GLM-4.5 as its FP8 release: FP8 blocks on the attention (q/k/v biases stay BF16), dense MLP,
-    shared and routed experts; router BF16, `e_score_correction_bias` F32."""
-    model = new_model(glm4_fp8_config(), seed, "deepseek")
+def fp8_release(model, work: Path, name: str, f32) -> tuple[Path, dict, dict]:
+    """A release in 128x128-block FP8: every `is_fp8_target` weight quantized (its reference the
+    DeepSeek-layout dequantization), the tensors `f32(name)` selects kept F32, the rest BF16.
+    Returns the fixture directory, the reference weights and the facts."""
     hf = work / "hf"
     model.save_pretrained(hf, max_shard_size="1GB")
     src = load_file(str(hf / "model.safetensors"))
@@ -626,18 +626,25 @@ def build_glm4_fp8(seed: int, work: Path):
             out[k] = q
             out[k + "_scale_inv"] = sc
             ref[k] = fp8_dequant_deepseek(q, sc)
-        elif k.endswith("e_score_correction_bias"):
+        elif f32(k):
             out[k] = v.float()
             ref[k] = v.float()
         else:
             out[k] = v.to(torch.bfloat16)
             ref[k] = out[k].float()
-    d = work / "glm4_moe-fp8"
+    d = work / name
     d.mkdir()
     save_st(out, d / "model.safetensors")
     write_config(hf, d, FP8_QCFG)
-    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
-    facts = {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
+    return d, ref, {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
+
+
+def build_glm4_fp8(seed: int, work: Path):
+    """GLM-4.5 as its FP8 release: FP8 blocks on the attention (q/k/v biases stay BF16), dense MLP,
+    shared and routed experts; router BF16, `e_score_correction_bias` F32."""
+    model = new_model(glm4_fp8_config(), seed, "deepseek")
+    d, ref, facts = fp8_release(model, work, "glm4_moe-fp8", lambda k: k.endswith("e_score_correction_bias"))
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(work / "hf", ref, work / "ref"), dtype=torch.float32, **KW)
     return d, finish_ref(m), "deepseek", facts
 
 
@@ -646,28 +653,10 @@ def build_minimax_fp8(seed: int, work: Path):
     `e_score_correction_bias` in F32, the rest BF16. The reference runs on the DeepSeek-layout
     dequantization of the codes."""
     model = new_model(minimax_fp8_config(), seed, "minimax")
-    hf = work / "hf"
-    model.save_pretrained(hf, max_shard_size="1GB")
-    src = load_file(str(hf / "model.safetensors"))
-    out, ref = {}, {}
-    for k, v in sorted(src.items()):
-        if is_fp8_target(k):
-            q, sc = fp8_quantize(v)
-            out[k] = q
-            out[k + "_scale_inv"] = sc
-            ref[k] = fp8_dequant_deepseek(q, sc)
-        elif k.endswith("e_score_correction_bias") or k.endswith(".gate.weight"):
-            out[k] = v.float()
-            ref[k] = v.float()
-        else:
-            out[k] = v.to(torch.bfloat16)
-            ref[k] = out[k].float()
-    d = work / "minimax_m2-fp8"
-    d.mkdir()
-    save_st(out, d / "model.safetensors")
-    write_config(hf, d, FP8_QCFG)
-    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
-    facts = {"fp8_tensors": sum(1 for k in out if k.endswith("_scale_inv"))}
+    d, ref, facts = fp8_release(
+        model, work, "minimax_m2-fp8", lambda k: k.endswith("e_score_correction_bias") or k.endswith(".gate.weight")
+    )
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(work / "hf", ref, work / "ref"), dtype=torch.float32, **KW)
     return d, finish_ref(m), "minimax", facts
 
 

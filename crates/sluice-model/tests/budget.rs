@@ -250,5 +250,19 @@ fn small_caches_stream_and_prefetch_predicts() {
     assert!(s.misses > 0 && s.bytes_read > 0, "{s:?}");
     assert!(s.prefetch_reads > 0, "{s:?}");
     assert!(s.prefetch_checked > 0 && s.prefetch_recall() > 0.0, "{s:?}");
+    // Per layer: the totals split by layer; layer 0 has nothing before it to predict it, so
+    // it is never checked, and each later MoE layer is.
+    let by = &s.prefetch_by_layer;
+    assert_eq!(by.iter().map(|p| p.0).sum::<u64>(), s.prefetch_checked);
+    assert_eq!(by.iter().map(|p| p.1).sum::<u64>(), s.prefetch_predicted);
+    assert_eq!(by.first().map_or(0, |p| p.0), 0, "{by:?}");
+    for l in 1..m.config().layers {
+        if m.config().is_moe(l) {
+            assert!(
+                by.get(l).is_some_and(|p| p.0 > 0 && p.1 <= p.0),
+                "layer {l}: {by:?}"
+            );
+        }
+    }
     assert!(m.experts().used() <= m.experts().capacity());
 }

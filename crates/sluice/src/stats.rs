@@ -68,6 +68,9 @@ pub struct GenerationStats {
     pub io_seconds: f64,
     /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
     pub prefetch_recall: f64,
+    /// [`Self::prefetch_recall`] per layer (`null` for a layer with no prediction checked:
+    /// dense layers, the first MoE layer, layers not resident when predicted).
+    pub prefetch_recall_by_layer: Vec<Option<f64>>,
     /// Experts read by lookahead prefetch.
     pub prefetch_reads: u64,
     /// Requests served by an expert a prefetch read during the same step.
@@ -152,6 +155,15 @@ pub(crate) fn stats_since(
     } else {
         (now.prefetch_predicted - expert0.prefetch_predicted) as f64 / checked as f64
     };
+    s.prefetch_recall_by_layer = now
+        .prefetch_by_layer
+        .iter()
+        .enumerate()
+        .map(|(l, &(c, p))| {
+            let (c0, p0) = expert0.prefetch_by_layer.get(l).copied().unwrap_or((0, 0));
+            (c > c0).then(|| (p - p0) as f64 / (c - c0) as f64)
+        })
+        .collect();
     s.peak_rss_bytes = peak_rss_bytes();
     s
 }

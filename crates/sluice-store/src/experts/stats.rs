@@ -29,6 +29,9 @@ pub struct ExpertStats {
     pub prefetch_predicted: u64,
     /// Requests made in layers where a prediction had been made (the recall denominator).
     pub prefetch_checked: u64,
+    /// [`Self::prefetch_checked`] and [`Self::prefetch_predicted`] per layer (indexed by layer,
+    /// as long as the deepest layer checked).
+    pub prefetch_by_layer: Vec<(u64, u64)>,
     /// Experts evicted.
     pub evictions: u64,
     /// Distinct experts asked for, counted once per forward step: what a step must have in
@@ -109,9 +112,16 @@ impl Tally {
             });
         }
         if let Some(p) = predicted {
+            let l = k.layer as usize;
+            if self.stats.prefetch_by_layer.len() <= l {
+                self.stats.prefetch_by_layer.resize(l + 1, (0, 0));
+            }
+            let right = p.contains(&k.expert);
             self.stats.prefetch_checked += 1;
-            if p.contains(&k.expert) {
+            self.stats.prefetch_by_layer[l].0 += 1;
+            if right {
                 self.stats.prefetch_predicted += 1;
+                self.stats.prefetch_by_layer[l].1 += 1;
             }
         }
     }

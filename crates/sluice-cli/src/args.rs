@@ -307,6 +307,10 @@ pub struct RunArgs {
     /// Write every expert request (step layer expert) to this file.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// With --json: each generated token's log-probability under the model and its N most
+    /// likely alternatives (0-20), as `logprobs` in the object.
+    #[arg(long, value_name = "N", requires = "json")]
+    pub logprobs: Option<usize>,
 }
 
 /// `sluice batch`.

@@ -492,7 +492,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         prefill_chunk: a.engine.prefill_chunk,
         prefill_span: a.engine.prefill_span,
         on_prefill: if a.json { None } else { live::prefill_hook() },
-        logprobs: None,
+        logprobs: a.logprobs,
     };
     let ids;
     let messages;
@@ -529,11 +529,27 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     if let (Some(l), Some(p)) = (live.as_mut(), echo) {
         l.text(&p);
     }
+    // With --logprobs: per token, its id, text, log-probability and alternatives.
+    let mut logprobs = Vec::new();
+    let text_of = |id: u32| {
+        engine
+            .tokenizer()
+            .and_then(|t| t.decode(&[id]).ok())
+            .unwrap_or_default()
+    };
     while let Some(t) = generation.next() {
         let t = t?;
         if let Some(l) = live.as_mut() {
             l.text(&t.text);
             l.tick(&generation.stats());
+        }
+        if let (Some(id), Some(lp)) = (t.id, &t.logprobs) {
+            let top: Vec<_> = lp
+                .top
+                .iter()
+                .map(|&(i, p)| serde_json::json!({"id": i, "token": text_of(i), "logprob": p}))
+                .collect();
+            logprobs.push(serde_json::json!({"id": id, "token": text_of(id), "logprob": lp.logprob, "top": top}));
         }
     }
     let stats = generation.stats();
@@ -554,13 +570,16 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     match live {
         Some(l) => l.finish(&stats),
         None => {
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "prompt_ids": generation.prompt_ids(),
                 "ids": generation.ids(),
                 "text": generation.text(),
                 "finish_reason": generation.finish_reason(),
                 "stats": stats,
             });
+            if a.logprobs.is_some() {
+                v["logprobs"] = serde_json::Value::Array(logprobs);
+            }
             let mut out = std::io::stdout().lock();
             let _ = writeln!(out, "{v}");
         }

@@ -851,3 +851,50 @@ fn bench_states_the_ram_ceiling() {
     }
     assert!(runs[0]["ram_ceiling_fraction"].as_f64().unwrap() > 0.0);
 }
+
+#[test]
+fn run_json_can_carry_each_tokens_logprobs() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let go = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            demo.to_str().unwrap(),
+            "--max-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        a.push("It is a truth");
+        json(&run(&a))
+    };
+    let plain = go(&[]);
+    assert!(plain.get("logprobs").is_none());
+    let v = go(&["--logprobs", "3"]);
+    assert_eq!(
+        v["ids"], plain["ids"],
+        "asking for log-probabilities changes no token"
+    );
+    let lp = v["logprobs"].as_array().unwrap();
+    assert_eq!(lp.len(), v["ids"].as_array().unwrap().len());
+    for (e, id) in lp.iter().zip(v["ids"].as_array().unwrap()) {
+        assert_eq!(&e["id"], id);
+        let top = e["top"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        // Greedy: the chosen token is the most likely.
+        assert_eq!(top[0]["id"], e["id"]);
+        assert_eq!(top[0]["logprob"], e["logprob"]);
+    }
+    let err = one_line_error(&[
+        "run",
+        "--model",
+        demo.to_str().unwrap(),
+        "--json",
+        "--logprobs",
+        "21",
+        "x",
+    ]);
+    assert!(err.contains("logprobs"), "{err}");
+}

@@ -25,6 +25,23 @@ fn slice(t: &TensorInfo, i: usize, n: usize) -> Piece {
     }
 }
 
+/// `{base}.gate_up_proj` and `{base}.down_proj` of the two `shapes` (`why` saying each layout in
+/// an error), in dense codings, with their codes.
+fn dense_pair<'c>(
+    ck: &'c sluice_format::Checkpoint,
+    base: &str,
+    shapes: [&[usize]; 2],
+    why: [&str; 2],
+) -> Result<[(&'c TensorInfo, Codes); 2], ModelError> {
+    let mut out = Vec::with_capacity(2);
+    for ((stem, shape), why) in ["gate_up_proj", "down_proj"].iter().zip(shapes).zip(why) {
+        let t = ck.tensor(&format!("{base}.{stem}"))?;
+        check_shape(t, shape, why)?;
+        out.push((t, codes_of(t)?));
+    }
+    Ok([out[0], out[1]])
+}
+
 /// Experts fused per layer the way transformers 5 keeps them (Qwen3.5's released layout):
 /// `gate_up_proj` `[experts, 2 × inter, in]` (each expert's gate rows, then its up rows) and
 /// `down_proj` `[experts, out, inter]`, no biases, dense codings only. Each expert's slice is
@@ -37,11 +54,12 @@ pub(super) fn concat_experts(
     let ck = ctx.ck;
     let (n, inter) = (cfg.moe.experts, cfg.moe.intermediate);
     let width = cfg.moe.expert_width(cfg.hidden);
-    let gu = ck.tensor(&format!("{base}.gate_up_proj"))?;
-    let down = ck.tensor(&format!("{base}.down_proj"))?;
-    check_shape(gu, &[n, 2 * inter, width], " ([experts, 2 × inter, in])")?;
-    check_shape(down, &[n, width, inter], " ([experts, out, inter])")?;
-    let (gu_codes, down_codes) = (codes_of(gu)?, codes_of(down)?);
+    let [(gu, gu_codes), (down, down_codes)] = dense_pair(
+        ck,
+        base,
+        [&[n, 2 * inter, width], &[n, width, inter]],
+        [" ([experts, 2 × inter, in])", " ([experts, out, inter])"],
+    )?;
     let mut pieces = Vec::with_capacity(n);
     let mut specs = Vec::with_capacity(n);
     for e in 0..n {
@@ -80,19 +98,15 @@ pub(super) fn xw_experts(
     let ck = ctx.ck;
     let (n, inter) = (cfg.moe.experts, cfg.moe.intermediate);
     let width = cfg.moe.expert_width(cfg.hidden);
-    let gu = ck.tensor(&format!("{base}.gate_up_proj"))?;
-    let down = ck.tensor(&format!("{base}.down_proj"))?;
-    check_shape(
-        gu,
-        &[n, width, 2 * inter],
-        " ([experts, in, 2 × inter]: the x @ W layout)",
+    let [(gu, gu_codes), (down, down_codes)] = dense_pair(
+        ck,
+        base,
+        [&[n, width, 2 * inter], &[n, inter, width]],
+        [
+            " ([experts, in, 2 × inter]: the x @ W layout)",
+            " ([experts, inter, out]: the x @ W layout)",
+        ],
     )?;
-    check_shape(
-        down,
-        &[n, inter, width],
-        " ([experts, inter, out]: the x @ W layout)",
-    )?;
-    let (gu_codes, down_codes) = (codes_of(gu)?, codes_of(down)?);
     let mut pieces = Vec::with_capacity(n);
     let mut specs = Vec::with_capacity(n);
     for e in 0..n {

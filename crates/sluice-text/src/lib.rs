@@ -15,11 +15,13 @@
 pub mod chat;
 pub mod tiktoken;
 mod tokenizer;
+mod vocab;
 
 pub use chat::{ChatTemplate, Message};
 pub use tokenizer::{
     MAX_BYTES_PER_TOKEN, MAX_SMALL_FILE_LEN, MAX_TOKENIZER_LEN, StreamDecoder, Tokenizer,
 };
+pub use vocab::VocabBytes;
 
 use std::path::PathBuf;
 

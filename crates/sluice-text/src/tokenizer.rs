@@ -12,7 +12,7 @@ use crate::Error;
 
 /// A tokenizer loaded from a model directory.
 pub struct Tokenizer {
-    inner: Inner,
+    pub(crate) inner: Inner,
     path: PathBuf,
     /// Ids of `<0xNN>` tokens when the decoder has a `ByteFallback` step: a run of them decodes
     /// as one group, so the stream decoder holds them until the run ends.
@@ -39,7 +39,7 @@ pub const MAX_BYTES_PER_TOKEN: usize = 16;
 /// the larger is used.
 pub const ENCODE_PER_BYTE: u64 = 220;
 
-enum Inner {
+pub(crate) enum Inner {
     Hf(Box<tokenizers::Tokenizer>),
     Tiktoken(Box<crate::tiktoken::Tiktoken>),
 }

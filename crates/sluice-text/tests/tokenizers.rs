@@ -386,3 +386,53 @@ fn chat_templates_match_transformers() {
         failures.join("\n")
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Token bytes (what constrained decoding matches text against)
+
+/// The bytes `vocab_bytes` gives each of Python's ids, end to end, are the text itself (a
+/// SentencePiece vocabulary writes the first word's space, which its decoder strips).
+fn check_vocab_bytes(name: &str) {
+    let tok = tokenizer(name);
+    let vb = tok.vocab_bytes();
+    assert_eq!(vb.tokens.len(), tok.vocab_size(), "{name}");
+    assert_eq!(vb.special.len(), tok.vocab_size(), "{name}");
+    let mut checked = 0;
+    let mut failures = Vec::new();
+    for (e, (tname, text)) in expected(name)["encodings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(texts())
+    {
+        if !e["roundtrip"].as_bool().unwrap() {
+            continue;
+        }
+        let ids = ids(&e["ids"]);
+        let cat: Vec<u8> = ids
+            .iter()
+            .flat_map(|&i| vb.tokens[i as usize].iter().copied())
+            .collect();
+        let spaced = [b" ".as_slice(), text.as_bytes()].concat();
+        if cat != text.as_bytes() && cat != spaced {
+            failures.push(format!("{tname}: {:?}", String::from_utf8_lossy(&cat)));
+        }
+        checked += 1;
+    }
+    assert!(checked > 5, "{name}: only {checked} texts round-trip");
+    assert!(failures.is_empty(), "{name}:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn token_bytes_spell_the_text_for_every_tokenizer_kind() {
+    for name in TOKENIZERS {
+        check_vocab_bytes(name);
+    }
+    // Special tokens are marked, and stand for their written form.
+    let ds = tokenizer("deepseek_v3");
+    let vb = ds.vocab_bytes();
+    let eos = ds.token_id("<｜end▁of▁sentence｜>").unwrap() as usize;
+    assert!(vb.special[eos]);
+    assert_eq!(vb.tokens[eos], "<｜end▁of▁sentence｜>".as_bytes());
+    assert!(!vb.special[ds.token_id("Ġthe").unwrap() as usize]);
+}

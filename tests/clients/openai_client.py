@@ -1,15 +1,40 @@
 #!/usr/bin/env python3
 """Drives a running `sluice serve` with the official `openai` Python client (its defaults, as an
 agent framework would): chat and completions, streamed and not, log-probabilities, several
-choices, tools in the request and a tool-call history. Prints one line per check and exits
-non-zero on the first failure.
+choices, tools in the request and a tool-call history, the structured-output helper
+(`chat.completions.parse` with a pydantic model, and a forced call of a pydantic tool) and a
+tool round trip (call, tool result, answer). Prints one line per check and exits non-zero on
+the first failure.
 
     python tests/clients/openai_client.py http://127.0.0.1:PORT/v1
 """
 
+import json
 import sys
+from typing import Annotated, Literal
 
 import openai
+import pydantic
+
+
+class Address(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=12)
+    zip: int = pydantic.Field(ge=10000, le=99999)
+
+
+class Person(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=16)
+    age: int = pydantic.Field(ge=0, le=120)
+    mood: Literal["happy", "sad", "calm"]
+    tags: list[Annotated[str, pydantic.Field(max_length=8)]] = pydantic.Field(min_length=1, max_length=3)
+    address: Address
+
+
+class GetWeather(pydantic.BaseModel):
+    """The weather in a city."""
+
+    city: str = pydantic.Field(max_length=12)
+    unit: Literal["celsius", "fahrenheit"]
 
 
 def main() -> int:
@@ -136,6 +161,45 @@ def main() -> int:
     except openai.BadRequestError as e:
         assert "frobnicate" in str(e), e
     print("unknown field: 400 naming it")
+
+    # The structured-output helper: the SDK turns the pydantic model into a strict JSON schema
+    # (nested models as `$defs` and `$ref`) and validates the reply into an instance.
+    r = client.chat.completions.parse(
+        model=name,
+        messages=[{"role": "user", "content": "Describe a person in Bath."}],
+        response_format=Person,
+        max_tokens=160,
+        temperature=0,
+    )
+    person = r.choices[0].message.parsed
+    assert isinstance(person, Person), r
+    print("parse(response_format=Person):", person.model_dump_json())
+
+    # A forced call of a pydantic tool, parsed by the SDK, answered, and the answer read.
+    weather = openai.pydantic_function_tool(GetWeather)
+    ask = [{"role": "user", "content": "What is the weather in Bath?"}]
+    r = client.chat.completions.parse(
+        model=name,
+        messages=ask,
+        tools=[weather],
+        tool_choice={"type": "function", "function": {"name": "GetWeather"}},
+        max_tokens=60,
+        temperature=0,
+    )
+    msg = r.choices[0].message
+    assert r.choices[0].finish_reason == "tool_calls", r
+    call = msg.tool_calls[0]
+    args = call.function.parsed_arguments
+    assert isinstance(args, GetWeather), call
+    print("forced tool call:", call.function.name, args.model_dump_json())
+    history = ask + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude={"function": {"parsed_arguments"}})]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"rain": True, "degrees": 12})},
+    ]
+    r = client.chat.completions.create(model=name, messages=history, tools=[weather], max_tokens=12, temperature=0)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r
+    assert r.usage.prompt_tokens > 0, r.usage
+    print("tool round trip answered:", repr(r.choices[0].message.content))
     return 0
 
 

@@ -311,6 +311,13 @@ pub struct RunArgs {
     /// likely alternatives (0-20), as `logprobs` in the object.
     #[arg(long, value_name = "N", requires = "json")]
     pub logprobs: Option<usize>,
+    /// Constrain the output to JSON valid against the JSON schema in FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    pub json_schema: Option<PathBuf>,
+    /// Constrain the output to the grammar in FILE (llguidance's Lark syntax; `%json {…}`
+    /// embeds a JSON schema).
+    #[arg(long, value_name = "FILE")]
+    pub grammar: Option<PathBuf>,
 }
 
 /// `sluice batch`.
@@ -321,7 +328,7 @@ pub struct BatchArgs {
     pub engine: EngineOpts,
     /// Input: one JSON object per line with `id`, `prompt` (or `messages`), and optionally
     /// `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
-    /// `presence_penalty`, `frequency_penalty`, `seed`, `stop`.
+    /// `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `response_format`.
     #[arg(long)]
     pub input: PathBuf,
     /// Output: one JSON object per line, in input order; existing finished ids are skipped.

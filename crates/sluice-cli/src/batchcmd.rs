@@ -41,6 +41,8 @@ struct Line {
     seed: Option<u64>,
     #[serde(default)]
     stop: Vec<String>,
+    /// OpenAI's `response_format`: the output follows a JSON schema or is a JSON object.
+    response_format: Option<Value>,
 }
 
 fn id_key(v: &Value) -> Option<String> {
@@ -259,6 +261,25 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                 continue;
             }
         };
+        // A grammar that does not compile is a bad line, not a failed sequence.
+        let grammar = match l
+            .response_format
+            .as_ref()
+            .map(sluice::Grammar::from_response_format)
+            .transpose()
+        {
+            Ok(g) => g.flatten(),
+            Err(e) => {
+                bad(e.to_string());
+                continue;
+            }
+        };
+        if let Some(g) = &grammar
+            && let Err(e) = engine.constrain(g)
+        {
+            bad(e.to_string());
+            continue;
+        }
         order.push(key.clone());
         if done.contains(&key) {
             continue;
@@ -292,6 +313,7 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
             stop: l.stop,
             prefill_chunk: a.engine.prefill_chunk,
             prefill_span: a.engine.prefill_span,
+            grammar,
             ..Default::default()
         };
         jobs.push((n, key, l.id, prompt, opts));

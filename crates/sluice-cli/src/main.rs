@@ -474,6 +474,50 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), F
     }
 }
 
+/// The largest `--json-schema` or `--grammar` file read (16 MiB).
+const MAX_GRAMMAR_FILE: u64 = 16 << 20;
+
+/// The grammar `--json-schema FILE` or `--grammar FILE` gives, read and (for a schema) parsed.
+fn grammar_file(a: &RunArgs) -> Result<Option<sluice::Grammar>, Failure> {
+    let read = |flag: &str, p: &std::path::Path| {
+        let bytes =
+            read_small_file(p).map_err(|e| usage(format!("{flag} {}: {e}", p.display())))?;
+        String::from_utf8(bytes)
+            .map_err(|_| usage(format!("{flag} {}: not UTF-8 text", p.display())))
+    };
+    if let Some(p) = &a.json_schema {
+        let text = read("--json-schema", p)?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| usage(format!("--json-schema {}: not JSON: {e}", p.display())))?;
+        if !v.is_object() {
+            return Err(usage(format!(
+                "--json-schema {}: a JSON schema must be an object",
+                p.display()
+            )));
+        }
+        return Ok(Some(sluice::Grammar::JsonSchema(v)));
+    }
+    if let Some(p) = &a.grammar {
+        return Ok(Some(sluice::Grammar::Lark(read("--grammar", p)?)));
+    }
+    Ok(None)
+}
+
+/// A regular file of at most [`MAX_GRAMMAR_FILE`] bytes.
+fn read_small_file(p: &std::path::Path) -> Result<Vec<u8>, String> {
+    let m = std::fs::metadata(p).map_err(|e| e.to_string())?;
+    if !m.is_file() {
+        return Err("not a regular file".into());
+    }
+    if m.len() > MAX_GRAMMAR_FILE {
+        return Err(format!(
+            "{} bytes is over the {MAX_GRAMMAR_FILE} accepted",
+            m.len()
+        ));
+    }
+    std::fs::read(p).map_err(|e| e.to_string())
+}
+
 fn run(a: RunArgs) -> Result<(), Failure> {
     // Output files are checked before the model loads, not found unwritable after generating.
     if let Some(p) = &a.dump_logits {
@@ -482,7 +526,24 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     if let Some(p) = &a.trace {
         check_writable("--trace", p)?;
     }
+    // A grammar file is read and parsed before the model loads, and compiled once it has.
+    let grammar = grammar_file(&a)?;
     let engine = engine(&a.engine, a.trace.is_some(), 1)?;
+    if let Some(g) = &grammar {
+        engine.constrain(g).map_err(|e| {
+            let flag = if a.grammar.is_some() {
+                "--grammar"
+            } else {
+                "--json-schema"
+            };
+            let path = a
+                .grammar
+                .as_ref()
+                .or(a.json_schema.as_ref())
+                .map(|p| p.display().to_string());
+            usage(format!("{flag} {}: {e}", path.unwrap_or_default()))
+        })?;
+    }
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: sampling(&engine, &a.sampling),
@@ -493,6 +554,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         prefill_span: a.engine.prefill_span,
         on_prefill: if a.json { None } else { live::prefill_hook() },
         logprobs: a.logprobs,
+        grammar,
     };
     let ids;
     let messages;

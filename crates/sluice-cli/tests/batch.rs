@@ -375,3 +375,54 @@ fn presence_and_frequency_penalties_in_run_and_batch_lines() {
     assert_eq!(o.status.code(), Some(2), "{e}");
     assert!(e.contains("presence_penalty"), "{e}");
 }
+
+#[test]
+fn lines_may_carry_a_response_format_and_bad_ones_are_skipped() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"],
+        "additionalProperties": false});
+    let line = |id: &str, rf: Value| {
+        json!({"id": id, "prompt": "It is a truth", "max_tokens": 40, "temperature": 0,
+            "response_format": rf})
+        .to_string()
+    };
+    std::fs::write(
+        &input,
+        [
+            line(
+                "s",
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}),
+            ),
+            line("t", json!({"type": "text"})),
+            line("bad-type", json!({"type": "yaml"})),
+            line(
+                "bad-schema",
+                json!({"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}),
+            ),
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let o = batch(&input, &output);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("line 3: response_format") && err.contains("`yaml`"),
+        "{err}"
+    );
+    assert!(err.contains("line 4: json_schema"), "{err}");
+    let out = lines(&output);
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[0]["finish_reason"], "eos", "{}", out[0]);
+    let v: Value = serde_json::from_str(out[0]["text"].as_str().unwrap()).unwrap();
+    assert!(
+        v["ok"].is_boolean() && (0..=9).contains(&v["n"].as_i64().unwrap()),
+        "{v}"
+    );
+    assert_eq!(v.as_object().unwrap().len(), 2);
+    // `text` constrains nothing: what the prompt gives alone.
+    assert_eq!(out[1]["text"], solo(&demo(), "It is a truth", 40));
+}

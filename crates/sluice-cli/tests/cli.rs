@@ -898,3 +898,87 @@ fn run_json_can_carry_each_tokens_logprobs() {
     ]);
     assert!(err.contains("logprobs"), "{err}");
 }
+
+#[test]
+fn run_follows_a_json_schema_or_a_grammar_at_any_budget_and_refuses_bad_files() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let dir = tempfile::tempdir().unwrap();
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"mood": {"enum": ["happy", "sad"]},
+            "age": {"type": "integer", "minimum": 1, "maximum": 99},
+            "friends": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2}},
+            "required": ["mood", "age", "friends"], "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let lark = dir.path().join("answer.lark");
+    std::fs::write(
+        &lark,
+        "start: \"The answer is \" ANSWER \".\"\nANSWER: \"yes\" | \"no\" | /[0-9]{1,3}/\n",
+    )
+    .unwrap();
+    let go = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            demo.to_str().unwrap(),
+            "--max-tokens",
+            "80",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "3",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        a.push("It is a truth universally acknowledged");
+        json(&run(&a))
+    };
+    let s = schema.to_str().unwrap();
+    let v = go(&["--json-schema", s]);
+    assert_eq!(v["finish_reason"], "eos", "{v}");
+    let out: serde_json::Value = serde_json::from_str(v["text"].as_str().unwrap()).unwrap();
+    assert!(
+        ["happy", "sad"].contains(&out["mood"].as_str().unwrap()),
+        "{out}"
+    );
+    assert!((1..=99).contains(&out["age"].as_i64().unwrap()), "{out}");
+    assert!(out["friends"].as_array().unwrap().len() <= 2, "{out}");
+    assert_eq!(out.as_object().unwrap().len(), 3, "{out}");
+    // A budget that streams the experts: the same ids.
+    let small = go(&["--json-schema", s, "--memory", "24MiB"]);
+    assert_eq!(small["ids"], v["ids"]);
+    assert!(small["stats"]["expert_evictions"].as_u64().unwrap() > 0);
+    let g = go(&["--grammar", lark.to_str().unwrap()]);
+    let text = g["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("The answer is ") && text.ends_with('.'),
+        "{text}"
+    );
+    assert_eq!(g["finish_reason"], "eos");
+    // Bad files: one line naming the flag and the file.
+    let missing = dir.path().join("missing.json");
+    let not_json = dir.path().join("x.json");
+    std::fs::write(&not_json, "{oops").unwrap();
+    let bad_schema = dir.path().join("bad.json");
+    std::fs::write(&bad_schema, r#"{"type": "no-such-type"}"#).unwrap();
+    let bad_lark = dir.path().join("bad.lark");
+    std::fs::write(&bad_lark, "start: undefined_rule\n").unwrap();
+    for (flag, p, says) in [
+        ("--json-schema", &missing, "missing.json"),
+        ("--json-schema", &not_json, "not JSON"),
+        ("--json-schema", &bad_schema, "json_schema"),
+        ("--grammar", &bad_lark, "grammar"),
+    ] {
+        let e = one_line_error(&[
+            "run",
+            "--model",
+            demo.to_str().unwrap(),
+            flag,
+            p.to_str().unwrap(),
+            "x",
+        ]);
+        assert!(e.contains(flag) && e.contains(says), "{e}");
+    }
+}

@@ -780,39 +780,352 @@ fn tools_reach_the_template_and_tool_messages_render() {
     let (st, vh, b) = ask(hist);
     assert_eq!(st, 200, "{b}");
     assert!(prompt_tokens(&vh) > prompt_tokens(&v));
-    // Forcing a call needs constrained decoding: refused, saying so.
-    for choice in [
-        json!("required"),
-        json!({"type": "function", "function": {"name": "get_weather"}}),
+}
+
+/// Checks `v` against the subset of JSON Schema the tests below use (type, properties,
+/// required, additionalProperties: false, enum, const, anyOf, items, minItems / maxItems,
+/// maxLength, minimum / maximum); returns what is wrong.
+fn invalid(v: &Value, s: &Value) -> Option<String> {
+    let fail = |why: &str| Some(format!("{v} fails {s}: {why}"));
+    if let Some(alts) = s["anyOf"].as_array() {
+        return if alts.iter().any(|a| invalid(v, a).is_none()) {
+            None
+        } else {
+            fail("no alternative of anyOf")
+        };
+    }
+    if let Some(e) = s["enum"].as_array()
+        && !e.contains(v)
+    {
+        return fail("enum");
+    }
+    if !s["const"].is_null() && s["const"] != *v {
+        return fail("const");
+    }
+    match s["type"].as_str() {
+        Some("object") => {
+            let Some(o) = v.as_object() else {
+                return fail("not an object");
+            };
+            let props = s["properties"].as_object().cloned().unwrap_or_default();
+            for r in s["required"].as_array().into_iter().flatten() {
+                if !o.contains_key(r.as_str().unwrap()) {
+                    return fail("a required field is missing");
+                }
+            }
+            for (k, x) in o {
+                match props.get(k) {
+                    Some(ps) => {
+                        if let Some(e) = invalid(x, ps) {
+                            return Some(e);
+                        }
+                    }
+                    None if s["additionalProperties"] == false => return fail("extra field"),
+                    None => {}
+                }
+            }
+        }
+        Some("array") => {
+            let Some(a) = v.as_array() else {
+                return fail("not an array");
+            };
+            let n = a.len() as u64;
+            if s["minItems"].as_u64().is_some_and(|m| n < m)
+                || s["maxItems"].as_u64().is_some_and(|m| n > m)
+            {
+                return fail("item count");
+            }
+            for x in a {
+                if let Some(e) = invalid(x, &s["items"]) {
+                    return Some(e);
+                }
+            }
+        }
+        Some("string") => {
+            let Some(t) = v.as_str() else {
+                return fail("not a string");
+            };
+            if s["maxLength"]
+                .as_u64()
+                .is_some_and(|m| t.chars().count() as u64 > m)
+            {
+                return fail("maxLength");
+            }
+        }
+        Some("integer") => {
+            let Some(i) = v.as_i64() else {
+                return fail("not an integer");
+            };
+            if s["minimum"].as_i64().is_some_and(|m| i < m)
+                || s["maximum"].as_i64().is_some_and(|m| i > m)
+            {
+                return fail("bounds");
+            }
+        }
+        Some(t) => panic!("the checker does not know type {t}"),
+        None => {}
+    }
+    None
+}
+
+#[test]
+fn the_schema_checker_can_fail() {
+    let s = json!({"type": "object", "properties": {"a": {"enum": [1, 2]},
+        "b": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 1}},
+        "required": ["a"], "additionalProperties": false});
+    assert_eq!(invalid(&json!({"a": 1, "b": ["xy"]}), &s), None);
+    for bad in [
+        json!({"a": 3}),
+        json!({"b": []}),
+        json!({"a": 1, "c": 0}),
+        json!({"a": 1, "b": ["xyz"]}),
+        json!({"a": 1, "b": ["x", "y"]}),
+        json!([1]),
     ] {
-        let mut r = with.clone();
-        r["tool_choice"] = choice;
-        let (st, _, b) = ask(r);
-        assert_eq!(st, 400, "{b}");
-        assert!(b.contains("constrained decoding"), "{b}");
+        assert!(invalid(&bad, &s).is_some(), "{bad}");
     }
 }
 
-/// The official `openai` Python client against `sluice serve` (tests/clients/openai_client.py),
-/// when a Python with the `openai` package is at hand: `SLUICE_PYTHON`, else `python3`. Without
-/// one the test says so on stderr and checks nothing more; the HTTP tests above are the floor.
+/// A person: nested objects, arrays, enums, bounded strings and numbers, required fields.
+fn person_schema() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "mood": {"enum": ["happy", "sad", "calm"]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "minItems": 1, "maxItems": 3},
+        "address": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 12},
+            "zip": {"type": "integer", "minimum": 10000, "maximum": 99999}},
+            "required": ["city", "zip"], "additionalProperties": false}},
+        "required": ["name", "age", "mood", "tags", "address"], "additionalProperties": false})
+}
+
+/// The content of a chat reply, streamed or not.
+fn chat_content(body: &str, stream: bool) -> (String, String) {
+    if !stream {
+        let v: Value = serde_json::from_str(body).unwrap();
+        let c = &v["choices"][0];
+        return (
+            c["message"]["content"].as_str().unwrap_or("").to_owned(),
+            c["finish_reason"].as_str().unwrap().to_owned(),
+        );
+    }
+    let ev = events(body);
+    let chunks: Vec<Value> = ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let finish = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str())
+        .unwrap()
+        .to_owned();
+    (text, finish)
+}
+
 #[test]
-fn the_official_openai_client_works_unchanged() {
+fn response_formats_are_enforced_at_any_budget_stream_or_not() {
+    let d = chat_model();
+    let full = start(d.path(), &[]);
+    let small = start(d.path(), &["--memory", "24MiB", "--batch-size", "1"]);
+    let schema = person_schema();
+    let user = json!([{"role": "user", "content": "Describe a person in Bath."}]);
+    for (sampling, rf) in [
+        (
+            json!({"temperature": 0}),
+            json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema}}),
+        ),
+        (
+            json!({"temperature": 0.9, "seed": 7}),
+            json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}),
+        ),
+        (json!({"temperature": 0}), json!({"type": "json_object"})),
+    ] {
+        let mut req = json!({"messages": user, "max_tokens": 160, "response_format": rf});
+        for (k, v) in sampling.as_object().unwrap() {
+            req[k] = v.clone();
+        }
+        let (st, body) = post(&full, "/v1/chat/completions", &req.to_string());
+        assert_eq!(st, 200, "{body}");
+        let (text, finish) = chat_content(&body, false);
+        if rf["type"] == "json_schema" {
+            // The demo model has never seen JSON, yet the reply is complete and validates.
+            assert_eq!(finish, "stop", "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert_eq!(invalid(&v, &schema), None);
+        } else {
+            // Any object: nothing bounds its strings or its keys, and this model, which never
+            // writes a closing brace, goes on until `max_tokens` — inside the grammar.
+            assert_eq!(finish, "length", "{text}");
+            assert!(text.starts_with("{\""), "{text}");
+        }
+        // Streamed, and with the experts streaming under a small budget: the same text.
+        let mut sreq = req.clone();
+        sreq["stream"] = true.into();
+        for (server, r) in [(&full, &sreq), (&small, &req), (&small, &sreq)] {
+            let (st, body) = post(server, "/v1/chat/completions", &r.to_string());
+            assert_eq!(st, 200, "{body}");
+            let got = chat_content(&body, r["stream"] == true);
+            assert_eq!(
+                got,
+                (text.clone(), finish.clone()),
+                "stream {}",
+                r["stream"]
+            );
+        }
+    }
+    // `text` is no constraint: the reply is the plain one.
+    let plain = json!({"messages": user, "max_tokens": 12, "temperature": 0});
+    let mut text = plain.clone();
+    text["response_format"] = json!({"type": "text"});
+    let (_, a) = post(&full, "/v1/chat/completions", &plain.to_string());
+    let (_, b) = post(&full, "/v1/chat/completions", &text.to_string());
+    assert_eq!(chat_content(&a, false), chat_content(&b, false));
+    // Bad formats and schemas are 400s naming what is wrong.
+    for (rf, says) in [
+        (json!({"type": "yaml"}), "`yaml`"),
+        (
+            json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            "schema` is missing",
+        ),
+        (
+            json!({"type": "json_schema", "json_schema": {"schema": {"type": "no-such-type"}}}),
+            "json_schema",
+        ),
+    ] {
+        let mut r = plain.clone();
+        r["response_format"] = rf;
+        let (st, b) = post(&full, "/v1/chat/completions", &r.to_string());
+        assert_eq!(st, 400, "{b}");
+        assert!(b.contains(says), "{b}");
+    }
+}
+
+#[test]
+fn forced_tool_calls_validate_against_the_tools_at_any_budget() {
+    let d = tool_model();
+    let full = start(d.path(), &[]);
+    let small = start(d.path(), &["--memory", "24MiB", "--batch-size", "1"]);
+    let weather = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "unit", "days"], "additionalProperties": false});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "properties": {"zone": {"type": "string", "maxLength": 8}}, "required": ["zone"],
+            "additionalProperties": false}}}]);
+    let schema_of = |name: &str| {
+        tools
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["function"]["name"] == name)
+            .map(|t| t["function"]["parameters"].clone())
+            .unwrap_or_else(|| panic!("called `{name}`, not a tool"))
+    };
+    let calls_of = |body: &str| -> (Vec<Value>, String) {
+        let v: Value = serde_json::from_str(body).unwrap();
+        let c = &v["choices"][0];
+        (
+            c["message"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+            c["finish_reason"].as_str().unwrap().to_owned(),
+        )
+    };
+    let streamed_calls = |body: &str| -> Vec<Value> {
+        let ev = events(body);
+        ev[..ev.len() - 1]
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array().cloned())
+            .flatten()
+            .collect()
+    };
+    for (choice, parallel) in [
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            true,
+        ),
+        (json!("required"), false),
+    ] {
+        let req = json!({"messages": [{"role": "user", "content": "What is the weather in Bath?"}],
+            "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel,
+            "max_tokens": 120, "temperature": 0});
+        let (st, body) = post(&full, "/v1/chat/completions", &req.to_string());
+        assert_eq!(st, 200, "{body}");
+        let (calls, finish) = calls_of(&body);
+        assert_eq!(finish, "tool_calls", "{body}");
+        assert!(!calls.is_empty(), "{body}");
+        if !parallel {
+            assert_eq!(calls.len(), 1, "{body}");
+        }
+        for c in &calls {
+            let name = c["function"]["name"].as_str().unwrap();
+            if choice.is_object() {
+                assert_eq!(name, "get_weather");
+            }
+            let args: Value =
+                serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert_eq!(invalid(&args, &schema_of(name)), None);
+            assert!(c["id"].as_str().unwrap().starts_with("call_"));
+        }
+        // The same calls streamed, and under a budget that streams the experts.
+        let mut sreq = req.clone();
+        sreq["stream"] = true.into();
+        let strip =
+            |v: &[Value]| -> Vec<Value> { v.iter().map(|c| c["function"].clone()).collect() };
+        let (_, b) = post(&full, "/v1/chat/completions", &sreq.to_string());
+        assert_eq!(strip(&streamed_calls(&b)), strip(&calls));
+        let (_, b) = post(&small, "/v1/chat/completions", &req.to_string());
+        assert_eq!(strip(&calls_of(&b).0), strip(&calls));
+        let (_, b) = post(&small, "/v1/chat/completions", &sreq.to_string());
+        assert_eq!(strip(&streamed_calls(&b)), strip(&calls));
+    }
+    // A name that is not a tool, or `required` without tools: 400s that say so.
+    for (choice, tools, says) in [
+        (
+            json!({"type": "function", "function": {"name": "nope"}}),
+            tools.clone(),
+            "`nope`",
+        ),
+        (json!("required"), json!([]), "needs `tools`"),
+        (json!({"type": "function"}), tools.clone(), "tool_choice"),
+    ] {
+        let req = json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "tool_choice": choice});
+        let (st, b) = post(&full, "/v1/chat/completions", &req.to_string());
+        assert_eq!(st, 400, "{b}");
+        assert!(b.contains(says), "{b}");
+    }
+}
+
+/// Runs the Python client `tests/clients/SCRIPT` against a server on the tool model, when a
+/// Python with `modules` is at hand: `SLUICE_PYTHON`, else `python3`. Without one the test
+/// says so on stderr and checks nothing more; the HTTP tests above are the floor.
+fn python_client(test: &str, script: &str, modules: &str) {
     let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
     let has = Command::new(&python)
-        .args(["-c", "import openai"])
+        .args(["-c", &format!("import {modules}")])
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !has {
-        eprintln!(
-            "SKIPPED the_official_openai_client_works_unchanged: `{python}` has no `openai` package (set SLUICE_PYTHON)"
-        );
+        eprintln!("SKIPPED {test}: `{python}` cannot import {modules} (set SLUICE_PYTHON)");
         return;
     }
     let d = tool_model();
     let s = start(d.path(), &[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/clients/openai_client.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/clients")
+        .join(script);
     let out = Command::new(&python)
         .arg(script)
         .arg(url(&s, "/v1"))
@@ -825,4 +1138,26 @@ fn the_official_openai_client_works_unchanged() {
     );
     println!("{text}");
     assert!(out.status.success(), "{text}");
+}
+
+/// The official `openai` Python client (tests/clients/openai_client.py): chat, streams,
+/// logprobs, choices, tools, the structured-output helper and a tool round trip.
+#[test]
+fn the_official_openai_client_works_unchanged() {
+    python_client(
+        "the_official_openai_client_works_unchanged",
+        "openai_client.py",
+        "openai, pydantic",
+    );
+}
+
+/// LangChain's `ChatOpenAI` (tests/clients/langchain_client.py): replies, streams, structured
+/// output both ways, and an agent step with a forced tool call.
+#[test]
+fn langchain_works_unchanged() {
+    python_client(
+        "langchain_works_unchanged",
+        "langchain_client.py",
+        "langchain_openai, pydantic",
+    );
 }

@@ -4,7 +4,9 @@
 use sluice_sampler::Sampler;
 
 use crate::Error;
+use crate::engine::Engine;
 use crate::generate::{FinishReason, GenerateOptions};
+use sluice_grammar::Next;
 use sluice_text::{StreamDecoder, Tokenizer};
 
 /// What the sampler decided.
@@ -24,6 +26,8 @@ pub(crate) struct Decoding {
     pending: String,
     pub(crate) text: String,
     pub(crate) finish: Option<FinishReason>,
+    /// The grammar the output follows, if any.
+    constraint: Option<sluice_grammar::Constraint>,
 }
 
 /// Stop strings must be non-empty: an empty one would match before any text, so every
@@ -39,8 +43,13 @@ pub(crate) fn check_stops(stop: &[String]) -> Result<(), Error> {
 }
 
 impl Decoding {
-    pub(crate) fn new(opts: &GenerateOptions) -> Result<Decoding, Error> {
+    pub(crate) fn new(engine: &Engine, opts: &GenerateOptions) -> Result<Decoding, Error> {
         check_stops(&opts.stop)?;
+        let constraint = opts
+            .grammar
+            .as_ref()
+            .map(|g| engine.constrain(g))
+            .transpose()?;
         Ok(Decoding {
             opts: opts.clone(),
             sampler: Sampler::new(opts.sampling.clone())?,
@@ -49,20 +58,46 @@ impl Decoding {
             pending: String::new(),
             text: String::new(),
             finish: None,
+            constraint,
         })
     }
 
     /// Picks the next token from `logits` given the tokens the sequence holds.
-    pub(crate) fn choose(&mut self, logits: &mut [f32], history: &[u32], eos: &[u32]) -> Choice {
+    ///
+    /// Under a grammar the tokens it does not allow get −∞ first, and the grammar's end (its
+    /// completion, or an end-of-sequence token it allowed) ends the generation whatever
+    /// `stop_at_eos` says.
+    pub(crate) fn choose(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        eos: &[u32],
+    ) -> Result<Choice, Error> {
         if self.ids.len() >= self.opts.max_tokens {
-            return Choice::Finish(FinishReason::Length);
+            return Ok(Choice::Finish(FinishReason::Length));
         }
-        let id = self.sampler.sample(logits, history);
+        if let Some(c) = &mut self.constraint
+            && c.mask(logits)? == Next::End
+        {
+            return Ok(Choice::Finish(FinishReason::Eos));
+        }
+        let mut id = self.sampler.sample(logits, history);
+        if let Some(c) = &mut self.constraint {
+            if !c.allows(id) {
+                // Every allowed logit was −∞ or NaN, so the sampler could not tell them from
+                // the masked ones: the lowest allowed id, as an argmax over equals would pick.
+                id = c.first_allowed().unwrap_or(id);
+            }
+            c.commit(id)?;
+            if eos.contains(&id) {
+                return Ok(Choice::Finish(FinishReason::Eos));
+            }
+        }
         if self.opts.stop_at_eos && eos.contains(&id) {
-            return Choice::Finish(FinishReason::Eos);
+            return Ok(Choice::Finish(FinishReason::Eos));
         }
         self.ids.push(id);
-        Choice::Token(id)
+        Ok(Choice::Token(id))
     }
 
     /// Whether the token just chosen needs the next position's logits.

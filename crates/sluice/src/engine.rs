@@ -279,9 +279,16 @@ impl EngineBuilder {
                     limit: memory.map(|_| self.sequences),
                     taken: Mutex::new(0),
                 }),
+                grammar: Mutex::new(None),
             }),
         })
     }
+}
+
+/// The vocabulary's index for grammars and the expert-cache lease that pays for it.
+struct GrammarIndex {
+    vocab: sluice_grammar::Vocab,
+    _lease: Option<sluice_store::Lease>,
 }
 
 struct Inner {
@@ -297,6 +304,10 @@ struct Inner {
     threads: usize,
     stats: Mutex<EngineStats>,
     slots: Arc<Slots>,
+    /// The vocabulary indexed for constrained decoding, built at the first grammar, and under a
+    /// budget the memory it was given, lent by the expert cache for the engine's life.
+    /// (A failure is not kept: the cache may give the memory up later, as leases end.)
+    grammar: Mutex<Option<Arc<GrammarIndex>>>,
 }
 
 /// The memory a budget keeps for the tokenizer, planned inside it like scratch: what the
@@ -382,6 +393,67 @@ impl Engine {
     /// End-of-sequence ids.
     pub fn eos_ids(&self) -> &[u32] {
         &self.inner.eos
+    }
+
+    /// Compiles a grammar against the model's vocabulary and starts following it: what a
+    /// generation with [`GenerateOptions::grammar`](crate::GenerateOptions::grammar) does
+    /// before it prefills, so a caller may call it first to refuse a bad grammar early. The
+    /// vocabulary is indexed once, at the first call; under a memory budget the index's memory
+    /// ([`sluice_grammar::index_bytes`]) is lent by the expert cache from then on, as KV pages
+    /// are, and a budget whose cache cannot give it up is an error.
+    pub fn constrain(
+        &self,
+        grammar: &sluice_grammar::Grammar,
+    ) -> Result<sluice_grammar::Constraint, Error> {
+        let index = {
+            let mut slot = match self.inner.grammar.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            match &*slot {
+                Some(i) => Arc::clone(i),
+                None => {
+                    let i = Arc::new(self.index_vocab().map_err(Error::Usage)?);
+                    *slot = Some(Arc::clone(&i));
+                    i
+                }
+            }
+        };
+        Ok(index.vocab.constrain(grammar)?)
+    }
+
+    /// Indexes the vocabulary for grammars (see [`Engine::constrain`]).
+    fn index_vocab(&self) -> Result<GrammarIndex, String> {
+        let tok = self.tokenizer().ok_or_else(|| {
+            format!(
+                "{}: constrained decoding needs the model's tokenizer (tokenizer.json or tiktoken.model), and the model directory has none",
+                self.inner.dir.display()
+            )
+        })?;
+        let lease = match self.budget() {
+            None => None,
+            Some(_) => {
+                let bytes = sluice_grammar::index_bytes(tok.vocab_size());
+                let mut l = self.model().experts().lease();
+                l.grow_to(bytes).map_err(|e| {
+                    format!(
+                        "constrained decoding needs {:.1} MiB of the memory budget to index the vocabulary, and the expert cache cannot give it up ({e}): raise --memory",
+                        bytes as f64 / (1u64 << 20) as f64
+                    )
+                })?;
+                Some(l)
+            }
+        };
+        let vocab = sluice_grammar::Vocab::new(
+            &tok.vocab_bytes(),
+            self.eos_ids(),
+            self.model().config().vocab,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(GrammarIndex {
+            vocab,
+            _lease: lease,
+        })
     }
 
     /// The memory setting.

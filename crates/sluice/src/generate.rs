@@ -54,6 +54,11 @@ pub struct GenerateOptions {
     /// raw logits, before temperature or any filter) and this many most likely alternatives
     /// ([`Token::logprobs`]); `None` reports nothing. At most [`MAX_TOP_LOGPROBS`].
     pub logprobs: Option<usize>,
+    /// Constrain the output to a grammar (a JSON schema, any JSON object, a Lark grammar): at
+    /// each step the tokens it does not allow get −∞ before sampling, and the generation ends
+    /// when the grammar is complete and allows nothing more (finish reason `Eos`). The
+    /// log-probabilities reported are still the model's own, before the mask.
+    pub grammar: Option<crate::Grammar>,
 }
 
 /// The most alternatives [`GenerateOptions::logprobs`] may ask for.
@@ -71,6 +76,7 @@ impl Default for GenerateOptions {
             on_prefill: None,
             keep_logits: false,
             logprobs: None,
+            grammar: None,
         }
     }
 }
@@ -239,7 +245,7 @@ pub(crate) fn prefill(
     opts: &GenerateOptions,
     keep_logits: bool,
 ) -> Result<Prefilled, Error> {
-    let d = Decoding::new(opts)?;
+    let d = Decoding::new(engine, opts)?;
     let model = engine.model();
     let t0 = Instant::now();
     let expert0 = model.experts().stats();
@@ -359,7 +365,7 @@ impl Seq {
         }
         // The raw logits, before sampling changes them, when log-probabilities are asked for.
         let raw = self.logprobs.map(|_| logits.to_vec());
-        let id = match self.d.choose(logits, history, engine.eos_ids()) {
+        let id = match self.d.choose(logits, history, engine.eos_ids())? {
             Choice::Finish(r) => return Ok(Step::End(self.end(engine, r))),
             Choice::Token(id) => id,
         };

@@ -41,6 +41,7 @@ pub use generate::{
     TokenLogprobs,
 };
 pub use session::{Generation, Session};
+pub use sluice_grammar::Grammar;
 pub use sluice_kernels::Isa;
 pub use sluice_model::{Description, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
@@ -88,6 +89,10 @@ pub enum Error {
     /// A sampling option is out of range.
     #[error(transparent)]
     Sampler(#[from] sluice_sampler::SamplerError),
+    /// A grammar or JSON schema that does not compile, or constrained decoding that failed
+    /// while generating.
+    #[error(transparent)]
+    Grammar(#[from] sluice_grammar::Error),
     /// The model failed.
     #[error(transparent)]
     Model(#[from] sluice_model::ModelError),
@@ -166,6 +171,7 @@ impl Error {
             | Error::Sampler(_)
             | Error::Sequences { .. }
             | Error::Format(_) => true,
+            Error::Grammar(g) => matches!(g, sluice_grammar::Error::Grammar { .. }),
             Error::Model(M::Store(s)) | Error::Store(s) => store_input(s),
             Error::Model(m) => matches!(
                 m,

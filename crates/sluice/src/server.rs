@@ -185,9 +185,13 @@ struct ChatRequest {
     messages: Vec<ChatMessage>,
     /// Function tools, given to the chat template as its `tools` variable.
     tools: Option<Vec<Value>>,
-    /// `"auto"` (the default with tools) or `"none"`; forcing a call needs constrained decoding.
+    /// `"auto"` (the default with tools), `"none"`, `"required"` or
+    /// `{"type": "function", "function": {"name": …}}`; the last two force a call with a grammar.
     tool_choice: Option<Value>,
+    /// With a forced call: whether the reply may make more than one (default true).
     parallel_tool_calls: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", …}`: the output follows the grammar.
+    response_format: Option<Value>,
     #[serde(flatten)]
     common: Common,
 }
@@ -482,27 +486,48 @@ async fn chat_completions(
     }
     // With tools (or a history of calls) the template renders the request as OpenAI sent it,
     // its `tools` variable set; the reply is parsed for calls in the template's syntax.
-    let tool_choice = match &req.tool_choice {
-        None => "auto",
-        Some(Value::String(s)) if s == "auto" || s == "none" => s.as_str(),
-        Some(Value::String(s)) if s == "required" => {
-            return Err(bad(
-                "`tool_choice: required` needs constrained decoding, which is not supported yet",
-            ));
+    // A forced call (`required`, or a named function) is a grammar over the tools' schemas.
+    let named = |v: &Value| -> Option<String> {
+        let f = v.get("function")?;
+        (v.get("type")?.as_str()? == "function").then_some(())?;
+        Some(f.get("name")?.as_str()?.to_owned())
+    };
+    let (tool_choice, forced_name) = match &req.tool_choice {
+        None => ("auto", None),
+        Some(Value::String(s)) if ["auto", "none", "required"].contains(&s.as_str()) => {
+            (s.as_str(), None)
         }
-        Some(Value::Object(_)) => {
-            return Err(bad(
-                "a named `tool_choice` needs constrained decoding, which is not supported yet",
-            ));
-        }
+        Some(v @ Value::Object(_)) => match named(v) {
+            Some(n) => ("named", Some(n)),
+            None => {
+                return Err(bad(
+                    "`tool_choice` must be auto, none, required or {\"type\": \"function\", \"function\": {\"name\": …}}",
+                ));
+            }
+        },
         Some(v) => {
             return Err(bad(format!(
                 "`tool_choice` {v} is not auto, none or required"
             )));
         }
     };
-    let _ = req.parallel_tool_calls;
     let tools = req.tools.filter(|t| !t.is_empty() && tool_choice != "none");
+    let forced = match tool_choice {
+        "required" | "named" => {
+            let (schema, calls) = crate::toolcall::forced_schema(
+                tools.as_deref().unwrap_or_default(),
+                forced_name.as_deref(),
+                req.parallel_tool_calls.unwrap_or(true),
+            )
+            .map_err(bad)?;
+            Some((crate::Grammar::JsonSchema(schema), calls))
+        }
+        _ => None,
+    };
+    let format = match &req.response_format {
+        Some(v) => crate::Grammar::from_response_format(v).map_err(|e| bad(e.to_string()))?,
+        None => None,
+    };
     let rich = tools.is_some()
         || req
             .messages
@@ -541,13 +566,26 @@ async fn chat_completions(
         full.push(v);
         plain.push(Message::new(m.role, content));
     }
-    let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
-    let syntax = tools.as_ref().and_then(|_| {
-        app.batcher
-            .engine()
-            .chat_template()
-            .and_then(|t| crate::toolcall::Syntax::of_template(t.source()))
-    });
+    let (mut opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
+    // A forced call's grammar wins over `response_format`.
+    let (grammar, calls) = match forced {
+        Some((g, c)) => (Some(g), Some(c)),
+        None => (
+            format,
+            tools.as_ref().and_then(|_| {
+                app.batcher
+                    .engine()
+                    .chat_template()
+                    .and_then(|t| crate::toolcall::Syntax::of_template(t.source()))
+                    .map(crate::toolcall::Calls::Syntax)
+            }),
+        ),
+    };
+    if let Some(g) = &grammar {
+        // A grammar that does not compile is refused before anything runs.
+        app.batcher.engine().constrain(g)?;
+    }
+    opts.grammar = grammar;
     let prompt = if rich {
         let engine = app.batcher.engine();
         let tpl = engine
@@ -569,12 +607,12 @@ async fn chat_completions(
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();
-    if let Some(syntax) = syntax {
+    if let Some(calls) = calls {
         return tool_reply(
             app.batcher.engine(),
             rx,
             n,
-            syntax,
+            calls,
             id,
             name,
             created,
@@ -623,8 +661,8 @@ async fn chat_completions(
     .into_response())
 }
 
-/// A chat reply when the request gave tools: each choice, once finished, parsed for calls in
-/// the template's syntax — `message.tool_calls` (ids `call_…`, `function.arguments` a JSON
+/// A chat reply when the request gave tools: each choice, once finished, parsed for calls (in
+/// the template's syntax, or the JSON a forced call's grammar wrote) — `message.tool_calls` (ids `call_…`, `function.arguments` a JSON
 /// string) and `finish_reason: "tool_calls"` when it made any, plain content otherwise. A
 /// stream carries the same as chunks (role, content, one `delta.tool_calls` per choice, the
 /// finish), sent when the choice is complete: a call is not streamed half-written.
@@ -633,7 +671,7 @@ async fn tool_reply(
     engine: &Engine,
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     n: usize,
-    syntax: crate::toolcall::Syntax,
+    calls: crate::toolcall::Calls,
     id: String,
     name: String,
     created: u64,
@@ -648,7 +686,7 @@ async fn tool_reply(
             .to_string()
     };
     for (i, (f, lp)) in done.iter().enumerate() {
-        let parsed = syntax.parse(&f.text);
+        let parsed = calls.parse(&f.text);
         let calls: Vec<Value> = parsed
             .calls
             .iter()
@@ -1044,7 +1082,7 @@ mod tests {
                     &engine,
                     rx,
                     1,
-                    crate::toolcall::Syntax::Hermes,
+                    crate::toolcall::Calls::Syntax(crate::toolcall::Syntax::Hermes),
                     "chatcmpl-1".into(),
                     "demo".into(),
                     0,

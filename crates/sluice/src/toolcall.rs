@@ -112,6 +112,121 @@ impl Syntax {
     }
 }
 
+/// How a reply's calls are read back.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Calls {
+    /// In the model's own syntax (`tool_choice: auto`).
+    Syntax(Syntax),
+    /// A grammar forced a call of this function: the output is its arguments object
+    /// ([`forced_schema`]).
+    Named(String),
+    /// A grammar forced one or more calls (`tool_choice: required`): the output is a JSON array
+    /// of `{"name": …, "arguments": {…}}` ([`forced_schema`]).
+    Required,
+}
+
+impl Calls {
+    /// Splits a finished generation into content and calls. A forced output that does not
+    /// parse (cut short by `max_tokens`) comes back as content.
+    pub fn parse(&self, text: &str) -> Parsed {
+        let plain = || Parsed {
+            content: text.to_owned(),
+            calls: Vec::new(),
+        };
+        match self {
+            Calls::Syntax(s) => s.parse(text),
+            Calls::Named(name) => match serde_json::from_str::<Value>(text)
+                .ok()
+                .as_ref()
+                .and_then(args)
+            {
+                Some(arguments) => Parsed {
+                    content: String::new(),
+                    calls: vec![ToolCall {
+                        name: name.clone(),
+                        arguments,
+                    }],
+                },
+                None => plain(),
+            },
+            Calls::Required => {
+                let calls = match serde_json::from_str::<Value>(text) {
+                    Ok(Value::Array(v)) if !v.is_empty() => {
+                        v.iter().map(call_of).collect::<Option<Vec<_>>>()
+                    }
+                    _ => None,
+                };
+                match calls {
+                    Some(calls) => Parsed {
+                        content: String::new(),
+                        calls,
+                    },
+                    None => plain(),
+                }
+            }
+        }
+    }
+}
+
+/// A function tool's name and parameter schema (an object without properties when it gives
+/// none), from OpenAI's `{"type": "function", "function": {"name", "parameters", …}}`.
+fn function_of(tool: &Value) -> Result<(&str, Value), String> {
+    let f = tool
+        .get("function")
+        .filter(|_| tool.get("type").and_then(Value::as_str) == Some("function"))
+        .ok_or("`tools`: each tool must be {\"type\": \"function\", \"function\": {…}}")?;
+    let name = f
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or("`tools`: a function has no `name`")?;
+    let params = f.get("parameters").cloned().unwrap_or_else(
+        || serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+    );
+    Ok((name, params))
+}
+
+/// The JSON schema a forced call's output follows, and how to read it back: for a named
+/// function its parameters (the output is the arguments object); for `required`, an array of
+/// `{"name": const, "arguments": parameters}` objects, one of each tool's (at most one item
+/// when `parallel` is false). The same output shape vLLM's forced calls use: it needs nothing
+/// from the model's own call syntax, so it works for every model.
+pub fn forced_schema(
+    tools: &[Value],
+    named: Option<&str>,
+    parallel: bool,
+) -> Result<(Value, Calls), String> {
+    let fns = tools
+        .iter()
+        .map(function_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(want) = named {
+        let (name, params) = fns
+            .into_iter()
+            .find(|(n, _)| *n == want)
+            .ok_or_else(|| format!("`tool_choice` names `{want}`, which is not in `tools`"))?;
+        return Ok((params, Calls::Named(name.to_owned())));
+    }
+    if fns.is_empty() {
+        return Err("`tool_choice: required` needs `tools`".into());
+    }
+    let items: Vec<Value> = fns
+        .into_iter()
+        .map(|(name, params)| {
+            serde_json::json!({
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    let mut schema = serde_json::json!({"type": "array", "items": {"anyOf": items}, "minItems": 1});
+    if !parallel {
+        schema["maxItems"] = serde_json::json!(1);
+    }
+    Ok((schema, Calls::Required))
+}
+
 /// `arguments` as OpenAI writes it: an object, compact.
 fn args(v: &Value) -> Option<String> {
     v.is_object().then(|| v.to_string())
@@ -486,5 +601,58 @@ mod tests {
             assert!(p.calls.is_empty(), "{s:?} {out}");
             assert_eq!(p.content, out, "{s:?}");
         }
+    }
+
+    #[test]
+    fn forced_outputs_read_back_as_calls_and_cut_ones_as_content() {
+        let named = Calls::Named("get_weather".into());
+        let p = named.parse(r#"{"city": "Paris", "days": 2}"#);
+        assert_eq!(
+            p.calls,
+            vec![one("get_weather", r#"{"city":"Paris","days":2}"#)]
+        );
+        assert!(p.content.is_empty());
+        // Cut short by max_tokens: not a call.
+        let cut = r#"{"city": "Par"#;
+        assert_eq!(named.parse(cut).calls, vec![]);
+        assert_eq!(named.parse(cut).content, cut);
+        let req = Calls::Required;
+        let p =
+            req.parse(r#"[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"x": 1}}]"#);
+        assert_eq!(p.calls, vec![one("a", "{}"), one("b", r#"{"x":1}"#)]);
+        assert_eq!(req.parse("[]").calls, vec![]);
+        assert_eq!(req.parse("{}").content, "{}");
+    }
+
+    #[test]
+    fn forced_schemas_follow_the_tools() {
+        let tools = vec![
+            serde_json::json!({"type": "function", "function": {"name": "a", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}),
+            serde_json::json!({"type": "function", "function": {"name": "b"}}),
+        ];
+        let (s, c) = forced_schema(&tools, Some("a"), true).unwrap();
+        assert_eq!(c, Calls::Named("a".into()));
+        assert_eq!(s["properties"]["x"]["type"], "integer");
+        let (s, c) = forced_schema(&tools, Some("b"), true).unwrap();
+        assert_eq!(c, Calls::Named("b".into()));
+        assert_eq!(
+            s["additionalProperties"], false,
+            "no parameters: an empty object"
+        );
+        let (s, c) = forced_schema(&tools, None, false).unwrap();
+        assert_eq!(c, Calls::Required);
+        assert_eq!(s["maxItems"], 1);
+        assert_eq!(s["items"]["anyOf"][1]["properties"]["name"]["const"], "b");
+        assert!(
+            forced_schema(&tools, None, true)
+                .unwrap()
+                .0
+                .get("maxItems")
+                .is_none()
+        );
+        let e = forced_schema(&tools, Some("c"), true).unwrap_err();
+        assert!(e.contains("`c`"), "{e}");
+        assert!(forced_schema(&[], None, true).is_err());
+        assert!(forced_schema(&[serde_json::json!({"type": "x"})], None, true).is_err());
     }
 }

@@ -164,3 +164,96 @@ fn bad_jobs_are_refused_at_submit() {
         .is_err()
     );
 }
+
+/// Jobs under grammars (a schema, a Lark grammar, any object) and without, greedy and sampled.
+fn constrained_job(i: usize) -> (OwnedPrompt, GenerateOptions) {
+    let (p, mut o) = job(i);
+    o.max_tokens = 40;
+    o.grammar = match i % 4 {
+        0 => Some(sluice::Grammar::JsonSchema(serde_json::json!({
+            "type": "object",
+            "properties": {"mood": {"enum": ["calm", "cross"]},
+                "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["mood", "n"], "additionalProperties": false
+        }))),
+        1 => Some(sluice::Grammar::Lark(
+            "start: \"Answer: \" (\"yes\" | \"no\") \".\"".into(),
+        )),
+        2 => Some(sluice::Grammar::JsonObject),
+        _ => None,
+    };
+    (p, o)
+}
+
+#[test]
+fn constrained_sequences_batched_equal_solo_under_a_budget() {
+    let engine = Engine::builder()
+        .model(demo())
+        .memory(Memory::Bytes((22 << 20) + common::text(64, 8)))
+        .threads(2)
+        .context(64)
+        .sequences(8)
+        .build()
+        .unwrap();
+    let run_solo = |i: usize| {
+        let (p, o) = constrained_job(i);
+        let OwnedPrompt::Text(t) = &p else {
+            unreachable!()
+        };
+        let mut s = engine.session().unwrap();
+        let mut g = s.generate(Prompt::Text(t), &o).unwrap();
+        let text = g.run().unwrap();
+        (g.ids().to_vec(), text, g.finish_reason())
+    };
+    let want: Vec<_> = (0..8).map(run_solo).collect();
+    // The budget (the grammar index lent out of it) streams the experts: they are evicted.
+    assert!(engine.model().experts().stats().evictions > 0);
+    // The grammars did their work: the schema's and the Lark grammar's outputs are complete.
+    for i in [0, 4] {
+        assert_eq!(want[i].2, Some(FinishReason::Eos), "{:?}", want[i].1);
+        let v: serde_json::Value = serde_json::from_str(&want[i].1).unwrap();
+        assert!(
+            v["n"].as_u64().unwrap() < 100 && v["mood"].is_string(),
+            "{v}"
+        );
+    }
+    for i in [1, 5] {
+        assert!(
+            want[i].1 == "Answer: yes." || want[i].1 == "Answer: no.",
+            "{}",
+            want[i].1
+        );
+    }
+    for i in [2, 6] {
+        assert!(want[i].1.starts_with("{\""), "{}", want[i].1);
+    }
+    for n in [3, 8] {
+        let b = Batcher::new(engine.clone(), n).unwrap();
+        let (tx, rx) = mpsc::channel();
+        for i in 0..8 {
+            let (p, o) = constrained_job(i);
+            let tx = tx.clone();
+            b.submit(
+                &p,
+                o,
+                Box::new(move |e| {
+                    let _ = tx.send((i, e));
+                    true
+                }),
+            )
+            .unwrap();
+        }
+        drop(tx);
+        let mut got = vec![None; 8];
+        for (i, e) in rx {
+            match e {
+                Event::Token(_) => {}
+                Event::Done(f) => got[i] = Some((f.ids, f.text, Some(f.finish))),
+                Event::Failed(e) => panic!("{e}"),
+            }
+        }
+        for i in 0..8 {
+            assert_eq!(got[i].clone().unwrap(), want[i], "batch {n}, sequence {i}");
+        }
+    }
+}

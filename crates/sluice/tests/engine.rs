@@ -256,3 +256,44 @@ fn a_prompt_beyond_the_planned_context_is_a_clear_error() {
     assert!(e.to_string().contains("context full"), "{e}");
     assert!(e.is_input_error());
 }
+
+#[test]
+fn the_grammar_index_is_paid_for_out_of_the_expert_cache_under_a_budget() {
+    let build = |m: Memory| {
+        Engine::builder()
+            .model(demo())
+            .memory(m)
+            .threads(2)
+            .context(64)
+            .build()
+            .unwrap()
+    };
+    // A budget whose cache cannot spare the index says so.
+    let tight = build(Memory::Bytes((16 << 20) + common::text(64, 1)));
+    let err = tight
+        .constrain(&sluice::Grammar::JsonObject)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("raise --memory"), "{err}");
+    let e = build(Memory::Bytes((24 << 20) + common::text(64, 1)));
+    let before = e.model().experts().capacity();
+    let g = sluice::Grammar::JsonObject;
+    e.constrain(&g).unwrap();
+    let want = sluice_grammar_index_bytes(e.tokenizer().unwrap().vocab_size());
+    assert_eq!(before - e.model().experts().capacity(), want);
+    // Indexed once: a second grammar takes nothing more.
+    e.constrain(&sluice::Grammar::Lark("start: \"x\"".into()))
+        .unwrap();
+    assert_eq!(before - e.model().experts().capacity(), want);
+    // Unlimited memory lends nothing.
+    let u = build(Memory::Unlimited);
+    let c = u.model().experts().capacity();
+    u.constrain(&g).unwrap();
+    assert_eq!(u.model().experts().capacity(), c);
+}
+
+/// 2 MiB plus 320 bytes per token (sluice-grammar's `index_bytes`, restated so that a change of
+/// the estimate is a change of this test too).
+fn sluice_grammar_index_bytes(tokens: usize) -> u64 {
+    (2 << 20) + 320 * tokens as u64
+}

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::builder::{PossibleValue, TypedValueParser};
 use clap::error::ErrorKind;
-use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand};
+use clap::{Arg, Args, Command as ClapCommand, Parser, Subcommand, ValueEnum};
 use sluice::PolicyChoice;
 
 /// Run mixture-of-experts language models far larger than RAM on one CPU.
@@ -238,6 +238,29 @@ pub struct EngineOpts {
     pub no_verify: bool,
 }
 
+/// Drafters for speculative decoding.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DraftKind {
+    /// Prompt lookup: the tokens that followed the latest earlier match of the text's end.
+    Ngram,
+    /// The checkpoint's multi-token-prediction layers (not supported yet).
+    Mtp,
+    /// No drafting.
+    Off,
+}
+
+/// Speculative decoding: drafts checked in one forward pass with the token before them. It
+/// changes the speed, never the output.
+#[derive(Args, Debug, Clone)]
+pub struct DraftArgs {
+    /// Drafter: `ngram` (prompt lookup) or `off`.
+    #[arg(long, value_enum, default_value = "off")]
+    pub draft: DraftKind,
+    /// Draft tokens per check (1-32); without it the length adapts to how drafts fare.
+    #[arg(long, value_name = "N")]
+    pub draft_tokens: Option<usize>,
+}
+
 /// Sampling; unset options take the model's `generation_config.json` defaults (greedy when it
 /// has none).
 #[derive(Args, Debug, Clone)]
@@ -279,6 +302,9 @@ pub struct RunArgs {
     #[command(flatten)]
     /// Sampling options.
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    /// Speculative decoding.
+    pub draft: DraftArgs,
     /// The prompt as comma-separated token ids instead of text.
     #[arg(long, value_name = "IDS")]
     pub prompt_ids: Option<String>,
@@ -378,6 +404,9 @@ pub struct ChatArgs {
     #[command(flatten)]
     /// Sampling options.
     pub sampling: SamplingArgs,
+    #[command(flatten)]
+    /// Speculative decoding.
+    pub draft: DraftArgs,
     /// A system message.
     #[arg(long)]
     pub system: Option<String>,

@@ -474,6 +474,27 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), F
     }
 }
 
+/// The drafter `--draft` / `--draft-tokens` ask for.
+fn draft(a: &crate::args::DraftArgs) -> Result<sluice::Draft, Failure> {
+    use crate::args::DraftKind;
+    match a.draft {
+        DraftKind::Off if a.draft_tokens.is_some() => {
+            Err(usage("--draft-tokens needs --draft ngram"))
+        }
+        DraftKind::Off => Ok(sluice::Draft::Off),
+        DraftKind::Mtp => Err(usage(
+            "--draft mtp: multi-token-prediction layers are not loaded yet; use --draft ngram",
+        )),
+        DraftKind::Ngram => match a.draft_tokens {
+            Some(n) if !(1..=sluice::draft::MAX_DRAFT).contains(&n) => Err(usage(format!(
+                "--draft-tokens {n}: give 1 to {}",
+                sluice::draft::MAX_DRAFT
+            ))),
+            tokens => Ok(sluice::Draft::Ngram { tokens }),
+        },
+    }
+}
+
 /// The largest `--json-schema` or `--grammar` file read (16 MiB).
 const MAX_GRAMMAR_FILE: u64 = 16 << 20;
 
@@ -528,6 +549,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     }
     // A grammar file is read and parsed before the model loads, and compiled once it has.
     let grammar = grammar_file(&a)?;
+    let draft = draft(&a.draft)?;
     let engine = engine(&a.engine, a.trace.is_some(), 1)?;
     if let Some(g) = &grammar {
         engine.constrain(g).map_err(|e| {
@@ -555,6 +577,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         on_prefill: if a.json { None } else { live::prefill_hook() },
         logprobs: a.logprobs,
         grammar,
+        draft,
     };
     let ids;
     let messages;
@@ -674,6 +697,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
 
 fn chat(a: args::ChatArgs) -> Result<(), Failure> {
     use std::io::BufRead;
+    let draft = draft(&a.draft)?;
     let engine = engine(&a.engine, false, 1)?;
     if engine.tokenizer().is_none() {
         return Err(usage(format!(
@@ -687,6 +711,7 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
         prefill_chunk: a.engine.prefill_chunk,
         prefill_span: a.engine.prefill_span,
         on_prefill: live::prefill_hook(),
+        draft,
         ..Default::default()
     };
     let templated = engine.chat_template().is_some();

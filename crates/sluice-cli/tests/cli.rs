@@ -107,6 +107,8 @@ fn json_has_the_documented_keys() {
         "prefill_expert_seconds",
         "prefill_other_seconds",
         "prefill_chunk",
+        "draft_proposed",
+        "draft_accepted",
     ] {
         assert!(
             !v["stats"][k].is_null(),
@@ -980,5 +982,57 @@ fn run_follows_a_json_schema_or_a_grammar_at_any_budget_and_refuses_bad_files() 
             "x",
         ]);
         assert!(e.contains(flag) && e.contains(says), "{e}");
+    }
+}
+
+#[test]
+fn draft_ngram_changes_no_token_and_counts_its_drafts() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let go = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            "--model",
+            demo.to_str().unwrap(),
+            "--raw",
+            "--max-tokens",
+            "64",
+            "--temperature",
+            "0",
+            "--memory",
+            "17MiB",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        a.push("<|user|>\nTell me of Elizabeth.\n<|assistant|>\n");
+        json(&run(&a))
+    };
+    let off = go(&[]);
+    assert_eq!(off["stats"]["draft_proposed"], 0);
+    // Adaptive drafts depend on how fast passes run here, so only the fixed length's counts
+    // are known to be non-zero.
+    let adaptive = go(&["--draft", "ngram"]);
+    assert_eq!(adaptive["ids"], off["ids"]);
+    let fixed = go(&["--draft", "ngram", "--draft-tokens", "5"]);
+    assert_eq!(fixed["ids"], off["ids"]);
+    let p = fixed["stats"]["draft_proposed"].as_u64().unwrap();
+    let a = fixed["stats"]["draft_accepted"].as_u64().unwrap();
+    assert!(p > 0 && a > 0 && a < p, "{a} of {p}");
+    for (args, says) in [
+        (&["--draft", "mtp"][..], "--draft mtp"),
+        (
+            &["--draft-tokens", "3"],
+            "--draft-tokens needs --draft ngram",
+        ),
+        (
+            &["--draft", "ngram", "--draft-tokens", "0"],
+            "--draft-tokens 0",
+        ),
+        (&["--draft", "sometimes"], "--draft"),
+    ] {
+        let mut a = vec!["run", "--model", demo.to_str().unwrap()];
+        a.extend_from_slice(args);
+        a.push("x");
+        let e = one_line_error(&a);
+        assert!(e.contains(says), "{e}");
     }
 }

@@ -59,6 +59,10 @@ pub struct GenerateOptions {
     /// when the grammar is complete and allows nothing more (finish reason `Eos`). The
     /// log-probabilities reported are still the model's own, before the mask.
     pub grammar: Option<crate::Grammar>,
+    /// Speculative decoding ([`crate::Draft`]): drafts checked in one pass with the token
+    /// before them. It changes the speed, never the output. Sessions draft; the continuous
+    /// batcher (and so `serve` and `batch`) decodes one token per sequence per step.
+    pub draft: crate::Draft,
 }
 
 /// The most alternatives [`GenerateOptions::logprobs`] may ask for.
@@ -77,6 +81,7 @@ impl Default for GenerateOptions {
             keep_logits: false,
             logprobs: None,
             grammar: None,
+            draft: crate::Draft::Off,
         }
     }
 }
@@ -181,6 +186,14 @@ pub(crate) fn check_options(opts: &GenerateOptions) -> Result<(), Error> {
     crate::decoding::check_stops(&opts.stop)?;
     if opts.prefill_chunk == 0 {
         return Err(Error::Usage("prefill_chunk must be at least 1".into()));
+    }
+    if let crate::Draft::Ngram { tokens: Some(n) } = opts.draft
+        && !(1..=crate::draft::MAX_DRAFT).contains(&n)
+    {
+        return Err(Error::Usage(format!(
+            "draft tokens: {n} is not 1 to {}",
+            crate::draft::MAX_DRAFT
+        )));
     }
     if opts.prefill_span == Some(0) {
         return Err(Error::Usage("prefill_span must be at least 1".into()));
@@ -411,6 +424,12 @@ impl Seq {
     /// Marks the generation failed: it ends without counting.
     pub(crate) fn fail(&mut self) {
         self.d.finish = Some(FinishReason::Length);
+    }
+
+    /// Counts a checked draft.
+    pub(crate) fn note_draft(&mut self, proposed: usize, accepted: usize) {
+        self.stats.draft_proposed += proposed;
+        self.stats.draft_accepted += accepted;
     }
 
     /// Adds time spent on the sequence's forward pass to its decode time.

@@ -23,6 +23,7 @@
 
 pub mod batch;
 mod decoding;
+pub mod draft;
 mod engine;
 mod generate;
 #[cfg(feature = "server")]
@@ -35,6 +36,7 @@ pub mod tools;
 // The API a program running models needs; the tools' helpers (doctor, inspect, pack, synth,
 // trace replay) live in `tools`.
 pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
+pub use draft::Draft;
 pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
 pub use generate::{
     FinishReason, GenerateOptions, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress, Token,

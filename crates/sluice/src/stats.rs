@@ -30,6 +30,10 @@ pub struct GenerationStats {
     pub decode_tokens: usize,
     /// Seconds spent generating.
     pub decode_seconds: f64,
+    /// Draft tokens proposed for checking (speculative decoding, [`crate::Draft`]).
+    pub draft_proposed: usize,
+    /// Of those, kept: tokens that came without a forward pass of their own.
+    pub draft_accepted: usize,
     /// Routed experts asked for.
     pub expert_requests: u64,
     /// Of those, found in memory.

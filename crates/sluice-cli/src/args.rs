@@ -352,6 +352,9 @@ pub struct BatchArgs {
     #[command(flatten)]
     /// Engine options.
     pub engine: EngineOpts,
+    #[command(flatten)]
+    /// Speculative decoding, for every sequence.
+    pub draft: DraftArgs,
     /// Input: one JSON object per line with `id`, `prompt` (or `messages`), and optionally
     /// `max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `presence_penalty`, `frequency_penalty`, `seed`, `stop`, `response_format`.
@@ -374,6 +377,9 @@ pub struct ServeArgs {
     #[command(flatten)]
     /// Engine options.
     pub engine: EngineOpts,
+    #[command(flatten)]
+    /// Speculative decoding, for every sequence.
+    pub draft: DraftArgs,
     /// Port (0 picks a free one).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,

@@ -216,6 +216,8 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
     let mut seen: HashSet<String> = HashSet::new();
     let mut order: Vec<String> = Vec::new();
     let defaults = engine.default_sampling().clone();
+    let draft = crate::draft(&a.draft)?;
+    let drafting = draft != sluice::Draft::Off;
     let mut bad_lines = 0usize;
     let mut buf = Vec::new();
     let mut n = 0usize;
@@ -314,6 +316,7 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
             prefill_chunk: a.engine.prefill_chunk,
             prefill_span: a.engine.prefill_span,
             grammar,
+            draft,
             ..Default::default()
         };
         jobs.push((n, key, l.id, prompt, opts));
@@ -390,6 +393,11 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                     "prefill_seconds": f.stats.prefill_seconds,
                     "decode_seconds": f.stats.decode_seconds,
                 });
+                let mut line = line;
+                if drafting {
+                    line["draft_proposed"] = json!(f.stats.draft_proposed);
+                    line["draft_accepted"] = json!(f.stats.draft_accepted);
+                }
                 // Written as soon as it finishes, the whole line in one write: an interruption
                 // leaves at most a torn last line, which the next run drops and redoes.
                 let mut text = line.to_string();

@@ -475,7 +475,7 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<(), F
 }
 
 /// The drafter `--draft` / `--draft-tokens` ask for.
-fn draft(a: &crate::args::DraftArgs) -> Result<sluice::Draft, Failure> {
+pub(crate) fn draft(a: &crate::args::DraftArgs) -> Result<sluice::Draft, Failure> {
     use crate::args::DraftKind;
     match a.draft {
         DraftKind::Off if a.draft_tokens.is_some() => {
@@ -673,6 +673,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
 }
 
 fn serve(a: args::ServeArgs) -> Result<(), Failure> {
+    let draft = draft(&a.draft)?;
     let engine = engine(&a.engine, false, a.batch_size)?;
     let ip: std::net::IpAddr = a
         .host
@@ -691,6 +692,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         max_body_bytes: a.max_body,
         model_name: name,
         read_timeout: std::time::Duration::from_secs(a.read_timeout),
+        draft,
     };
     Ok(sluice::server::serve(engine, opts)?)
 }

@@ -426,3 +426,45 @@ fn lines_may_carry_a_response_format_and_bad_ones_are_skipped() {
     // `text` constrains nothing: what the prompt gives alone.
     assert_eq!(out[1]["text"], solo(&demo(), "It is a truth", 40));
 }
+
+#[test]
+fn batch_draft_ngram_changes_no_text_and_reports_its_drafts() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let line = |id: &str, t: f32| {
+        json!({"id": id, "prompt": "<|user|>\nTell me of Elizabeth.\n<|assistant|>\n",
+            "max_tokens": 64, "temperature": t, "seed": 2})
+        .to_string()
+    };
+    std::fs::write(&input, [line("g", 0.0), line("s", 0.7)].join("\n")).unwrap();
+    let run = |out: &Path, extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["batch", "--model"])
+            .arg(demo())
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(out)
+            .args(["--batch-size", "2", "--threads", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        lines(out)
+    };
+    let plain = run(&d.path().join("plain.jsonl"), &[]);
+    let drafted = run(
+        &d.path().join("drafted.jsonl"),
+        &["--draft", "ngram", "--draft-tokens", "3"],
+    );
+    assert!(plain[0].get("draft_proposed").is_none());
+    let mut proposed = 0;
+    for (a, b) in plain.iter().zip(&drafted) {
+        assert_eq!(a["text"], b["text"], "{b}");
+        assert_eq!(a["completion_tokens"], b["completion_tokens"]);
+        let p = b["draft_proposed"].as_u64().unwrap();
+        assert!(b["draft_accepted"].as_u64().unwrap() <= p);
+        proposed += p;
+    }
+    assert!(proposed > 0);
+}

@@ -1161,3 +1161,35 @@ fn langchain_works_unchanged() {
         "langchain_openai, pydantic",
     );
 }
+
+#[test]
+fn serve_draft_ngram_changes_no_text_and_reports_drafts_in_usage() {
+    let d = chat_model();
+    let plain = start(d.path(), &[]);
+    let drafted = start(d.path(), &["--draft", "ngram", "--draft-tokens", "3"]);
+    let req = json!({"messages": [{"role": "user", "content": "Tell me of Elizabeth."}],
+        "max_tokens": 64, "temperature": 0});
+    let (_, a) = post(&plain, "/v1/chat/completions", &req.to_string());
+    let (st, b) = post(&drafted, "/v1/chat/completions", &req.to_string());
+    assert_eq!(st, 200, "{b}");
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(&a).unwrap(),
+        serde_json::from_str(&b).unwrap(),
+    );
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    assert!(a["usage"].get("draft_proposed").is_none());
+    let p = b["usage"]["draft_proposed"].as_u64().unwrap();
+    assert!(
+        p > 0 && b["usage"]["draft_accepted"].as_u64().unwrap() <= p,
+        "{}",
+        b["usage"]
+    );
+    // Streamed: the same text.
+    let mut s = req.clone();
+    s["stream"] = true.into();
+    let (_, body) = post(&drafted, "/v1/chat/completions", &s.to_string());
+    assert_eq!(
+        chat_content(&body, true).0,
+        a["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+}

@@ -664,6 +664,31 @@ impl Model {
         )
     }
 
+    /// [`Model::forward_batch`] with any number of tokens per sequence (a sequence checking a
+    /// draft runs its chosen token and the draft): one pass, each layer's experts fetched once
+    /// for the union of every row of every sequence. Returns every row, `[Σ tokens, vocab]`,
+    /// sequence after sequence. Each row is bit-identical to feeding its sequence's tokens
+    /// alone. On error every state is left as it was before the call.
+    pub fn forward_batch_rows(
+        &self,
+        segs: &mut [(&mut State, &[u32])],
+    ) -> Result<Vec<f32>, ModelError> {
+        if segs.len() > self.plan.sequences {
+            return Err(ModelError::Internal(format!(
+                "forward_batch_rows: {} sequences, but the memory plan is for {} (ModelOptions::sequences)",
+                segs.len(),
+                self.plan.sequences
+            )));
+        }
+        let mut opts = PassOpts {
+            chunk: self.plan.chunk,
+            new_step: true,
+            on_layer: None,
+            score_floats: crate::attention::TILE_SCORE_FLOATS,
+        };
+        self.forward_segments(segs, Logits::All, &mut opts, &mut PassTimes::default())
+    }
+
     /// Runs each segment's tokens after its state's positions; on error every state goes back
     /// to where it was.
     fn forward_segments(

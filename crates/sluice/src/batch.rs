@@ -13,6 +13,7 @@ use serde::Deserialize;
 use sluice_model::{Logits, State};
 
 use crate::Error;
+use crate::draft::{Held, Speculation};
 use crate::engine::{Engine, Prompt};
 use crate::generate::{self, FinishReason, GenerateOptions, Step, Token};
 use crate::stats::GenerationStats;
@@ -82,6 +83,10 @@ struct Seq {
     /// The sequence's generation, stepped by the shared loop.
     g: generate::Seq,
     logits: Vec<f32>,
+    /// Speculative decoding's drafts between passes, and what the state holds beyond the
+    /// chosen tokens.
+    spec: Speculation,
+    held: Held,
     /// A failure was reported or the client left: no `Done` follows.
     ended: bool,
 }
@@ -337,8 +342,14 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
         let mut feed: Vec<usize> = Vec::new();
         let mut done: Vec<usize> = Vec::new();
         for (i, s) in active.iter_mut().enumerate() {
-            let pos = s.state.pos();
-            match s.g.step(engine, &mut s.logits, &mut s.history, pos) {
+            // Positions of chosen tokens (the state may hold a draft beyond them).
+            let pos = s.history.len();
+            let stepped = s.g.step(engine, &mut s.logits, &mut s.history, pos);
+            let goes_on = matches!(stepped, Ok(Step::Token { feed: true, .. }));
+            if !goes_on {
+                s.spec.drop(&mut s.g, &mut s.held, &mut s.state, model);
+            }
+            match stepped {
                 Err(e) => {
                     (s.job.sink)(Event::Failed(e));
                     s.ended = true;
@@ -363,7 +374,15 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                         continue;
                     }
                     if more {
-                        feed.push(i);
+                        let id = s.history.last().copied().unwrap_or(0);
+                        match s
+                            .spec
+                            .chosen(id, &mut s.g, &mut s.held, &mut s.state, model)
+                        {
+                            // The draft was right: the next logits are at hand.
+                            Some(next) => s.logits = next,
+                            None => feed.push(i),
+                        }
                     } else {
                         // Finished at this token, or at max_tokens: end now (a session ends
                         // at its next step; the same tail either way).
@@ -375,14 +394,16 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                 }
             }
         }
-        // Feed the chosen tokens together: one pass, each layer's experts fetched once for the
-        // union of the rows' choices.
+        // Feed the chosen tokens (and drafts) together: one pass, each layer's experts fetched
+        // once for the union of the rows' choices.
         let t0 = Instant::now();
-        let results = feed_step(model, &mut active, &feed);
-        let per = t0.elapsed().as_secs_f64() / feed.len().max(1) as f64;
+        let (results, extra) = feed_step(model, &mut active, &feed);
+        let secs = t0.elapsed().as_secs_f64();
+        let per = secs / feed.len().max(1) as f64;
         for (i, r) in results {
             let s = &mut active[i];
             s.g.add_decode_seconds(per);
+            s.spec.timed(extra, secs);
             match r {
                 Ok(l) => s.logits = l,
                 Err(e) => {
@@ -416,53 +437,84 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
     }
 }
 
-/// Feeds each sequence in `feed` (ascending indices into `active`) its latest token in one
-/// batched pass. If the pass fails (every state is then as it was), each sequence runs alone so
-/// a fault ends only the sequences it touches.
-fn feed_step(
-    model: &sluice_model::Model,
-    active: &mut [Seq],
-    feed: &[usize],
-) -> Vec<(usize, Result<Vec<f32>, Error>)> {
+/// A fed sequence's index into the batch and its next logits.
+type Fed = (usize, Result<Vec<f32>, Error>);
+
+/// Feeds each sequence in `feed` (ascending indices into `active`) its pass's tokens — the
+/// chosen tokens its state lacks and its draft ([`Speculation::segment`]) — in one batched
+/// pass, and returns each sequence's next logits and the rows beyond one per sequence. If the
+/// pass fails (every state is then as it was), each sequence runs alone so a fault ends only
+/// the sequences it touches.
+fn feed_step(model: &sluice_model::Model, active: &mut [Seq], feed: &[usize]) -> (Vec<Fed>, usize) {
     if feed.is_empty() {
-        return Vec::new();
+        return (Vec::new(), 0);
     }
-    let ids: Vec<u32> = feed
-        .iter()
-        .map(|&i| *active[i].history.last().unwrap_or(&0))
-        .collect();
+    let mut segs: Vec<(Vec<u32>, usize)> = Vec::with_capacity(feed.len());
+    for &i in feed {
+        let s = &mut active[i];
+        segs.push(
+            s.spec
+                .segment(&s.g, &s.history, &mut s.held, &s.state, model),
+        );
+    }
+    let extra: usize = segs.iter().map(|(t, _)| t.len() - 1).sum();
     let mut fed = vec![false; active.len()];
     for &i in feed {
         fed[i] = true;
     }
     let batched = {
-        let mut states: Vec<&mut State> = active
+        let mut parts: Vec<(&mut State, &[u32])> = active
             .iter_mut()
             .zip(&fed)
             .filter(|(_, f)| **f)
             .map(|(s, _)| &mut s.state)
+            .zip(&segs)
+            .map(|(st, (t, _))| (st, t.as_slice()))
             .collect();
-        model.forward_batch(&mut states, &ids)
+        if extra == 0 {
+            let mut states: Vec<&mut State> = parts.into_iter().map(|(s, _)| s).collect();
+            let ids: Vec<u32> = segs.iter().map(|(t, _)| t[0]).collect();
+            model.forward_batch(&mut states, &ids)
+        } else {
+            model.forward_batch_rows(&mut parts)
+        }
     };
-    match batched {
+    let v = model.config().vocab;
+    let results = match batched {
         Ok(l) => {
-            let v = l.len() / feed.len();
+            let mut at = 0;
             feed.iter()
-                .zip(l.chunks_exact(v.max(1)))
-                .map(|(&i, row)| (i, Ok(row.to_vec())))
+                .zip(&segs)
+                .map(|(&i, (t, drafted))| {
+                    let n = t.len() * v;
+                    let rows = &l[at..at + n];
+                    at += n;
+                    (i, Ok(active[i].spec.take_rows(rows, v, *drafted)))
+                })
                 .collect()
         }
         Err(_) => feed
             .iter()
-            .zip(&ids)
-            .map(|(&i, &id)| {
-                let r = model
-                    .forward(&mut active[i].state, &[id], Logits::Last)
-                    .map_err(Error::from);
+            .zip(&segs)
+            .map(|(&i, (t, drafted))| {
+                let s = &mut active[i];
+                let want = if t.len() == 1 {
+                    Logits::Last
+                } else {
+                    Logits::All
+                };
+                let r = match model.forward(&mut s.state, t, want) {
+                    Ok(out) => Ok(s.spec.take_rows(&out, v, *drafted)),
+                    Err(e) => {
+                        s.spec.failed(&mut s.held);
+                        Err(Error::from(e))
+                    }
+                };
                 (i, r)
             })
             .collect(),
-    }
+    };
+    (results, extra)
 }
 
 /// Prefills a new sequence; reports a failure through its sink.
@@ -470,6 +522,7 @@ fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
     let mut state = engine.model().new_state();
     let mut history = Vec::new();
     // The batcher returns no logits: only the last position's are computed.
+    let spec = Speculation::new(job.opts.draft);
     match generate::prefill(engine, &mut state, &mut history, &job.ids, &job.opts, false) {
         Ok(p) => Some(Seq {
             job,
@@ -477,6 +530,8 @@ fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
             history,
             g: p.seq,
             logits: p.last,
+            spec,
+            held: Held::default(),
             ended: false,
         }),
         Err(e) => {

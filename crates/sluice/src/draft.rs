@@ -4,7 +4,14 @@
 //! pass with the token just chosen (each expert read once for all the rows) and sampling each
 //! position from its own row exactly as decoding one token at a time would: a draft token is
 //! kept only if it equals the token drawn there, so drafting changes the speed, never the text.
-//! The checking itself lives with the decoding loop ([`crate::session`]).
+//! [`Speculation`] keeps one generation's drafts between passes, for sessions and the batcher
+//! alike; they run the passes.
+
+use std::collections::VecDeque;
+
+use sluice_model::{Model, State};
+
+use crate::generate::Seq;
 
 /// Whether and how to draft.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,16 +170,178 @@ impl Drafter {
         }
     }
 
-    /// Learns from a timed forward pass over `rows` rows.
-    pub(crate) fn timed(&mut self, rows: usize, seconds: f64) {
-        match (rows, self.one_row) {
-            (0, _) => {}
-            (1, _) => self.one_row = Some(average(self.one_row, seconds)),
+    /// Learns from a timed forward pass with `extra` rows beyond the one a sequence needs
+    /// (its draft, and chosen tokens run again).
+    pub(crate) fn timed(&mut self, extra: usize, seconds: f64) {
+        match (extra, self.one_row) {
+            (0, _) => self.one_row = Some(average(self.one_row, seconds)),
             (r, Some(t)) => {
-                let m = ((seconds - t) / (r - 1) as f64).max(0.0);
+                let m = ((seconds - t) / r as f64).max(0.0);
                 self.per_row = Some(average(self.per_row, m));
             }
             (_, None) => {}
+        }
+    }
+}
+
+/// What a sequence's state holds beyond its chosen tokens, for cutting it back: kept with the
+/// state (a session's outlives a generation dropped part-way).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Held {
+    /// Where the state's latest forward pass began: what a recurrent state can go back to.
+    pub(crate) pass_start: usize,
+    /// Draft positions the state holds beyond the chosen tokens.
+    pub(crate) drafted: usize,
+}
+
+impl Held {
+    /// Drops the draft positions the state holds beyond the chosen tokens. A KV cache is cut
+    /// back to the chosen tokens; a recurrent state, which can go back only to where its
+    /// latest pass began, goes back there, and the chosen tokens after that run again at the
+    /// head of the next pass (the same bits: chunking changes none).
+    pub(crate) fn settle(&mut self, state: &mut State, model: &Model) {
+        if self.drafted == 0 {
+            return;
+        }
+        let keep = state.pos() - self.drafted;
+        self.drafted = 0;
+        if state.truncate(keep).is_err() && state.truncate(self.pass_start).is_err() {
+            // Cannot happen (a state always goes back to its latest pass's start), but a
+            // state that cannot is started afresh rather than left holding drafts.
+            *state = model.new_state();
+        }
+    }
+}
+
+/// One generation's speculation: its drafter, the draft tokens its state holds beyond the
+/// chosen ones (oldest first), the logits of the position after each, and the current draft's
+/// (proposed, accepted) — shared by sessions and the batcher, which differ only in how they run
+/// the pass.
+#[derive(Debug)]
+pub(crate) struct Speculation {
+    drafter: Option<Drafter>,
+    drafts: VecDeque<u32>,
+    rows: VecDeque<Vec<f32>>,
+    round: (usize, usize),
+}
+
+impl Speculation {
+    pub(crate) fn new(d: Draft) -> Speculation {
+        Speculation {
+            drafter: Drafter::new(d),
+            drafts: VecDeque::new(),
+            rows: VecDeque::new(),
+            round: (0, 0),
+        }
+    }
+
+    /// After `id` was chosen and the generation goes on: the next position's logits if `id`
+    /// is the draft token the state holds next (no pass needed), else `None` — the draft, if
+    /// any, is dropped and a pass must run ([`Speculation::segment`]).
+    pub(crate) fn chosen(
+        &mut self,
+        id: u32,
+        seq: &mut Seq,
+        held: &mut Held,
+        state: &mut State,
+        model: &Model,
+    ) -> Option<Vec<f32>> {
+        if self.drafts.front() == Some(&id) {
+            self.drafts.pop_front();
+            held.drafted = self.drafts.len();
+            self.round.1 += 1;
+            if self.drafts.is_empty() {
+                self.end_round(seq);
+            }
+            return self.rows.pop_front();
+        }
+        self.drop(seq, held, state, model);
+        None
+    }
+
+    /// Forgets the draft (the generation ended, or it was rejected) and cuts the state back.
+    pub(crate) fn drop(
+        &mut self,
+        seq: &mut Seq,
+        held: &mut Held,
+        state: &mut State,
+        model: &Model,
+    ) {
+        if self.drafts.is_empty() {
+            return;
+        }
+        self.end_round(seq);
+        self.drafts.clear();
+        self.rows.clear();
+        held.settle(state, model);
+    }
+
+    /// The tokens of the sequence's next pass: the chosen tokens its state lacks (the one just
+    /// chosen, and any a recurrent state had to drop) and a new draft. Drafts past what may
+    /// still be generated, or past the context, are never made.
+    pub(crate) fn segment(
+        &mut self,
+        seq: &Seq,
+        history: &[u32],
+        held: &mut Held,
+        state: &State,
+        model: &Model,
+    ) -> (Vec<u32>, usize) {
+        let fed = state.pos();
+        let mut tokens = history[fed..].to_vec();
+        let draft = match &mut self.drafter {
+            Some(d) => {
+                let left = seq.d.opts.max_tokens - seq.d.ids.len();
+                let room = model.max_positions().saturating_sub(fed + tokens.len());
+                d.propose(history, left.saturating_sub(1).min(room))
+            }
+            None => Vec::new(),
+        };
+        tokens.extend_from_slice(&draft);
+        held.pass_start = fed;
+        held.drafted = draft.len();
+        self.drafts = draft.iter().copied().collect();
+        self.round = (draft.len(), 0);
+        (tokens, draft.len())
+    }
+
+    /// The pass over [`Speculation::segment`]'s tokens failed (the state is as it was before
+    /// it): no draft is held.
+    pub(crate) fn failed(&mut self, held: &mut Held) {
+        self.drafts.clear();
+        self.rows.clear();
+        self.round = (0, 0);
+        held.drafted = 0;
+    }
+
+    /// Takes the logits of a pass over a segment of `drafted` draft tokens (`out`: every row
+    /// of the segment, or only its last when it was one token): the chosen token's row is the
+    /// next position's logits, the draft tokens' rows wait their turn.
+    pub(crate) fn take_rows(&mut self, out: &[f32], vocab: usize, drafted: usize) -> Vec<f32> {
+        let n = out.len() / vocab.max(1);
+        let mut rows = out
+            .chunks_exact(vocab)
+            .skip(n - 1 - drafted)
+            .map(<[f32]>::to_vec);
+        let next = rows.next().unwrap_or_default();
+        self.rows = rows.collect();
+        next
+    }
+
+    /// Learns from a pass that took `seconds` with `extra` rows beyond one per sequence.
+    pub(crate) fn timed(&mut self, extra: usize, seconds: f64) {
+        if let Some(d) = &mut self.drafter {
+            d.timed(extra, seconds);
+        }
+    }
+
+    fn end_round(&mut self, seq: &mut Seq) {
+        let (proposed, accepted) = std::mem::take(&mut self.round);
+        if proposed > 0 {
+            seq.note_draft(proposed, accepted);
+            if let Some(d) = &mut self.drafter {
+                d.outcome(proposed, accepted);
+            }
         }
     }
 }
@@ -209,8 +378,8 @@ mod tests {
         assert_eq!(d.propose(&s, 99).len(), 1);
         // Rows that cost almost nothing (a pass bound by reading weights) and drafts that are
         // kept: long drafts.
-        d.timed(1, 0.100);
-        d.timed(5, 0.104);
+        d.timed(0, 0.100);
+        d.timed(4, 0.104);
         for _ in 0..10 {
             d.outcome(1, 1);
         }
@@ -219,9 +388,9 @@ mod tests {
         assert_eq!(d.propose(&s, 2).len(), 2, "never past the limit");
         // Rows that cost as much as a pass each: no draft pays, whatever p; probes only.
         let mut e = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
-        e.timed(1, 0.100);
+        e.timed(0, 0.100);
         for _ in 0..50 {
-            e.timed(2, 0.200);
+            e.timed(1, 0.200);
             e.outcome(1, 1);
         }
         let lens: Vec<usize> = (0..2 * PROBE_EVERY)
@@ -234,8 +403,8 @@ mod tests {
         );
         // Drafts always rejected: none either, however cheap the rows.
         let mut r = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
-        r.timed(1, 0.1);
-        r.timed(3, 0.1);
+        r.timed(0, 0.1);
+        r.timed(2, 0.1);
         for _ in 0..20 {
             r.outcome(1, 0);
         }
@@ -243,7 +412,7 @@ mod tests {
         // A fixed length never changes.
         let mut f = Drafter::new(Draft::Ngram { tokens: Some(3) }).unwrap();
         f.outcome(3, 0);
-        f.timed(4, 9.0);
+        f.timed(3, 9.0);
         assert_eq!(f.propose(&s, 99).len(), 3);
         assert!(Drafter::new(Draft::Off).is_none());
     }

@@ -60,8 +60,8 @@ pub struct GenerateOptions {
     /// log-probabilities reported are still the model's own, before the mask.
     pub grammar: Option<crate::Grammar>,
     /// Speculative decoding ([`crate::Draft`]): drafts checked in one pass with the token
-    /// before them. It changes the speed, never the output. Sessions draft; the continuous
-    /// batcher (and so `serve` and `batch`) decodes one token per sequence per step.
+    /// before them. It changes the speed, never the output. In the continuous batcher each
+    /// sequence drafts on its own and one pass runs every sequence's rows.
     pub draft: crate::Draft,
 }
 

@@ -42,6 +42,8 @@ pub struct ServerOptions {
     /// How long a client has to send a request's headers, and then its body (30 s by default
     /// in `sluice serve`): a connection that sends half a request is closed after it.
     pub read_timeout: Duration,
+    /// Speculative decoding for every request ([`crate::Draft`]).
+    pub draft: crate::Draft,
 }
 
 /// How long, after Ctrl-C, requests being answered get to finish before every connection is
@@ -210,13 +212,22 @@ fn finish_str(f: FinishReason) -> &'static str {
 }
 
 /// Usage of a request's choices: the prompt once, the completions summed.
+/// With drafting (`sluice serve --draft ngram`), the drafts made and kept, once there were any.
 fn usage<'a>(done: impl Iterator<Item = &'a Finished>) -> Value {
     let (mut prompt, mut completion) = (0, 0);
+    let (mut proposed, mut accepted) = (0, 0);
     for f in done {
         prompt = f.prompt_ids.len();
         completion += f.ids.len();
+        proposed += f.stats.draft_proposed;
+        accepted += f.stats.draft_accepted;
     }
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    if proposed > 0 {
+        u["draft_proposed"] = json!(proposed);
+        u["draft_accepted"] = json!(accepted);
+    }
+    u
 }
 
 impl App {
@@ -323,6 +334,7 @@ impl App {
                 sampling: s,
                 stop,
                 logprobs,
+                draft: self.opts.draft,
                 ..Default::default()
             },
             n,

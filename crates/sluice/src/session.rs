@@ -1,12 +1,12 @@
 //! Sessions: one conversation's KV cache, and the generations run on it one at a time through
 //! the shared generation loop ([`crate::generate`]).
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use sluice_model::{Logits, State};
 
 use crate::Error;
+use crate::draft::{Held, Speculation};
 use crate::engine::{Engine, Prompt, SlotClaim};
 use crate::generate::{self, FinishReason, GenerateOptions, Seq, Step, Token, check_options};
 use crate::stats::GenerationStats;
@@ -20,11 +20,9 @@ pub struct Session {
     engine: Engine,
     state: State,
     history: Vec<u32>,
-    /// Where the state's latest forward pass began: what a recurrent state can go back to when
-    /// draft tokens beyond the chosen ones are dropped ([`Session::settle`]).
-    pass_start: usize,
-    /// Draft positions the state holds beyond the chosen tokens.
-    drafted: usize,
+    /// Draft positions the state holds beyond the chosen tokens (a generation dropped while
+    /// its draft was being checked leaves some), cut back before the next generation.
+    held: Held,
 }
 
 impl Session {
@@ -34,27 +32,13 @@ impl Session {
             state: engine.model().new_state(),
             engine,
             history: Vec::new(),
-            pass_start: 0,
-            drafted: 0,
+            held: Held::default(),
         }
     }
 
-    /// Drops draft positions the state holds beyond the chosen tokens (a generation dropped
-    /// while its draft was being checked leaves some). A KV cache is cut back to the chosen
-    /// tokens; a recurrent state, which can go back only to where its latest pass began, goes
-    /// back there, and the chosen tokens after that run again with the next pass (the same
-    /// bits: chunking changes none).
+    /// Cuts back draft positions a dropped generation left ([`Held::settle`]).
     fn settle(&mut self) {
-        if self.drafted == 0 {
-            return;
-        }
-        let keep = self.state.pos() - self.drafted;
-        self.drafted = 0;
-        if self.state.truncate(keep).is_err() && self.state.truncate(self.pass_start).is_err() {
-            // Cannot happen (a state always goes back to its latest pass's start), but a
-            // state that cannot is started afresh rather than left holding drafts.
-            self.state = self.engine.model().new_state();
-        }
+        self.held.settle(&mut self.state, self.engine.model());
     }
 
     /// The engine.
@@ -69,8 +53,7 @@ impl Session {
 
     /// Forgets everything (an empty cache).
     pub fn reset(&mut self) {
-        self.pass_start = 0;
-        self.drafted = 0;
+        self.held = Held::default();
         self.state = self.engine.model().new_state();
         self.history.clear();
     }
@@ -165,10 +148,7 @@ impl Session {
             prompt_ids: ids,
             prompt_logits: p.prompt_logits,
             step_logits: Vec::new(),
-            drafter: crate::draft::Drafter::new(opts.draft),
-            drafts: VecDeque::new(),
-            rows: VecDeque::new(),
-            round: (0, 0),
+            spec: Speculation::new(opts.draft),
         })
     }
 }
@@ -181,13 +161,8 @@ pub struct Generation<'s> {
     prompt_ids: Vec<u32>,
     prompt_logits: Vec<f32>,
     step_logits: Vec<f32>,
-    /// Speculative decoding: the drafter, the draft tokens the state holds beyond the chosen
-    /// ones (oldest first), the logits of the position after each, and the current draft's
-    /// (proposed, accepted).
-    drafter: Option<crate::draft::Drafter>,
-    drafts: VecDeque<u32>,
-    rows: VecDeque<Vec<f32>>,
-    round: (usize, usize),
+    /// Speculative decoding's drafts between passes.
+    spec: Speculation,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -273,19 +248,17 @@ impl Generation<'_> {
                     self.drop_drafts();
                     return Ok(Some(token));
                 };
-                if let Some(&d) = self.drafts.front() {
-                    if d == id {
-                        // The draft was right: its position is in the state already.
-                        self.drafts.pop_front();
-                        self.session.drafted = self.drafts.len();
-                        self.next_logits = self.rows.pop_front();
-                        self.round.1 += 1;
-                        if self.drafts.is_empty() {
-                            self.end_round();
-                        }
-                        return Ok(Some(token));
-                    }
-                    self.drop_drafts();
+                let session = &mut *self.session;
+                if let Some(next) = self.spec.chosen(
+                    id,
+                    &mut self.seq,
+                    &mut session.held,
+                    &mut session.state,
+                    engine.model(),
+                ) {
+                    // The draft was right: its position is in the state already.
+                    self.next_logits = Some(next);
+                    return Ok(Some(token));
                 }
                 self.feed(&engine)?;
                 Ok(Some(token))
@@ -293,69 +266,50 @@ impl Generation<'_> {
         }
     }
 
-    /// Runs the chosen tokens the state does not hold yet (the one just chosen, and any a
-    /// recurrent state had to drop) and a new draft through the model in one pass, keeping the
-    /// logits of the chosen token's position and of each draft token's.
+    /// Runs the chosen tokens the state does not hold yet and a new draft through the model
+    /// in one pass ([`Speculation::segment`]), keeping the logits of the chosen token's
+    /// position and of each draft token's.
     fn feed(&mut self, engine: &Engine) -> Result<(), Error> {
         let t0 = Instant::now();
         let model = engine.model();
-        let state = &mut self.session.state;
-        let history = &self.session.history;
-        let fed = state.pos();
-        let mut tokens = history[fed..].to_vec();
-        let draft = match &mut self.drafter {
-            // Drafts past what may still be generated, or past the context, are never used.
-            Some(d) => {
-                let left = self.seq.d.opts.max_tokens - self.seq.d.ids.len();
-                let room = model.max_positions().saturating_sub(fed + tokens.len());
-                d.propose(history, left.saturating_sub(1).min(room))
-            }
-            None => Vec::new(),
-        };
-        tokens.extend_from_slice(&draft);
-        self.session.pass_start = fed;
-        let pass = Instant::now();
-        if draft.is_empty() && tokens.len() == 1 {
-            self.next_logits = Some(model.forward(state, &tokens, Logits::Last)?);
+        let session = &mut *self.session;
+        let (tokens, drafted) = self.spec.segment(
+            &self.seq,
+            &session.history,
+            &mut session.held,
+            &session.state,
+            model,
+        );
+        let want = if tokens.len() == 1 {
+            Logits::Last
         } else {
-            let all = model.forward(state, &tokens, Logits::All)?;
-            let v = model.config().vocab;
-            let first = tokens.len() - 1 - draft.len();
-            let mut rows = all.chunks_exact(v).skip(first).map(<[f32]>::to_vec);
-            self.next_logits = rows.next();
-            self.rows = rows.collect();
-            self.drafts = draft.iter().copied().collect();
-            self.session.drafted = draft.len();
-            self.round = (draft.len(), 0);
-        }
-        if let Some(d) = &mut self.drafter {
-            d.timed(tokens.len(), pass.elapsed().as_secs_f64());
-        }
-        self.seq.add_decode_seconds(t0.elapsed().as_secs_f64());
+            Logits::All
+        };
+        let out = model.forward(&mut session.state, &tokens, want);
+        let out = match out {
+            Ok(o) => o,
+            Err(e) => {
+                // The state is as it was: it holds no draft.
+                self.spec.failed(&mut session.held);
+                return Err(e.into());
+            }
+        };
+        self.next_logits = Some(self.spec.take_rows(&out, model.config().vocab, drafted));
+        let secs = t0.elapsed().as_secs_f64();
+        self.spec.timed(tokens.len() - 1, secs);
+        self.seq.add_decode_seconds(secs);
         Ok(())
     }
 
-    /// Counts the current draft and tells the drafter how it went.
-    fn end_round(&mut self) {
-        let (proposed, accepted) = std::mem::take(&mut self.round);
-        if proposed > 0 {
-            self.seq.note_draft(proposed, accepted);
-            if let Some(d) = &mut self.drafter {
-                d.outcome(proposed, accepted);
-            }
-        }
-    }
-
-    /// Forgets the draft tokens the state holds beyond the chosen ones
-    /// ([`Session::settle`]).
+    /// Forgets the draft the state holds beyond the chosen tokens.
     fn drop_drafts(&mut self) {
-        if self.drafts.is_empty() {
-            return;
-        }
-        self.end_round();
-        self.drafts.clear();
-        self.rows.clear();
-        self.session.settle();
+        let session = &mut *self.session;
+        self.spec.drop(
+            &mut self.seq,
+            &mut session.held,
+            &mut session.state,
+            session.engine.model(),
+        );
     }
 }
 

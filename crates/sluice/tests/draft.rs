@@ -155,3 +155,102 @@ fn a_draft_length_out_of_range_is_refused() {
         assert!(e.contains("draft tokens"), "{e}");
     }
 }
+
+#[test]
+fn the_batcher_drafts_per_sequence_and_changes_no_token() {
+    use sluice::batch::{Batcher, Event, OwnedPrompt};
+    let (mut proposed, mut accepted) = (0, 0);
+    for dir in [
+        common::demo(),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/qwen3_next-fp32"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v3-fp32"),
+    ] {
+        let builder = || {
+            Engine::builder()
+                .model(&dir)
+                .threads(2)
+                .context(64)
+                .sequences(4)
+        };
+        let min = common::minimum(builder());
+        for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {
+            let engine = builder().memory(memory).build().unwrap();
+            let ids = prompt(engine.model().config().vocab);
+            // Four jobs: greedy and sampled, drafting at a fixed length and adaptively, and one
+            // not drafting at all, of different lengths, decoded together.
+            let job = |i: usize, draft: Draft| {
+                let opts = GenerateOptions {
+                    max_tokens: 10 + 5 * i,
+                    sampling: SamplingOptions {
+                        temperature: if i.is_multiple_of(2) { 0.0 } else { 0.8 },
+                        seed: i as u64,
+                        ..Default::default()
+                    },
+                    stop_at_eos: false,
+                    draft,
+                    ..Default::default()
+                };
+                (OwnedPrompt::Ids(ids[i..].to_vec()), opts)
+            };
+            let drafts = [
+                Draft::Ngram { tokens: Some(3) },
+                Draft::Ngram { tokens: Some(2) },
+                Draft::Ngram { tokens: None },
+                Draft::Off,
+            ];
+            let want: Vec<Vec<u32>> = (0..4)
+                .map(|i| {
+                    let (p, o) = job(i, Draft::Off);
+                    let OwnedPrompt::Ids(p) = p else {
+                        unreachable!()
+                    };
+                    let mut s = engine.session().unwrap();
+                    let mut g = s.generate(Prompt::Ids(&p), &o).unwrap();
+                    g.run().unwrap();
+                    g.ids().to_vec()
+                })
+                .collect();
+            let b = Batcher::new(engine.clone(), 4).unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            for (i, d) in drafts.iter().enumerate() {
+                let (p, o) = job(i, *d);
+                let tx = tx.clone();
+                b.submit(
+                    &p,
+                    o,
+                    Box::new(move |e| {
+                        let _ = tx.send((i, e));
+                        true
+                    }),
+                )
+                .unwrap();
+            }
+            drop(tx);
+            let mut got = vec![None; 4];
+            for (i, e) in rx {
+                match e {
+                    Event::Token(_) => {}
+                    Event::Done(f) => {
+                        got[i] = Some((f.ids, f.stats.draft_proposed, f.stats.draft_accepted))
+                    }
+                    Event::Failed(e) => panic!("{e}"),
+                }
+            }
+            for i in 0..4 {
+                let (ids, p, a) = got[i].clone().unwrap();
+                assert_eq!(ids, want[i], "{}: {memory:?}, job {i}", dir.display());
+                assert!(a <= p);
+                if i == 3 {
+                    assert_eq!(p, 0, "job 3 does not draft");
+                }
+                proposed += p;
+                accepted += a;
+            }
+        }
+    }
+    // Drafts were made, some kept and some not, inside the batch.
+    assert!(
+        accepted > 0 && accepted < proposed,
+        "{accepted} of {proposed}"
+    );
+}

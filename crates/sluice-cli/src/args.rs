@@ -337,6 +337,11 @@ pub struct RunArgs {
     /// likely alternatives (0-20), as `logprobs` in the object.
     #[arg(long, value_name = "N", requires = "json")]
     pub logprobs: Option<usize>,
+    /// Resume from the session in FILE when it exists (the prompt is then the whole context:
+    /// what the saved tokens start is not computed again) and save the session there after
+    /// generating.
+    #[arg(long, value_name = "FILE")]
+    pub session: Option<PathBuf>,
     /// Constrain the output to JSON valid against the JSON schema in FILE.
     #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
     pub json_schema: Option<PathBuf>,
@@ -419,6 +424,10 @@ pub struct ChatArgs {
     /// Most tokens per reply.
     #[arg(long, default_value_t = 512)]
     pub max_tokens: usize,
+    /// Resume the conversation saved in FILE when it exists, and save it there after every
+    /// reply.
+    #[arg(long, value_name = "FILE")]
+    pub session: Option<PathBuf>,
 }
 
 /// Parses a shipped policy by name (`PolicyChoice`'s `FromStr`), and lists them all in the

@@ -547,6 +547,9 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     if let Some(p) = &a.trace {
         check_writable("--trace", p)?;
     }
+    if let Some(p) = &a.session {
+        check_writable("--session", p)?;
+    }
     // A grammar file is read and parsed before the model loads, and compiled once it has.
     let grammar = grammar_file(&a)?;
     let draft = draft(&a.draft)?;
@@ -609,7 +612,17 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         let _ = engine.take_trace();
     }
     let mut session = engine.session()?;
-    let mut generation = session.generate(prompt, &opts)?;
+    if let Some(p) = &a.session
+        && p.exists()
+    {
+        session.load(p)?;
+    }
+    let mut generation = if a.session.is_some() {
+        // The prompt is the whole context; a resumed session computes only what is new.
+        session.generate_full(prompt, &opts)?
+    } else {
+        session.generate(prompt, &opts)?
+    };
     let mut live = (!a.json).then(|| live::Live::new(&engine));
     if let (Some(l), Some(p)) = (live.as_mut(), echo) {
         l.text(&p);
@@ -669,6 +682,10 @@ fn run(a: RunArgs) -> Result<(), Failure> {
             let _ = writeln!(out, "{v}");
         }
     }
+    drop(generation);
+    if let Some(p) = &a.session {
+        session.save(p, &[])?;
+    }
     Ok(())
 }
 
@@ -697,9 +714,19 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
     Ok(sluice::server::serve(engine, opts)?)
 }
 
+/// What `chat --session` keeps beside the session's tokens and state.
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct ChatSaved {
+    messages: Vec<sluice::Message>,
+    transcript: String,
+}
+
 fn chat(a: args::ChatArgs) -> Result<(), Failure> {
     use std::io::BufRead;
     let draft = draft(&a.draft)?;
+    if let Some(p) = &a.session {
+        check_writable("--session", p)?;
+    }
     let engine = engine(&a.engine, false, 1)?;
     if engine.tokenizer().is_none() {
         return Err(usage(format!(
@@ -724,6 +751,27 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
         .collect();
     let mut session = engine.session()?;
     let mut transcript = String::new();
+    if let Some(p) = &a.session
+        && p.exists()
+    {
+        let extra = session.load(p)?;
+        let saved: ChatSaved = serde_json::from_slice(&extra).map_err(|_| {
+            usage(format!(
+                "{}: a session file, but not one `sluice chat` wrote",
+                p.display()
+            ))
+        })?;
+        if a.system.is_some() && !saved.messages.is_empty() {
+            return Err(usage(
+                "--system: the resumed conversation has its own; give no --system with --session of an existing chat",
+            ));
+        }
+        eprintln!("{}: resumed {} messages", p.display(), saved.messages.len());
+        if !saved.messages.is_empty() {
+            messages = saved.messages;
+        }
+        transcript = saved.transcript;
+    }
     eprintln!(
         "{}: type a message and press Enter; an empty line or end of input quits.{}",
         engine.dir().display(),
@@ -768,6 +816,17 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
         } else {
             transcript.push_str(&text);
             transcript.push('\n');
+        }
+        if let Some(p) = &a.session {
+            let saved = ChatSaved {
+                messages: messages.clone(),
+                transcript: transcript.clone(),
+            };
+            let extra = serde_json::to_vec(&saved).map_err(|e| Failure {
+                code: 1,
+                msg: format!("{}: {e}", p.display()),
+            })?;
+            session.save(p, &extra)?;
         }
     }
     Ok(())

@@ -1036,3 +1036,99 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
         assert!(e.contains(says), "{e}");
     }
 }
+
+#[test]
+fn run_session_resumes_and_refuses_what_is_not_its_own() {
+    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("talk.sluice");
+    let go = |prompt: &str, session: bool| {
+        let mut a = vec![
+            "run",
+            "--model",
+            demo.to_str().unwrap(),
+            "--raw",
+            "--json",
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0",
+        ];
+        if session {
+            a.extend_from_slice(&["--session", file.to_str().unwrap()]);
+        }
+        a.push(prompt);
+        json(&run(&a))
+    };
+    let p1 = "It is a truth universally acknowledged";
+    let first = go(p1, true);
+    assert!(file.is_file());
+    let whole = format!("{p1}{} And so", first["text"].as_str().unwrap());
+    let resumed = go(&whole, true);
+    let cold = go(&whole, false);
+    // The same text as a cold run of the whole context, computing only what is new.
+    assert_eq!(resumed["ids"], cold["ids"]);
+    let (r, c) = (
+        resumed["stats"]["prefill_tokens"].as_u64().unwrap(),
+        cold["stats"]["prefill_tokens"].as_u64().unwrap(),
+    );
+    assert!(r < c / 2, "resumed prefilled {r} of {c}");
+    // A file that is not a session is refused, left as it was, and nothing is generated.
+    let notes = d.path().join("notes.txt");
+    std::fs::write(&notes, "my notes").unwrap();
+    let e = one_line_error(&[
+        "run",
+        "--model",
+        demo.to_str().unwrap(),
+        "--session",
+        notes.to_str().unwrap(),
+        "x",
+    ]);
+    assert!(
+        e.contains("notes.txt") && e.contains("not a sluice session file"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read_to_string(&notes).unwrap(), "my notes");
+    // Another model's session: refused.
+    let e = one_line_error(&[
+        "run",
+        "--model",
+        fixture("qwen3-fp32").to_str().unwrap(),
+        "--session",
+        file.to_str().unwrap(),
+        "--prompt-ids",
+        "1,2",
+    ]);
+    assert!(e.contains("another model"), "{e}");
+}
+
+#[test]
+fn chat_session_resumes_a_conversation_as_if_never_stopped() {
+    use std::io::Write as _;
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("chat.sluice");
+    let chat = |input: &[u8], session: bool| {
+        let mut args = vec!["chat", "--max-tokens", "8", "--temperature", "0"];
+        if session {
+            args.extend_from_slice(&["--session", file.to_str().unwrap()]);
+        }
+        let mut child = bin()
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), stderr(&o))
+    };
+    let (whole, _) = chat(b"Elizabeth smiled.\nShe left.\n\n", false);
+    let (first, _) = chat(b"Elizabeth smiled.\n\n", true);
+    let (second, err) = chat(b"She left.\n\n", true);
+    assert!(err.contains("resumed"), "{err}");
+    // The two sessions' replies are the uninterrupted chat's.
+    assert_eq!(format!("{first}{second}"), whole);
+}

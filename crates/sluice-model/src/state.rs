@@ -125,6 +125,69 @@ impl State {
         self.kv.positions = self.kv.positions.max(positions);
     }
 
+    /// The state as bytes: its position and every layer's kind and buffers (little-endian;
+    /// see [`State::from_bytes`]). The routes and debug captures are not kept.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.cache_bytes());
+        out.extend_from_slice(&(self.pos as u64).to_le_bytes());
+        out.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
+        for l in &self.layers {
+            out.push(l.tag());
+            let parts = l.parts();
+            out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+            for p in parts {
+                out.extend_from_slice(&(p.len() as u64).to_le_bytes());
+                for x in p {
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// A state of `cfg`'s model from [`State::to_bytes`]: every layer's kind, buffer count and
+    /// buffer lengths must be what `cfg` gives for the position saved, and nothing may follow.
+    /// What is wrong is said in one line.
+    pub fn from_bytes(cfg: &ModelConfig, bytes: &[u8]) -> Result<State, String> {
+        let mut r = Reader { b: bytes };
+        let mut s = State::new(cfg);
+        let pos = r.u64()? as usize;
+        let layers = r.u32()? as usize;
+        if layers != s.layers.len() {
+            return Err(format!(
+                "{layers} layers, but the model has {}",
+                s.layers.len()
+            ));
+        }
+        for (i, l) in s.layers.iter_mut().enumerate() {
+            let tag = r.take(1)?[0];
+            if tag != l.tag() {
+                return Err(format!("layer {i} is of another attention kind"));
+            }
+            let n = r.u32()? as usize;
+            if n > 1 << 16 {
+                return Err(format!("layer {i}: {n} buffers"));
+            }
+            let mut parts = Vec::with_capacity(n);
+            for _ in 0..n {
+                let len = r.u64()? as usize;
+                let raw = r.take(len.checked_mul(4).ok_or("a buffer length overflows")?)?;
+                parts.push(
+                    raw.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                );
+            }
+            l.restore(parts, pos)
+                .map_err(|e| format!("layer {i}: {e}"))?;
+        }
+        if !r.b.is_empty() {
+            return Err(format!("{} bytes after the last layer", r.b.len()));
+        }
+        s.pos = pos;
+        Ok(s)
+    }
+
     /// Bytes the KV cache is charged for (lent by the expert cache).
     pub fn kv_bytes(&self) -> u64 {
         self.kv.lease.as_ref().map_or(0, |l| l.bytes())
@@ -133,5 +196,33 @@ impl State {
     /// Bytes held by the KV cache and the recurrent state (its snapshot included).
     pub fn cache_bytes(&self) -> usize {
         self.layers.iter().map(LayerCache::bytes).sum()
+    }
+}
+
+/// Reads little-endian fields off the front of a byte slice.
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if n > self.b.len() {
+            return Err("it ends early".into());
+        }
+        let (h, t) = self.b.split_at(n);
+        self.b = t;
+        Ok(h)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
     }
 }

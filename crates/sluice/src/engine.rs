@@ -280,6 +280,7 @@ impl EngineBuilder {
                     taken: Mutex::new(0),
                 }),
                 grammar: Mutex::new(None),
+                fingerprint: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -308,6 +309,8 @@ struct Inner {
     /// budget the memory it was given, lent by the expert cache for the engine's life.
     /// (A failure is not kept: the cache may give the memory up later, as leases end.)
     grammar: Mutex<Option<Arc<GrammarIndex>>>,
+    /// The model's identity for session files, computed at the first save or load.
+    fingerprint: std::sync::OnceLock<[u8; 16]>,
 }
 
 /// The memory a budget keeps for the tokenizer, planned inside it like scratch: what the
@@ -420,6 +423,15 @@ impl Engine {
             }
         };
         Ok(index.vocab.constrain(grammar)?)
+    }
+
+    /// The model's identity for session files (`saved.rs`'s `fingerprint`).
+    pub(crate) fn fingerprint(&self) -> Result<[u8; 16], Error> {
+        if let Some(f) = self.inner.fingerprint.get() {
+            return Ok(*f);
+        }
+        let f = crate::saved::fingerprint(&self.inner.dir)?;
+        Ok(*self.inner.fingerprint.get_or_init(|| f))
     }
 
     /// Indexes the vocabulary for grammars (see [`Engine::constrain`]).

@@ -26,6 +26,7 @@ mod decoding;
 pub mod draft;
 mod engine;
 mod generate;
+mod saved;
 #[cfg(feature = "server")]
 pub mod server;
 mod session;

@@ -1,6 +1,7 @@
 //! Sessions: one conversation's KV cache, and the generations run on it one at a time through
 //! the shared generation loop ([`crate::generate`]).
 
+use std::path::Path;
 use std::time::Instant;
 
 use sluice_model::{Logits, State};
@@ -39,6 +40,56 @@ impl Session {
     /// Cuts back draft positions a dropped generation left ([`Held::settle`]).
     fn settle(&mut self) {
         self.held.settle(&mut self.state, self.engine.model());
+    }
+
+    /// Writes the session — its tokens and state (KV cache, recurrent state) — to `path`, with
+    /// `extra` bytes of the caller's (a chat keeps its messages there): to a temporary file
+    /// beside it, then renamed over it. The format is in `saved.rs` and docs/ARCHITECTURE.md.
+    pub fn save(&mut self, path: &Path, extra: &[u8]) -> Result<(), Error> {
+        self.settle();
+        crate::saved::write(
+            path,
+            &self.engine.fingerprint()?,
+            &crate::saved::Saved {
+                tokens: self.history.clone(),
+                state: self.state.to_bytes(),
+                extra: extra.to_vec(),
+            },
+        )
+    }
+
+    /// Replaces what the session holds with a file [`Session::save`] wrote, and returns its
+    /// extra bytes. A file that is not a session file, is of another model, is cut short or
+    /// fails its checksum is refused ([`Error::Usage`], one line naming it) and the session is
+    /// left as it was. A following [`Session::generate_full`] whose prompt starts with the saved
+    /// tokens computes only the rest.
+    pub fn load(&mut self, path: &Path) -> Result<Vec<u8>, Error> {
+        let saved = crate::saved::read(path, &self.engine.fingerprint()?)?;
+        let cfg = self.engine.model().config();
+        let state = State::from_bytes(cfg, &saved.state).map_err(|e| {
+            Error::Usage(format!(
+                "{}: the saved state does not fit the model: {e}",
+                path.display()
+            ))
+        })?;
+        let fed = state.pos();
+        if fed > saved.tokens.len() || saved.tokens.len() > fed + 1 {
+            return Err(Error::Usage(format!(
+                "{}: the saved state holds {fed} positions for {} tokens",
+                path.display(),
+                saved.tokens.len()
+            )));
+        }
+        if let Some(&t) = saved.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(Error::Usage(format!(
+                "{}: token {t} is outside the vocabulary",
+                path.display()
+            )));
+        }
+        self.state = state;
+        self.history = saved.tokens;
+        self.held = Held::default();
+        Ok(saved.extra)
     }
 
     /// The engine.

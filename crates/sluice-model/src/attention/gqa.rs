@@ -100,6 +100,28 @@ pub(crate) struct Cache {
 }
 
 impl Cache {
+    /// Its buffers, for saving: every KV head's keys, then every head's values.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        self.k.iter().chain(&self.v).map(Vec::as_slice).collect()
+    }
+
+    /// Takes saved buffers of `pos` positions (as [`Cache::parts`] gave them).
+    pub(crate) fn restore(&mut self, mut parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        let heads = self.k.len();
+        if parts.len() != 2 * heads {
+            return Err(format!("{} buffers for {heads} KV heads", parts.len()));
+        }
+        let v = parts.split_off(heads);
+        if parts.iter().any(|x| x.len() != pos * self.head_dim)
+            || v.iter().any(|x| x.len() != pos * self.v_head_dim)
+        {
+            return Err(format!("KV buffers are not {pos} positions long"));
+        }
+        self.k = parts;
+        self.v = v;
+        Ok(())
+    }
+
     pub(crate) fn truncate(&mut self, pos: usize) {
         for x in &mut self.k {
             x.truncate(pos * self.head_dim);

@@ -219,6 +219,31 @@ impl Cache {
         }
     }
 
+    /// Its buffers, for saving: the convolutions' inputs and the state matrices.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        vec![&self.conv, &self.state]
+    }
+
+    /// Takes saved buffers after `pos` positions; no snapshot to go back to but the start.
+    pub(crate) fn restore(&mut self, mut parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        let state = parts.pop();
+        let conv = parts.pop();
+        match (conv, state) {
+            (Some(c), Some(s))
+                if parts.is_empty()
+                    && c.len() == self.conv.len()
+                    && s.len() == self.state.len() =>
+            {
+                self.conv = c;
+                self.state = s;
+                self.pos = pos;
+                self.undo = None;
+                Ok(())
+            }
+            _ => Err("the recurrent state's buffers do not match the layer".into()),
+        }
+    }
+
     /// Whether this call starts the pass that began at `pass_start` (so the state is saved).
     pub(super) fn at_pass_start(&self, pass_start: usize) -> bool {
         self.pos == pass_start

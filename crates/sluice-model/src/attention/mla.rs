@@ -87,6 +87,22 @@ impl Cache {
         self.ckr.truncate(pos * self.width());
     }
 
+    /// Its buffer, for saving: `[latent, rope key]` per position.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        vec![&self.ckr]
+    }
+
+    /// Takes a saved buffer of `pos` positions.
+    pub(crate) fn restore(&mut self, mut parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        match parts.pop() {
+            Some(c) if parts.is_empty() && c.len() == pos * self.width() => {
+                self.ckr = c;
+                Ok(())
+            }
+            _ => Err(format!("the latent cache is not {pos} positions long")),
+        }
+    }
+
     pub(crate) fn reserve(&mut self, positions: usize) {
         let w = self.width();
         super::room(&mut self.ckr, positions * w);

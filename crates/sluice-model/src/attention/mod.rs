@@ -238,6 +238,34 @@ impl LayerCache {
         }
     }
 
+    /// The kind's tag in a saved state.
+    pub(crate) fn tag(&self) -> u8 {
+        match self {
+            LayerCache::Gqa(_) => 1,
+            LayerCache::Mla(_) => 2,
+            LayerCache::Kda(_) => 3,
+            LayerCache::Gdn(_) => 4,
+        }
+    }
+
+    /// Its buffers, for saving.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        match self {
+            LayerCache::Gqa(c) => c.parts(),
+            LayerCache::Mla(c) => c.parts(),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => k.parts(),
+        }
+    }
+
+    /// Takes the buffers a fresh cache of this kind and shape saved after `pos` positions.
+    pub(crate) fn restore(&mut self, parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        match self {
+            LayerCache::Gqa(c) => c.restore(parts, pos),
+            LayerCache::Mla(c) => c.restore(parts, pos),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => k.restore(parts, pos),
+        }
+    }
+
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         match self {

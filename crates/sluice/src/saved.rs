@@ -1,0 +1,188 @@
+//! Sessions on disk: a session's tokens and its state (KV cache — MLA's latent form as it is
+//! cached — and recurrent state), so that a later run resumes where it stopped.
+//!
+//! The file, little-endian:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 16 | magic `SLUICE-SESSION\0\0` |
+//! | 4 | format version (1) |
+//! | 16 | the model's fingerprint ([`fingerprint`]) |
+//! | 8 + 4n | the number of tokens, then the tokens |
+//! | 8 + m | the length of the state, then the state (`sluice_model::State::to_bytes`) |
+//! | 8 + k | the length of the caller's extra bytes (a chat's messages as JSON), then them |
+//! | 8 | XXH3-64 of everything before it |
+//!
+//! It is written to a temporary file beside the target and renamed over it, so a reader sees
+//! the old file or the new one, never half of one. A file that is not one, is of another
+//! version or another model, is cut short or fails its checksum is refused with one line naming
+//! it, and never used.
+
+use std::io::Write;
+use std::path::Path;
+
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
+
+use crate::Error;
+
+const MAGIC: &[u8; 16] = b"SLUICE-SESSION\0\0";
+const VERSION: u32 = 1;
+
+/// The most bytes of a safetensors header hashed for the fingerprint.
+const MAX_HEADER: u64 = 100 << 20;
+
+/// The model's identity: its `config.json`, a pack's manifest, and every safetensors shard's
+/// name, size and header (the tensor names, shapes, types and offsets). A session is only ever
+/// resumed on a model with the same fingerprint.
+pub(crate) fn fingerprint(dir: &Path) -> Result<[u8; 16], Error> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut h = Xxh3::new();
+    for name in ["config.json", sluice_format::packed::MANIFEST] {
+        let p = dir.join(name);
+        if p.is_file() {
+            h.update(name.as_bytes());
+            h.update(&std::fs::read(&p).map_err(io(&p))?);
+        }
+    }
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    for p in shards {
+        use std::io::Read;
+        let mut f = std::fs::File::open(&p).map_err(io(&p))?;
+        let size = f.metadata().map_err(io(&p))?.len();
+        let mut len = [0u8; 8];
+        let n = f.read(&mut len).map_err(io(&p))?;
+        let header_len = if n == 8 { u64::from_le_bytes(len) } else { 0 };
+        let mut header = Vec::new();
+        f.take(header_len.min(MAX_HEADER))
+            .read_to_end(&mut header)
+            .map_err(io(&p))?;
+        h.update(p.file_name().map_or(&[][..], |n| n.as_encoded_bytes()));
+        h.update(&size.to_le_bytes());
+        h.update(&header);
+    }
+    Ok(h.digest128().to_le_bytes())
+}
+
+/// What a session file holds.
+pub(crate) struct Saved {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) state: Vec<u8>,
+    pub(crate) extra: Vec<u8>,
+}
+
+/// Writes a session file (to a temporary file beside `path`, then renamed over it).
+pub(crate) fn write(path: &Path, model: &[u8; 16], s: &Saved) -> Result<(), Error> {
+    let mut out = Vec::with_capacity(64 + 4 * s.tokens.len() + s.state.len() + s.extra.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(model);
+    out.extend_from_slice(&(s.tokens.len() as u64).to_le_bytes());
+    for t in &s.tokens {
+        out.extend_from_slice(&t.to_le_bytes());
+    }
+    out.extend_from_slice(&(s.state.len() as u64).to_le_bytes());
+    out.extend_from_slice(&s.state);
+    out.extend_from_slice(&(s.extra.len() as u64).to_le_bytes());
+    out.extend_from_slice(&s.extra);
+    let sum = xxh3_64(&out);
+    out.extend_from_slice(&sum.to_le_bytes());
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let err = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".sluice-session-")
+        .tempfile_in(dir)
+        .map_err(err)?;
+    tmp.write_all(&out).map_err(err)?;
+    tmp.as_file().sync_all().map_err(err)?;
+    tmp.persist(path).map_err(|e| err(e.error))?;
+    Ok(())
+}
+
+/// Reads and checks a session file for the model `model`.
+pub(crate) fn read(path: &Path, model: &[u8; 16]) -> Result<Saved, Error> {
+    let refuse = |why: &str| Error::Usage(format!("{}: {why}", path.display()));
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // The magic first: a file that is not a session is not read whole.
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    if !f.metadata().map_err(io)?.is_file() {
+        return Err(refuse("not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    (&mut f).take(16).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() < 16 || &bytes[..16] != MAGIC {
+        return Err(refuse("not a sluice session file"));
+    }
+    f.read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() < 16 + 4 + 16 + 8 * 4 {
+        return Err(refuse("the session file is cut short"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 8);
+    let u64_at = |b: &[u8]| {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        u64::from_le_bytes(a)
+    };
+    if xxh3_64(body) != u64_at(sum) {
+        return Err(refuse(
+            "the session file is corrupt or cut short (its checksum does not match)",
+        ));
+    }
+    let mut r = body;
+    let mut take = |n: usize| -> Result<&[u8], Error> {
+        if n > r.len() {
+            return Err(refuse("the session file is cut short"));
+        }
+        let (h, t) = r.split_at(n);
+        r = t;
+        Ok(h)
+    };
+    take(16)?;
+    let version = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
+    if version != VERSION {
+        return Err(refuse(&format!(
+            "session file format {version}; this sluice reads format {VERSION}"
+        )));
+    }
+    let stored_model = take(16)?.to_vec();
+    let n = u64_at(take(8)?) as usize;
+    let tokens: Vec<u32> = take(n.checked_mul(4).ok_or_else(|| refuse("corrupt"))?)?
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let m = u64_at(take(8)?) as usize;
+    let state = take(m)?.to_vec();
+    let k = u64_at(take(8)?) as usize;
+    let extra = take(k)?.to_vec();
+    if !r.is_empty() {
+        return Err(refuse("the session file is corrupt (bytes after its end)"));
+    }
+    if stored_model != model[..] {
+        return Err(refuse(
+            "the session file was written for another model (its config or shards differ)",
+        ));
+    }
+    Ok(Saved {
+        tokens,
+        state,
+        extra,
+    })
+}

@@ -397,7 +397,7 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
         // Feed the chosen tokens (and drafts) together: one pass, each layer's experts fetched
         // once for the union of the rows' choices.
         let t0 = Instant::now();
-        let (results, extra) = feed_step(model, &mut active, &feed);
+        let (results, extra) = feed_step(model, engine.prefill_chunk(), &mut active, &feed);
         let secs = t0.elapsed().as_secs_f64();
         let per = secs / feed.len().max(1) as f64;
         for (i, r) in results {
@@ -445,16 +445,23 @@ type Fed = (usize, Result<Vec<f32>, Error>);
 /// pass, and returns each sequence's next logits and the rows beyond one per sequence. If the
 /// pass fails (every state is then as it was), each sequence runs alone so a fault ends only
 /// the sequences it touches.
-fn feed_step(model: &sluice_model::Model, active: &mut [Seq], feed: &[usize]) -> (Vec<Fed>, usize) {
+fn feed_step(
+    model: &sluice_model::Model,
+    chunk: usize,
+    active: &mut [Seq],
+    feed: &[usize],
+) -> (Vec<Fed>, usize) {
     if feed.is_empty() {
         return (Vec::new(), 0);
     }
+    // The pass's rows stay within what the plan's scratch holds: the chunk, shared out.
+    let share = (chunk.max(feed.len()) / feed.len()).max(1);
     let mut segs: Vec<(Vec<u32>, usize)> = Vec::with_capacity(feed.len());
     for &i in feed {
         let s = &mut active[i];
         segs.push(
             s.spec
-                .segment(&s.g, &s.history, &mut s.held, &s.state, model),
+                .segment(&s.g, &s.history, &mut s.held, &s.state, model, share),
         );
     }
     let extra: usize = segs.iter().map(|(t, _)| t.len() - 1).sum();

@@ -278,7 +278,8 @@ impl Speculation {
 
     /// The tokens of the sequence's next pass: the chosen tokens its state lacks (the one just
     /// chosen, and any a recurrent state had to drop) and a new draft. Drafts past what may
-    /// still be generated, or past the context, are never made.
+    /// still be generated, past the context, or past `max_rows` rows in all (the rows the
+    /// memory plan's scratch holds activations and logits for) are never made.
     pub(crate) fn segment(
         &mut self,
         seq: &Seq,
@@ -286,6 +287,7 @@ impl Speculation {
         held: &mut Held,
         state: &State,
         model: &Model,
+        max_rows: usize,
     ) -> (Vec<u32>, usize) {
         let fed = state.pos();
         let mut tokens = history[fed..].to_vec();
@@ -293,7 +295,8 @@ impl Speculation {
             Some(d) => {
                 let left = seq.d.opts.max_tokens - seq.d.ids.len();
                 let room = model.max_positions().saturating_sub(fed + tokens.len());
-                d.propose(history, left.saturating_sub(1).min(room))
+                let rows = max_rows.saturating_sub(tokens.len());
+                d.propose(history, left.saturating_sub(1).min(room).min(rows))
             }
             None => Vec::new(),
         };

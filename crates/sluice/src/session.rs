@@ -330,6 +330,7 @@ impl Generation<'_> {
             &mut session.held,
             &session.state,
             model,
+            engine.prefill_chunk(),
         );
         let want = if tokens.len() == 1 {
             Logits::Last

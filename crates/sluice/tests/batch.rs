@@ -228,32 +228,13 @@ fn constrained_sequences_batched_equal_solo_under_a_budget() {
         assert!(want[i].1.starts_with("{\""), "{}", want[i].1);
     }
     for n in [3, 8] {
-        let b = Batcher::new(engine.clone(), n).unwrap();
-        let (tx, rx) = mpsc::channel();
-        for i in 0..8 {
-            let (p, o) = constrained_job(i);
-            let tx = tx.clone();
-            b.submit(
-                &p,
-                o,
-                Box::new(move |e| {
-                    let _ = tx.send((i, e));
-                    true
-                }),
-            )
-            .unwrap();
-        }
-        drop(tx);
-        let mut got = vec![None; 8];
-        for (i, e) in rx {
-            match e {
-                Event::Token(_) => {}
-                Event::Done(f) => got[i] = Some((f.ids, f.text, Some(f.finish))),
-                Event::Failed(e) => panic!("{e}"),
-            }
-        }
-        for i in 0..8 {
-            assert_eq!(got[i].clone().unwrap(), want[i], "batch {n}, sequence {i}");
+        let got = common::batched(&engine, n, (0..8).map(constrained_job).collect());
+        for (i, f) in got.into_iter().enumerate() {
+            assert_eq!(
+                (f.ids, f.text, Some(f.finish)),
+                want[i],
+                "batch {n}, sequence {i}"
+            );
         }
     }
 }

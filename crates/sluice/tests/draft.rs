@@ -158,7 +158,7 @@ fn a_draft_length_out_of_range_is_refused() {
 
 #[test]
 fn the_batcher_drafts_per_sequence_and_changes_no_token() {
-    use sluice::batch::{Batcher, Event, OwnedPrompt};
+    use sluice::batch::OwnedPrompt;
     let (mut proposed, mut accepted) = (0, 0);
     for dir in [
         common::demo(),
@@ -210,34 +210,13 @@ fn the_batcher_drafts_per_sequence_and_changes_no_token() {
                     g.ids().to_vec()
                 })
                 .collect();
-            let b = Batcher::new(engine.clone(), 4).unwrap();
-            let (tx, rx) = std::sync::mpsc::channel();
-            for (i, d) in drafts.iter().enumerate() {
-                let (p, o) = job(i, *d);
-                let tx = tx.clone();
-                b.submit(
-                    &p,
-                    o,
-                    Box::new(move |e| {
-                        let _ = tx.send((i, e));
-                        true
-                    }),
-                )
-                .unwrap();
-            }
-            drop(tx);
-            let mut got = vec![None; 4];
-            for (i, e) in rx {
-                match e {
-                    Event::Token(_) => {}
-                    Event::Done(f) => {
-                        got[i] = Some((f.ids, f.stats.draft_proposed, f.stats.draft_accepted))
-                    }
-                    Event::Failed(e) => panic!("{e}"),
-                }
-            }
+            let jobs = drafts.iter().enumerate().map(|(i, d)| job(i, *d)).collect();
+            let got: Vec<_> = common::batched(&engine, 4, jobs)
+                .into_iter()
+                .map(|f| (f.ids, f.stats.draft_proposed, f.stats.draft_accepted))
+                .collect();
             for i in 0..4 {
-                let (ids, p, a) = got[i].clone().unwrap();
+                let (ids, p, a) = got[i].clone();
                 assert_eq!(ids, want[i], "{}: {memory:?}, job {i}", dir.display());
                 assert!(a <= p);
                 if i == 3 {

@@ -34,3 +34,39 @@ pub fn text(context: usize, sequences: usize) -> u64 {
         .unwrap()
         .memory_bytes(context, sequences)
 }
+
+/// Runs `jobs` through a batcher of width `n` and returns each one's result, in job order;
+/// a failed job panics.
+pub fn batched(
+    engine: &sluice::Engine,
+    n: usize,
+    jobs: Vec<(sluice::OwnedPrompt, sluice::GenerateOptions)>,
+) -> Vec<sluice::Finished> {
+    let b = sluice::Batcher::new(engine.clone(), n).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let count = jobs.len();
+    for (i, (p, o)) in jobs.into_iter().enumerate() {
+        let tx = tx.clone();
+        b.submit(
+            &p,
+            o,
+            Box::new(move |e| {
+                let _ = tx.send((i, e));
+                true
+            }),
+        )
+        .unwrap();
+    }
+    drop(tx);
+    let mut got: Vec<Option<sluice::Finished>> = (0..count).map(|_| None).collect();
+    for (i, e) in rx {
+        match e {
+            sluice::Event::Token(_) => {}
+            sluice::Event::Done(f) => got[i] = Some(*f),
+            sluice::Event::Failed(e) => panic!("job {i}: {e}"),
+        }
+    }
+    got.into_iter()
+        .map(|f| f.expect("every job finishes"))
+        .collect()
+}

@@ -203,7 +203,7 @@ impl Held {
         if self.drafted == 0 {
             return;
         }
-        let keep = state.pos() - self.drafted;
+        let keep = state.pos().saturating_sub(self.drafted);
         self.drafted = 0;
         if state.truncate(keep).is_err() && state.truncate(self.pass_start).is_err() {
             // Cannot happen (a state always goes back to its latest pass's start), but a

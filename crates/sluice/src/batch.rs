@@ -10,7 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use serde::Deserialize;
-use sluice_model::{Logits, State};
+use sluice_model::State;
 
 use crate::Error;
 use crate::draft::{Held, Speculation};
@@ -505,18 +505,11 @@ fn feed_step(
             .zip(&segs)
             .map(|(&i, (t, drafted))| {
                 let s = &mut active[i];
-                let want = if t.len() == 1 {
-                    Logits::Last
-                } else {
-                    Logits::All
-                };
-                let r = match model.forward(&mut s.state, t, want) {
-                    Ok(out) => Ok(s.spec.take_rows(&out, v, *drafted)),
-                    Err(e) => {
-                        s.spec.failed(&mut s.held);
-                        Err(Error::from(e))
-                    }
-                };
+                let r = s
+                    .spec
+                    .run_alone(model, &mut s.state, &mut s.held, t, *drafted)
+                    .map(|(next, _)| next)
+                    .map_err(Error::from);
                 (i, r)
             })
             .collect(),

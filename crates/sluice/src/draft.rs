@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use sluice_model::{Model, State};
+use sluice_model::{Logits, Model, State};
 
 use crate::generate::Seq;
 
@@ -329,6 +329,38 @@ impl Speculation {
         let next = rows.next().unwrap_or_default();
         self.rows = rows.collect();
         next
+    }
+
+    /// Runs one sequence's segment ([`Speculation::segment`]) alone and takes its logits; the
+    /// rows the pass had. When the budget has no room for the draft's positions in the KV
+    /// cache, the draft is dropped and the chosen tokens run without it: drafting never makes
+    /// a sequence fail that would not fail without it. On error the state is as it was and no
+    /// draft is held.
+    pub(crate) fn run_alone(
+        &mut self,
+        model: &Model,
+        state: &mut State,
+        held: &mut Held,
+        tokens: &[u32],
+        drafted: usize,
+    ) -> Result<(Vec<f32>, usize), sluice_model::ModelError> {
+        let want = |n: usize| if n == 1 { Logits::Last } else { Logits::All };
+        let vocab = model.config().vocab;
+        match model.forward(state, tokens, want(tokens.len())) {
+            Ok(out) => Ok((self.take_rows(&out, vocab, drafted), tokens.len())),
+            Err(sluice_model::ModelError::KvFull { .. }) if drafted > 0 => {
+                self.failed(held);
+                let base = &tokens[..tokens.len() - drafted];
+                match model.forward(state, base, want(base.len())) {
+                    Ok(out) => Ok((self.take_rows(&out, vocab, 0), base.len())),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(e) => {
+                self.failed(held);
+                Err(e)
+            }
+        }
     }
 
     /// Learns from a pass that took `seconds` with `extra` rows beyond one per sequence.

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use sluice_model::{Logits, State};
+use sluice_model::State;
 
 use crate::Error;
 use crate::draft::{Held, Speculation};
@@ -332,23 +332,16 @@ impl Generation<'_> {
             model,
             engine.prefill_chunk(),
         );
-        let want = if tokens.len() == 1 {
-            Logits::Last
-        } else {
-            Logits::All
-        };
-        let out = model.forward(&mut session.state, &tokens, want);
-        let out = match out {
-            Ok(o) => o,
-            Err(e) => {
-                // The state is as it was: it holds no draft.
-                self.spec.failed(&mut session.held);
-                return Err(e.into());
-            }
-        };
-        self.next_logits = Some(self.spec.take_rows(&out, model.config().vocab, drafted));
+        let (next, rows) = self.spec.run_alone(
+            model,
+            &mut session.state,
+            &mut session.held,
+            &tokens,
+            drafted,
+        )?;
+        self.next_logits = Some(next);
         let secs = t0.elapsed().as_secs_f64();
-        self.spec.timed(tokens.len() - 1, secs);
+        self.spec.timed(rows - 1, secs);
         self.seq.add_decode_seconds(secs);
         Ok(())
     }

@@ -9,46 +9,17 @@ line per check and exits non-zero on the first failure.
 """
 
 import sys
-from typing import Annotated, Literal
 
 import openai
-import pydantic
 from langchain_core.messages import HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
-
-
-class Address(pydantic.BaseModel):
-    city: str = pydantic.Field(max_length=12)
-    zip: int = pydantic.Field(ge=10000, le=99999)
-
-
-class Person(pydantic.BaseModel):
-    """A person."""
-
-    name: str = pydantic.Field(max_length=16)
-    age: int = pydantic.Field(ge=0, le=120)
-    mood: Literal["happy", "sad", "calm"]
-    tags: list[Annotated[str, pydantic.Field(max_length=8)]] = pydantic.Field(min_length=1, max_length=3)
-    address: Address
-
-
-class Verdict(pydantic.BaseModel):
-    """A verdict."""
-
-    mood: Literal["happy", "sad", "calm"]
-    score: int = pydantic.Field(ge=0, le=9)
-
-
-class WeatherArgs(pydantic.BaseModel):
-    city: str = pydantic.Field(max_length=12)
-    unit: Literal["celsius", "fahrenheit"]
-
+from schemas import GetWeather, Person, Verdict
 
 calls = []
 
 
-@tool(args_schema=WeatherArgs)
+@tool(args_schema=GetWeather)
 def get_weather(city: str, unit: str) -> str:
     """The weather in a city."""
     calls.append((city, unit))
@@ -58,6 +29,7 @@ def get_weather(city: str, unit: str) -> str:
 def main() -> int:
     # The served model's name, as the server lists it.
     name = openai.OpenAI(base_url=sys.argv[1], api_key="unused").models.list().data[0].id
+
     def chat(max_tokens):
         return ChatOpenAI(
             base_url=sys.argv[1], api_key="unused", model=name, temperature=0, max_tokens=max_tokens, max_retries=0
@@ -87,7 +59,7 @@ def main() -> int:
     ask = HumanMessage("What is the weather in Bath?")
     ai = chat(60).bind_tools([get_weather], tool_choice="get_weather", strict=True).invoke([ask])
     assert ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather", ai
-    WeatherArgs.model_validate(ai.tool_calls[0]["args"])
+    GetWeather.model_validate(ai.tool_calls[0]["args"])
     result = get_weather.invoke(ai.tool_calls[0])
     assert calls, "the tool did not run"
     final = llm.bind_tools([get_weather]).invoke([ask, ai, result])

@@ -11,30 +11,9 @@ the first failure.
 
 import json
 import sys
-from typing import Annotated, Literal
 
 import openai
-import pydantic
-
-
-class Address(pydantic.BaseModel):
-    city: str = pydantic.Field(max_length=12)
-    zip: int = pydantic.Field(ge=10000, le=99999)
-
-
-class Person(pydantic.BaseModel):
-    name: str = pydantic.Field(max_length=16)
-    age: int = pydantic.Field(ge=0, le=120)
-    mood: Literal["happy", "sad", "calm"]
-    tags: list[Annotated[str, pydantic.Field(max_length=8)]] = pydantic.Field(min_length=1, max_length=3)
-    address: Address
-
-
-class GetWeather(pydantic.BaseModel):
-    """The weather in a city."""
-
-    city: str = pydantic.Field(max_length=12)
-    unit: Literal["celsius", "fahrenheit"]
+from schemas import GetWeather, Person
 
 
 def main() -> int:

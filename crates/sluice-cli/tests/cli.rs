@@ -41,6 +41,19 @@ fn json(o: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&o.stdout)))
 }
 
+/// The bundled demo model.
+fn demo_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
+}
+
+/// `sluice run --model <demo> --json ARGS`, its JSON (ARGS end with the prompt).
+fn run_demo_json(args: &[&str]) -> serde_json::Value {
+    let demo = demo_model();
+    let mut a = vec!["run", "--model", demo.to_str().unwrap(), "--json"];
+    a.extend_from_slice(args);
+    json(&run(&a))
+}
+
 /// A synthetic model with ~300 MB of experts and a trunk of a few MB.
 fn synthetic() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
@@ -811,7 +824,7 @@ fn bench_runs_a_ladder_in_child_processes_with_identical_output() {
 /// reached, where every weight is in memory (not at a rung where weights stream).
 #[test]
 fn bench_states_the_ram_ceiling() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let demo = demo_model();
     let o = run(&[
         "bench",
         "--model",
@@ -856,21 +869,12 @@ fn bench_states_the_ram_ceiling() {
 
 #[test]
 fn run_json_can_carry_each_tokens_logprobs() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let demo = demo_model();
     let go = |extra: &[&str]| {
-        let mut a = vec![
-            "run",
-            "--model",
-            demo.to_str().unwrap(),
-            "--max-tokens",
-            "5",
-            "--temperature",
-            "0",
-            "--json",
-        ];
+        let mut a = vec!["--max-tokens", "5", "--temperature", "0"];
         a.extend_from_slice(extra);
         a.push("It is a truth");
-        json(&run(&a))
+        run_demo_json(&a)
     };
     let plain = go(&[]);
     assert!(plain.get("logprobs").is_none());
@@ -903,7 +907,7 @@ fn run_json_can_carry_each_tokens_logprobs() {
 
 #[test]
 fn run_follows_a_json_schema_or_a_grammar_at_any_budget_and_refuses_bad_files() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let demo = demo_model();
     let dir = tempfile::tempdir().unwrap();
     let schema = dir.path().join("schema.json");
     std::fs::write(
@@ -921,21 +925,10 @@ fn run_follows_a_json_schema_or_a_grammar_at_any_budget_and_refuses_bad_files() 
     )
     .unwrap();
     let go = |extra: &[&str]| {
-        let mut a = vec![
-            "run",
-            "--model",
-            demo.to_str().unwrap(),
-            "--max-tokens",
-            "80",
-            "--temperature",
-            "0.8",
-            "--seed",
-            "3",
-            "--json",
-        ];
+        let mut a = vec!["--max-tokens", "80", "--temperature", "0.8", "--seed", "3"];
         a.extend_from_slice(extra);
         a.push("It is a truth universally acknowledged");
-        json(&run(&a))
+        run_demo_json(&a)
     };
     let s = schema.to_str().unwrap();
     let v = go(&["--json-schema", s]);
@@ -987,12 +980,9 @@ fn run_follows_a_json_schema_or_a_grammar_at_any_budget_and_refuses_bad_files() 
 
 #[test]
 fn draft_ngram_changes_no_token_and_counts_its_drafts() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let demo = demo_model();
     let go = |extra: &[&str]| {
         let mut a = vec![
-            "run",
-            "--model",
-            demo.to_str().unwrap(),
             "--raw",
             "--max-tokens",
             "64",
@@ -1000,11 +990,10 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
             "0",
             "--memory",
             "17MiB",
-            "--json",
         ];
         a.extend_from_slice(extra);
         a.push("<|user|>\nTell me of Elizabeth.\n<|assistant|>\n");
-        json(&run(&a))
+        run_demo_json(&a)
     };
     let off = go(&[]);
     assert_eq!(off["stats"]["draft_proposed"], 0);
@@ -1039,26 +1028,16 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
 
 #[test]
 fn run_session_resumes_and_refuses_what_is_not_its_own() {
-    let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    let demo = demo_model();
     let d = tempfile::tempdir().unwrap();
     let file = d.path().join("talk.sluice");
     let go = |prompt: &str, session: bool| {
-        let mut a = vec![
-            "run",
-            "--model",
-            demo.to_str().unwrap(),
-            "--raw",
-            "--json",
-            "--max-tokens",
-            "12",
-            "--temperature",
-            "0",
-        ];
+        let mut a = vec!["--raw", "--max-tokens", "12", "--temperature", "0"];
         if session {
             a.extend_from_slice(&["--session", file.to_str().unwrap()]);
         }
         a.push(prompt);
-        json(&run(&a))
+        run_demo_json(&a)
     };
     let p1 = "It is a truth universally acknowledged";
     let first = go(p1, true);

@@ -236,6 +236,12 @@ pub struct EngineOpts {
     /// For a pack directory: skip verifying the packed trunk's checksums (faster loading).
     #[arg(long)]
     pub no_verify: bool,
+    /// Memory for the state of recent prompts, so that a prompt starting like one of them (a
+    /// system prompt, a document asked several questions) computes only the rest: a size, or
+    /// `off`. Planned inside --memory before the trunk; default: a sixteenth of the budget, as
+    /// far as it exceeds the minimum (1 GiB with unlimited memory). Never changes the output.
+    #[arg(long, value_name = "SIZE|off")]
+    pub prefix_cache: Option<String>,
 }
 
 /// Drafters for speculative decoding.

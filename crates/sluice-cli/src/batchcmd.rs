@@ -394,6 +394,9 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                     "decode_seconds": f.stats.decode_seconds,
                 });
                 let mut line = line;
+                if f.stats.cached_tokens > 0 {
+                    line["cached_tokens"] = json!(f.stats.cached_tokens);
+                }
                 if drafting {
                     line["draft_proposed"] = json!(f.stats.draft_proposed);
                     line["draft_accepted"] = json!(f.stats.draft_accepted);

@@ -234,6 +234,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             p.context
         );
     }
+    if p.prefix_cache > 0 {
+        println!(
+            "  prefix cache      up to {} of recent prompts' state (--prefix-cache; the expert cache uses what it does not)",
+            b(p.prefix_cache)
+        );
+    }
     Ok(())
 }
 
@@ -397,6 +403,16 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
     }
     if let Some(t) = a.threads {
         b = b.threads(t);
+    }
+    if let Some(p) = &a.prefix_cache {
+        b = b.prefix_cache(match p.as_str() {
+            "off" | "none" | "0" => 0,
+            s => parse_size(s).ok_or_else(|| {
+                usage(format!(
+                    "--prefix-cache `{s}`: expected a size like 256MiB, 2GiB, or off"
+                ))
+            })?,
+        });
     }
     if a.isa != "auto" {
         let i = Isa::from_name(&a.isa).ok_or_else(|| {

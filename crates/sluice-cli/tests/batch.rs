@@ -468,3 +468,48 @@ fn batch_draft_ngram_changes_no_text_and_reports_its_drafts() {
     }
     assert!(proposed > 0);
 }
+
+#[test]
+fn jobs_sharing_a_document_reuse_its_prefix_with_the_same_text() {
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let doc = "The river carried the boats down to the sea, past the mills. ".repeat(5);
+    let lines_in: Vec<String> = ["Who waved?", "Where did they go?", "Who waved?"]
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            json!({"id": i.to_string(), "prompt": format!("{doc}{q}"), "max_tokens": 8}).to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines_in.join("\n")).unwrap();
+    let run = |out: &Path, extra: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["batch", "--model"])
+            .arg(demo())
+            .arg("--input")
+            .arg(&input)
+            .arg("--output")
+            .arg(out)
+            .args(["--batch-size", "1", "--threads", "2"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        lines(out)
+    };
+    let cold = run(&d.path().join("cold.jsonl"), &["--prefix-cache", "off"]);
+    let warm = run(&d.path().join("warm.jsonl"), &[]);
+    for (a, b) in cold.iter().zip(&warm) {
+        assert_eq!(a["text"], b["text"], "{b}");
+        assert!(a.get("cached_tokens").is_none(), "{a}");
+    }
+    assert!(warm[0].get("cached_tokens").is_none(), "{}", warm[0]);
+    let shared = warm[1]["cached_tokens"].as_u64().unwrap();
+    assert!(shared > 40, "{}", warm[1]);
+    // The repeated job takes its whole prompt.
+    assert_eq!(
+        warm[2]["cached_tokens"], warm[2]["prompt_tokens"],
+        "{}",
+        warm[2]
+    );
+}

@@ -122,6 +122,7 @@ fn json_has_the_documented_keys() {
         "prefill_chunk",
         "draft_proposed",
         "draft_accepted",
+        "cached_tokens",
     ] {
         assert!(
             !v["stats"][k].is_null(),
@@ -230,6 +231,26 @@ fn user_mistakes_exit_2_with_one_line() {
         vec!["run", "--model", m, "--prompt-ids", "1", "--isa", "neon"],
         vec!["run", "--model", m, "--prompt-ids", "1", "--top-p", "0"],
         vec!["run", "--model", m, "--no-such-flag"],
+        vec![
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1",
+            "--prefix-cache",
+            "lots",
+        ],
+        vec![
+            "run",
+            "--model",
+            m,
+            "--prompt-ids",
+            "1",
+            "--memory",
+            "8MiB",
+            "--prefix-cache",
+            "1TiB",
+        ],
         vec!["run", "--model", m],
     ] {
         one_line_error(&args);
@@ -245,6 +266,18 @@ fn user_mistakes_exit_2_with_one_line() {
         "1KiB",
     ]));
     assert!(e.contains("at least"), "{e}");
+    let e = one_line_error(&[
+        "run",
+        "--model",
+        m,
+        "--prompt-ids",
+        "1",
+        "--memory",
+        "8MiB",
+        "--prefix-cache",
+        "1TiB",
+    ]);
+    assert!(e.contains("the prefix cache asked for 1024.00 GiB"), "{e}");
 }
 
 #[test]

@@ -1193,3 +1193,57 @@ fn serve_draft_ngram_changes_no_text_and_reports_drafts_in_usage() {
         a["choices"][0]["message"]["content"].as_str().unwrap()
     );
 }
+
+#[test]
+fn a_shared_system_prompt_is_reported_cached_and_changes_no_text() {
+    let d = chat_model();
+    let cold = start(d.path(), &["--prefix-cache", "off"]);
+    let warm = start(d.path(), &[]);
+    let system = "You are a careful assistant who answers questions about old novels. ".repeat(4);
+    let req = |q: &str| {
+        json!({"messages": [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            "max_tokens": 12, "temperature": 0})
+        .to_string()
+    };
+    let mut first_prompt = 0;
+    for (k, q) in ["Tell me of Elizabeth.", "Who is Darcy?"]
+        .iter()
+        .enumerate()
+    {
+        let (_, a) = post(&cold, "/v1/chat/completions", &req(q));
+        let (st, b) = post(&warm, "/v1/chat/completions", &req(q));
+        assert_eq!(st, 200, "{b}");
+        let (a, b): (Value, Value) = (
+            serde_json::from_str(&a).unwrap(),
+            serde_json::from_str(&b).unwrap(),
+        );
+        assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+        assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+        let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        if k == 0 {
+            assert_eq!(cached, 0, "{}", b["usage"]);
+            first_prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
+        } else {
+            // The system prompt and the template around it, not the question.
+            assert!(
+                cached > first_prompt / 2 && cached < first_prompt,
+                "{}",
+                b["usage"]
+            );
+        }
+    }
+    // Streamed, with usage: the same figure.
+    let mut r: Value = serde_json::from_str(&req("Who is Darcy?")).unwrap();
+    r["stream"] = true.into();
+    r["stream_options"] = json!({"include_usage": true});
+    let (_, body) = post(&warm, "/v1/chat/completions", &r.to_string());
+    let ev = events(&body);
+    let u: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    let p = u["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(
+        u["usage"]["prompt_tokens_details"]["cached_tokens"], p,
+        "{u}"
+    );
+}

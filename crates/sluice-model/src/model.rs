@@ -332,6 +332,13 @@ impl Model {
         Ok(())
     }
 
+    /// Charges a state made outside a forward pass (a copy from the prefix cache, a loaded
+    /// session) for the positions it holds, as a pass would: KV pages lent by the expert cache.
+    /// Fails with [`ModelError::KvFull`] when the pool cannot give them up.
+    pub fn charge(&self, state: &mut State) -> Result<(), ModelError> {
+        self.reserve_kv(state, state.pos())
+    }
+
     /// How shards are read.
     pub fn io_mode(&self) -> IoMode {
         self.io_mode

@@ -47,6 +47,9 @@ pub struct ModelOptions {
     /// Bytes of the budget kept for the caller's own use beside the model (the engine's
     /// tokenizer): planned first, like scratch.
     pub text_memory: u64,
+    /// Bytes for the engine's prefix cache (the state of recent prompts): `None` for the
+    /// default share (see [`crate::MemoryPlan::prefix_cache`]), `Some(0)` for none.
+    pub prefix_cache: Option<u64>,
 }
 
 /// A verifier that checks parts read from a packed trunk against the manifest's checksums
@@ -80,6 +83,7 @@ impl std::fmt::Debug for ModelOptions {
             .field("verify", &self.verify.is_some())
             .field("verify_pack", &self.verify_pack)
             .field("text_memory", &self.text_memory)
+            .field("prefix_cache", &self.prefix_cache)
             .finish()
     }
 }
@@ -102,6 +106,7 @@ impl Default for ModelOptions {
             verify: None,
             verify_pack: true,
             text_memory: 0,
+            prefix_cache: None,
         }
     }
 }

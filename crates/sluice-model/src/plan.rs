@@ -10,10 +10,13 @@ use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
 /// whole layers largest first, then the embedding table — streaming whatever does not fit
-/// through a ring of one or two slots. What is left is a pool with two tenants: the expert
-/// cache, which starts with all of it, and the KV caches of the sequences, which take pages
-/// from it as positions are written (the expert cache evicting by its policy to give them
-/// up, never below [`MemoryPlan::expert_floor`]) and give them back when sequences end.
+/// through a ring of one or two slots, once a prefix cache asked for is set aside. What is left
+/// is a pool with three tenants: the expert cache, which starts with all of it; the KV caches
+/// of the sequences, which take pages from it as positions are written (the expert cache
+/// evicting by its policy to give them up, never below [`MemoryPlan::expert_floor`]) and give
+/// them back when sequences end; and the prefix cache, which takes up to its share as prompts'
+/// states are kept. The share is in the pool on top of what the other two need, so a full
+/// prefix cache never stands in a sequence's way.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryPlan {
     /// The budget (`u64::MAX` when unlimited).
@@ -84,9 +87,19 @@ pub struct MemoryPlan {
     pub per_token_expert_bytes: u64,
     /// All routed experts.
     pub all_expert_bytes: u64,
-    /// The smallest budget that works (one ring slot, nothing else pinned but the head).
+    /// The smallest budget that works (one ring slot, nothing else pinned but the head), with
+    /// a prefix cache asked for included.
     pub minimum: u64,
+    /// Bytes of the pool the prefix cache may take (0: none), on top of what every planned
+    /// sequence's full-context KV cache and the expert floor need. Asked for, it is set aside
+    /// before the trunk (and counted in the minimum); by default it is a sixteenth of the
+    /// budget, out of what the pool holds beyond those, taking nothing from the trunk. With
+    /// unlimited memory the asked size or 1 GiB, which nothing accounts.
+    pub prefix_cache: u64,
 }
+
+/// The prefix cache with unlimited memory when no size is asked for.
+pub const PREFIX_CACHE_UNLIMITED: u64 = 1 << 30;
 
 /// Positions a sequence's KV cache grows by at a time (each page's bytes are taken from the
 /// expert cache when the first of its positions is written). The minimum budget holds one page
@@ -230,12 +243,19 @@ impl MemoryPlan {
             .saturating_add(expert_floor)
             .saturating_add(kv_page);
         let budget_v = budget.unwrap_or(u64::MAX);
+        // A prefix cache asked for under a budget is set aside before the trunk, and is part of
+        // what the budget must hold; the default takes nothing from the trunk (below).
+        let asked_share = match budget {
+            Some(_) => opts.prefix_cache.unwrap_or(0),
+            None => 0,
+        };
+        let minimum = minimum.saturating_add(asked_share);
         if budget_v < minimum {
             return Err(StoreError::BudgetTooSmall {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "tokenizer {} + recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}; the KV cache ({} per position) grows into what is left",
+                    "tokenizer {} + recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}{}; the KV cache ({} per position) grows into what is left",
                     fmt_bytes(text),
                     fmt_bytes(recurrent),
                     fmt_bytes(scratch),
@@ -243,6 +263,11 @@ impl MemoryPlan {
                     fmt_bytes(max_layer),
                     fmt_bytes(expert_floor),
                     fmt_bytes(kv_page),
+                    if asked_share > 0 {
+                        format!(" + the prefix cache asked for {}", fmt_bytes(asked_share))
+                    } else {
+                        String::new()
+                    },
                     fmt_bytes(kv_per_position)
                 ),
             });
@@ -252,7 +277,8 @@ impl MemoryPlan {
         let room = budget_v
             .saturating_sub(fixed)
             .saturating_sub(expert_floor)
-            .saturating_sub(kv_page);
+            .saturating_sub(kv_page)
+            .saturating_sub(asked_share);
         let mut pinned = vec![false; layer_bytes.len()];
         let (ring_slots, ring_slot_bytes, embed_pinned);
         // The embedding table is pinned only with room to spare beside every planned
@@ -316,11 +342,27 @@ impl MemoryPlan {
             budget_v - recurrent - scratch - text - trunk_pinned - ring_bytes
         };
         let expert_cache = pool.min(all_experts);
-        let expert_cache_full_context = pool
+        let prefix_cache = match (budget, opts.prefix_cache) {
+            (None, asked) => asked.unwrap_or(PREFIX_CACHE_UNLIMITED),
+            (Some(_), Some(asked)) => asked,
+            // By default a sixteenth of the budget, out of what the pool holds beyond every
+            // planned sequence's full-context KV cache and the expert floor.
+            (Some(b), None) => {
+                (b / 16).min(pool.saturating_sub(kv_cache).saturating_sub(expert_floor))
+            }
+        };
+        // What the KV caches and the expert cache share once the prefix cache is full.
+        let shared = match budget {
+            Some(_) => pool.saturating_sub(prefix_cache),
+            None => pool,
+        };
+        let expert_cache_full_context = shared
             .saturating_sub(kv_cache)
             .max(expert_floor)
             .min(all_experts);
         let span_bytes_per_token = span_bytes_per_token(cfg);
+        // The span is planned on the whole pool: a pass takes its room when it runs, shorter
+        // when the prefix cache (or anything else) holds some of it then.
         let prefill_span = prefill_span(
             budget.is_none(),
             pool,
@@ -332,7 +374,7 @@ impl MemoryPlan {
             ring_slots == 0,
         )
         .clamp(chunk, context.max(chunk));
-        let context_fit = pool
+        let context_fit = shared
             .saturating_sub(expert_floor)
             .checked_div(kv_per_position)
             .map_or(context, |p| p.min(context as u64) as usize);
@@ -364,7 +406,18 @@ impl MemoryPlan {
             per_token_expert_bytes,
             all_expert_bytes,
             minimum,
+            prefix_cache,
         })
+    }
+
+    /// The prefix cache's share of the pool (0 with unlimited memory, where nothing is
+    /// accounted).
+    pub fn prefix_share(&self) -> u64 {
+        if self.pool == u64::MAX {
+            0
+        } else {
+            self.prefix_cache
+        }
     }
 
     /// Whether the whole trunk is in memory.
@@ -376,7 +429,11 @@ impl MemoryPlan {
     /// context.
     pub fn all_experts_fit(&self) -> bool {
         self.expert_cache_full_context >= self.all_expert_bytes
-            && self.pool.saturating_sub(self.kv_cache) >= self.all_expert_bytes
+            && self
+                .pool
+                .saturating_sub(self.kv_cache)
+                .saturating_sub(self.prefix_share())
+                >= self.all_expert_bytes
     }
 }
 

@@ -95,6 +95,29 @@ impl State {
         Ok(())
     }
 
+    /// Whether [`State::truncate`] to `pos` would succeed: always for a KV cache; for a
+    /// recurrent state only at or past the end, at the start, or where the latest pass began.
+    pub fn can_truncate(&self, pos: usize) -> bool {
+        pos >= self.pos || self.can_rollback(pos)
+    }
+
+    /// A copy of the state holding its first `pos` positions (at most [`State::pos`]), with
+    /// buffers of exactly that size, no KV charge (see `Model::charge`) and no captures; `None`
+    /// when a recurrent layer cannot go back to `pos` ([`State::can_truncate`]). What the
+    /// prefix cache keeps and hands out.
+    pub fn prefix(&self, pos: usize) -> Option<State> {
+        if pos > self.pos || !self.can_rollback(pos) {
+            return None;
+        }
+        Some(State {
+            pos,
+            layers: self.layers.iter().map(|l| l.prefix(pos)).collect(),
+            kv: KvLease::default(),
+            routes: None,
+            debug: None,
+        })
+    }
+
     /// Whether every recurrent layer can go back to `pos`.
     fn can_rollback(&self, pos: usize) -> bool {
         self.layers.iter().all(|l| l.can_back_to(pos))

@@ -41,6 +41,7 @@ pub struct EngineBuilder {
     context: usize,
     prefill_chunk: usize,
     sequences: usize,
+    prefix_cache: Option<u64>,
 }
 
 impl Default for EngineBuilder {
@@ -59,6 +60,7 @@ impl Default for EngineBuilder {
             context: 4096,
             prefill_chunk: 64,
             sequences: 1,
+            prefix_cache: None,
         }
     }
 }
@@ -184,6 +186,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Bytes the prefix cache may hold (0: off). It keeps the state of recent prompts so that a
+    /// prompt starting like one of them computes only the rest (see
+    /// [`Engine::prefix_cache_stats`]); the output is the same bits either way. Under a budget
+    /// this much is planned into the pool before the trunk (and counted in the minimum), the
+    /// expert cache using what the entries do not; by default the share is a sixteenth of the
+    /// budget, as far as the budget exceeds its minimum ([`MemoryPlan::prefix_cache`]). With
+    /// unlimited memory the default is 1 GiB.
+    pub fn prefix_cache(mut self, bytes: u64) -> Self {
+        self.prefix_cache = Some(bytes);
+        self
+    }
+
     /// Loads the model.
     pub fn build(self) -> Result<Engine, Error> {
         let dir = self
@@ -242,8 +256,10 @@ impl EngineBuilder {
             verify: None,
             verify_pack: self.verify_pack,
             text_memory,
+            prefix_cache: self.prefix_cache,
         };
         let model = Model::from_description(desc, opts)?;
+        let prefix = crate::prefix::PrefixCache::new(model.plan().prefix_cache, memory.is_some());
         let mut eos = model.config().eos_token_ids.clone();
         let gen_cfg = model.generation_config().cloned();
         if let Some(g) = &gen_cfg
@@ -280,6 +296,7 @@ impl EngineBuilder {
                     taken: Mutex::new(0),
                 }),
                 grammar: Mutex::new(None),
+                prefix,
                 fingerprint: std::sync::OnceLock::new(),
             }),
         })
@@ -311,6 +328,8 @@ struct Inner {
     grammar: Mutex<Option<Arc<GrammarIndex>>>,
     /// The model's identity for session files, computed at the first save or load.
     fingerprint: std::sync::OnceLock<[u8; 16]>,
+    /// The state of recent prompts.
+    prefix: crate::prefix::PrefixCache,
 }
 
 /// The memory a budget keeps for the tokenizer, planned inside it like scratch: what the
@@ -508,6 +527,17 @@ impl Engine {
     /// Takes the expert requests recorded so far (with [`EngineBuilder::trace`]).
     pub fn take_trace(&self) -> Vec<TraceEvent> {
         self.inner.model.experts().take_trace()
+    }
+
+    /// The prefix cache's figures: its limit, what it holds, lookups, hits and prompt tokens
+    /// reused ([`EngineBuilder::prefix_cache`]).
+    pub fn prefix_cache_stats(&self) -> crate::PrefixCacheStats {
+        self.inner.prefix.stats()
+    }
+
+    /// The prefix cache.
+    pub(crate) fn prefix(&self) -> &crate::prefix::PrefixCache {
+        &self.inner.prefix
     }
 
     /// Totals so far.

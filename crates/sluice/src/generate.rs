@@ -261,6 +261,26 @@ pub(crate) fn prefill(
     let d = Decoding::new(engine, opts)?;
     let model = engine.model();
     let t0 = Instant::now();
+    // Start from the longest prefix of the prompt the prefix cache holds, when that is more
+    // than the state holds already. Not with every prompt row's logits asked for, nor with
+    // routes or intermediates captured: those need every position computed.
+    let whole: Vec<u32>;
+    let mut feed = feed;
+    let mut cached = 0;
+    let mut at_hand = None;
+    if !keep_logits && state.routes.is_none() && state.debug.is_none() {
+        whole = history.iter().chain(feed).copied().collect();
+        if let Some(mut hit) = engine.prefix().lookup(&whole, history.len())
+            && model.charge(&mut hit.state).is_ok()
+        {
+            cached = hit.tokens - history.len();
+            *state = hit.state;
+            history.clear();
+            history.extend_from_slice(&whole[..hit.tokens]);
+            feed = &whole[hit.tokens..];
+            at_hand = hit.logits;
+        }
+    }
     let expert0 = model.experts().stats();
     let trunk0 = model.trunk_bytes_read();
     let cache0 = model.experts().capacity();
@@ -309,15 +329,24 @@ pub(crate) fn prefill(
         chunk,
         max_span: opts.prefill_span.unwrap_or(usize::MAX),
     };
-    let out = model.prefill(state, feed, want, pre_opts, &mut on)?;
-    let v = model.config().vocab;
-    let last = match out.logits.len() {
-        n if n >= v => out.logits[n - v..].to_vec(),
-        _ => Vec::new(),
+    let (last, out) = match at_hand {
+        // The prompt is an entry's whole: nothing to compute.
+        Some(l) => (l, sluice_model::Prefilled::default()),
+        None => {
+            let out = model.prefill(state, feed, want, pre_opts, &mut on)?;
+            let v = model.config().vocab;
+            let last = match out.logits.len() {
+                n if n >= v => out.logits[n - v..].to_vec(),
+                _ => Vec::new(),
+            };
+            engine.prefix().store(model, history, state, &last);
+            (last, out)
+        }
     };
     let e1 = model.experts().stats();
     let stats = GenerationStats {
         prefill_tokens: feed.len(),
+        cached_tokens: cached,
         prefill_seconds: t0.elapsed().as_secs_f64(),
         prefill_expert_bytes_read: e1.bytes_read - expert0.bytes_read,
         prefill_expert_touched_bytes: e1.touched_bytes - expert0.touched_bytes,

@@ -26,6 +26,7 @@ mod decoding;
 pub mod draft;
 mod engine;
 mod generate;
+pub mod prefix;
 mod saved;
 #[cfg(feature = "server")]
 pub mod server;
@@ -43,6 +44,7 @@ pub use generate::{
     FinishReason, GenerateOptions, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress, Token,
     TokenLogprobs,
 };
+pub use prefix::PrefixCacheStats;
 pub use session::{Generation, Session};
 pub use sluice_grammar::Grammar;
 pub use sluice_kernels::Isa;

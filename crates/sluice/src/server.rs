@@ -212,17 +212,28 @@ fn finish_str(f: FinishReason) -> &'static str {
 }
 
 /// Usage of a request's choices: the prompt once, the completions summed.
-/// With drafting (`sluice serve --draft ngram`), the drafts made and kept, once there were any.
+/// `prompt_tokens_details.cached_tokens`: the prompt tokens every choice took from the prefix
+/// cache. With drafting (`sluice serve --draft ngram`), the drafts made and kept, once there
+/// were any.
 fn usage<'a>(done: impl Iterator<Item = &'a Finished>) -> Value {
     let (mut prompt, mut completion) = (0, 0);
     let (mut proposed, mut accepted) = (0, 0);
+    let mut cached: Option<usize> = None;
     for f in done {
         prompt = f.prompt_ids.len();
+        // What every choice took from the prefix cache (the first of `n` choices may be what
+        // the others take from).
+        cached = Some(cached.map_or(f.stats.cached_tokens, |c| c.min(f.stats.cached_tokens)));
         completion += f.ids.len();
         proposed += f.stats.draft_proposed;
         accepted += f.stats.draft_accepted;
     }
-    let mut u = json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion});
+    let mut u = json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached.unwrap_or(0)},
+    });
     if proposed > 0 {
         u["draft_proposed"] = json!(proposed);
         u["draft_accepted"] = json!(accepted);

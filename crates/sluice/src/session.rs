@@ -66,7 +66,7 @@ impl Session {
     pub fn load(&mut self, path: &Path) -> Result<Vec<u8>, Error> {
         let saved = crate::saved::read(path, &self.engine.fingerprint()?)?;
         let cfg = self.engine.model().config();
-        let state = State::from_bytes(cfg, &saved.state).map_err(|e| {
+        let mut state = State::from_bytes(cfg, &saved.state).map_err(|e| {
             Error::Usage(format!(
                 "{}: the saved state does not fit the model: {e}",
                 path.display()
@@ -86,6 +86,13 @@ impl Session {
                 path.display()
             )));
         }
+        // The KV cache it holds is charged inside the budget, as a forward pass would.
+        self.engine.model().charge(&mut state).map_err(|e| {
+            Error::Usage(format!(
+                "{}: the memory budget cannot hold its {fed} positions ({e}): raise --memory",
+                path.display()
+            ))
+        })?;
         self.state = state;
         self.history = saved.tokens;
         self.held = Held::default();

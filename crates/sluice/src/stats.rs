@@ -24,6 +24,9 @@ pub struct EngineStats {
 pub struct GenerationStats {
     /// Prompt tokens processed.
     pub prefill_tokens: usize,
+    /// Prompt tokens whose state came from the prefix cache instead (not computed; see
+    /// [`crate::EngineBuilder::prefix_cache`]).
+    pub cached_tokens: usize,
     /// Seconds spent on the prompt.
     pub prefill_seconds: f64,
     /// Tokens generated.

@@ -6,22 +6,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use sluice::{Draft, Engine, GenerateOptions, Memory, Prompt, SamplingOptions};
-
-fn families() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("models"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with("-fp32"))
-        .collect();
-    dirs.sort();
-    dirs.push(root.join("kimi/kimi_linear-fp32"));
-    dirs.push(common::demo());
-    dirs
-}
 
 /// A prompt that repeats itself, so that prompt lookup has something to propose.
 fn prompt(vocab: usize) -> Vec<u32> {
@@ -59,7 +46,7 @@ fn drafting_gives_the_same_ids_on_every_family_resident_and_streamed() {
         ..Default::default()
     };
     let (mut proposed, mut accepted) = (0, 0);
-    for dir in families() {
+    for dir in common::families() {
         let builder = || Engine::builder().model(&dir).threads(2).context(64);
         let min = common::minimum(builder());
         for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {

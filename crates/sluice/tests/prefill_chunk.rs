@@ -29,6 +29,8 @@ fn a_larger_prefill_chunk_is_clamped_to_the_planned_one_under_a_budget() {
             .model(demo())
             .threads(1)
             .prefill_chunk(planned)
+            // Every run below computes the prompt: none starts from an earlier one's state.
+            .prefix_cache(0)
     };
     let budget = 2 * common::minimum(builder());
     let engine = builder().memory(Memory::Bytes(budget)).build().unwrap();

@@ -131,6 +131,17 @@ impl Cache {
         }
     }
 
+    /// A copy of the first `pos` positions (at most those held), with no spare room.
+    pub(crate) fn prefix(&self, pos: usize) -> Cache {
+        let cut = |b: &[Vec<f32>], w: usize| b.iter().map(|x| x[..pos * w].to_vec()).collect();
+        Cache {
+            k: cut(&self.k, self.head_dim),
+            v: cut(&self.v, self.v_head_dim),
+            head_dim: self.head_dim,
+            v_head_dim: self.v_head_dim,
+        }
+    }
+
     pub(crate) fn reserve(&mut self, positions: usize) {
         for x in &mut self.k {
             super::room(x, positions * self.head_dim);

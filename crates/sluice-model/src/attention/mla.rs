@@ -103,6 +103,15 @@ impl Cache {
         }
     }
 
+    /// A copy of the first `pos` positions (at most those held), with no spare room.
+    pub(crate) fn prefix(&self, pos: usize) -> Cache {
+        Cache {
+            ckr: self.ckr[..pos * self.width()].to_vec(),
+            rank: self.rank,
+            rope: self.rope,
+        }
+    }
+
     pub(crate) fn reserve(&mut self, positions: usize) {
         let w = self.width();
         super::room(&mut self.ckr, positions * w);

@@ -229,6 +229,24 @@ impl LayerCache {
         }
     }
 
+    /// A copy holding the first `pos` positions, buffers without spare room (a recurrent
+    /// state: only where [`Self::can_back_to`] allows).
+    pub(crate) fn prefix(&self, pos: usize) -> LayerCache {
+        match self {
+            LayerCache::Gqa(c) => LayerCache::Gqa(c.prefix(pos)),
+            LayerCache::Mla(c) => LayerCache::Mla(c.prefix(pos)),
+            LayerCache::Kda(k) | LayerCache::Gdn(k) => {
+                let mut k = k.clone();
+                let ok = k.back_to(pos);
+                debug_assert!(ok, "recurrent layer cannot go back to {pos}");
+                match self {
+                    LayerCache::Kda(_) => LayerCache::Kda(k),
+                    _ => LayerCache::Gdn(k),
+                }
+            }
+        }
+    }
+
     /// Gives a KV cache's buffers room for exactly `positions` positions.
     pub(crate) fn reserve(&mut self, positions: usize) {
         match self {

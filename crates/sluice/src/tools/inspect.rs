@@ -115,6 +115,8 @@ pub struct PlanSummary {
     pub expert_cache_full_context_experts: u64,
     /// The least the expert cache keeps (one token's experts).
     pub expert_floor: u64,
+    /// The prefix cache's default share (taken from the pool as prompts' states are kept).
+    pub prefix_cache: u64,
 }
 
 /// Inspects a model directory and plans `memory` for it (`context` positions, prefill chunks of
@@ -216,6 +218,7 @@ pub fn inspect(
             expert_cache_full_context_experts: plan.expert_cache_full_context
                 / plan.expert_bytes.max(1),
             expert_floor: plan.expert_floor,
+            prefix_cache: plan.prefix_cache,
         },
     })
 }

@@ -12,6 +12,21 @@ pub fn demo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/demo")
 }
 
+/// Every fixture family's fp32 model (softmax attention of every kind, the recurrent KDA and
+/// gated-DeltaNet states), then the demo model.
+pub fn families() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root.join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with("-fp32"))
+        .collect();
+    dirs.sort();
+    dirs.push(root.join("kimi/kimi_linear-fp32"));
+    dirs.push(demo());
+    dirs
+}
+
 /// The smallest budget `builder`'s plan accepts, read from its refusal of a budget far too
 /// small.
 pub fn minimum(builder: EngineBuilder) -> u64 {

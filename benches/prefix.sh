@@ -47,7 +47,8 @@ for r in $(seq "$REPS"); do
         if [ "$mode" = off ]; then flags=(--prefix-cache off); else flags=("${on[@]}"); fi
         t0=$(date +%s.%N)
         "$SLUICE" batch --model "$model" --memory "$memory" --threads "$THREADS" \
-            --batch-size 1 --input "$work/in.jsonl" --output "$out" "${flags[@]}" "$@" 2>/dev/null
+            --batch-size 1 --input "$work/in.jsonl" --output "$out" "${flags[@]}" "$@" \
+            2>"$work/err" || { cat "$work/err" >&2; exit 1; }
         t1=$(date +%s.%N)
         echo "$mode $r $(echo "$t1 - $t0" | bc)" >>"$work/times"
     done

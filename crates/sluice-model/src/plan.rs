@@ -281,6 +281,8 @@ impl MemoryPlan {
             .saturating_sub(asked_share);
         let mut pinned = vec![false; layer_bytes.len()];
         let (ring_slots, ring_slot_bytes, embed_pinned);
+        // The full-context KV cache beyond the first pages set aside above.
+        let kv_rest = kv_cache.saturating_sub(kv_page);
         // The embedding table is pinned only with room to spare beside every planned
         // sequence's full-context KV cache: read a row per token it costs little, while the
         // bytes it would hold are the KV cache's to grow into.
@@ -289,7 +291,7 @@ impl MemoryPlan {
             ring_slots = 0;
             ring_slot_bytes = 0;
             embed_pinned = true;
-        } else if room >= all_layers {
+        } else if room >= all_layers.saturating_add(kv_rest) {
             pinned.iter_mut().for_each(|p| *p = true);
             ring_slots = 0;
             ring_slot_bytes = 0;
@@ -299,6 +301,13 @@ impl MemoryPlan {
             // Two slots (the next layer streams while this one computes) when they fit beside
             // the largest layer, else one.
             ring_slots = if room >= 2 * max_layer { 2 } else { 1 };
+            // A pinned layer cannot be given back as a sequence grows, so layers are pinned
+            // only beside every planned sequence's full-context KV cache (as far as the
+            // budget holds it beside the ring): a long prompt streams more of the trunk rather
+            // than being refused. `--context` is the dial between the two.
+            let room = room
+                .saturating_sub(kv_rest)
+                .max(ring_slots as u64 * max_layer);
             // Pin whole layers, largest first, while the rest still fits in the ring.
             let mut order: Vec<usize> = (0..layer_bytes.len()).collect();
             order.sort_by_key(|&l| (std::cmp::Reverse(layer_bytes[l]), l));

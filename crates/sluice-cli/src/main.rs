@@ -597,6 +597,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
         logprobs: a.logprobs,
         grammar,
         draft,
+        cache_prefix: None,
     };
     let ids;
     let messages;

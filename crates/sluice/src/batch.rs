@@ -236,7 +236,13 @@ impl Batcher {
         sink: Sink,
     ) -> Result<(), Error> {
         generate::check_options(&opts)?;
+        let mut opts = opts;
         let ids = self.engine.encode(&prompt.as_prompt())?;
+        if opts.cache_prefix.is_none()
+            && let OwnedPrompt::Chat(m) = prompt
+        {
+            opts.cache_prefix = self.engine.chat_system_end(m, &ids);
+        }
         if ids.is_empty() {
             return Err(Error::Usage("empty prompt".into()));
         }
@@ -523,7 +529,16 @@ fn start(engine: &Engine, mut job: Job) -> Option<Seq> {
     let mut history = Vec::new();
     // The batcher returns no logits: only the last position's are computed.
     let spec = Speculation::new(job.opts.draft);
-    match generate::prefill(engine, &mut state, &mut history, &job.ids, &job.opts, false) {
+    let boundary = job.opts.cache_prefix;
+    match generate::prefill(
+        engine,
+        &mut state,
+        &mut history,
+        &job.ids,
+        &job.opts,
+        false,
+        boundary,
+    ) {
         Ok(p) => Some(Seq {
             job,
             state,

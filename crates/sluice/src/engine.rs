@@ -601,6 +601,39 @@ impl Engine {
         (s.taken.lock().map_or(0, |t| *t), s.limit)
     }
 
+    /// Whether the model has a recurrent state (KDA, gated DeltaNet), which cannot be cut back
+    /// to an arbitrary prefix.
+    pub(crate) fn recurrent(&self) -> bool {
+        self.model()
+            .config()
+            .layer_plan
+            .iter()
+            .any(|l| l.attention.recurrent_floats() > 0)
+    }
+
+    /// For a model with a recurrent state, where a chat's leading system (or developer)
+    /// messages end in its tokens `ids`: the tokens of those messages rendered on their own,
+    /// when they start `ids` and more follows. The prefix cache keeps the state there, the
+    /// part that requests share ([`GenerateOptions::cache_prefix`](crate::GenerateOptions)).
+    pub(crate) fn chat_system_end(&self, msgs: &[Message], ids: &[u32]) -> Option<usize> {
+        let n = msgs
+            .iter()
+            .take_while(|m| m.role == "system" || m.role == "developer")
+            .count();
+        if n == 0 || n == msgs.len() || !self.recurrent() {
+            return None;
+        }
+        let text = self.chat_template()?.render(&msgs[..n], false).ok()?;
+        self.prefix_end(&text, ids)
+    }
+
+    /// The length of `text`'s tokens (as a chat template's output is encoded) when they start
+    /// `ids` and more follows.
+    pub(crate) fn prefix_end(&self, text: &str, ids: &[u32]) -> Option<usize> {
+        let head = self.tokenizer()?.encode(text, false).ok()?;
+        (!head.is_empty() && head.len() < ids.len() && ids.starts_with(&head)).then_some(head.len())
+    }
+
     /// Token ids of a prompt. Text is encoded with the tokenizer, with the special tokens its
     /// post-processor adds (a BOS where it adds one), as transformers' tokenizer of the
     /// directory does; chat messages go through the chat template first.

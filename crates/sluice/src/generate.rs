@@ -63,6 +63,13 @@ pub struct GenerateOptions {
     /// before them. It changes the speed, never the output. In the continuous batcher each
     /// sequence drafts on its own and one pass runs every sequence's rows.
     pub draft: crate::Draft,
+    /// A position of the prompt (tokens from its start) where the prefix cache keeps the
+    /// state too, besides at the prompt's end: what other prompts share, such as a system
+    /// prompt. Only models with a recurrent state (KDA, gated DeltaNet) need it — theirs cannot
+    /// be cut back to a shared prefix, a KV cache can — and there the prefill runs in two
+    /// passes, to it and on (the same bits). `None` lets a chat prompt mark the end of its
+    /// leading system messages ([`crate::Batcher::submit`], [`crate::Session::generate`]).
+    pub cache_prefix: Option<usize>,
 }
 
 /// The most alternatives [`GenerateOptions::logprobs`] may ask for.
@@ -82,6 +89,7 @@ impl Default for GenerateOptions {
             logprobs: None,
             grammar: None,
             draft: crate::Draft::Off,
+            cache_prefix: None,
         }
     }
 }
@@ -249,7 +257,9 @@ pub(crate) struct Prefilled {
 
 /// Runs `feed` through the model (layer-major spans as long as the memory plan allows, see
 /// [`sluice_model::Model::prefill`]), appending each span to `history` once it is in `state`,
-/// and starts the sequence's generation.
+/// and starts the sequence's generation. It starts from the prefix cache's longest match and
+/// leaves the prompt's state there; `boundary` (a position of `history` + `feed`) is where a
+/// recurrent state is kept too ([`GenerateOptions::cache_prefix`]).
 pub(crate) fn prefill(
     engine: &Engine,
     state: &mut State,
@@ -257,6 +267,7 @@ pub(crate) fn prefill(
     feed: &[u32],
     opts: &GenerateOptions,
     keep_logits: bool,
+    boundary: Option<usize>,
 ) -> Result<Prefilled, Error> {
     let d = Decoding::new(engine, opts)?;
     let model = engine.model();
@@ -283,12 +294,22 @@ pub(crate) fn prefill(
     }
     let expert0 = model.experts().stats();
     let trunk0 = model.trunk_bytes_read();
-    let cache0 = model.experts().capacity();
+    let cache0 = crate::stats::cache_capacity(engine);
     let chunk = prefill_chunk(engine, opts.prefill_chunk);
     let want = if keep_logits {
         Logits::All
     } else {
         Logits::Last
+    };
+    // A recurrent state is kept at the boundary too: a first pass runs up to it.
+    let split = boundary
+        .filter(|&b| b > history.len() && b < history.len() + feed.len() && !keep_logits)
+        .filter(|_| at_hand.is_none() && engine.recurrent())
+        .map(|b| b - history.len());
+    let split_base = if split.is_some() {
+        history.clone()
+    } else {
+        Vec::new()
     };
     let mut span_stats = Vec::new();
     let (mut s0, mut e0) = (Instant::now(), expert0.clone());
@@ -329,16 +350,34 @@ pub(crate) fn prefill(
         chunk,
         max_span: opts.prefill_span.unwrap_or(usize::MAX),
     };
+    let v = model.config().vocab;
+    let last_row = |l: &[f32]| match l.len() {
+        n if n >= v => l[n - v..].to_vec(),
+        _ => Vec::new(),
+    };
     let (last, out) = match at_hand {
         // The prompt is an entry's whole: nothing to compute.
         Some(l) => (l, sluice_model::Prefilled::default()),
         None => {
-            let out = model.prefill(state, feed, want, pre_opts, &mut on)?;
-            let v = model.config().vocab;
-            let last = match out.logits.len() {
-                n if n >= v => out.logits[n - v..].to_vec(),
-                _ => Vec::new(),
-            };
+            let mut out = sluice_model::Prefilled::default();
+            let mut rest = feed;
+            if let Some(s) = split {
+                let first = model.prefill(state, &feed[..s], want, pre_opts, &mut on)?;
+                let head: Vec<u32> = split_base.iter().chain(&feed[..s]).copied().collect();
+                engine
+                    .prefix()
+                    .store(model, &head, state, &last_row(&first.logits));
+                out.spans = first.spans;
+                out.times = first.times;
+                rest = &feed[s..];
+            }
+            let more = model.prefill(state, rest, want, pre_opts, &mut on)?;
+            out.spans.extend(more.spans);
+            out.times.attention += more.times.attention;
+            out.times.experts += more.times.experts;
+            out.times.other += more.times.other;
+            out.logits = more.logits;
+            let last = last_row(&out.logits);
             engine.prefix().store(model, history, state, &last);
             (last, out)
         }

@@ -622,7 +622,20 @@ async fn chat_completions(
             .map_err(|e| bad(e.to_string()))?;
         tok.check_fits(&text, engine.model().max_positions())
             .map_err(|e| bad(e.to_string()))?;
-        OwnedPrompt::Ids(tok.encode(&text, false).map_err(|e| bad(e.to_string()))?)
+        let ids = tok.encode(&text, false).map_err(|e| bad(e.to_string()))?;
+        // Where the system messages end (with the tools, as the template puts them): a
+        // recurrent model's prefix cache keeps the state there for requests that share them.
+        let system = plain
+            .iter()
+            .take_while(|m| m.role == "system" || m.role == "developer")
+            .count();
+        if engine.recurrent() && system > 0 && system < full.len() {
+            opts.cache_prefix = tpl
+                .render_with(&full[..system], false, &json!({"tools": tools}))
+                .ok()
+                .and_then(|t| engine.prefix_end(&t, &ids));
+        }
+        OwnedPrompt::Ids(ids)
     } else {
         OwnedPrompt::Chat(plain)
     };

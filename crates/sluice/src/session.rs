@@ -124,7 +124,16 @@ impl Session {
         opts: &GenerateOptions,
     ) -> Result<Generation<'_>, Error> {
         let ids = self.engine.encode(&prompt)?;
-        self.generate_ids(ids, opts)
+        match (&prompt, opts.cache_prefix) {
+            (Prompt::Chat(m), None) => {
+                let opts = GenerateOptions {
+                    cache_prefix: self.engine.chat_system_end(m, &ids),
+                    ..opts.clone()
+                };
+                self.generate_ids(ids, &opts)
+            }
+            _ => self.generate_ids(ids, opts),
+        }
     }
 
     /// Starts a generation from `prompt` taken as the *whole* context (typically a chat
@@ -178,6 +187,11 @@ impl Session {
         let mut feed: Vec<u32> = self.history[fed..].to_vec();
         self.history.truncate(fed);
         feed.extend_from_slice(&ids);
+        // The boundary as a position of the whole context.
+        let boundary = opts
+            .cache_prefix
+            .filter(|&b| b < ids.len())
+            .map(|b| fed + feed.len() - ids.len() + b);
         if feed.is_empty() {
             // Nothing new: recompute the last position's logits. A recurrent state (KDA) steps
             // back only to where its latest pass began; otherwise the whole history runs again
@@ -198,6 +212,7 @@ impl Session {
             &feed,
             opts,
             opts.keep_logits,
+            boundary,
         )?;
         Ok(Generation {
             session: self,

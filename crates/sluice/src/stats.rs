@@ -91,7 +91,7 @@ pub struct GenerationStats {
     /// The memory budget (0: unlimited).
     pub memory_budget_bytes: u64,
     /// Bytes the expert cache could hold when the generation began (the pool less every
-    /// sequence's KV pages then).
+    /// sequence's KV pages and the prefix cache's entries then; 0 with unlimited memory).
     pub expert_cache_start_bytes: u64,
     /// The same when the figures were taken: lower when this or another sequence's KV cache
     /// grew, higher when a sequence ended.
@@ -134,6 +134,15 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// What the expert cache can hold now, as the figures report it: 0 with unlimited memory
+/// (where the store's capacity is a sentinel, not a size).
+pub(crate) fn cache_capacity(engine: &Engine) -> u64 {
+    match engine.budget() {
+        Some(_) => engine.model().experts().capacity(),
+        None => 0,
+    }
+}
+
 /// Counters of `now` since `then`, with the engine's figures filled in.
 pub(crate) fn stats_since(
     engine: &Engine,
@@ -144,7 +153,7 @@ pub(crate) fn stats_since(
 ) -> GenerationStats {
     let mut s = base.clone();
     let now = engine.expert_stats();
-    s.expert_cache_end_bytes = engine.model().experts().capacity();
+    s.expert_cache_end_bytes = cache_capacity(engine);
     s.kv_cache_bytes = state.kv_bytes();
     s.trunk_bytes_read = engine.model().trunk_bytes_read() - trunk0;
     s.expert_requests = now.requests - expert0.requests;

@@ -344,3 +344,163 @@ fn the_plan_sets_the_share_aside_before_the_trunk_and_refuses_what_does_not_fit(
     let e = builder().build().unwrap();
     assert_eq!(e.prefix_cache_stats().limit_bytes, 1 << 30);
 }
+
+/// GPT-2's byte-to-character map: a byte-level BPE vocabulary with no merges, each byte its
+/// own token (ids 0–255, inside every fixture's vocabulary).
+fn byte_tokenizer() -> serde_json::Value {
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut cs = bs.clone();
+    let mut n = 0;
+    for b in 0..256 {
+        if !bs.contains(&b) {
+            bs.push(b);
+            cs.push(256 + n);
+            n += 1;
+        }
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> = bs
+        .iter()
+        .zip(&cs)
+        .map(|(&b, &c)| (char::from_u32(c).unwrap().to_string(), b.into()))
+        .collect();
+    let level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [], "normalizer": null, "pre_tokenizer": level,
+        "post_processor": null, "decoder": level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}})
+}
+
+/// A recurrent fixture with a byte-level tokenizer and a chat template.
+fn recurrent_chat_model(name: &str) -> tempfile::TempDir {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/models")
+        .join(name);
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::write(
+        d.path().join("tokenizer.json"),
+        serde_json::to_vec(&byte_tokenizer()).unwrap(),
+    )
+    .unwrap();
+    let tpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    std::fs::write(
+        d.path().join("tokenizer_config.json"),
+        serde_json::to_vec(&serde_json::json!({"chat_template": tpl})).unwrap(),
+    )
+    .unwrap();
+    d
+}
+
+#[test]
+fn a_recurrent_state_is_kept_where_the_system_prompt_ends() {
+    let g = SamplingOptions::default();
+    // Ids with an explicit boundary, on every family: a KV cache needs none (it is cut back),
+    // a recurrent state is kept there by a first pass.
+    for dir in common::families() {
+        for memory in [
+            Memory::Unlimited,
+            Memory::Bytes(streamed_budget(&dir, 256 * KIB)),
+        ] {
+            let builder = || {
+                Engine::builder()
+                    .model(&dir)
+                    .threads(2)
+                    .context(96)
+                    .memory(memory)
+            };
+            let cold = builder().prefix_cache(0).build().unwrap();
+            let warm = builder().prefix_cache(256 * KIB).build().unwrap();
+            let v = cold.model().config().vocab;
+            let sys = ids(v, 20, 3);
+            for (k, q) in [ids(v, 7, 4), ids(v, 9, 5)].iter().enumerate() {
+                let p: Vec<u32> = sys.iter().chain(q).copied().collect();
+                let opts = GenerateOptions {
+                    max_tokens: 6,
+                    stop_at_eos: false,
+                    logprobs: Some(1),
+                    cache_prefix: Some(sys.len()),
+                    ..Default::default()
+                };
+                let go = |e: &Engine| {
+                    let mut s = e.session().unwrap();
+                    let mut gn = s.generate(Prompt::Ids(&p), &opts).unwrap();
+                    let lp: Vec<u32> = gn
+                        .by_ref()
+                        .map(|t| t.unwrap().logprobs.unwrap().logprob.to_bits())
+                        .collect();
+                    (gn.ids().to_vec(), lp, gn.stats().cached_tokens)
+                };
+                let (want, want_lp, _) = go(&cold);
+                let (got, got_lp, took) = go(&warm);
+                let what = format!("{}: {memory:?} prompt {k}", dir.display());
+                assert_eq!((got, got_lp), (want, want_lp), "{what}");
+                assert_eq!(took, if k == 0 { 0 } else { sys.len() }, "{what}");
+            }
+        }
+    }
+    // Chat prompts mark the end of their system messages themselves, in sessions and in the
+    // batcher.
+    for name in ["qwen3_next-fp32", "qwen3_5_moe-fp32"] {
+        let d = recurrent_chat_model(name);
+        let builder = || Engine::builder().model(d.path()).threads(2).context(256);
+        let system = sluice::Message::new("system", "You answer in one word, always politely.");
+        let chat = |q: &str| vec![system.clone(), sluice::Message::new("user", q)];
+        let opts = GenerateOptions {
+            max_tokens: 5,
+            stop_at_eos: false,
+            sampling: g.clone(),
+            ..Default::default()
+        };
+        let warm = builder().build().unwrap();
+        let cold = builder().prefix_cache(0).build().unwrap();
+        // The system message on its own, as the template renders it without a reply.
+        let t = warm
+            .chat_template()
+            .unwrap()
+            .render(&chat("x")[..1], false)
+            .unwrap();
+        let head = warm.tokenizer().unwrap().encode(&t, false).unwrap().len();
+        assert!(head > 20, "{head}");
+        let mut took = Vec::new();
+        for q in ["Who are you?", "Where is it?"] {
+            let mut s = warm.session().unwrap();
+            let mut gn = s.generate(Prompt::Chat(&chat(q)), &opts).unwrap();
+            gn.run().unwrap();
+            took.push(gn.stats().cached_tokens);
+            let mut c = cold.session().unwrap();
+            let want = c
+                .generate(Prompt::Chat(&chat(q)), &opts)
+                .unwrap()
+                .run()
+                .unwrap();
+            assert_eq!(gn.text(), want, "{name}: {q}");
+        }
+        assert_eq!(took, vec![0, head], "{name}: sessions");
+        let jobs: Vec<(OwnedPrompt, GenerateOptions)> = ["Why so?", "How so?"]
+            .iter()
+            .map(|q| (OwnedPrompt::Chat(chat(q)), opts.clone()))
+            .collect();
+        let fresh = builder().build().unwrap();
+        let got = common::batched(&fresh, 1, jobs.clone());
+        let want = common::batched(&cold, 1, jobs);
+        for (a, b) in got.iter().zip(&want) {
+            assert_eq!(a.ids, b.ids, "{name}");
+        }
+        assert_eq!(
+            got.iter()
+                .map(|f| f.stats.cached_tokens)
+                .collect::<Vec<_>>(),
+            vec![0, head],
+            "{name}: the batcher"
+        );
+    }
+}

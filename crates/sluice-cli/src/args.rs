@@ -149,6 +149,9 @@ pub struct InspectArgs {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
+    /// The prefix cache to plan: a size, or `off` (default: the default share).
+    #[arg(long, value_name = "SIZE|off")]
+    pub prefix_cache: Option<String>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

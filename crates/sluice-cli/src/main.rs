@@ -111,8 +111,13 @@ fn pack(a: args::PackArgs) -> Result<(), Failure> {
 }
 
 fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
-    let i =
-        sluice::tools::inspect::inspect(&a.model, memory(&a.memory)?, a.context, a.prefill_chunk)?;
+    let i = sluice::tools::inspect::inspect_with(
+        &a.model,
+        memory(&a.memory)?,
+        a.context,
+        a.prefill_chunk,
+        a.prefix_cache.as_deref().map(prefix_cache).transpose()?,
+    )?;
     if a.json {
         println!("{}", serde_json::to_string(&i).unwrap_or_default());
         return Ok(());
@@ -363,6 +368,18 @@ fn memory(s: &str) -> Result<Memory, Failure> {
     }
 }
 
+/// A `--prefix-cache` value in bytes.
+fn prefix_cache(s: &str) -> Result<u64, Failure> {
+    match s {
+        "off" | "none" | "0" => Ok(0),
+        s => parse_size(s).ok_or_else(|| {
+            usage(format!(
+                "--prefix-cache `{s}`: expected a size like 256MiB, 2GiB, or off"
+            ))
+        }),
+    }
+}
+
 fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine, Failure> {
     let dir = model_dir(a.model.clone())?;
     if sequences == 0 {
@@ -405,14 +422,7 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
         b = b.threads(t);
     }
     if let Some(p) = &a.prefix_cache {
-        b = b.prefix_cache(match p.as_str() {
-            "off" | "none" | "0" => 0,
-            s => parse_size(s).ok_or_else(|| {
-                usage(format!(
-                    "--prefix-cache `{s}`: expected a size like 256MiB, 2GiB, or off"
-                ))
-            })?,
-        });
+        b = b.prefix_cache(prefix_cache(p)?);
     }
     if a.isa != "auto" {
         let i = Isa::from_name(&a.isa).ok_or_else(|| {

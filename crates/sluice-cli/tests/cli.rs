@@ -1144,3 +1144,30 @@ fn chat_session_resumes_a_conversation_as_if_never_stopped() {
     // The two sessions' replies are the uninterrupted chat's.
     assert_eq!(format!("{first}{second}"), whole);
 }
+
+/// `sluice inspect` shows the prefix cache's share: the default, one asked for (which comes out
+/// of the trunk's room, not the KV cache's), or none.
+#[test]
+fn inspect_shows_the_prefix_cache_share() {
+    let m = demo_model();
+    let share = |extra: &[&str]| {
+        let mut args = vec![
+            "inspect",
+            m.to_str().unwrap(),
+            "--memory",
+            "20MiB",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v = json(&run(&args));
+        (
+            v["plan"]["prefix_cache"].as_u64().unwrap(),
+            v["plan"]["context_fit"].as_u64().unwrap(),
+        )
+    };
+    let (default, fit) = share(&[]);
+    assert!(default > 0 && default <= (20 << 20) / 16, "{default}");
+    assert_eq!(share(&["--prefix-cache", "2MiB"]), (2 << 20, fit));
+    assert_eq!(share(&["--prefix-cache", "off"]).0, 0);
+    one_line_error(&["inspect", m.to_str().unwrap(), "--prefix-cache", "lots"]);
+}

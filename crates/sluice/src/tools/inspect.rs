@@ -120,12 +120,23 @@ pub struct PlanSummary {
 }
 
 /// Inspects a model directory and plans `memory` for it (`context` positions, prefill chunks of
-/// `chunk`).
+/// `chunk`, the default prefix-cache share).
 pub fn inspect(
     dir: &Path,
     memory: Memory,
     context: usize,
     chunk: usize,
+) -> Result<Inspection, Error> {
+    inspect_with(dir, memory, context, chunk, None)
+}
+
+/// [`inspect`] with a prefix cache of `prefix_cache` bytes asked for (None: the default share).
+pub fn inspect_with(
+    dir: &Path,
+    memory: Memory,
+    context: usize,
+    chunk: usize,
+    prefix_cache: Option<u64>,
 ) -> Result<Inspection, Error> {
     if !dir.is_dir() {
         return Err(Error::Usage(format!(
@@ -146,6 +157,7 @@ pub fn inspect(
             context.min(desc.config.max_positions),
             1,
         ),
+        prefix_cache,
         ..ModelOptions::default()
     };
     let plan = desc.plan(&shards, &opts)?;

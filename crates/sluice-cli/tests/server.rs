@@ -1247,3 +1247,70 @@ fn a_shared_system_prompt_is_reported_cached_and_changes_no_text() {
         "{u}"
     );
 }
+
+/// A recurrent fixture (gated DeltaNet) with the byte-level tokenizer and a chat template.
+fn recurrent_chat_model() -> tempfile::TempDir {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(data.join("models/qwen3_next-fp32")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
+    }
+    std::fs::copy(
+        data.join("byte-tokenizer/tokenizer.json"),
+        d.path().join("tokenizer.json"),
+    )
+    .unwrap();
+    let tpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+    std::fs::write(
+        d.path().join("tokenizer_config.json"),
+        json!({"chat_template": tpl}).to_string(),
+    )
+    .unwrap();
+    d
+}
+
+#[test]
+fn a_recurrent_model_shares_a_system_prompt_with_and_without_tools() {
+    let d = recurrent_chat_model();
+    let cold = start(d.path(), &["--prefix-cache", "off"]);
+    let warm = start(d.path(), &[]);
+    let tools = json!([{"type": "function", "function": {"name": "lookup",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]);
+    for with_tools in [false, true] {
+        // A system prompt of each round's own, so that the second round (with tools, through
+        // the template's tools path) finds nothing from the first.
+        let system = if with_tools {
+            "You use the tools when they help, and say so."
+        } else {
+            "You are terse and exact."
+        };
+        let req = |q: &str| {
+            let mut r = json!({"messages": [{"role": "system", "content": system},
+                {"role": "user", "content": q}], "max_tokens": 6, "temperature": 0});
+            if with_tools {
+                r["tools"] = tools.clone();
+            }
+            r.to_string()
+        };
+        let mut cached = Vec::new();
+        for q in ["First question?", "Second one?"] {
+            let (_, a) = post(&cold, "/v1/chat/completions", &req(q));
+            let (st, b) = post(&warm, "/v1/chat/completions", &req(q));
+            assert_eq!(st, 200, "{b}");
+            let (a, b): (Value, Value) = (
+                serde_json::from_str(&a).unwrap(),
+                serde_json::from_str(&b).unwrap(),
+            );
+            assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+            cached.push(
+                b["usage"]["prompt_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .unwrap(),
+            );
+        }
+        // `<system>` + the text + a newline, one token per byte, computed by the first request.
+        let head = ("<system>".len() + system.len() + 1) as u64;
+        assert_eq!(cached, vec![0, head], "tools: {with_tools}");
+    }
+}

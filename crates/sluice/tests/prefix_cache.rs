@@ -345,37 +345,6 @@ fn the_plan_sets_the_share_aside_before_the_trunk_and_refuses_what_does_not_fit(
     assert_eq!(e.prefix_cache_stats().limit_bytes, 1 << 30);
 }
 
-/// GPT-2's byte-to-character map: a byte-level BPE vocabulary with no merges, each byte its
-/// own token (ids 0–255, inside every fixture's vocabulary).
-fn byte_tokenizer() -> serde_json::Value {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
-        .chain(0xA1..=0xAC)
-        .chain(0xAE..=0xFF)
-        .collect();
-    let mut cs = bs.clone();
-    let mut n = 0;
-    for b in 0..256 {
-        if !bs.contains(&b) {
-            bs.push(b);
-            cs.push(256 + n);
-            n += 1;
-        }
-    }
-    let vocab: serde_json::Map<String, serde_json::Value> = bs
-        .iter()
-        .zip(&cs)
-        .map(|(&b, &c)| (char::from_u32(c).unwrap().to_string(), b.into()))
-        .collect();
-    let level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
-        "trim_offsets": true, "use_regex": true});
-    serde_json::json!({"version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [], "normalizer": null, "pre_tokenizer": level,
-        "post_processor": null, "decoder": level,
-        "model": {"type": "BPE", "dropout": null, "unk_token": null,
-            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
-            "byte_fallback": false, "ignore_merges": false, "vocab": vocab, "merges": []}})
-}
-
 /// A recurrent fixture with a byte-level tokenizer and a chat template.
 fn recurrent_chat_model(name: &str) -> tempfile::TempDir {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -386,9 +355,10 @@ fn recurrent_chat_model(name: &str) -> tempfile::TempDir {
         let p = e.unwrap().path();
         std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
     }
-    std::fs::write(
+    // Each byte its own token (`testdata/byte-tokenizer`), inside the fixture's vocabulary.
+    std::fs::copy(
+        src.join("../../byte-tokenizer/tokenizer.json"),
         d.path().join("tokenizer.json"),
-        serde_json::to_vec(&byte_tokenizer()).unwrap(),
     )
     .unwrap();
     let tpl = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";

@@ -1314,3 +1314,36 @@ fn a_recurrent_model_shares_a_system_prompt_with_and_without_tools() {
         assert_eq!(cached, vec![0, head], "tools: {with_tools}");
     }
 }
+
+#[test]
+fn the_next_turn_of_a_conversation_reuses_the_reply() {
+    let d = chat_model();
+    let cold = start(d.path(), &["--prefix-cache", "off"]);
+    let warm = start(d.path(), &[]);
+    let first = json!({"messages": [{"role": "user", "content": "Tell me of Elizabeth."}],
+        "max_tokens": 16, "temperature": 0});
+    let (_, a) = post(&warm, "/v1/chat/completions", &first.to_string());
+    let a: Value = serde_json::from_str(&a).unwrap();
+    let reply = a["choices"][0]["message"]["content"].as_str().unwrap();
+    let prompt1 = a["usage"]["prompt_tokens"].as_u64().unwrap();
+    let second = json!({"messages": [{"role": "user", "content": "Tell me of Elizabeth."},
+        {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Jane?"}],
+        "max_tokens": 8, "temperature": 0});
+    let (_, b) = post(&warm, "/v1/chat/completions", &second.to_string());
+    let (_, c) = post(&cold, "/v1/chat/completions", &second.to_string());
+    let (b, c): (Value, Value) = (
+        serde_json::from_str(&b).unwrap(),
+        serde_json::from_str(&c).unwrap(),
+    );
+    assert_eq!(b["choices"][0]["message"], c["choices"][0]["message"]);
+    // Beyond the first prompt: the reply's tokens too, as the template renders them back.
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > prompt1 + 4,
+        "{cached} of {}: {}",
+        prompt1,
+        b["usage"]
+    );
+}

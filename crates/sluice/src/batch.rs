@@ -429,6 +429,7 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
                 continue;
             }
             c.finished.fetch_add(1, Ordering::Relaxed);
+            engine.prefix().store_finished(model, &s.history, &s.state);
             let stats = s.g.stats(engine, &s.state);
             let f = Finished {
                 prompt_ids: s.job.ids.clone(),

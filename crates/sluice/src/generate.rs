@@ -366,7 +366,7 @@ pub(crate) fn prefill(
                 let head: Vec<u32> = split_base.iter().chain(&feed[..s]).copied().collect();
                 engine
                     .prefix()
-                    .store(model, &head, state, &last_row(&first.logits));
+                    .store(model, &head, state, Some(&last_row(&first.logits)));
                 out.spans = first.spans;
                 out.times = first.times;
                 rest = &feed[s..];
@@ -378,7 +378,7 @@ pub(crate) fn prefill(
             out.times.other += more.times.other;
             out.logits = more.logits;
             let last = last_row(&out.logits);
-            engine.prefix().store(model, history, state, &last);
+            engine.prefix().store(model, history, state, Some(&last));
             (last, out)
         }
     };

@@ -57,8 +57,8 @@ pub(crate) struct Hit {
 struct Entry {
     tokens: Vec<u32>,
     state: State,
-    /// The logits after the last token.
-    logits: Vec<f32>,
+    /// The logits after the last token (a prompt's; a finished generation's state has none).
+    logits: Option<Vec<f32>>,
     bytes: u64,
     used: u64,
 }
@@ -132,7 +132,7 @@ impl PrefixCache {
         let mut best: Option<(usize, bool, usize)> = None;
         for (i, e) in g.list.iter().enumerate() {
             let c = common(&e.tokens, prompt);
-            let exact = c == prompt.len() && e.tokens.len() == prompt.len();
+            let exact = c == prompt.len() && e.tokens.len() == prompt.len() && e.logits.is_some();
             // Otherwise one token at least is left to compute the next logits from.
             let n = if exact { c } else { c.min(prompt.len() - 1) };
             if n <= have || !(exact || e.state.can_truncate(n)) {
@@ -148,7 +148,7 @@ impl PrefixCache {
         let e = &mut g.list[i];
         e.used = tick;
         let state = e.state.prefix(n)?;
-        let logits = exact.then(|| e.logits.clone());
+        let logits = if exact { e.logits.clone() } else { None };
         g.stats.hits += 1;
         g.stats.cached_tokens += (n - have) as u64;
         Some(Hit {
@@ -158,11 +158,18 @@ impl PrefixCache {
         })
     }
 
-    /// Keeps a copy of `state`, which holds `tokens` and gives `logits` next, unless an entry
+    /// Keeps a copy of `state`, which holds `tokens` and gives `logits` next (a prompt's state;
+    /// `None` for a finished generation's, whose next logits were spent), unless an entry
     /// covers it already; entries it covers go, and the least recently used make room. Under a
     /// budget the bytes are lent by the expert cache first; when it cannot give them up the
     /// state is not kept.
-    pub(crate) fn store(&self, model: &Model, tokens: &[u32], state: &State, logits: &[f32]) {
+    pub(crate) fn store(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        state: &State,
+        logits: Option<&[f32]>,
+    ) {
         if self.limit == 0
             || tokens.is_empty()
             || state.pos() != tokens.len()
@@ -171,25 +178,31 @@ impl PrefixCache {
         {
             return;
         }
-        let bytes =
-            state.cache_bytes() as u64 + 4 * (tokens.len() + logits.len()) as u64 + ENTRY_OVERHEAD;
+        let floats = tokens.len() + logits.map_or(0, <[f32]>::len);
+        let bytes = state.cache_bytes() as u64 + 4 * floats as u64 + ENTRY_OVERHEAD;
         if bytes > self.limit {
             return;
         }
         let mut g = self.lock();
         g.tick += 1;
         let tick = g.tick;
-        // An entry holding these tokens, or more and able to serve them (cut back to all but
-        // the last, which is run again for its logits), covers them.
-        let covers = |longer: &[u32], s: &State, shorter: &[u32]| {
-            longer.len() >= shorter.len()
-                && longer[..shorter.len()] == *shorter
-                && (longer.len() == shorter.len() || s.can_truncate(shorter.len() - 1))
+        // An entry holding these tokens (and their logits, if these come with them), or more
+        // and able to serve them (cut back to all but the last, which is run again for its
+        // logits), covers them.
+        // A finished generation's state (no logits) covers no prompt's: a repeated prompt keeps
+        // starting without a pass.
+        let covers = |longer: (&[u32], &State, bool), shorter: (&[u32], bool)| {
+            let ((l, s, l_logits), (t, t_logits)) = (longer, shorter);
+            (l_logits || !t_logits)
+                && l.len() >= t.len()
+                && l[..t.len()] == *t
+                && (l.len() == t.len() || s.can_truncate(t.len() - 1))
         };
+        let new = logits.is_some();
         if let Some(e) = g
             .list
             .iter_mut()
-            .find(|e| covers(&e.tokens, &e.state, tokens))
+            .find(|e| covers((&e.tokens, &e.state, e.logits.is_some()), (tokens, new)))
         {
             e.used = tick;
             return;
@@ -197,7 +210,8 @@ impl PrefixCache {
         // Entries this one covers go. (A recurrent state goes back only to where its latest
         // pass began, so it covers none but that one.)
         let before = g.list.len();
-        g.list.retain(|e| !covers(tokens, state, &e.tokens));
+        g.list
+            .retain(|e| !covers((tokens, state, new), (&e.tokens, e.logits.is_some())));
         g.stats.evicted += (before - g.list.len()) as u64;
         g.bytes = g.list.iter().map(|e| e.bytes).sum();
         loop {
@@ -220,12 +234,21 @@ impl PrefixCache {
         g.list.push(Entry {
             tokens: tokens.to_vec(),
             state: copy,
-            logits: logits.to_vec(),
+            logits: logits.map(<[f32]>::to_vec),
             bytes,
             used: tick,
         });
         g.bytes += bytes;
         g.stats.stored += 1;
+    }
+
+    /// Keeps the state a finished generation leaves (its prompt and what it generated, but the
+    /// last token, which was not fed): the next turn of a conversation sent whole (an agent's
+    /// request carrying the reply and a tool's result) starts from it.
+    pub(crate) fn store_finished(&self, model: &Model, history: &[u32], state: &State) {
+        if let Some(tokens) = history.get(..state.pos()) {
+            self.store(model, tokens, state, None);
+        }
     }
 
     /// Under a budget, sets the lease to `want` bytes (giving back what is over); false when

@@ -222,6 +222,7 @@ impl Session {
             prompt_logits: p.prompt_logits,
             step_logits: Vec::new(),
             spec: Speculation::new(opts.draft),
+            kept: false,
         })
     }
 }
@@ -236,6 +237,8 @@ pub struct Generation<'s> {
     step_logits: Vec<f32>,
     /// Speculative decoding's drafts between passes.
     spec: Speculation,
+    /// The finished state was offered to the prefix cache.
+    kept: bool,
 }
 
 impl std::fmt::Debug for Generation<'_> {
@@ -386,7 +389,16 @@ impl Iterator for Generation<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         match self.step() {
             Ok(Some(t)) => Some(Ok(t)),
-            Ok(None) => None,
+            Ok(None) => {
+                // The end: what the state holds goes to the prefix cache too, once.
+                if !std::mem::replace(&mut self.kept, true) {
+                    let s = &*self.session;
+                    s.engine
+                        .prefix()
+                        .store_finished(s.engine.model(), &s.history, &s.state);
+                }
+                None
+            }
             Err(e) => {
                 self.seq.fail();
                 self.next_logits = None;

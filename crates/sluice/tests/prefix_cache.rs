@@ -93,11 +93,27 @@ fn check(dir: &Path, memory: Memory, limit: u64, sampling: &SamplingOptions) -> 
         assert_eq!(got_lp, want_lp, "{what}: log-probability bits");
         assert_eq!(took, cached, "{what}: cached tokens");
     }
+    // The next turn of a conversation sent whole — `a`, the reply, something new — starts
+    // from the state `a`'s generation finished with (all but the reply's last token).
+    let (reply, _, _) = run(&cold, &a, sampling);
+    let turn: Vec<u32> = a
+        .iter()
+        .chain(&reply)
+        .chain(&ids(v, 5, 6))
+        .copied()
+        .collect();
+    let (want, want_lp, _) = run(&cold, &turn, sampling);
+    let (got, got_lp, took) = run(&warm, &turn, sampling);
+    let what = format!("{}: {memory:?} {sampling:?} next turn", dir.display());
+    assert_eq!((got, got_lp), (want, want_lp), "{what}");
+    assert_eq!(took, a.len() + reply.len() - 1, "{what}");
     let st = warm.prefix_cache_stats();
     let what = format!("{}: {memory:?}: {st:?}", dir.display());
-    assert_eq!(st.lookups, 5, "{what}");
-    assert_eq!(st.hits, if rec { 3 } else { 4 }, "{what}");
-    assert_eq!(st.entries, if rec { 3 } else { 2 }, "{what}");
+    assert_eq!(st.lookups, 6, "{what}");
+    assert_eq!(st.hits, if rec { 4 } else { 5 }, "{what}");
+    // Each prompt's state and each finished generation's, but those a KV cache's longer
+    // prompts cover (`c` covers `a`, the next turn `a`'s finished state).
+    assert_eq!(st.entries, if rec { 8 } else { 6 }, "{what}");
     assert!(st.bytes > 0 && st.bytes <= st.limit_bytes, "{what}");
     if memory != Memory::Unlimited {
         // The entries' bytes are lent by the expert cache.
@@ -241,20 +257,22 @@ fn the_least_recently_used_entry_makes_room_and_the_limit_holds() {
     let (a, b, c) = (ids(v, 40, 0), ids(v, 40, 1), ids(v, 40, 2));
     let g = SamplingOptions::default();
     run(&probe, &a, &g);
+    // A run keeps two entries: its prompt's state and its finished generation's.
+    assert_eq!(probe.prefix_cache_stats().entries, 2);
     let one = probe.prefix_cache_stats().bytes;
-    // Room for two entries.
+    // Room for two runs.
     let e = engine(2 * one + one / 2);
     run(&e, &a, &g);
     run(&e, &b, &g);
     assert_eq!(run(&e, &a, &g).2, 40, "a is still held");
-    run(&e, &c, &g); // b, the least recently used, goes
+    run(&e, &c, &g); // b's two, the least recently used, go
     let st = e.prefix_cache_stats();
-    assert_eq!((st.entries, st.evicted), (2, 1), "{st:?}");
+    assert_eq!((st.entries, st.evicted), (4, 2), "{st:?}");
     assert!(st.bytes <= st.limit_bytes, "{st:?}");
     assert_eq!(run(&e, &b, &g).2, 0, "b was evicted");
     assert_eq!(run(&e, &c, &g).2, 40, "c is held");
     // A state larger than the whole limit is never kept; 0 turns the cache off.
-    let small = engine(one / 2);
+    let small = engine(one / 4);
     run(&small, &a, &g);
     assert_eq!(small.prefix_cache_stats().entries, 0);
     let off = engine(0);

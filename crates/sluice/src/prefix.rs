@@ -219,6 +219,13 @@ impl PrefixCache {
             if want <= self.limit && self.lend(model, &mut g, want) {
                 break;
             }
+            if logits.is_none() {
+                // A finished generation's state is kept only where there is room: it serves a
+                // conversation that may never come back, and pushes out no prompt's.
+                let held = g.bytes;
+                self.lend(model, &mut g, held);
+                return;
+            }
             // The least recently used goes.
             let Some(i) = (0..g.list.len()).min_by_key(|&i| g.list[i].used) else {
                 self.lend(model, &mut g, 0);
@@ -243,8 +250,9 @@ impl PrefixCache {
     }
 
     /// Keeps the state a finished generation leaves (its prompt and what it generated, but the
-    /// last token, which was not fed): the next turn of a conversation sent whole (an agent's
-    /// request carrying the reply and a tool's result) starts from it.
+    /// last token, which was not fed) where there is room without evicting anything: the next
+    /// turn of a conversation sent whole (an agent's request carrying the reply and a tool's
+    /// result) starts from it.
     pub(crate) fn store_finished(&self, model: &Model, history: &[u32], state: &State) {
         if let Some(tokens) = history.get(..state.pos()) {
             self.store(model, tokens, state, None);

@@ -252,25 +252,45 @@ fn the_least_recently_used_entry_makes_room_and_the_limit_holds() {
             .build()
             .unwrap()
     };
+    // One generated token: its finished state is its prompt's, which the prompt's entry
+    // covers, so each run keeps one entry.
+    let g = SamplingOptions::default();
+    let go = |e: &Engine, p: &[u32]| {
+        let opts = GenerateOptions {
+            max_tokens: 1,
+            ..Default::default()
+        };
+        let mut s = e.session().unwrap();
+        let mut gn = s.generate(Prompt::Ids(p), &opts).unwrap();
+        gn.run().unwrap();
+        gn.stats().cached_tokens
+    };
     let probe = engine(1 << 30);
     let v = probe.model().config().vocab;
     let (a, b, c) = (ids(v, 40, 0), ids(v, 40, 1), ids(v, 40, 2));
-    let g = SamplingOptions::default();
-    run(&probe, &a, &g);
-    // A run keeps two entries: its prompt's state and its finished generation's.
-    assert_eq!(probe.prefix_cache_stats().entries, 2);
+    go(&probe, &a);
+    assert_eq!(probe.prefix_cache_stats().entries, 1);
     let one = probe.prefix_cache_stats().bytes;
-    // Room for two runs.
+    // Room for two entries.
     let e = engine(2 * one + one / 2);
-    run(&e, &a, &g);
-    run(&e, &b, &g);
-    assert_eq!(run(&e, &a, &g).2, 40, "a is still held");
-    run(&e, &c, &g); // b's two, the least recently used, go
+    go(&e, &a);
+    go(&e, &b);
+    assert_eq!(go(&e, &a), 40, "a is still held");
+    go(&e, &c); // b, the least recently used, goes
     let st = e.prefix_cache_stats();
-    assert_eq!((st.entries, st.evicted), (4, 2), "{st:?}");
+    assert_eq!((st.entries, st.evicted), (2, 1), "{st:?}");
     assert!(st.bytes <= st.limit_bytes, "{st:?}");
-    assert_eq!(run(&e, &b, &g).2, 0, "b was evicted");
-    assert_eq!(run(&e, &c, &g).2, 40, "c is held");
+    assert_eq!(go(&e, &b), 0, "b was evicted");
+    assert_eq!(go(&e, &c), 40, "c is held");
+    // A finished generation's state is kept only where there is room: it evicts nothing.
+    let full = e.prefix_cache_stats();
+    run(&e, &c, &g);
+    let after = e.prefix_cache_stats();
+    assert_eq!(
+        (after.entries, after.evicted),
+        (full.entries, full.evicted),
+        "{after:?}"
+    );
     // A state larger than the whole limit is never kept; 0 turns the cache off.
     let small = engine(one / 4);
     run(&small, &a, &g);

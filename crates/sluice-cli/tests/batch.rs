@@ -427,6 +427,24 @@ fn lines_may_carry_a_response_format_and_bad_ones_are_skipped() {
     assert_eq!(out[1]["text"], solo(&demo(), "It is a truth", 40));
 }
 
+/// Runs `sluice batch` on the demo model with `batch` sequences and `extra` flags, which must
+/// succeed, and returns the output's lines.
+fn batch_demo(input: &Path, out: &Path, batch: usize, extra: &[&str]) -> Vec<Value> {
+    let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["batch", "--model"])
+        .arg(demo())
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(out)
+        .args(["--batch-size", &batch.to_string(), "--threads", "2"])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    lines(out)
+}
+
 #[test]
 fn batch_draft_ngram_changes_no_text_and_reports_its_drafts() {
     let d = tempfile::tempdir().unwrap();
@@ -437,21 +455,7 @@ fn batch_draft_ngram_changes_no_text_and_reports_its_drafts() {
         .to_string()
     };
     std::fs::write(&input, [line("g", 0.0), line("s", 0.7)].join("\n")).unwrap();
-    let run = |out: &Path, extra: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["batch", "--model"])
-            .arg(demo())
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(out)
-            .args(["--batch-size", "2", "--threads", "2"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        lines(out)
-    };
+    let run = |out: &Path, extra: &[&str]| batch_demo(&input, out, 2, extra);
     let plain = run(&d.path().join("plain.jsonl"), &[]);
     let drafted = run(
         &d.path().join("drafted.jsonl"),
@@ -482,21 +486,7 @@ fn jobs_sharing_a_document_reuse_its_prefix_with_the_same_text() {
         })
         .collect();
     std::fs::write(&input, lines_in.join("\n")).unwrap();
-    let run = |out: &Path, extra: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["batch", "--model"])
-            .arg(demo())
-            .arg("--input")
-            .arg(&input)
-            .arg("--output")
-            .arg(out)
-            .args(["--batch-size", "1", "--threads", "2"])
-            .args(extra)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        lines(out)
-    };
+    let run = |out: &Path, extra: &[&str]| batch_demo(&input, out, 1, extra);
     let cold = run(&d.path().join("cold.jsonl"), &["--prefix-cache", "off"]);
     let warm = run(&d.path().join("warm.jsonl"), &[]);
     for (a, b) in cold.iter().zip(&warm) {

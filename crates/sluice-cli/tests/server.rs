@@ -11,13 +11,19 @@ mod common;
 use common::{demo, solo};
 use serde_json::{Value, json};
 
-/// The demo model plus a ChatML chat template, so the chat endpoint has something to render.
-fn chat_model() -> tempfile::TempDir {
+/// A scratch copy of the files of a model directory.
+fn copy_model(src: &Path) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(demo()).unwrap() {
+    for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
     }
+    d
+}
+
+/// The demo model plus a ChatML chat template, so the chat endpoint has something to render.
+fn chat_model() -> tempfile::TempDir {
+    let d = copy_model(&demo());
     let cfg = d.path().join("tokenizer_config.json");
     let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
     c["chat_template"] = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}".into();
@@ -1251,11 +1257,7 @@ fn a_shared_system_prompt_is_reported_cached_and_changes_no_text() {
 /// A recurrent fixture (gated DeltaNet) with the byte-level tokenizer and a chat template.
 fn recurrent_chat_model() -> tempfile::TempDir {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
-    let d = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(data.join("models/qwen3_next-fp32")).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
-    }
+    let d = copy_model(&data.join("models/qwen3_next-fp32"));
     std::fs::copy(
         data.join("byte-tokenizer/tokenizer.json"),
         d.path().join("tokenizer.json"),

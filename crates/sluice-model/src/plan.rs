@@ -9,8 +9,9 @@ use crate::options::ModelOptions;
 use crate::weights::WeightLayout;
 
 /// How a budget is split. Trunk first — the head (final norm, lm_head) is pinned first, then
-/// whole layers largest first, then the embedding table — streaming whatever does not fit
-/// through a ring of one or two slots, once a prefix cache asked for is set aside. What is left
+/// whole layers largest first while every planned sequence's full-context KV cache still fits
+/// beside them, then the embedding table — streaming whatever does not fit through a ring of
+/// one or two slots, once a prefix cache asked for is set aside. What is left
 /// is a pool with three tenants: the expert cache, which starts with all of it; the KV caches
 /// of the sequences, which take pages from it as positions are written (the expert cache
 /// evicting by its policy to give them up, never below [`MemoryPlan::expert_floor`]) and give

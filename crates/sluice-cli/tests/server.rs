@@ -1200,6 +1200,25 @@ fn serve_draft_ngram_changes_no_text_and_reports_drafts_in_usage() {
     );
 }
 
+/// Posts a chat request to a server without the prefix cache and to one with it: the same
+/// message must come back (and no cached tokens from the first). Returns the second's
+/// response and its `usage.prompt_tokens_details.cached_tokens`.
+fn cold_and_warm(cold: &Server, warm: &Server, body: &str) -> (Value, u64) {
+    let (_, a) = post(cold, "/v1/chat/completions", body);
+    let (st, b) = post(warm, "/v1/chat/completions", body);
+    assert_eq!(st, 200, "{b}");
+    let (a, b): (Value, Value) = (
+        serde_json::from_str(&a).unwrap(),
+        serde_json::from_str(&b).unwrap(),
+    );
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    (b, cached)
+}
+
 #[test]
 fn a_shared_system_prompt_is_reported_cached_and_changes_no_text() {
     let d = chat_model();
@@ -1216,18 +1235,7 @@ fn a_shared_system_prompt_is_reported_cached_and_changes_no_text() {
         .iter()
         .enumerate()
     {
-        let (_, a) = post(&cold, "/v1/chat/completions", &req(q));
-        let (st, b) = post(&warm, "/v1/chat/completions", &req(q));
-        assert_eq!(st, 200, "{b}");
-        let (a, b): (Value, Value) = (
-            serde_json::from_str(&a).unwrap(),
-            serde_json::from_str(&b).unwrap(),
-        );
-        assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
-        assert_eq!(a["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-        let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap();
+        let (b, cached) = cold_and_warm(&cold, &warm, &req(q));
         if k == 0 {
             assert_eq!(cached, 0, "{}", b["usage"]);
             first_prompt = b["usage"]["prompt_tokens"].as_u64().unwrap();
@@ -1297,19 +1305,7 @@ fn a_recurrent_model_shares_a_system_prompt_with_and_without_tools() {
         };
         let mut cached = Vec::new();
         for q in ["First question?", "Second one?"] {
-            let (_, a) = post(&cold, "/v1/chat/completions", &req(q));
-            let (st, b) = post(&warm, "/v1/chat/completions", &req(q));
-            assert_eq!(st, 200, "{b}");
-            let (a, b): (Value, Value) = (
-                serde_json::from_str(&a).unwrap(),
-                serde_json::from_str(&b).unwrap(),
-            );
-            assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
-            cached.push(
-                b["usage"]["prompt_tokens_details"]["cached_tokens"]
-                    .as_u64()
-                    .unwrap(),
-            );
+            cached.push(cold_and_warm(&cold, &warm, &req(q)).1);
         }
         // `<system>` + the text + a newline, one token per byte, computed by the first request.
         let head = ("<system>".len() + system.len() + 1) as u64;
@@ -1331,17 +1327,8 @@ fn the_next_turn_of_a_conversation_reuses_the_reply() {
     let second = json!({"messages": [{"role": "user", "content": "Tell me of Elizabeth."},
         {"role": "assistant", "content": reply}, {"role": "user", "content": "And of Jane?"}],
         "max_tokens": 8, "temperature": 0});
-    let (_, b) = post(&warm, "/v1/chat/completions", &second.to_string());
-    let (_, c) = post(&cold, "/v1/chat/completions", &second.to_string());
-    let (b, c): (Value, Value) = (
-        serde_json::from_str(&b).unwrap(),
-        serde_json::from_str(&c).unwrap(),
-    );
-    assert_eq!(b["choices"][0]["message"], c["choices"][0]["message"]);
     // Beyond the first prompt: the reply's tokens too, as the template renders them back.
-    let cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
+    let (b, cached) = cold_and_warm(&cold, &warm, &second.to_string());
     assert!(
         cached > prompt1 + 4,
         "{cached} of {}: {}",

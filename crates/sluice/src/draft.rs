@@ -4,7 +4,7 @@
 //! pass with the token just chosen (each expert read once for all the rows) and sampling each
 //! position from its own row exactly as decoding one token at a time would: a draft token is
 //! kept only if it equals the token drawn there, so drafting changes the speed, never the text.
-//! [`Speculation`] keeps one generation's drafts between passes, for sessions and the batcher
+//! `Speculation` keeps one generation's drafts between passes, for sessions and the batcher
 //! alike; they run the passes.
 
 use std::collections::VecDeque;

@@ -191,8 +191,9 @@ impl EngineBuilder {
     /// [`Engine::prefix_cache_stats`]); the output is the same bits either way. Under a budget
     /// this much is planned into the pool before the trunk (and counted in the minimum), the
     /// expert cache using what the entries do not; by default the share is a sixteenth of the
-    /// budget, as far as the budget exceeds its minimum ([`MemoryPlan::prefix_cache`]). With
-    /// unlimited memory the default is 1 GiB.
+    /// budget, out of what the pool holds beyond every planned sequence's full-context KV
+    /// cache and the expert floor ([`MemoryPlan::prefix_cache`]). With unlimited memory the
+    /// default is 1 GiB.
     pub fn prefix_cache(mut self, bytes: u64) -> Self {
         self.prefix_cache = Some(bytes);
         self

@@ -3,7 +3,9 @@
 //! or request whose prompt starts like an earlier one (a system prompt, few-shot examples, a
 //! document asked several questions, the earlier turns of a chat) computes only the rest.
 //!
-//! Entries are whole prompts. A lookup takes the entry sharing the longest prefix with the new
+//! Entries are whole prompts, and finished generations (the prompt and the reply, without next
+//! logits, kept only where there is room), so that a conversation's next turn sent whole starts
+//! from its reply. A lookup takes the entry sharing the longest prefix with the new
 //! prompt and a copy of its state cut back to that prefix; a KV cache can be cut anywhere, a
 //! recurrent state (KDA, gated DeltaNet) only at its end or where its latest pass began, so for
 //! those models an entry serves prompts that extend it. A prompt equal to an entry takes its

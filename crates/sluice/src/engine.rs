@@ -617,15 +617,20 @@ impl Engine {
     /// when they start `ids` and more follows. The prefix cache keeps the state there, the
     /// part that requests share ([`GenerateOptions::cache_prefix`](crate::GenerateOptions)).
     pub(crate) fn chat_system_end(&self, msgs: &[Message], ids: &[u32]) -> Option<usize> {
+        let n = self.system_boundary(msgs)?;
+        let text = self.chat_template()?.render(&msgs[..n], false).ok()?;
+        self.prefix_end(&text, ids)
+    }
+
+    /// How many leading system (or developer) messages a chat has, when the prefix cache should
+    /// keep the state where they end: the model's state is recurrent, the cache is on, and
+    /// other messages follow them.
+    pub(crate) fn system_boundary(&self, msgs: &[Message]) -> Option<usize> {
         let n = msgs
             .iter()
             .take_while(|m| m.role == "system" || m.role == "developer")
             .count();
-        if n == 0 || n == msgs.len() || !self.recurrent() {
-            return None;
-        }
-        let text = self.chat_template()?.render(&msgs[..n], false).ok()?;
-        self.prefix_end(&text, ids)
+        (n > 0 && n < msgs.len() && self.prefix().enabled() && self.recurrent()).then_some(n)
     }
 
     /// The length of `text`'s tokens (as a chat template's output is encoded) when they start

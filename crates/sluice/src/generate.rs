@@ -279,7 +279,8 @@ pub(crate) fn prefill(
     let mut feed = feed;
     let mut cached = 0;
     let mut at_hand = None;
-    if !keep_logits && state.routes.is_none() && state.debug.is_none() {
+    if engine.prefix().enabled() && !keep_logits && state.routes.is_none() && state.debug.is_none()
+    {
         whole = history.iter().chain(feed).copied().collect();
         if let Some(mut hit) = engine.prefix().lookup(&whole, history.len())
             && model.charge(&mut hit.state).is_ok()
@@ -304,7 +305,7 @@ pub(crate) fn prefill(
     // A recurrent state is kept at the boundary too: a first pass runs up to it.
     let split = boundary
         .filter(|&b| b > history.len() && b < history.len() + feed.len() && !keep_logits)
-        .filter(|_| at_hand.is_none() && engine.recurrent())
+        .filter(|_| at_hand.is_none() && engine.prefix().enabled() && engine.recurrent())
         .map(|b| b - history.len());
     let split_base = if split.is_some() {
         history.clone()

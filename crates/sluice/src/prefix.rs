@@ -83,7 +83,7 @@ pub(crate) struct PrefixCache {
 }
 
 /// Tokens `a` and `b` share from the start.
-fn common(a: &[u32], b: &[u32]) -> usize {
+pub(crate) fn common(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
@@ -109,6 +109,11 @@ impl PrefixCache {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         }
+    }
+
+    /// Whether the cache may hold anything (`--prefix-cache` is not 0).
+    pub(crate) fn enabled(&self) -> bool {
+        self.limit > 0
     }
 
     /// The figures now.
@@ -209,24 +214,28 @@ impl PrefixCache {
             e.used = tick;
             return;
         }
-        // Entries this one covers go. (A recurrent state goes back only to where its latest
-        // pass began, so it covers none but that one.)
+        // Entries this one covers go (a recurrent state goes back only to where its latest
+        // pass began, so it covers none but that one) — once it is sure to be kept.
+        let covered = |e: &Entry| covers((tokens, state, new), (&e.tokens, e.logits.is_some()));
+        let freed: u64 = g.list.iter().filter(|e| covered(e)).map(|e| e.bytes).sum();
+        if !new {
+            // A finished generation's state is kept only where there is room: it serves a
+            // conversation that may never come back, and pushes out no prompt's.
+            let want = g.bytes - freed + bytes;
+            if want > self.limit || !self.lend(model, &mut g, want) {
+                let held = g.bytes;
+                self.lend(model, &mut g, held);
+                return;
+            }
+        }
         let before = g.list.len();
-        g.list
-            .retain(|e| !covers((tokens, state, new), (&e.tokens, e.logits.is_some())));
+        g.list.retain(|e| !covered(e));
         g.stats.evicted += (before - g.list.len()) as u64;
-        g.bytes = g.list.iter().map(|e| e.bytes).sum();
+        g.bytes -= freed;
         loop {
             let want = g.bytes + bytes;
             if want <= self.limit && self.lend(model, &mut g, want) {
                 break;
-            }
-            if logits.is_none() {
-                // A finished generation's state is kept only where there is room: it serves a
-                // conversation that may never come back, and pushes out no prompt's.
-                let held = g.bytes;
-                self.lend(model, &mut g, held);
-                return;
             }
             // The least recently used goes.
             let Some(i) = (0..g.list.len()).min_by_key(|&i| g.list[i].used) else {

@@ -625,11 +625,7 @@ async fn chat_completions(
         let ids = tok.encode(&text, false).map_err(|e| bad(e.to_string()))?;
         // Where the system messages end (with the tools, as the template puts them): a
         // recurrent model's prefix cache keeps the state there for requests that share them.
-        let system = plain
-            .iter()
-            .take_while(|m| m.role == "system" || m.role == "developer")
-            .count();
-        if engine.recurrent() && system > 0 && system < full.len() {
+        if let Some(system) = engine.system_boundary(&plain) {
             opts.cache_prefix = tpl
                 .render_with(&full[..system], false, &json!({"tools": tools}))
                 .ok()

@@ -147,12 +147,7 @@ impl Session {
     ) -> Result<Generation<'_>, Error> {
         let ids = self.engine.encode(&prompt)?;
         self.settle();
-        let mut keep = self
-            .history
-            .iter()
-            .zip(&ids)
-            .take_while(|(a, b)| a == b)
-            .count();
+        let mut keep = crate::prefix::common(&self.history, &ids);
         // Keep only positions the cache holds (the last sampled token of a generation is not fed
         // until the next call), and feed at least one token to get the next logits.
         keep = keep.min(self.state.pos());

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+#[path = "../../sluice-model/tests/scratch/mod.rs"]
+mod scratch;
+
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
 }
@@ -56,13 +59,10 @@ fn run_demo_json(args: &[&str]) -> serde_json::Value {
 
 /// A synthetic model with ~300 MB of experts and a trunk of a few MB.
 fn synthetic() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = tempfile::Builder::new()
-            .prefix("sluice-cli-synth-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
-        let out = d.path().join("m");
+        let d = scratch::shared_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "sluice-cli-synth-");
+        let out = d.join("m");
         let o = run(&[
             "synth",
             out.to_str().unwrap(),
@@ -78,7 +78,7 @@ fn synthetic() -> &'static Path {
         assert!(o.status.success(), "{}", stderr(&o));
         d
     })
-    .path()
+    .as_path()
 }
 
 #[test]

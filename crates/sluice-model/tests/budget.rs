@@ -6,6 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+mod scratch;
+
 use proptest::prelude::*;
 use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
@@ -24,21 +26,18 @@ fn fixture(name: &str) -> PathBuf {
 /// A synthetic DeepSeek-V3-shaped model whose routed experts are far larger than the caches
 /// the test gives them.
 fn synthetic() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = tempfile::Builder::new()
-            .prefix("sluice-synth-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
+        let d = scratch::shared_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "sluice-synth-");
         SynthSpec {
             skew: 0.3,
             ..Default::default()
         }
-        .write(d.path())
+        .write(&d)
         .unwrap();
         d
     })
-    .path()
+    .as_path()
 }
 
 struct Run {

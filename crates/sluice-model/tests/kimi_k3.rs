@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+mod scratch;
+
 mod common;
 use common::{Reference, argmax, compare};
 use sluice_format::Dtype;
@@ -28,16 +30,13 @@ fn k3_dir() -> PathBuf {
 /// the same values (all bf16-representable), so widening every BF16 tensor to F32 gives the
 /// fp32 checkpoint without committing it twice.
 fn fp32_dir() -> &'static Path {
-    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let d = tempfile::Builder::new()
-            .prefix("sluice-k3-fp32-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
+        let d = scratch::shared_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "sluice-k3-fp32-");
         let src = k3_dir().join("k3-tiny-bf16");
         let config = std::fs::read_to_string(src.join("config.json")).unwrap();
         std::fs::write(
-            d.path().join("config.json"),
+            d.join("config.json"),
             config.replace("\"bfloat16\"", "\"float32\""),
         )
         .unwrap();
@@ -69,13 +68,13 @@ fn fp32_dir() -> &'static Path {
             .map(|(n, s, b)| (n.as_str(), Dtype::F32, s.as_slice(), b.as_slice()))
             .collect();
         std::fs::write(
-            d.path().join("model.safetensors"),
+            d.join("model.safetensors"),
             sluice_format::safetensors::serialize(&entries, None),
         )
         .unwrap();
         d
     })
-    .path()
+    .as_path()
 }
 
 fn dir(variant: &str) -> PathBuf {

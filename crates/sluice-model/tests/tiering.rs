@@ -1,8 +1,10 @@
 //! A model whose trunk is several times the budget: layers stream through the ring, the
 //! embedding table is read a row at a time, and the output is bit-identical to all-resident.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+
+mod scratch;
 
 use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
@@ -33,16 +35,13 @@ pub fn big_trunk() -> SynthSpec {
 }
 
 fn dir() -> &'static Path {
-    static D: OnceLock<tempfile::TempDir> = OnceLock::new();
+    static D: OnceLock<PathBuf> = OnceLock::new();
     D.get_or_init(|| {
-        let d = tempfile::Builder::new()
-            .prefix("sluice-tier-")
-            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-            .unwrap();
-        big_trunk().write(d.path()).unwrap();
+        let d = scratch::shared_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "sluice-tier-");
+        big_trunk().write(&d).unwrap();
         d
     })
-    .path()
+    .as_path()
 }
 
 fn opts(memory: Option<u64>, threads: usize) -> ModelOptions {

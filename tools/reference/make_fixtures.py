@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import struct
 import sys
@@ -46,6 +47,7 @@ from transformers import (  # noqa: E402
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
     Llama4TextConfig,
+    LongcatFlashConfig,
     LlamaConfig,
     MiMoV2FlashConfig,
     MiniMaxM2Config,
@@ -455,6 +457,33 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # LongCat-Flash: two sublayers per layer (sluice's layers 0-3), MLA with LoRA scaling, the
+    # shortcut MoE over 8 routed and 4 zero-compute experts (top 4 of 12, so tokens choose
+    # zero experts often), a selection-only bias on the softmax probabilities.
+    dict(
+        name="longcat_flash",
+        base_seed=18000,
+        router="longcat",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: LongcatFlashConfig(
+            **{k: v for k, v in COMMON.items() if k != "num_hidden_layers"},
+            num_layers=N_LAYERS // 2,
+            num_attention_heads=4,
+            ffn_hidden_size=96,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            head_dim=8,  # the rotary table's width: must be qk_rope_head_dim
+            v_head_dim=16,
+            n_routed_experts=8,
+            zero_expert_num=4,
+            moe_topk=4,
+            expert_ffn_hidden_size=32,
+            routed_scaling_factor=2.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -569,7 +598,8 @@ def init_weights(
             z = torch.randn(p.shape, generator=g, dtype=torch.float32)
             if zero_centred and name.endswith("norm.weight") and "linear_attn" not in name:
                 v = NORM_JITTER * z  # Qwen3-Next's zero-centred norms scale by 1 + w
-            elif name.endswith("norm.weight"):  # every RMSNorm incl. q/k norms and MLA latent norms
+            elif name.endswith("norm.weight") or re.search(r"norm\.\d+\.weight$", name):
+                # every RMSNorm incl. q/k norms, MLA latent norms and LongCat's per-sublayer norms
                 v = 1.0 + NORM_JITTER * z
             elif name.endswith("A_log") or name.endswith("dt_bias"):  # Gated DeltaNet's decay
                 v = 0.5 * z
@@ -579,7 +609,11 @@ def init_weights(
                 v = EMBED_STD * z
             elif name == "lm_head.weight":
                 v = z * (LM_HEAD_GAIN / p.shape[-1] ** 0.5)
-            elif name.endswith("mlp.gate.weight") or name.endswith("feed_forward.router.weight"):  # the router
+            elif (
+                name.endswith("mlp.gate.weight")
+                or name.endswith("feed_forward.router.weight")
+                or name.endswith("router.classifier.weight")
+            ):  # the router
                 v = z * (router_gain / p.shape[-1] ** 0.5)
             elif xw and p.dim() == 3:  # fused experts in the x @ W layout: [E, in, out]
                 v = z / p.shape[-2] ** 0.5
@@ -596,7 +630,9 @@ def init_weights(
         for name in sorted(buffers):
             if name.endswith("e_score_correction_bias"):
                 b = buffers[name]
-                b.copy_(E_BIAS_STD * torch.randn(b.shape, generator=g, dtype=torch.float32))
+                # LongCat adds it to softmax probabilities, as ERNIE does
+                std = SOFTMAX_E_BIAS_STD if router_kind == "longcat" else E_BIAS_STD
+                b.copy_(std * torch.randn(b.shape, generator=g, dtype=torch.float32))
 
 
 def chmod_tree(d: Path) -> None:
@@ -741,9 +777,12 @@ class RouterTap:
             block = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None)
             gate = getattr(block, "gate", None) or getattr(block, "router", None)
             if gate is not None and type(gate).__name__.endswith("Router"):
-                self.routers[li] = gate
-                self.blocks[li] = block
-                self.handles.append(gate.register_forward_hook(self._hook(li)))
+                # LongCat's layers are two sublayers each, and sluice numbers the sublayers:
+                # the MoE runs in the first.
+                key = 2 * li if type(layer).__name__ == "LongcatFlashDecoderLayer" else li
+                self.routers[key] = gate
+                self.blocks[key] = block
+                self.handles.append(gate.register_forward_hook(self._hook(key)))
 
     def _hook(self, li):
         def fn(module, args, out):
@@ -794,6 +833,16 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         ids_nobias = probs.topk(k, dim=-1).indices
         w = probs.gather(1, ids)
         w = w / torch.clamp(w.sum(-1, keepdim=True), min=cfg.moe_norm_min)
+        return ids, w, egap, None, ids_nobias
+    if kind == "longcat":
+        # softmax over routed + zero experts, a selection-only bias, weights scaled, no renorm
+        probs = torch.softmax(logits, dim=-1)
+        choice = probs + module.e_score_correction_bias.float()
+        cs = choice.sort(dim=-1, descending=True).values
+        egap = cs[:, k - 1] - cs[:, k]
+        ids = choice.topk(k, dim=-1).indices
+        ids_nobias = probs.topk(k, dim=-1).indices
+        w = probs.gather(1, ids) * cfg.routed_scaling_factor
         return ids, w, egap, None, ids_nobias
     if kind == "deepseek":
         s = torch.sigmoid(logits)
@@ -1128,9 +1177,19 @@ def main() -> int:
     }
     print("versions:", " ".join(f"{k}={v}" for k, v in versions.items()))
     prompts = make_prompts()
-    if OUT.exists():  # everything under testdata/models/ is generated by this script
+    # `--only NAME`: regenerate one architecture's fixtures and its summary entries, leaving
+    # the others as they are (a full run must give them back byte for byte anyway).
+    only = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+    archs = [a for a in ARCHS if only is None or a["name"] == only]
+    if only is not None and not archs:
+        raise SystemExit(f"--only {only}: no such architecture")
+    old_models = {}
+    if only is not None:
+        old_models = json.loads((OUT / "summary.json").read_text())["models"]
+        old_models = {k: v for k, v in old_models.items() if v.get("architecture") != only}
+    elif OUT.exists():  # everything under testdata/models/ is generated by this script
         shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    OUT.mkdir(parents=True, exist_ok=True)
     summary = {
         "generator": "tools/reference/make_fixtures.py",
         "command": "/work/venv/ref/bin/python tools/reference/make_fixtures.py",
@@ -1141,7 +1200,7 @@ def main() -> int:
     }
     rows = []
     with tempfile.TemporaryDirectory(prefix="sluice-ref-") as tmp:
-        for arch in ARCHS:
+        for arch in archs:
             rejected = []
             for seed in range(arch["base_seed"], arch["base_seed"] + MAX_SEED_TRIES):
                 work = Path(tmp) / f"{arch['name']}-{seed}"
@@ -1198,7 +1257,9 @@ def main() -> int:
                     "min_router_group_gap": r["min_group_gap"],
                     "routing_decisions_checked": r["decisions"],
                     "decisions_changed_by_score_bias": (
-                        r["bias_changed"] if arch["router"] in ("deepseek", "minimax", "ernie") else None
+                        r["bias_changed"]
+                        if arch["router"] in ("deepseek", "minimax", "ernie", "longcat")
+                        else None
                     ),
                     "max_abs_logit": r["max_abs_logit"],
                     "cached_vs_full_max_abs_diff": r["cached_vs_full"],
@@ -1206,8 +1267,12 @@ def main() -> int:
                     "files": files,
                 }
                 rows.append((name, seed, r, facts))
-    summary["models"]["qwen3_5_moe_multimodal-bf16"] = write_qwen3_5_multimodal(prompts)
-    summary["models"]["llama4_multimodal-bf16"] = write_llama4_multimodal(prompts)
+    if only is None:
+        summary["models"]["qwen3_5_moe_multimodal-bf16"] = write_qwen3_5_multimodal(prompts)
+        summary["models"]["llama4_multimodal-bf16"] = write_llama4_multimodal(prompts)
+    else:
+        # the regenerated entries go last (a full run orders them as ARCHS does)
+        summary["models"] = {**old_models, **summary["models"]}
     chmod_tree(OUT)
     (OUT / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
     os.chmod(OUT / "summary.json", 0o644)

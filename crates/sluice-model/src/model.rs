@@ -771,14 +771,17 @@ impl Model {
         for (x, o) in hs.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
             self.exec.kernels().rmsnorm(x, &w, self.cfg.eps, o);
         }
-        let ne = self.cfg.moe.experts;
+        let ne = self.cfg.moe.router_width();
         let mut logits = vec![0f32; (hs.len() / h) * ne];
         self.exec.matmul(&router.view(blob)?, &xn, &mut logits);
         let bias = bias.map(|b| b.to_f32(blob));
         let mut score: BTreeMap<u32, f32> = BTreeMap::new();
         for lg in logits.chunks_exact_mut(ne) {
             for (e, w) in crate::moe::route(&self.cfg, lg, bias.as_deref()) {
-                *score.entry(e).or_default() += w;
+                // Zero-compute experts have nothing to read.
+                if (e as usize) < self.cfg.moe.experts {
+                    *score.entry(e).or_default() += w;
+                }
             }
         }
         let mut ranked: Vec<(u32, f32)> = score.into_iter().collect();

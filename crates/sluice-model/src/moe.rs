@@ -355,6 +355,19 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
             let s = top.iter().map(|p| logits[p.0]).sum::<f32>().max(*norm_min);
             top.iter().map(|p| (p.0 as u32, logits[p.0] / s)).collect()
         }
+        RouterKind::SoftmaxScaled {
+            routed_scaling_factor,
+        } => {
+            scalar::softmax(logits);
+            let choice: Vec<f32> = match bias {
+                Some(b) => logits.iter().zip(b).map(|(p, b)| p + b).collect(),
+                None => logits.to_vec(),
+            };
+            let top = scalar::top_k(&choice, k);
+            top.iter()
+                .map(|p| (p.0 as u32, logits[p.0] * routed_scaling_factor))
+                .collect()
+        }
         RouterKind::TopKSoftmax => {
             if let Some(b) = bias {
                 for (l, &b) in logits.iter_mut().zip(b) {
@@ -394,7 +407,7 @@ pub(crate) fn moe(
     gather: bool,
     rows_per_call: usize,
     expert_seconds: &std::cell::Cell<f64>,
-) -> Result<Vec<f32>, ModelError> {
+) -> Result<MoeOut, ModelError> {
     let rows_per_call = rows_per_call.max(1);
     let FfnSpec::Moe {
         router,
@@ -408,7 +421,7 @@ pub(crate) fn moe(
     };
     let h = cfg.hidden;
     let t = x.len() / h;
-    let ne = cfg.moe.experts;
+    let ne = cfg.moe.router_width();
     let mut logits = vec![0f32; t * ne];
     exec.matmul(&router.view(blob)?, x, &mut logits);
     let bias = bias.map(|b| b.to_f32(blob));
@@ -439,15 +452,22 @@ pub(crate) fn moe(
         None => (x, h),
     };
 
-    // Which (token, slot) pairs each expert serves.
+    // Which (token, slot) pairs each expert serves. A zero-compute expert's output is its
+    // input, filled in here; it reads nothing.
+    let k = cfg.moe.top_k;
+    let mut outs = vec![0f32; t * k * w];
+    let real = cfg.moe.experts as u32;
     let mut users: BTreeMap<u32, Vec<(usize, usize)>> = BTreeMap::new();
     for (i, s) in sels.iter().enumerate() {
         for (slot, &(e, _)) in s.iter().enumerate() {
-            users.entry(e).or_default().push((i, slot));
+            if e >= real {
+                outs[(i * k + slot) * w..(i * k + slot + 1) * w]
+                    .copy_from_slice(&xr[i * w..(i + 1) * w]);
+            } else {
+                users.entry(e).or_default().push((i, slot));
+            }
         }
     }
-    let k = cfg.moe.top_k;
-    let mut outs = vec![0f32; t * k * w];
     let ids: Vec<u32> = users.keys().copied().collect();
     let mut prefetch_next = prefetch_next;
     let mut shared_y: Option<Vec<f32>> = None;
@@ -645,7 +665,7 @@ pub(crate) fn moe(
         }
     }
     // Back from the latent space: RMSNorm on the aggregate, then up.
-    let mut out = match latent {
+    let out = match latent {
         Some(l) => {
             if let Some(n) = &l.norm {
                 let nw = n.to_f32(blob);
@@ -660,6 +680,13 @@ pub(crate) fn moe(
             up
         }
         None => comb,
+    };
+    // LongCat's shortcut: the routed sum is carried to the next layer, the shared expert (its
+    // first sublayer's MLP) joins the stream now.
+    let (mut out, carried) = if cfg.moe.shortcut {
+        (vec![0f32; t * h], Some(out))
+    } else {
+        (out, None)
     };
     if let Some(sh) = shared {
         let y = match shared_y {
@@ -687,5 +714,16 @@ pub(crate) fn moe(
             }
         }
     }
-    Ok(out)
+    Ok(MoeOut { now: out, carried })
+}
+
+/// What a mixture of experts adds to the stream: now, and (with [`MoeConfig::shortcut`])
+/// after the next layer's feed-forward block.
+///
+/// [`MoeConfig::shortcut`]: crate::config::MoeConfig::shortcut
+pub(crate) struct MoeOut {
+    /// Added after this layer's feed-forward block.
+    pub now: Vec<f32>,
+    /// Added after the next layer's.
+    pub carried: Option<Vec<f32>>,
 }

@@ -152,11 +152,16 @@ impl Model {
         let hs = self.embed_rows(&tokens)?;
         record(&pass, segs, || ("embeddings".into(), hs.clone()));
         let mut stream = Stream::new(cfg.residual, hs);
+        // A shortcut MoE's routed sum, on its way to the end of the next layer.
+        let mut carry = None;
         for l in 0..cfg.layers {
-            self.layer(&pass, segs, &mut stream, l)?;
+            carry = self.layer(&pass, segs, &mut stream, l, carry)?;
             if let Some(f) = opts.on_layer.as_mut() {
                 f(l);
             }
+        }
+        if let Some(c) = carry {
+            stream.add_ffn(&c);
         }
         for (state, toks) in segs.iter_mut() {
             state.pos += toks.len();
@@ -189,14 +194,17 @@ impl Model {
         }
     }
 
-    /// Layer `l`: attention, then the feed-forward block, each added to the stream.
+    /// Layer `l`: attention, then the feed-forward block, each added to the stream, then what
+    /// the layer before carried ([`crate::config::MoeConfig::shortcut`]). Returns what this
+    /// layer carries to the next.
     fn layer(
         &self,
         pass: &Pass,
         segs: &mut Segs<'_, '_, '_>,
         stream: &mut Stream,
         l: usize,
-    ) -> Result<(), ModelError> {
+        carried_in: Option<Vec<f32>>,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
         let cfg = self.config();
         let part = self.trunk().part(l)?;
         // Stream the next layer (or layer 0 for the next step) while this one computes.
@@ -216,9 +224,12 @@ impl Model {
             .set(pass.attention_seconds.get() + t0.elapsed().as_secs_f64());
         stream.add_attention(l, a);
         let mlp_in = stream.before_ffn(&mixing, res.map(|w| &w[1]), blob)?;
-        let f = self.feed_forward(pass, segs, l, spec, blob, &mlp_in)?;
+        let (f, carry) = self.feed_forward(pass, segs, l, spec, blob, &mlp_in)?;
         drop(mlp_in);
         stream.add_ffn(&f);
+        if let Some(c) = carried_in {
+            stream.add_ffn(&c);
+        }
         let out = stream.output();
         // NaN or infinite weights in a streamed layer or an expert end the request here
         // rather than producing garbage tokens.
@@ -238,7 +249,7 @@ impl Model {
                 (format!("layer{l}.block_residual"), br)
             });
         }
-        Ok(())
+        Ok(carry)
     }
 
     /// Layer `l`'s attention over the normed rows `x`, per segment against its own cache, in
@@ -291,7 +302,8 @@ impl Model {
     }
 
     /// Layer `l`'s feed-forward block over `src` (its input before the norm), routes recorded
-    /// into the segments that ask for them.
+    /// into the segments that ask for them: what it adds now, and what it carries to the end
+    /// of the next layer.
     fn feed_forward(
         &self,
         pass: &Pass,
@@ -300,7 +312,7 @@ impl Model {
         spec: &LayerSpec,
         blob: &Blob,
         src: &[f32],
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<(Vec<f32>, Option<Vec<f32>>), ModelError> {
         let cfg = self.config();
         let x = self.norm_rows(src, &spec.post_norm.to_f32(blob));
         // Lookahead only on decode steps (one token per sequence): a prefill chunk's
@@ -317,7 +329,10 @@ impl Model {
                 if let Some((nl, ids)) = &next {
                     self.experts().prefetch(*nl, ids);
                 }
-                glu_rows(self.exec(), m, blob, &x, cfg.mlp_act, pass.chunk)
+                Ok((
+                    glu_rows(self.exec(), m, blob, &x, cfg.mlp_act, pass.chunk)?,
+                    None,
+                ))
             }
             moe_spec @ FfnSpec::Moe { .. } => {
                 // Routes come back with their row index as position.
@@ -346,7 +361,7 @@ impl Model {
                         v.push(r);
                     }
                 }
-                Ok(y)
+                Ok((y.now, y.carried))
             }
         }
     }

@@ -144,7 +144,10 @@ pub fn span_bytes_per_token(cfg: &ModelConfig) -> u64 {
     let attn_res = attn_res_floats(cfg);
     let w = cfg.moe.latent.map_or(cfg.hidden, |l| l.dim);
     let k = cfg.moe.top_k;
-    let floats = 7 * cfg.hidden + attn_res + cfg.moe.experts + k * w + 2 * w + 6 * k + 16;
+    // A shortcut MoE's routed sum waits one layer beside the stream.
+    let carry = if cfg.moe.shortcut { cfg.hidden } else { 0 };
+    let floats =
+        7 * cfg.hidden + attn_res + carry + cfg.moe.router_width() + k * w + 2 * w + 6 * k + 16;
     (floats * 4) as u64
 }
 
@@ -178,7 +181,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
         + 3 * widest_ffn
         + cfg.moe.top_k * cfg.hidden
         + cfg.vocab
-        + cfg.moe.experts;
+        + cfg.moe.router_width();
     (per_token * chunk * 4) as u64 + (1 << 20)
 }
 

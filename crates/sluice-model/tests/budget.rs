@@ -190,6 +190,7 @@ fixture_budget_test!(
     qwen3_5_multimodal_fused_experts,
     "qwen3_5_moe_multimodal-bf16"
 );
+fixture_budget_test!(longcat_flash_shortcut_zero_experts, "longcat_flash-fp32");
 fixture_budget_test!(dense_mistral_window, "mistral-fp32");
 fixture_budget_test!(dense_qwen3_tied_embeddings, "qwen3-bf16");
 fixture_budget_test!(kimi_linear, "kimi/kimi_linear-fp32");

@@ -50,6 +50,13 @@ fn qwen3_next_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/qwen3_next-fp32");
 }
 
+/// LongCat-Flash (a shortcut MoE's routed sum carried across a sublayer, zero-compute
+/// experts): the same matrix.
+#[test]
+fn longcat_flash_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/longcat_flash-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

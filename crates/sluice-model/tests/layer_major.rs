@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 9] = [
+const FIXTURES: [&str; 10] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -31,6 +31,8 @@ const FIXTURES: [&str; 9] = [
     "models/mimo_v2_flash-bf16",
     // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
     "models/llama4-fp32",
+    // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
+    "models/longcat_flash-bf16",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

@@ -55,6 +55,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         rope: true,
         output_gate: false,
         softmax_scale: softmax_scale as f32,
+        lora_scales: None,
     });
 
     let experts = c.pos_usize("n_routed_experts")?;
@@ -107,6 +108,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::SwiGlu,
         latent: None,
         weight_on_input: false,
+        zero_experts: 0,
+        shortcut: false,
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

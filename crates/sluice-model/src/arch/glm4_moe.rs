@@ -85,6 +85,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::SwiGlu,
         latent: None,
         weight_on_input: false,
+        zero_experts: 0,
+        shortcut: false,
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

@@ -58,6 +58,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::ClampedSwiGlu { alpha, limit },
         latent: None,
         weight_on_input: false,
+        zero_experts: 0,
+        shortcut: false,
     };
     let layer_plan = sliding
         .iter()

@@ -294,6 +294,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         rope: false,
         output_gate: t.bool_or("mla_use_output_gate", false)?,
         softmax_scale,
+        lora_scales: None,
     });
     // No rotary table: nothing is rotated.
     let rope = RopeConfig {
@@ -479,6 +480,8 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
             activation,
             latent,
             weight_on_input: false,
+            zero_experts: 0,
+            shortcut: false,
         },
         bos_token_id,
         eos_token_ids,
@@ -496,6 +499,8 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
             router: "gate",
             router_bias: Some("gate.e_score_correction_bias"),
             shared: "shared_experts",
+            shared_in_layer: false,
+            sublayers: 1,
             experts: ExpertNames::Separate {
                 gate: "w1",
                 up: "w3",

@@ -132,6 +132,8 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::SwiGlu,
         latent: None,
         weight_on_input: true,
+        zero_experts: 0,
+        shortcut: false,
     };
     let layer_plan = (0..layers)
         .map(|l| {

@@ -105,6 +105,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::SwiGlu,
         latent: None,
         weight_on_input: false,
+        zero_experts: 0,
+        shortcut: false,
     };
     let dense = if sparse.iter().all(|&s| s) {
         0

@@ -18,6 +18,7 @@ mod gpt_oss;
 mod kimi_linear;
 mod llama;
 mod llama4;
+mod longcat_flash;
 mod mimo_v2_flash;
 mod minimax_m2;
 mod mixtral;
@@ -56,6 +57,7 @@ pub static FAMILIES: &[Family] = &[
     qwen3_next::FAMILY,
     mimo_v2_flash::FAMILY,
     llama4::FAMILY,
+    longcat_flash::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -34,6 +34,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         activation: ExpertActivation::SwiGlu,
         latent: None,
         weight_on_input: false,
+        zero_experts: 0,
+        shortcut: false,
     };
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
     base.finish(

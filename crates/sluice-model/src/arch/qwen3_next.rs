@@ -84,6 +84,8 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             activation: ExpertActivation::SwiGlu,
             latent: None,
             weight_on_input: false,
+            zero_experts: 0,
+            shortcut: false,
         };
         let step = match c.opt_usize("decoder_sparse_step")? {
             Some(0) => return Err(c.err("decoder_sparse_step", "must be positive")),

@@ -45,6 +45,9 @@ pub struct MlaConfig {
     pub output_gate: bool,
     /// Softmax scale of the scores.
     pub softmax_scale: f32,
+    /// Factors on the queries (after `q_b_proj`, before rotation) and on the normalised latent
+    /// (before it is cached): LongCat-Flash's `mla_scale_q_lora` and `mla_scale_kv_lora`.
+    pub lora_scales: Option<(f32, f32)>,
 }
 
 /// The weights of a multi-head latent attention layer.
@@ -245,6 +248,15 @@ impl MlaConfig {
             }
             None => exec.matmul(&w.q_b.view(blob)?, x, &mut qs),
         }
+        let kv_scale = match self.lora_scales {
+            Some((q_scale, kv_scale)) => {
+                for v in &mut qs {
+                    *v *= q_scale;
+                }
+                Some(kv_scale)
+            }
+            None => None,
+        };
         // Compressed keys/values.
         let mut ckv = vec![0f32; t * (r + rd)];
         exec.matmul(&w.kv_a.view(blob)?, x, &mut ckv);
@@ -260,6 +272,11 @@ impl MlaConfig {
             let row = &mut ckv[i * cw..(i + 1) * cw];
             exec.kernels()
                 .rmsnorm(&row[..r], &norm_w, MLA_NORM_EPS, &mut normed);
+            if let Some(s) = kv_scale {
+                for v in &mut normed {
+                    *v *= s;
+                }
+            }
             ckr.extend_from_slice(&normed);
             if self.rope {
                 cx.rope.apply(&mut row[r..], cos, sin);

@@ -110,6 +110,13 @@ pub enum RouterKind {
         /// The smallest divisor (`moe_norm_min`).
         norm_min: f32,
     },
+    /// Softmax over all experts; the top-k of the probabilities plus a selection-only bias;
+    /// the chosen probabilities, not renormalised, times `routed_scaling_factor`
+    /// (LongCat-Flash).
+    SoftmaxScaled {
+        /// Factor on the routed weights.
+        routed_scaling_factor: f32,
+    },
 }
 
 /// What a routed expert computes.
@@ -237,6 +244,15 @@ pub struct TensorNames {
     /// The shared expert's module under [`Self::moe`] (`shared_experts`, `shared_expert`); a
     /// gated one's gate is `{shared}_gate`.
     pub shared: &'static str,
+    /// The shared expert is the layer's module [`Self::shared`] (a sublayer's own MLP, so
+    /// `{shared}.{i}` with [`Self::sublayers`]) rather than one under [`Self::moe`]
+    /// (LongCat-Flash, whose first MLP plays the shared expert of its shortcut MoE).
+    pub shared_in_layer: bool,
+    /// Layers per checkpoint layer (1, or LongCat-Flash's 2). With `n > 1`, layer `l` is
+    /// sublayer `i = l % n` of the checkpoint's layer `l / n`: its norms, attention and dense
+    /// MLP are the `{module}.{i}` entries there, while [`Self::moe`] is the checkpoint
+    /// layer's own (one per checkpoint layer, run by the sublayer whose plan has it).
+    pub sublayers: usize,
     /// How routed experts are stored.
     pub experts: ExpertNames,
 }
@@ -255,12 +271,37 @@ impl TensorNames {
             router: "gate",
             router_bias: None,
             shared: "shared_experts",
+            shared_in_layer: false,
+            sublayers: 1,
             experts: ExpertNames::Separate {
                 gate: "gate_proj",
                 up: "up_proj",
                 down: "down_proj",
             },
         }
+    }
+
+    /// Layer `l`'s module `module`: `{prefix}{model}layers.{l}.{module}`, or with sublayers
+    /// `…layers.{l / n}.{module}.{l % n}`.
+    pub fn layer_module(&self, l: usize, module: &str) -> String {
+        let n = self.sublayers.max(1);
+        if n == 1 {
+            format!("{}{}layers.{l}.{module}", self.prefix, self.model)
+        } else {
+            format!(
+                "{}{}layers.{}.{module}.{}",
+                self.prefix,
+                self.model,
+                l / n,
+                l % n
+            )
+        }
+    }
+
+    /// Layer `l`'s mixture-of-experts module: `{prefix}{model}layers.{l / n}.{moe}`.
+    pub fn moe_module(&self, l: usize) -> String {
+        let n = self.sublayers.max(1);
+        format!("{}{}layers.{}.{}", self.prefix, self.model, l / n, self.moe)
     }
 }
 
@@ -318,6 +359,14 @@ pub struct MoeConfig {
     /// The routing weight scales each expert's input rather than its output (Llama 4:
     /// `expert(w · x)`, the outputs summed unweighted).
     pub weight_on_input: bool,
+    /// Zero-compute experts after the routed ones (LongCat-Flash's `zero_expert_num`): the
+    /// router scores `experts + zero_experts` choices, and a chosen id at or past
+    /// [`Self::experts`] contributes its weight times the expert's input, reading nothing.
+    pub zero_experts: usize,
+    /// The routed sum (the shared expert excepted) is added to the stream after the *next*
+    /// layer's feed-forward block rather than this one's (LongCat-Flash's shortcut MoE: the
+    /// MoE reads the first sublayer's MLP input and its output joins after the second).
+    pub shortcut: bool,
 }
 
 impl MoeConfig {
@@ -335,7 +384,14 @@ impl MoeConfig {
             activation: ExpertActivation::SwiGlu,
             latent: None,
             weight_on_input: false,
+            zero_experts: 0,
+            shortcut: false,
         }
+    }
+
+    /// The router's outputs: the routed experts and the zero-compute ones.
+    pub fn router_width(&self) -> usize {
+        self.experts + self.zero_experts
     }
 
     /// The width routed experts read and write: the latent width, or the hidden size.

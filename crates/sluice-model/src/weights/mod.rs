@@ -24,7 +24,7 @@ pub(crate) use builder::{PartBuilder, tensor_err, vector_codes};
 
 use crate::ModelError;
 pub use crate::attention::AttnSpec;
-use crate::config::{ExpertNames, MlpKind, ModelConfig, Residual, TensorNames};
+use crate::config::{ExpertNames, MlpKind, ModelConfig, Residual};
 
 /// Group scales of a packed matrix: another piece of the same blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -347,7 +347,10 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
         rest.split('.').next()?.parse().ok()
     };
     let config = ck.dir().join("config.json");
-    let used = cfg.layers.saturating_add(cfg.draft_layers);
+    // Checkpoint layers: with sublayers, each holds `sublayers` of the model's.
+    let n = cfg.names.sublayers.max(1);
+    let layers = cfg.layers.div_ceil(n);
+    let used = layers.saturating_add(cfg.draft_layers);
     let mut unused: Vec<&str> = ck
         .tensors()
         .iter()
@@ -356,15 +359,15 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
         .collect();
     if !unused.is_empty() {
         unused.sort_unstable();
-        let n = unused.len();
-        let shown = unused[..n.min(3)].join(", ");
+        let k = unused.len();
+        let shown = unused[..k.min(3)].join(", ");
         return Err(ModelError::Config {
             file: config,
             field: "num_hidden_layers".into(),
             msg: format!(
-                "{} layers, but the checkpoint has more: {n} tensors would go unused ({shown}{})",
-                cfg.layers,
-                if n > 3 { ", …" } else { "" }
+                "{layers} layers, but the checkpoint has more: {k} tensors would go unused \
+                 ({shown}{})",
+                if k > 3 { ", …" } else { "" }
             ),
         });
     }
@@ -374,14 +377,13 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
         .filter_map(|t| layer_of(&t.name))
         .max()
         .map_or(0, |l| l + 1);
-    if cfg.layers > present {
+    if layers > present {
         return Err(ModelError::Config {
             file: config,
             field: "num_hidden_layers".into(),
             msg: format!(
-                "{} layers, but the checkpoint has tensors for {present} (nothing named \
-                 {head}{present}.*)",
-                cfg.layers
+                "{layers} layers, but the checkpoint has tensors for {present} (nothing named \
+                 {head}{present}.*)"
             ),
         });
     }
@@ -476,11 +478,6 @@ impl WeightLayout {
     }
 }
 
-/// `{prefix}{model}layers.{l}.{rest}`.
-fn layer_name(names: &TensorNames, l: usize, rest: &str) -> String {
-    format!("{}{}layers.{l}.{rest}", names.prefix, names.model)
-}
-
 /// `{module}.{gate,up,down}_proj` as one gated MLP of `[hidden → inter → hidden]`.
 fn mlp(
     p: &mut PartBuilder<'_, '_>,
@@ -516,18 +513,18 @@ fn layer(
 ) -> Result<LayerSpec, ModelError> {
     let names = &cfg.names;
     let h = cfg.hidden;
-    let at = |rest: &str| layer_name(names, l, rest);
+    // Layer `l`'s module `m` (with sublayers, the sublayer's entry of it).
+    let at = |m: &str| names.layer_module(l, m);
     let zc = cfg.zero_centred_norms;
-    let input_norm = p.vector(&at("input_layernorm.weight"), h)?.norm(zc);
+    let input_norm = p
+        .vector(&format!("{}.weight", at("input_layernorm")), h)?
+        .norm(zc);
     let post_norm = p
-        .vector(&at("post_attention_layernorm.weight"), h)?
+        .vector(&format!("{}.weight", at("post_attention_layernorm")), h)?
         .norm(zc);
     let plan = &cfg.layer_plan[l];
-    let attn = plan.attention.load(
-        p,
-        &|x| at(&format!("{}.{x}", names.attention_of(&plan.attention))),
-        h,
-    )?;
+    let attention = at(names.attention_of(&plan.attention));
+    let attn = plan.attention.load(p, &|x| format!("{attention}.{x}"), h)?;
     let attn_res = match cfg.residual {
         Residual::AttnRes { .. } => Some([
             attn_res(p, &at("self_attention"), h)?,
@@ -549,18 +546,25 @@ fn layer(
         }
         MlpKind::Moe => {
             let m = &cfg.moe;
-            let moe = |rest: &str| at(&format!("{}.{rest}", names.moe));
-            let router = p.matrix(&moe(&format!("{}.weight", names.router)), m.experts, h)?;
+            let module = names.moe_module(l);
+            let moe = |rest: &str| format!("{module}.{rest}");
+            let width = m.router_width();
+            let router = p.matrix(&moe(&format!("{}.weight", names.router)), width, h)?;
             let bias = match names.router_bias {
                 // `[experts]`, or ERNIE's `[1, experts]`.
-                Some(b) => Some(p.vector_any(&moe(b), &[m.experts])?),
+                Some(b) => Some(p.vector_any(&moe(b), &[width])?),
                 None => None,
+            };
+            let shared_module = if names.shared_in_layer {
+                at(names.shared)
+            } else {
+                moe(names.shared)
             };
             let (shared, shared_gate) = match &m.shared {
                 Some(sh) => (
-                    Some(mlp(p, &moe(names.shared), h, sh.intermediate)?),
+                    Some(mlp(p, &shared_module, h, sh.intermediate)?),
                     if sh.gated {
-                        Some(p.linear(&moe(&format!("{}_gate", names.shared)), 1, h)?)
+                        Some(p.linear(&format!("{shared_module}_gate"), 1, h)?)
                     } else {
                         None
                     },
@@ -604,7 +608,7 @@ fn routed_experts(
     l: usize,
 ) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
     let names = &cfg.names;
-    let moe = layer_name(names, l, names.moe);
+    let moe = names.moe_module(l);
     let (gate, up, down) = match names.experts {
         ExpertNames::FusedGateUp => {
             return fused::fused_experts(ctx, cfg, &format!("{moe}.experts"));

@@ -43,6 +43,7 @@ import transformers  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
@@ -60,6 +61,7 @@ from transformers import (  # noqa: E402
     Qwen3MoeConfig,
     Qwen3NextConfig,
     Qwen3_5MoeTextConfig,
+    Step3p7Config,
 )
 from transformers.utils import logging as hf_logging  # noqa: E402
 
@@ -484,6 +486,42 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
+    # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
+    # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
+    # per-head g_proj gate; query_pre_attn_scalar 20; layer 0 dense, 1-3 MoE (8 experts top-2,
+    # sigmoid + bias, scaling 2.5) with a shared expert; SwiGLU bounds small enough to bite.
+    dict(
+        name="step3p7",
+        base_seed=19000,
+        router="step3p7",
+        zero_centred_norms=True,
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: Step3p7Config(
+            text_config=dict(
+                **{**COMMON, "pad_token_id": 0},  # transformers' config wants an int here
+                intermediate_size=96,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                head_dim=16,
+                layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                sliding_window=8,
+                num_sliding_attention_heads=2,
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=32,
+                share_expert_dim=48,
+                moe_router_scaling_factor=2.5,
+                swiglu_limits=[0, 0.5, None, 0.8],
+                swiglu_limits_shared=[0.6, 0, 0.7, None],
+                query_pre_attn_scalar=20,
+                rope_theta=[10000.0, 500.0, 10000.0, 500.0],
+                partial_rotary_factors=[0.5, 1.0, 0.5, 1.0],
+            ),
+            vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=56, patch_size=14),
+        ),
+    ),
     # Dense models: no router; every feature of the family on (biases, Llama 3's rope scaling
     # with all three frequency bands populated, windows shorter than the 33-token prompt and
     # the 39-token greedy sequence, per-head q/k norms, tied embeddings).
@@ -590,7 +628,7 @@ def init_weights(
 ) -> None:
     """Deterministically overwrite every parameter (and the DeepSeek score bias buffer)."""
     g = torch.Generator().manual_seed(seed)
-    router_gain = ROUTER_GAIN_SIGMOID if router_kind in ("deepseek", "minimax") else ROUTER_GAIN_SOFTMAX
+    router_gain = ROUTER_GAIN_SIGMOID if router_kind in ("deepseek", "minimax", "step3p7") else ROUTER_GAIN_SOFTMAX
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name in sorted(params):
@@ -605,7 +643,9 @@ def init_weights(
                 v = 0.5 * z
             elif name.endswith(".sinks"):  # per-head attention sink logits
                 v = z
-            elif name == "model.embed_tokens.weight":
+            elif "vision_model" in name or "multi_modal_projector" in name:  # not read by sluice
+                v = 0.02 * z
+            elif name in ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"):
                 v = EMBED_STD * z
             elif name == "lm_head.weight":
                 v = z * (LM_HEAD_GAIN / p.shape[-1] ** 0.5)
@@ -692,7 +732,9 @@ def save_layout(model, dst: Path, layout: str, shard: str | None, hf_fp32_dir: P
     elif layout == "hf_sharded":
         model.save_pretrained(dst, max_shard_size=shard)
         assert (dst / "model.safetensors.index.json").exists()
-        assert layout_facts(dst)["experts_split_across_shards"] > 0, "no expert was scattered"
+        facts = layout_facts(dst)
+        # (experts stacked per projection have no per-expert tensors to scatter)
+        assert facts["experts_total"] == 0 or facts["experts_split_across_shards"] > 0, "no expert was scattered"
     elif layout == "by_layer":
         assert model is None or model.dtype == torch.float32
         write_by_layer(hf_fp32_dir, dst)
@@ -773,7 +815,9 @@ class RouterTap:
         self.routers = {}
         self.blocks = {}
         self.handles = []
-        for li, layer in enumerate(model.model.layers):
+        inner = model.model
+        layers = inner.layers if hasattr(inner, "layers") else inner.language_model.layers
+        for li, layer in enumerate(layers):
             block = getattr(layer, "mlp", None) or getattr(layer, "feed_forward", None)
             gate = getattr(block, "gate", None) or getattr(block, "router", None)
             if gate is not None and type(gate).__name__.endswith("Router"):
@@ -782,11 +826,16 @@ class RouterTap:
                 key = 2 * li if type(layer).__name__ == "LongcatFlashDecoderLayer" else li
                 self.routers[key] = gate
                 self.blocks[key] = block
-                self.handles.append(gate.register_forward_hook(self._hook(key)))
+                # Step-3.7 scales the routed sum after it; sluice scales each weight (the same
+                # product), so the recorded weights carry the factor.
+                scale = getattr(block, "routed_scaling_factor", 1.0) if "Step3p7" in type(gate).__name__ else 1.0
+                self.handles.append(gate.register_forward_hook(self._hook(key, scale)))
 
-    def _hook(self, li):
+    def _hook(self, li, scale=1.0):
         def fn(module, args, out):
             out = tuple(o.detach().clone() for o in out)
+            if scale != 1.0:
+                out = (out[0], out[1] * scale, out[2])
             if type(module).__name__ == "Llama4Router":
                 # (scores, logits): the top-k ids of the logits and their sigmoid scores
                 scores, logits = out
@@ -816,6 +865,17 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         ids_nobias = s.topk(k, dim=-1).indices
         w = s.gather(1, ids)
         w = w / w.sum(-1, keepdim=True)
+        return ids, w, egap, None, ids_nobias
+    if kind == "step3p7":
+        # sigmoid scores, a selection-only bias on the router, renormalised, then the scaling
+        s = torch.sigmoid(logits)
+        choice = s + module.e_score_correction_bias.float()
+        cs = choice.sort(dim=-1, descending=True).values
+        egap = cs[:, k - 1] - cs[:, k]
+        ids = choice.topk(k, dim=-1).indices
+        ids_nobias = s.topk(k, dim=-1).indices
+        w = s.gather(1, ids)
+        w = w / w.sum(-1, keepdim=True) * cfg.moe_router_scaling_factor
         return ids, w, egap, None, ids_nobias
     if kind == "llama4":
         # top-k of the logits, each weighted by its sigmoid (it scales the expert's input)
@@ -910,12 +970,22 @@ def check_routes(kind, tap, cfg, calls, seq_len):
 # reference run
 
 
+# Families transformers runs only as their multimodal model (no causal-LM class of the text
+# model): the fixture is that checkpoint, and the reference its text-only forward.
+MULTIMODAL_ONLY = {"step3p7"}
+
+
+def auto_class(model_type: str):
+    return AutoModelForImageTextToText if model_type in MULTIMODAL_ONLY else AutoModelForCausalLM
+
+
 def load_for_reference(d: Path, variant: str):
     kw = dict(attn_implementation="eager", experts_implementation="eager")
+    auto = auto_class(json.loads((d / "config.json").read_text())["model_type"])
     if variant == "fp32":
-        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, **kw)
+        m = auto.from_pretrained(d, dtype=torch.float32, **kw)
     else:  # bf16 weights, fp32 arithmetic
-        m = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16, **kw).float()
+        m = auto.from_pretrained(d, dtype=torch.bfloat16, **kw).float()
     m.eval()
     m.config.eos_token_id = None
     m.generation_config.eos_token_id = None
@@ -927,7 +997,7 @@ def load_for_reference(d: Path, variant: str):
 @torch.no_grad()
 def run_reference(d: Path, variant: str, kind: str, prompts, expected_state: dict):
     model = load_for_reference(d, variant)
-    cfg = model.config
+    cfg = model.config.get_text_config()  # a multimodal model's text config
     # The weights read back from disk must be the ones we initialised (rounded for bf16).
     sd = model.state_dict()
     for k, v in expected_state.items():
@@ -1030,7 +1100,7 @@ def build_arch(arch, seed: int, prompts, work: Path):
     """Build, save both variants under work/, compute references. Returns (ok, per-variant)."""
     torch.manual_seed(seed)
     cfg = arch["config"]()
-    model = AutoModelForCausalLM.from_config(
+    model = auto_class(cfg.model_type).from_config(
         cfg, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
     )
     init_weights(model, seed, arch["router"], arch.get("zero_centred_norms", False), arch.get("xw_experts", False))
@@ -1047,7 +1117,7 @@ def build_arch(arch, seed: int, prompts, work: Path):
         if variant == "fp32":
             save_layout(model if layout != "by_layer" else None, dst, layout, shard, hf_fp32)
         else:
-            m16 = AutoModelForCausalLM.from_pretrained(
+            m16 = auto_class(cfg.model_type).from_pretrained(
                 hf_fp32, dtype=torch.bfloat16, attn_implementation="eager", experts_implementation="eager"
             )
             save_layout(m16, dst, layout, shard, hf_fp32)
@@ -1258,7 +1328,7 @@ def main() -> int:
                     "routing_decisions_checked": r["decisions"],
                     "decisions_changed_by_score_bias": (
                         r["bias_changed"]
-                        if arch["router"] in ("deepseek", "minimax", "ernie", "longcat")
+                        if arch["router"] in ("deepseek", "minimax", "ernie", "longcat", "step3p7")
                         else None
                     ),
                     "max_abs_logit": r["max_abs_logit"],

@@ -209,9 +209,9 @@ fn config_with_an_unknown_architecture() {
     let d = copy();
     let p = d.path().join("config.json");
     let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-    c["model_type"] = "longcat_flash".into();
+    c["model_type"] = "jamba".into();
     std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
-    refused(d.path(), &["config.json", "model_type", "longcat_flash"]);
+    refused(d.path(), &["config.json", "model_type", "jamba"]);
 }
 
 #[test]

@@ -55,12 +55,7 @@ pub(crate) fn glu(
     linear(exec, &spec.gate, blob, x, &mut g)?;
     linear(exec, &spec.up, blob, x, &mut u)?;
     let mut a = vec![0f32; t * inter];
-    match act {
-        GluActivation::Silu => exec.kernels().silu_mul(&g, &u, &mut a),
-        GluActivation::Situ { beta, linear_beta } => {
-            exec.kernels().situ_mul(&g, &u, beta, linear_beta, &mut a)
-        }
-    }
+    activate(exec, act, &g, &u, &mut a);
     let mut y = vec![0f32; t * spec.down.rows];
     linear(exec, &spec.down, blob, &a, &mut y)?;
     Ok(y)
@@ -69,6 +64,24 @@ pub(crate) fn glu(
 /// `f(part, rows_of_part)` over the `[t, width]` rows of `x` in calls of at most `rows` rows,
 /// the outputs concatenated (each row's arithmetic is the same either way: the calls only
 /// bound the scratch).
+/// `a = act(g, u)` elementwise.
+fn activate(exec: &Exec, act: GluActivation, g: &[f32], u: &[f32], a: &mut [f32]) {
+    match act {
+        GluActivation::Silu => exec.kernels().silu_mul(g, u, a),
+        GluActivation::Situ { beta, linear_beta } => {
+            exec.kernels().situ_mul(g, u, beta, linear_beta, a)
+        }
+        GluActivation::SiluClamped { limit } => {
+            // silu(g) as the kernels compute it (times 1, which is exact), then the bounds.
+            let ones = vec![1f32; g.len()];
+            exec.kernels().silu_mul(g, &ones, a);
+            for (a, &u) in a.iter_mut().zip(u) {
+                *a = a.min(limit) * u.clamp(-limit, limit);
+            }
+        }
+    }
+}
+
 fn in_calls(
     x: &[f32],
     width: usize,
@@ -102,9 +115,9 @@ pub(crate) fn glu_rows(
 }
 
 /// The GLU activation of SwiGLU-shaped routed experts (None for GPT-OSS's clamped form).
-fn glu_activation(a: ExpertActivation) -> Option<GluActivation> {
+fn glu_activation(a: ExpertActivation, limit: Option<f32>) -> Option<GluActivation> {
     match a {
-        ExpertActivation::SwiGlu => Some(GluActivation::Silu),
+        ExpertActivation::SwiGlu => Some(GluActivation::Silu.limited(limit)),
         ExpertActivation::Situ { beta, linear_beta } => {
             Some(GluActivation::Situ { beta, linear_beta })
         }
@@ -160,12 +173,7 @@ pub(crate) fn glu_many(exec: &Exec, jobs: &[GluJob<'_>]) -> Result<Vec<Vec<f32>>
     let mut acts = Vec::with_capacity(jobs.len());
     for ((j, g), u) in jobs.iter().zip(&gs).zip(&us) {
         let mut a = vec![0f32; g.len()];
-        match j.act {
-            GluActivation::Silu => exec.kernels().silu_mul(g, u, &mut a),
-            GluActivation::Situ { beta, linear_beta } => {
-                exec.kernels().situ_mul(g, u, beta, linear_beta, &mut a)
-            }
-        }
+        activate(exec, j.act, g, u, &mut a);
         acts.push(a);
     }
     let mut ys: Vec<Vec<f32>> = jobs
@@ -233,9 +241,11 @@ fn gate_up_expert(
 }
 
 /// One routed expert over `[t, width]` rows, in calls of at most `rows` rows.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn expert_rows(
     exec: &Exec,
     cfg: &ModelConfig,
+    limit: Option<f32>,
     spec: &ExpertSpec,
     blob: &Blob,
     x: &[f32],
@@ -243,14 +253,15 @@ pub(crate) fn expert_rows(
     rows: usize,
 ) -> Result<Vec<f32>, ModelError> {
     in_calls(x, x.len() / t.max(1), rows, |part, n| {
-        expert(exec, cfg, spec, blob, part, n)
+        expert(exec, cfg, limit, spec, blob, part, n)
     })
 }
 
-/// One routed expert over `[t, width]` rows.
+/// One routed expert over `[t, width]` rows; `limit` bounds a SwiGLU expert's factors.
 pub(crate) fn expert(
     exec: &Exec,
     cfg: &ModelConfig,
+    limit: Option<f32>,
     spec: &ExpertSpec,
     blob: &Blob,
     x: &[f32],
@@ -258,8 +269,11 @@ pub(crate) fn expert(
 ) -> Result<Vec<f32>, ModelError> {
     match (spec, cfg.moe.activation) {
         (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => {
-            glu(exec, m, blob, x, t, GluActivation::Silu)
+            glu(exec, m, blob, x, t, GluActivation::Silu.limited(limit))
         }
+        (_, _) if limit.is_some() => Err(ModelError::Internal(
+            "a bound on the experts' factors with an activation other than SwiGLU".into(),
+        )),
         (ExpertSpec::SwiGlu(m), ExpertActivation::Situ { beta, linear_beta }) => glu(
             exec,
             m,
@@ -421,6 +435,8 @@ pub(crate) fn moe(
     };
     let h = cfg.hidden;
     let t = x.len() / h;
+    // This layer's activations (Step-3.7 bounds them per layer).
+    let (mlp_act, limit) = (cfg.mlp_act_of(layer), cfg.expert_limit(layer));
     let ne = cfg.moe.router_width();
     let mut logits = vec![0f32; t * ne];
     exec.matmul(&router.view(blob)?, x, &mut logits);
@@ -530,7 +546,7 @@ pub(crate) fn moe(
                     && shared_y.is_none()
                 {
                     sp.spawn(move || {
-                        let y = glu_rows(serial, sh, blob, x, cfg.mlp_act, rows_per_call);
+                        let y = glu_rows(serial, sh, blob, x, mlp_act, rows_per_call);
                         if let Ok(mut s) = shared_out.lock() {
                             *s = Some(y);
                         }
@@ -542,7 +558,7 @@ pub(crate) fn moe(
                     sp.spawn(move || {
                         let y = inputs(e).and_then(|(xe, spec)| {
                             let n = xe.len() / w;
-                            expert_rows(serial, cfg, spec, &eb, &xe, n, rows_per_call)
+                            expert_rows(serial, cfg, limit, spec, &eb, &xe, n, rows_per_call)
                         });
                         drop(eb);
                         if let Ok(mut d) = done.lock() {
@@ -581,7 +597,7 @@ pub(crate) fn moe(
                 ins.push((b, xe, spec));
             }
             let mut jobs = Vec::with_capacity(chunk.len() + 1);
-            if let Some(act) = glu_activation(cfg.moe.activation) {
+            if let Some(act) = glu_activation(cfg.moe.activation, limit) {
                 for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
                     if let ExpertSpec::SwiGlu(m) = spec {
                         jobs.push(GluJob {
@@ -604,7 +620,7 @@ pub(crate) fn moe(
                         blob,
                         x,
                         t,
-                        act: cfg.mlp_act,
+                        act: mlp_act,
                     });
                 }
                 let mut ys = glu_many(exec, &jobs)?;
@@ -617,7 +633,10 @@ pub(crate) fn moe(
             } else {
                 for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
                     let n = users[&e].len();
-                    put(e, &expert_rows(exec, cfg, spec, eb, xe, n, rows_per_call)?);
+                    put(
+                        e,
+                        &expert_rows(exec, cfg, limit, spec, eb, xe, n, rows_per_call)?,
+                    );
                 }
             }
             continue;
@@ -627,7 +646,7 @@ pub(crate) fn moe(
             && shared_y.is_none()
         {
             let t0 = std::time::Instant::now();
-            shared_y = Some(glu_rows(exec, sh, blob, x, cfg.mlp_act, rows_per_call)?);
+            shared_y = Some(glu_rows(exec, sh, blob, x, mlp_act, rows_per_call)?);
             shared_seconds += t0.elapsed().as_secs_f64();
         }
         // Each expert as soon as it is in memory: resident ones first, then reads as they land.
@@ -639,7 +658,7 @@ pub(crate) fn moe(
             let n = users[&e].len();
             put(
                 e,
-                &expert_rows(exec, cfg, spec, &eb, &xe, n, rows_per_call)?,
+                &expert_rows(exec, cfg, limit, spec, &eb, &xe, n, rows_per_call)?,
             );
         }
     }
@@ -691,7 +710,7 @@ pub(crate) fn moe(
     if let Some(sh) = shared {
         let y = match shared_y {
             Some(y) => y,
-            None => glu_rows(exec, sh, blob, x, cfg.mlp_act, rows_per_call)?,
+            None => glu_rows(exec, sh, blob, x, mlp_act, rows_per_call)?,
         };
         match shared_gate {
             Some(g) => {

@@ -330,7 +330,7 @@ impl Model {
                     self.experts().prefetch(*nl, ids);
                 }
                 Ok((
-                    glu_rows(self.exec(), m, blob, &x, cfg.mlp_act, pass.chunk)?,
+                    glu_rows(self.exec(), m, blob, &x, cfg.mlp_act_of(l), pass.chunk)?,
                     None,
                 ))
             }

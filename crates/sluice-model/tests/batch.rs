@@ -30,6 +30,7 @@ const FIXTURES: &[&str] = &[
     "models/mimo_v2_flash-bf16",
     "models/llama4-fp32",
     "models/longcat_flash-bf16",
+    "models/step3p7-bf16",
     "models/llama-fp32",
     "models/qwen2-bf16",
     "quant/gpt_oss-mxfp4",

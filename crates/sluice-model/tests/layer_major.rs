@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 10] = [
+const FIXTURES: [&str; 11] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -33,6 +33,8 @@ const FIXTURES: [&str; 10] = [
     "models/llama4-fp32",
     // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
     "models/longcat_flash-bf16",
+    // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
+    "models/step3p7-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

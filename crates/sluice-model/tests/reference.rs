@@ -208,6 +208,8 @@ arch_tests! {
     llama4_multimodal_bf16 => "llama4_multimodal-bf16",
     longcat_flash_fp32 => "longcat_flash-fp32",
     longcat_flash_bf16 => "longcat_flash-bf16",
+    step3p7_fp32 => "step3p7-fp32",
+    step3p7_bf16 => "step3p7-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

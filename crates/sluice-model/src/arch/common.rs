@@ -112,6 +112,7 @@ impl Base {
             mlp_act: GluActivation::Silu,
             draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
             zero_centred_norms: false,
+            glu_limits: Vec::new(),
         };
         check_widths(c, &cfg)?;
         Ok(cfg)
@@ -260,6 +261,7 @@ pub(super) fn gqa_config(
         window: None,
         sinks: false,
         output_gate: false,
+        head_gate: false,
         zero_centred_qk_norm: false,
         v_head_dim: head_dim,
         v_scale: None,

@@ -385,7 +385,8 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         }
     };
     let activation = match mlp_act {
-        GluActivation::Silu => ExpertActivation::SwiGlu,
+        // (Kimi's activation is read above as one of these two.)
+        GluActivation::Silu | GluActivation::SiluClamped { .. } => ExpertActivation::SwiGlu,
         GluActivation::Situ { beta, linear_beta } => ExpertActivation::Situ { beta, linear_beta },
     };
     let first_dense = t.opt_usize("first_k_dense_replace")?.unwrap_or(1); // transformers default
@@ -511,6 +512,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         mlp_act,
         draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
         zero_centred_norms: false,
+        glu_limits: Vec::new(),
     };
     check_widths(&t, &cfg)?;
     Ok(cfg)

@@ -25,6 +25,7 @@ mod mixtral;
 mod olmoe;
 mod qwen;
 mod qwen3_next;
+mod step3p7;
 
 /// A model family: the `model_type` values it reads and its reader.
 pub struct Family {
@@ -58,6 +59,7 @@ pub static FAMILIES: &[Family] = &[
     mimo_v2_flash::FAMILY,
     llama4::FAMILY,
     longcat_flash::FAMILY,
+    step3p7::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

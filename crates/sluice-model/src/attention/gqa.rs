@@ -3,7 +3,8 @@
 //! `rope.dim` dimensions of each head are rotated), Qwen3-Next's sigmoid output gate, and
 //! MiMo-V2-Flash's values of their own width and scale and its per-layer-type rotary table, and
 //! Llama 4's NoPE layers, attention temperature, RMS-divided q/k after rotation and chunked
-//! attention. The cache holds every position's keys and values per KV head.
+//! attention, and Step-3.7's per-head sigmoid gate. The cache holds every position's keys and
+//! values per KV head.
 
 use sluice_store::Blob;
 
@@ -46,6 +47,9 @@ pub struct GqaConfig {
     /// `q_proj` also gives a gate per query dimension (per head `[q | gate]`); the attention
     /// output is multiplied by its sigmoid before `o_proj` (Qwen3-Next).
     pub output_gate: bool,
+    /// `g_proj` gives one gate per query head; the head's attention output is multiplied by
+    /// its sigmoid before `o_proj` (Step-3.7's per-head gating).
+    pub head_gate: bool,
     /// The q/k norms scale by `1 + w` (Qwen3-Next's zero-centred norms).
     pub zero_centred_qk_norm: bool,
     /// Dimension of a value head (MiMo-V2-Flash: smaller than `head_dim`; else equal).
@@ -88,6 +92,8 @@ pub struct GqaWeights {
     pub qk_norm: Option<[VecSpec; 2]>,
     /// Per-head sink logits (GPT-OSS).
     pub sinks: Option<VecSpec>,
+    /// The per-head gate's projection `g_proj` `[heads, hidden]` (Step-3.7).
+    pub head_gate: Option<MatSpec>,
 }
 
 /// Keys and values per KV head, `[pos, head_dim]` and `[pos, v_head_dim]`.
@@ -249,6 +255,11 @@ impl GqaConfig {
                     a("sinks")
                 };
                 Some(p.vector(&name, self.heads)?)
+            } else {
+                None
+            },
+            head_gate: if self.head_gate {
+                Some(p.linear(&a("g_proj"), self.heads, h)?)
             } else {
                 None
             },
@@ -444,6 +455,17 @@ impl GqaConfig {
         }
         if let Some(g) = &gate {
             exec.kernels().mul_sigmoid(&mut out, g);
+        }
+        if let Some(gp) = &w.head_gate {
+            // One gate per row and head, over the head's values.
+            let mut gl = vec![0f32; t * heads];
+            exec.matmul(&gp.view(blob)?, x, &mut gl);
+            for (o, &g) in out.chunks_exact_mut(vd).zip(&gl) {
+                let s = sluice_kernels::scalar::sigmoid(g);
+                for v in o {
+                    *v *= s;
+                }
+            }
         }
         let mut y = vec![0f32; t * h];
         exec.matmul(&w.o.view(blob)?, &out, &mut y);

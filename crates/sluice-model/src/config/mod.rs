@@ -154,6 +154,33 @@ pub enum GluActivation {
         /// `activation_situ_linear_beta`.
         linear_beta: Option<f32>,
     },
+    /// SwiGLU with both factors bounded: `min(silu(g), limit) · clamp(u, −limit, limit)`
+    /// (Step-3.7's per-layer `swiglu_limits`).
+    SiluClamped {
+        /// The bound.
+        limit: f32,
+    },
+}
+
+impl GluActivation {
+    /// This activation with SwiGLU's factors bounded by `limit` where one is given.
+    /// Only SwiGLU takes a bound (the families that set one use it).
+    pub fn limited(self, limit: Option<f32>) -> GluActivation {
+        match (self, limit) {
+            (GluActivation::Silu, Some(limit)) => GluActivation::SiluClamped { limit },
+            (a, _) => a,
+        }
+    }
+}
+
+/// Per layer, bounds on the SwiGLU factors (Step-3.7's `swiglu_limits_shared` and
+/// `swiglu_limits`); `None`: unbounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GluLimits {
+    /// Of the dense MLP or the shared expert.
+    pub mlp: Option<f32>,
+    /// Of the routed experts.
+    pub experts: Option<f32>,
 }
 
 /// Routed experts computed in a smaller latent space (Kimi K3): the token is projected down by
@@ -207,6 +234,17 @@ pub enum ExpertNames {
     /// by row) and `{moe}.experts.down_proj`, `[experts, in, out]`, with biases, or as MXFP4
     /// blocks and scales (GPT-OSS).
     FusedGateUp,
+    /// Every expert of a layer stacked in one tensor per projection directly under the MoE
+    /// module: `{moe}.{gate}` and `{moe}.{up}` `[experts, inter, in]`, `{moe}.{down}`
+    /// `[experts, out, inter]` (Step-3.7's `moe.gate_proj.weight`).
+    Stacked {
+        /// Stacked gate projections (`gate_proj.weight`).
+        gate: &'static str,
+        /// Stacked up projections (`up_proj.weight`).
+        up: &'static str,
+        /// Stacked down projections (`down_proj.weight`).
+        down: &'static str,
+    },
     /// All experts of a layer fused in the `x @ W` layout without biases, gate and up halves
     /// side by side: `{moe}.experts.gate_up_proj` `[experts, in, 2 × inter]` (the gate's
     /// columns, then the up's) and `{moe}.experts.down_proj` `[experts, inter, out]` (Llama 4).
@@ -446,6 +484,8 @@ pub struct ModelConfig {
     /// The trunk's RMSNorms (before attention and the MLP, the final norm, q/k norms) scale by
     /// `1 + w` rather than `w` (Qwen3-Next's zero-centred norms).
     pub zero_centred_norms: bool,
+    /// Per layer, bounds on its SwiGLU factors (Step-3.7); empty: none anywhere.
+    pub glu_limits: Vec<GluLimits>,
 }
 
 /// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any
@@ -513,6 +553,17 @@ impl ModelConfig {
     /// Whether layer `l` has a mixture of experts.
     pub fn is_moe(&self, l: usize) -> bool {
         matches!(self.layer_plan.get(l), Some(p) if p.mlp == MlpKind::Moe)
+    }
+
+    /// The activation of layer `l`'s dense MLP or shared expert.
+    pub fn mlp_act_of(&self, l: usize) -> GluActivation {
+        self.mlp_act
+            .limited(self.glu_limits.get(l).and_then(|g| g.mlp))
+    }
+
+    /// The bound on layer `l`'s routed experts' SwiGLU factors, if any.
+    pub fn expert_limit(&self, l: usize) -> Option<f32> {
+        self.glu_limits.get(l).and_then(|g| g.experts)
     }
 
     /// Layers with a mixture of experts.

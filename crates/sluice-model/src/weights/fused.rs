@@ -87,6 +87,51 @@ pub(super) fn concat_experts(
     Ok((pieces, specs))
 }
 
+/// Experts stacked per projection (Step-3.7's released layout): `{base}.{gate}` and `{base}.{up}`
+/// `[experts, inter, in]`, `{base}.{down}` `[experts, out, inter]`, no biases, dense codings
+/// only. Each expert's slice of each is contiguous: an expert is one blob of three pieces.
+pub(super) fn stacked_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    base: &str,
+    [gate, up, down]: [&str; 3],
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let ck = ctx.ck;
+    let (n, inter) = (cfg.moe.experts, cfg.moe.intermediate);
+    let width = cfg.moe.expert_width(cfg.hidden);
+    let mut tensors = Vec::with_capacity(3);
+    for (stem, shape, why) in [
+        (gate, [n, inter, width], " ([experts, inter, in])"),
+        (up, [n, inter, width], " ([experts, inter, in])"),
+        (down, [n, width, inter], " ([experts, out, inter])"),
+    ] {
+        let t = ck.tensor(&format!("{base}.{stem}"))?;
+        check_shape(t, &shape, why)?;
+        tensors.push((t, codes_of(t)?));
+    }
+    let mut pieces = Vec::with_capacity(n);
+    let mut specs = Vec::with_capacity(n);
+    for e in 0..n {
+        let part = PartLayout::from_ranges(
+            ["gate", "up", "down"]
+                .iter()
+                .zip(&tensors)
+                .map(|(name, (t, _))| ((*name).to_owned(), slice(t, e, n)))
+                .collect(),
+        );
+        let m = |i: usize, name: &str, rows, cols| {
+            MatSpec::dense(part.piece(name), tensors[i].1, rows, cols)
+        };
+        specs.push(ExpertSpec::SwiGlu(MlpSpec {
+            gate: m(0, "gate", inter, width),
+            up: m(1, "up", inter, width),
+            down: m(2, "down", width, inter),
+        }));
+        pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
+}
+
 /// Llama 4's fused experts: `gate_up_proj` `[experts, in, 2 × inter]` and `down_proj`
 /// `[experts, inter, out]` in the `x @ W` layout, no biases, dense codings only; one blob per
 /// expert of two pieces, the gate and up kept as one product whose halves are split after it.

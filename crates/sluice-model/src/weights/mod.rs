@@ -616,6 +616,9 @@ fn routed_experts(
         ExpertNames::FusedXw => {
             return fused::xw_experts(ctx, cfg, &format!("{moe}.experts"));
         }
+        ExpertNames::Stacked { gate, up, down } => {
+            return fused::stacked_experts(ctx, cfg, &moe, [gate, up, down]);
+        }
         ExpertNames::Separate { .. }
             if ctx.ck.get(&format!("{moe}.experts.gate_up_proj")).is_some() =>
         {

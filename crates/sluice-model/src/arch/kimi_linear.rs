@@ -513,6 +513,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
         zero_centred_norms: false,
         glu_limits: Vec::new(),
+        mtp: None,
     };
     check_widths(&t, &cfg)?;
     Ok(cfg)

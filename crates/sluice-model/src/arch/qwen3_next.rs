@@ -8,7 +8,8 @@
 //! softmax routing and a sigmoid-gated shared expert, dense layers by `decoder_sparse_step` /
 //! `mlp_only_layers`. Qwen3.5 differs only in its DeltaNet's four separate input projections
 //! (and multimodal rotary sections, which for text-only positions are the plain rotation). The
-//! checkpoint's multi-token-prediction tensors (`mtp.*`) are not used.
+//! checkpoint's multi-token-prediction layers (`mtp.*`: `mtp_num_hidden_layers` full-attention
+//! layers with the MoE, `fc` and three norms) are checked when present and not run.
 
 use super::Family;
 use super::common::{
@@ -17,8 +18,8 @@ use super::common::{
 use crate::ModelError;
 use crate::attention::GdnConfig;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, QkNorm,
-    SharedExpert, TensorNames,
+    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, MtpConfig,
+    QkNorm, SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -129,8 +130,32 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         shared: "shared_expert",
         ..TensorNames::standard()
     };
+    // The MTP layers: `mtp_num_hidden_layers` as the hub configs say it (vLLM's
+    // `num_nextn_predict_layers`; absent, 1), each a full-attention layer with the MoE.
+    let mtp_layers = match c.opt_usize("mtp_num_hidden_layers")? {
+        Some(n) => n,
+        None => c.opt_usize("num_nextn_predict_layers")?.unwrap_or(1),
+    };
+    let mtp_plan = LayerPlan {
+        attention: AttentionConfig::Gqa(gqa.clone()),
+        mlp: if experts > 0 {
+            MlpKind::Moe
+        } else {
+            MlpKind::Dense {
+                intermediate: c.pos_usize("intermediate_size")?,
+            }
+        },
+    };
     let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
     cfg.zero_centred_norms = true;
+    // (base.finish read `num_nextn_predict_layers` as DeepSeek-style trailing layers; Qwen's
+    // are under `mtp.`, and `model.layers.*` has none.)
+    cfg.draft_layers = 0;
+    cfg.mtp = (mtp_layers > 0).then_some(MtpConfig {
+        module: "mtp.",
+        layers: mtp_layers,
+        plan: mtp_plan,
+    });
     Ok(cfg)
 }
 

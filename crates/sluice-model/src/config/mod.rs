@@ -486,6 +486,25 @@ pub struct ModelConfig {
     pub zero_centred_norms: bool,
     /// Per layer, bounds on its SwiGLU factors (Step-3.7); empty: none anywhere.
     pub glu_limits: Vec<GluLimits>,
+    /// Multi-token-prediction layers the checkpoint may carry, checked and not run.
+    pub mtp: Option<MtpConfig>,
+}
+
+/// Multi-token-prediction layers a checkpoint may carry beside the model (Qwen3-Next's and
+/// Qwen3.5's `mtp.*`). When the checkpoint has them they are found and checked like every other
+/// weight, by role, shape and dtype (a damaged one refuses the model, naming the tensor), and
+/// they are not run; a checkpoint without them (many re-uploads strip them) reads the same.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MtpConfig {
+    /// The module holding them, from the checkpoint's root (`mtp.`): the layers are
+    /// `{module}layers.{i}`, beside `{module}fc` (`[hidden, 2 × hidden]`, the embedding and
+    /// the hidden state concatenated), `{module}pre_fc_norm_embedding`,
+    /// `{module}pre_fc_norm_hidden` and `{module}norm`.
+    pub module: &'static str,
+    /// How many layers.
+    pub layers: usize,
+    /// What each layer is.
+    pub plan: LayerPlan,
 }
 
 /// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any

@@ -472,6 +472,18 @@ fn qwen3_next_hybrid_plan_and_checks() {
     let mut w = v.clone();
     w["num_experts"] = json!(0);
     assert_eq!(parse(&w).unwrap().moe_layers(), 0);
+    // One MTP layer by default (checked when the checkpoint has it): full attention, MoE.
+    let m = c.mtp.as_ref().unwrap();
+    assert_eq!(
+        (m.module, m.layers, &m.plan.mlp),
+        ("mtp.", 1, &MlpKind::Moe)
+    );
+    assert_eq!(m.plan.attention.kind(), "gqa");
+    let mut w = v.clone();
+    w["mtp_num_hidden_layers"] = json!(0);
+    assert!(parse(&w).unwrap().mtp.is_none());
+    w["mtp_num_hidden_layers"] = json!(2);
+    assert_eq!(parse(&w).unwrap().mtp.unwrap().layers, 2);
 }
 
 #[test]

@@ -334,6 +334,39 @@ pub struct WeightLayout {
     pub experts: Vec<Vec<Vec<Piece>>>,
     /// Per MoE layer, per expert: specs into the expert's blob.
     pub expert_specs: Vec<Vec<ExpertSpec>>,
+    /// The multi-token-prediction layers, when the checkpoint has them
+    /// ([`crate::config::MtpConfig`]): found and checked, not run.
+    pub mtp: Option<MtpLayout>,
+}
+
+/// Where a checkpoint's multi-token-prediction layers are.
+#[derive(Debug)]
+pub struct MtpLayout {
+    /// One part per layer.
+    pub layers: Vec<PartLayout>,
+    /// Specs per layer.
+    pub layer_specs: Vec<LayerSpec>,
+    /// Per layer, per routed expert: pieces.
+    pub experts: Vec<Vec<Vec<Piece>>>,
+    /// Per layer, per routed expert: specs.
+    pub expert_specs: Vec<Vec<ExpertSpec>>,
+    /// The part holding the input projection and the norms.
+    pub head: PartLayout,
+    /// The input projection and the norms.
+    pub head_spec: MtpHeadSpec,
+}
+
+/// The input side and the final norm of the multi-token-prediction layers.
+#[derive(Clone, Copy, Debug)]
+pub struct MtpHeadSpec {
+    /// `fc` `[hidden, 2 × hidden]`: the normed embedding and hidden state, concatenated.
+    pub fc: MatSpec,
+    /// `pre_fc_norm_embedding`.
+    pub norm_embedding: VecSpec,
+    /// `pre_fc_norm_hidden`.
+    pub norm_hidden: VecSpec,
+    /// `norm`, before the model's lm_head.
+    pub norm: VecSpec,
 }
 
 /// The config's `num_hidden_layers` against the layers the checkpoint has tensors for, before
@@ -418,6 +451,12 @@ impl WeightLayout {
             expert_specs.push(ls);
         }
         let (head, head_spec) = build_part(&ctx, |p| head(p, cfg, &embed_name))?;
+        let mtp = match &cfg.mtp {
+            Some(m) if ck.tensors().iter().any(|t| t.name.starts_with(m.module)) => {
+                Some(mtp_layout(&ctx, cfg, m)?)
+            }
+            _ => None,
+        };
         Ok(WeightLayout {
             embed,
             embed_spec,
@@ -427,6 +466,7 @@ impl WeightLayout {
             head_spec,
             experts,
             expert_specs,
+            mtp,
         })
     }
 
@@ -643,6 +683,56 @@ fn routed_experts(
         specs.push(ExpertSpec::SwiGlu(spec));
     }
     Ok((pieces, specs))
+}
+
+/// The checkpoint's multi-token-prediction layers: each a layer of `m.plan` under
+/// `{m.module}layers.{i}` (found by the same code as the model's own layers), its routed
+/// experts, and the input projection and norms.
+fn mtp_layout(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    m: &crate::config::MtpConfig,
+) -> Result<MtpLayout, ModelError> {
+    let mut mc = cfg.clone();
+    mc.names.prefix = String::new();
+    mc.names.model = m.module;
+    mc.names.sublayers = 1;
+    mc.layers = m.layers;
+    mc.layer_plan = vec![m.plan.clone(); m.layers];
+    mc.glu_limits = Vec::new();
+    mc.draft_layers = 0;
+    let h = cfg.hidden;
+    let zc = cfg.zero_centred_norms;
+    let at = |rest: &str| format!("{}{rest}", m.module);
+    let (head, head_spec) = build_part(ctx, |p| {
+        Ok(MtpHeadSpec {
+            fc: p.linear(&at("fc"), h, 2 * h)?,
+            norm_embedding: p.vector(&at("pre_fc_norm_embedding.weight"), h)?.norm(zc),
+            norm_hidden: p.vector(&at("pre_fc_norm_hidden.weight"), h)?.norm(zc),
+            norm: p.vector(&at("norm.weight"), h)?.norm(zc),
+        })
+    })?;
+    let mut out = MtpLayout {
+        layers: Vec::with_capacity(m.layers),
+        layer_specs: Vec::with_capacity(m.layers),
+        experts: Vec::with_capacity(m.layers),
+        expert_specs: Vec::with_capacity(m.layers),
+        head,
+        head_spec,
+    };
+    for l in 0..m.layers {
+        let (part, spec) = build_part(ctx, |p| layer(p, &mc, l))?;
+        let (ep, es) = if mc.is_moe(l) {
+            routed_experts(ctx, &mc, l)?
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        out.layers.push(part);
+        out.layer_specs.push(spec);
+        out.experts.push(ep);
+        out.expert_specs.push(es);
+    }
+    Ok(out)
 }
 
 /// The head: the final norm, lm_head (the embedding matrix when tied) and the final

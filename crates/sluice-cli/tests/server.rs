@@ -950,6 +950,10 @@ fn response_formats_are_enforced_at_any_budget_stream_or_not() {
             json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}),
         ),
         (json!({"temperature": 0}), json!({"type": "json_object"})),
+        (
+            json!({"temperature": 1.0, "seed": 3}),
+            json!({"type": "json_object"}),
+        ),
     ] {
         let mut req = json!({"messages": user, "max_tokens": 160, "response_format": rf});
         for (k, v) in sampling.as_object().unwrap() {
@@ -964,10 +968,15 @@ fn response_formats_are_enforced_at_any_budget_stream_or_not() {
             let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
             assert_eq!(invalid(&v, &schema), None);
         } else {
-            // Any object: nothing bounds its strings or its keys, and this model, which never
-            // writes a closing brace, goes on until `max_tokens` — inside the grammar.
+            // Any object: nothing bounds its strings or its keys, and this model never writes
+            // a closing brace. Near `max_tokens` the constraint keeps only the tokens that let
+            // the object still be closed in time, so it parses; the reply says it was cut.
             assert_eq!(finish, "length", "{text}");
-            assert!(text.starts_with("{\""), "{text}");
+            let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+            assert!(
+                v.is_object() && !v.as_object().unwrap().is_empty(),
+                "{text}"
+            );
         }
         // Streamed, and with the experts streaming under a small budget: the same text.
         let mut sreq = req.clone();

@@ -16,6 +16,8 @@
 
 #![forbid(unsafe_code)]
 
+mod close;
+
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
@@ -181,6 +183,18 @@ pub struct Vocab {
     logits: usize,
     /// End-of-sequence ids: allowed once the grammar is complete.
     eos: Vec<u32>,
+    /// The text tokens, for following JSON output (what each stands for, `None` for special
+    /// tokens and padding), and whether each can sit inside a string unchanged.
+    texts: Arc<Texts>,
+}
+
+/// The vocabulary's text, as [`Constraint`] follows JSON with it.
+struct Texts {
+    bytes: Vec<Option<Vec<u8>>>,
+    plain: Vec<bool>,
+    /// How much a token can lengthen the shortest completion of a JSON text: 7 bytes per byte
+    /// (a `"` opening a key adds `": null` beside it) of the longest token.
+    max_growth: usize,
 }
 
 impl std::fmt::Debug for Vocab {
@@ -237,10 +251,26 @@ impl Vocab {
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| Error::Vocab(e.to_string()))?;
         factory.quiet();
+        let text: Vec<Option<Vec<u8>>> = bytes
+            .tokens
+            .iter()
+            .zip(&bytes.special)
+            .map(|(b, &special)| (!special).then(|| b.clone()))
+            .collect();
+        let longest = text.iter().flatten().map(Vec::len).max().unwrap_or(1);
+        let texts = Texts {
+            plain: text
+                .iter()
+                .map(|b| b.as_deref().is_some_and(close::plain))
+                .collect(),
+            bytes: text,
+            max_growth: 7 * longest,
+        };
         Ok(Vocab {
             factory,
             logits,
             eos,
+            texts: Arc::new(texts),
         })
     }
 
@@ -265,6 +295,10 @@ impl Vocab {
             eos: self.eos.clone(),
             logits: self.logits,
             mask: None,
+            json: matches!(g, Grammar::JsonObject | Grammar::JsonSchema(_))
+                .then(close::JsonPrefix::new),
+            texts: self.texts.clone(),
+            steered: false,
         })
     }
 }
@@ -289,6 +323,11 @@ pub struct Constraint {
     logits: usize,
     /// The mask of the last [`Constraint::mask`], until the token it allowed is committed.
     mask: Option<SimpleVob>,
+    /// The JSON written so far, under a JSON grammar.
+    json: Option<close::JsonPrefix>,
+    texts: Arc<Texts>,
+    /// Tokens were kept out so that the JSON could be finished within the tokens left.
+    steered: bool,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -301,11 +340,20 @@ impl Constraint {
     /// Sets every logit the grammar does not allow next to −∞ (end-of-sequence ids stay only
     /// when the grammar may end here). [`Next::End`] when the grammar is complete and nothing
     /// but its end may follow: then the logits are left as they were.
-    pub fn mask(&mut self, logits: &mut [f32]) -> Result<Next, Error> {
+    ///
+    /// With `left` tokens left to write, a JSON grammar also keeps out, near the end, every
+    /// token after which the JSON could no longer be finished in the tokens that remain
+    /// (each at least one byte; see [`Constraint::steered`]). So JSON output parses even when
+    /// it reaches the limit, as long as the grammar allows its shortest completion (a schema's
+    /// required fields may not).
+    pub fn mask(&mut self, logits: &mut [f32], left: Option<usize>) -> Result<Next, Error> {
         if self.m.is_stopped() {
             return self.stopped();
         }
-        let mask = self.m.compute_mask().map_err(|e| self.err(e))?;
+        let mut mask = self.m.compute_mask().map_err(|e| self.err(e))?;
+        if let Some(left) = left {
+            self.steer(&mut mask, left);
+        }
         let width = logits.len().min(self.logits);
         let mut text = false;
         mask.iter_set_entries(|i| {
@@ -329,6 +377,60 @@ impl Constraint {
         }
         self.mask = Some(mask);
         Ok(Next::Sample)
+    }
+
+    /// Keeps out of `mask` the tokens after which the JSON written so far could not be
+    /// finished within `left − 1` more bytes, when the finish is near enough for any token to
+    /// matter, and at least one token keeps it possible.
+    fn steer(&mut self, mask: &mut SimpleVob, left: usize) {
+        let Some(json) = &self.json else {
+            return;
+        };
+        let Some(suffix) = json.suffix() else {
+            return;
+        };
+        let texts = &*self.texts;
+        if left > suffix.len() + texts.max_growth {
+            return;
+        }
+        let room = left - 1;
+        let plain_string = json.in_plain_string();
+        let fits = |id: usize| -> bool {
+            if self.eos.contains(&(id as u32)) {
+                return true;
+            }
+            let Some(Some(b)) = texts.bytes.get(id) else {
+                return false;
+            };
+            if plain_string && texts.plain[id] {
+                return suffix.len() <= room;
+            }
+            let mut after = json.clone();
+            after.push(b);
+            after.suffix().is_some_and(|s| s.len() <= room)
+        };
+        let mut keep = Vec::new();
+        let mut drop = Vec::new();
+        mask.iter_set_entries(|i| {
+            if fits(i) {
+                keep.push(i);
+            } else {
+                drop.push(i);
+            }
+        });
+        if keep.is_empty() || drop.is_empty() {
+            return;
+        }
+        for i in drop {
+            mask.disallow_token(i as u32);
+        }
+        self.steered = true;
+    }
+
+    /// Whether tokens were kept out so that the JSON could be finished within the tokens left:
+    /// the output was cut short to fit, though it parses.
+    pub fn steered(&self) -> bool {
+        self.steered
     }
 
     fn stopped(&self) -> Result<Next, Error> {
@@ -358,6 +460,11 @@ impl Constraint {
     /// ends it.
     pub fn commit(&mut self, id: u32) -> Result<(), Error> {
         self.mask = None;
+        if let Some(j) = &mut self.json
+            && let Some(Some(b)) = self.texts.bytes.get(id as usize)
+        {
+            j.push(b);
+        }
         self.m.consume_token(id).map_err(|e| self.err(e))
     }
 
@@ -390,7 +497,7 @@ mod tests {
                 logits[b as usize] = 100.0 - rank as f32;
             }
             logits[256] = 50.0;
-            if c.mask(&mut logits).unwrap() == Next::End {
+            if c.mask(&mut logits, None).unwrap() == Next::End {
                 return (out, true);
             }
             let id = (0..260).max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)));
@@ -403,6 +510,72 @@ mod tests {
             out.push(id as u8);
         }
         (out, false)
+    }
+
+    /// Decoding under the constraint with `max` tokens, the logits preferring `prefs` bytes
+    /// in order; the output, and whether the grammar ended it.
+    fn within(g: &Grammar, prefs: &[u8], max: usize) -> (Vec<u8>, bool, bool) {
+        let v = vocab();
+        let mut c = v.constrain(g).unwrap();
+        let mut out = Vec::new();
+        for i in 0..max {
+            let mut logits = vec![0.0f32; 260];
+            for (rank, &b) in prefs.iter().enumerate() {
+                logits[b as usize] = 100.0 - rank as f32;
+            }
+            logits[257] = 99.5; // "ab"
+            if c.mask(&mut logits, Some(max - i)).unwrap() == Next::End {
+                return (out, true, c.steered());
+            }
+            let id = (0..260)
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]).then(b.cmp(&a)))
+                .unwrap() as u32;
+            assert!(c.allows(id));
+            c.commit(id).unwrap();
+            if id == 256 {
+                return (out, true, c.steered());
+            }
+            if id == 257 {
+                out.extend_from_slice(b"ab");
+            } else {
+                out.push(id as u8);
+            }
+        }
+        (out, false, c.steered())
+    }
+
+    #[test]
+    fn json_that_would_run_past_max_tokens_is_closed_in_time() {
+        // Logits that open strings, objects and arrays, and never close anything.
+        for prefs in [&b"x"[..], b"{[\\\"a", b"\"[{", b"1.e-", b"tn[", b"{\"a"] {
+            for max in 2..48 {
+                // (Ended by the grammar, or by running out of tokens: whole either way.)
+                let (out, _, steered) = within(&Grammar::JsonObject, prefs, max);
+                let s = String::from_utf8(out).unwrap();
+                assert!(s.len() <= 2 * max, "{s:?}");
+                let v: Value = serde_json::from_str(&s)
+                    .unwrap_or_else(|e| panic!("{prefs:?} max {max}: {s:?}: {e}"));
+                assert!(v.is_object(), "{s:?}");
+                // Past the smallest limits, something had to be kept out.
+                assert!(
+                    steered || max < 8,
+                    "{prefs:?} max {max}: {s:?} was not steered"
+                );
+            }
+        }
+        // Far from the limit nothing is kept out: the same prefix as with no limit.
+        let (long, _, _) = within(&Grammar::JsonObject, b"\"x", 400);
+        let v = vocab();
+        let mut c = v.constrain(&Grammar::JsonObject).unwrap();
+        let (free, _) = greedy(&mut c, b"\"x", 100);
+        assert_eq!(&long[..100], &free[..100]);
+    }
+
+    #[test]
+    fn a_json_that_closes_by_itself_is_not_steered() {
+        // The logits write `{}` at once.
+        let (out, ended, steered) = within(&Grammar::JsonObject, b"{}", 10);
+        assert_eq!((out.as_slice(), ended, steered), (&b"{}"[..], true, false));
     }
 
     #[test]
@@ -433,7 +606,7 @@ mod tests {
         let v = vocab();
         let mut c = v.constrain(&Grammar::JsonObject).unwrap();
         let mut logits = vec![1.0f32; 260];
-        assert_eq!(c.mask(&mut logits).unwrap(), Next::Sample);
+        assert_eq!(c.mask(&mut logits, None).unwrap(), Next::Sample);
         assert_eq!(logits[b'{' as usize], 1.0);
         assert_eq!(logits[b'x' as usize], f32::NEG_INFINITY);
         assert_eq!(logits[256], f32::NEG_INFINITY, "eos before the object");

@@ -66,7 +66,9 @@ impl Decoding {
     ///
     /// Under a grammar the tokens it does not allow get −∞ first, and the grammar's end (its
     /// completion, or an end-of-sequence token it allowed) ends the generation whatever
-    /// `stop_at_eos` says.
+    /// `stop_at_eos` says. Under a JSON grammar the last tokens before `max_tokens` are kept
+    /// to those that still let the JSON be finished in time; a generation so steered ends with
+    /// [`FinishReason::Length`], its JSON whole.
     pub(crate) fn choose(
         &mut self,
         logits: &mut [f32],
@@ -76,10 +78,16 @@ impl Decoding {
         if self.ids.len() >= self.opts.max_tokens {
             return Ok(Choice::Finish(FinishReason::Length));
         }
+        let left = self.opts.max_tokens - self.ids.len();
         if let Some(c) = &mut self.constraint
-            && c.mask(logits)? == Next::End
+            && c.mask(logits, Some(left))? == Next::End
         {
-            return Ok(Choice::Finish(FinishReason::Eos));
+            // JSON closed early to fit `max_tokens` was cut short: it says so.
+            return Ok(Choice::Finish(if c.steered() {
+                FinishReason::Length
+            } else {
+                FinishReason::Eos
+            }));
         }
         let mut id = self.sampler.sample(logits, history);
         if let Some(c) = &mut self.constraint {

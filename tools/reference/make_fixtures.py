@@ -44,9 +44,11 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
+    DeepseekV32Config,
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
+    GlmMoeDsaConfig,
     Llama4TextConfig,
     LongcatFlashConfig,
     LlamaConfig,
@@ -486,6 +488,72 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # DeepSeek-V3.2: DeepSeek-V3's blocks with sparse attention in every layer; the indexer keeps
+    # 8 positions (16 heads of 16 dimensions, 8 rotated), so the 33-token prompt and the greedy
+    # sequence attend sparsely past position 7.
+    dict(
+        name="deepseek_v32",
+        base_seed=20000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "200KB")},
+        config=lambda: DeepseekV32Config(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            index_topk=8,
+            index_head_dim=16,
+            index_n_heads=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
+    # GLM-5: DeepSeek-V3.2's sparse attention with the indexer's pairs interleaved, and layers 1
+    # and 3 sharing the top-k of the full layer before them (no indexer of their own).
+    dict(
+        name="glm_moe_dsa",
+        base_seed=21000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "200KB")},
+        config=lambda: GlmMoeDsaConfig(
+            **COMMON,
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            first_k_dense_replace=1,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+            index_topk=8,
+            index_head_dim=16,
+            index_n_heads=16,
+            indexer_types=["full", "shared", "full", "shared"],
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
     # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
     # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
@@ -850,6 +918,52 @@ class RouterTap:
         return c
 
 
+class IndexerTap:
+    """The gap between the k-th and the (k+1)-th score of every top-k a sparse-attention
+    indexer takes over more than k visible positions (DeepSeek-V3.2): the scores its
+    `Tensor.topk` call sees, recorded while an indexer runs."""
+
+    def __init__(self, model):
+        self.min_gap = float("inf")
+        self.selections = 0
+        self.handles = []
+        self.active = False
+        for m in model.modules():
+            if type(m).__name__.endswith("Indexer"):
+                self.handles.append(m.register_forward_pre_hook(self._enter))
+                self.handles.append(m.register_forward_hook(self._leave))
+        self.orig = torch.Tensor.topk
+        if self.handles:
+            tap = self
+
+            def topk(t, k, *a, **kw):
+                if tap.active:
+                    tap._record(t, k)
+                return tap.orig(t, k, *a, **kw)
+
+            torch.Tensor.topk = topk
+
+    def _enter(self, *_):
+        self.active = True
+
+    def _leave(self, *_):
+        self.active = False
+
+    def _record(self, scores, k):
+        s = scores.float().reshape(-1, scores.shape[-1])
+        visible = (s > -1e30).sum(-1)
+        srt = s.sort(dim=-1, descending=True).values
+        for row, n in zip(srt, visible.tolist()):
+            if n > k:
+                self.min_gap = min(self.min_gap, float(row[k - 1] - row[k]))
+                self.selections += 1
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+        torch.Tensor.topk = self.orig
+
+
 def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
     """Independent re-derivation of each router from the modeling code; returns
     (ids [T,k] unsorted, weights [T,k], expert_gap [T], group_gap [T] or None, ids_without_bias)."""
@@ -1006,6 +1120,7 @@ def run_reference(d: Path, variant: str, kind: str, prompts, expected_state: dic
         if not torch.equal(got, want) and not (variant == "bf16" and torch.equal(got, v)):
             raise AssertionError(f"{d.name}: {k} differs after reload")
     tap = RouterTap(model)
+    itap = IndexerTap(model)
     tensors: dict[str, torch.Tensor] = {}
     stats = dict(min_expert_gap=float("inf"), min_group_gap=float("inf"), bias_changed=0, decisions=0)
 
@@ -1070,6 +1185,7 @@ def run_reference(d: Path, variant: str, kind: str, prompts, expected_state: dic
 
     for h in tap.handles:
         h.remove()
+    itap.remove()
     res = dict(
         tensors=tensors,
         min_greedy_rel=float(rel.min()),
@@ -1082,6 +1198,8 @@ def run_reference(d: Path, variant: str, kind: str, prompts, expected_state: dic
         cached_vs_full=cached_vs_full,
         moe_layers=sorted(tap.routers),
         top_k=getattr(cfg, "num_experts_per_tok", None),
+        min_index_gap=None if itap.min_gap == float("inf") else itap.min_gap,
+        index_selections=itap.selections,
     )
     return res
 
@@ -1090,6 +1208,8 @@ def passes(r) -> bool:
     ok = r["min_greedy_rel"] >= MIN_GREEDY_REL and r["min_expert_gap"] >= MIN_ROUTER_GAP
     if r["min_group_gap"] is not None:
         ok = ok and r["min_group_gap"] >= MIN_ROUTER_GAP
+    if r.get("min_index_gap") is not None:
+        ok = ok and r["min_index_gap"] >= MIN_ROUTER_GAP
     return ok
 
 
@@ -1279,7 +1399,7 @@ def main() -> int:
                 if ok:
                     break
                 bad = {
-                    v: {k: r[k] for k in ("min_greedy_rel", "min_expert_gap", "min_group_gap")}
+                    v: {k: r.get(k) for k in ("min_greedy_rel", "min_expert_gap", "min_group_gap", "min_index_gap")}
                     for v, r in results.items()
                 }
                 print(f"  {arch['name']}: seed {seed} rejected {bad}")
@@ -1325,6 +1445,11 @@ def main() -> int:
                         None if r["min_expert_gap"] == float("inf") else r["min_expert_gap"]
                     ),
                     "min_router_group_gap": r["min_group_gap"],
+                    **(
+                        {"min_index_gap": r["min_index_gap"], "index_selections": r["index_selections"]}
+                        if r["min_index_gap"] is not None
+                        else {}
+                    ),
                     "routing_decisions_checked": r["decisions"],
                     "decisions_changed_by_score_bias": (
                         r["bias_changed"]

@@ -34,6 +34,8 @@ struct Pass {
     angles: Vec<Vec<Angles>>,
     /// The same for the second rotary table, when the model has one.
     local_angles: Option<Vec<Vec<Angles>>>,
+    /// Per segment and chunk, the last full sparse-attention layer's top-k.
+    sparse: Vec<Vec<std::cell::RefCell<Option<crate::attention::dsa::Selection>>>>,
     /// Rows each call inside a layer takes at most.
     chunk: usize,
     /// Floats of attention scores its tiles may hold at once.
@@ -138,6 +140,14 @@ impl Model {
                     })
                     .collect()
             }),
+            sparse: segs
+                .iter()
+                .map(|(_, toks)| {
+                    (0..toks.len().div_ceil(chunk))
+                        .map(|_| std::cell::RefCell::new(None))
+                        .collect()
+                })
+                .collect(),
             chunk,
             score_floats: opts.score_floats,
             single: segs.len() == 1,
@@ -271,6 +281,7 @@ impl Model {
             for (ci, c0) in (0..toks.len()).step_by(pass.chunk).enumerate() {
                 let c1 = (c0 + pass.chunk).min(toks.len());
                 let cx = crate::attention::Ctx {
+                    sparse: &pass.sparse[si][ci],
                     exec: self.exec(),
                     rope: self.rope(),
                     angles: &pass.angles[si][ci],

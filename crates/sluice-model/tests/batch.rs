@@ -31,6 +31,8 @@ const FIXTURES: &[&str] = &[
     "models/llama4-fp32",
     "models/longcat_flash-bf16",
     "models/step3p7-bf16",
+    "models/deepseek_v32-bf16",
+    "models/glm_moe_dsa-bf16",
     "models/llama-fp32",
     "models/qwen2-bf16",
     "quant/gpt_oss-mxfp4",

@@ -57,6 +57,12 @@ fn longcat_flash_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/longcat_flash-fp32");
 }
 
+/// DeepSeek-V3.2 (sparse attention: the indexer's top-k, its key cache): the same matrix.
+#[test]
+fn deepseek_v32_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/deepseek_v32-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 11] = [
+const FIXTURES: [&str; 13] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -35,6 +35,10 @@ const FIXTURES: [&str; 11] = [
     "models/longcat_flash-bf16",
     // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
     "models/step3p7-fp32",
+    // Sparse attention: each query over its indexer's top 8, the indexer's key cache.
+    "models/deepseek_v32-bf16",
+    // Layers sharing the top-k of the full sparse layer before them.
+    "models/glm_moe_dsa-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

@@ -17,6 +17,15 @@ pub(super) const FAMILY: Family = Family {
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    read_as(c, model_type, FAMILY.name)
+}
+
+/// DeepSeek-V3's description, under the family name `family` (DeepSeek-V3.2 builds on it).
+pub(super) fn read_as(
+    c: &Cfg<'_>,
+    model_type: &str,
+    family: &'static str,
+) -> Result<ModelConfig, ModelError> {
     let base = Base::read(c, false)?;
     let heads = base.heads;
     let q_lora_rank = c.opt_usize("q_lora_rank")?;
@@ -115,5 +124,5 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         router_bias: Some("gate.e_score_correction_bias"),
         ..TensorNames::standard()
     };
-    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+    base.finish(c, family, model_type, rope, layer_plan, moe, names)
 }

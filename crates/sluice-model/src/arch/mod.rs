@@ -12,8 +12,10 @@ use crate::config::{Cfg, ModelConfig};
 
 mod common;
 mod deepseek_v3;
+mod deepseek_v32;
 mod ernie4_5_moe;
 mod glm4_moe;
+mod glm_moe_dsa;
 mod gpt_oss;
 mod kimi_linear;
 mod llama;
@@ -60,6 +62,8 @@ pub static FAMILIES: &[Family] = &[
     llama4::FAMILY,
     longcat_flash::FAMILY,
     step3p7::FAMILY,
+    deepseek_v32::FAMILY,
+    glm_moe_dsa::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -221,6 +221,23 @@ impl MlaConfig {
         pos0: usize,
         x: &[f32],
     ) -> Result<Vec<f32>, ModelError> {
+        self.forward_selected(cx, w, blob, cache, pos0, x, None)
+    }
+
+    /// [`MlaConfig::forward`] where row `i`'s query may attend only to the positions
+    /// `select[i]` holds, when it holds some (DeepSeek Sparse Attention's top-k); the other
+    /// positions get probability 0, as transformers' mask gives them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward_selected(
+        &self,
+        cx: &Ctx<'_>,
+        w: &MlaWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+        select: Option<&[Option<Vec<usize>>]>,
+    ) -> Result<Vec<f32>, ModelError> {
         let exec = cx.exec;
         let h = cx.hidden;
         let t = x.len() / h;
@@ -315,6 +332,17 @@ impl MlaConfig {
                 .matmul(&cache_m, qrows, &mut scores, 0..n_max);
             let seen = |k: usize| pos0 + (b0 + k) / heads + 1;
             for (k, s) in scores.chunks_exact_mut(n_max).enumerate() {
+                if let Some(Some(keep)) = select.map(|sel| &sel[(b0 + k) / heads]) {
+                    // Only the selected positions take part: their softmax, and +0 elsewhere
+                    // (whose terms fma(+0, c, acc) leave the sums as they are).
+                    let mut row: Vec<f32> = keep.iter().map(|&j| s[j] * scale).collect();
+                    exec.kernels().softmax(&mut row);
+                    s.fill(0.0);
+                    for (&j, &p) in keep.iter().zip(&row) {
+                        s[j] = p;
+                    }
+                    continue;
+                }
                 let (s, unseen) = s.split_at_mut(seen(k));
                 for x in s.iter_mut() {
                     *x *= scale;

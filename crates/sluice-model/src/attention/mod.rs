@@ -7,7 +7,9 @@
 //! - [`mla`]: DeepSeek's multi-head latent attention on the compressed cache.
 //! - [`kda`]: Kimi Delta Attention, a fixed-size recurrent state.
 //! - [`gdn`]: Qwen3-Next's Gated DeltaNet, the same delta rule with a decay per head.
+//! - [`dsa`]: DeepSeek Sparse Attention, MLA restricted to a lightning indexer's top-k.
 
+pub mod dsa;
 pub mod gdn;
 pub mod gqa;
 pub mod kda;
@@ -16,6 +18,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
+pub use dsa::{DsaConfig, DsaWeights};
 pub use gdn::{GdnConfig, GdnProj, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
 pub use kda::{KdaConfig, KdaGate, KdaWeights};
@@ -37,6 +40,8 @@ pub enum AttentionConfig {
     Kda(KdaConfig),
     /// Gated DeltaNet (Qwen3-Next).
     Gdn(GdnConfig),
+    /// DeepSeek Sparse Attention: MLA over an indexer's top-k.
+    Dsa(DsaConfig),
 }
 
 /// The attention weights of one layer.
@@ -52,6 +57,8 @@ pub enum AttnSpec {
     Kda(KdaWeights),
     /// Gated DeltaNet.
     Gdn(GdnWeights),
+    /// DeepSeek Sparse Attention.
+    Dsa(DsaWeights),
 }
 
 /// The cache of one layer of one sequence.
@@ -62,11 +69,15 @@ pub(crate) enum LayerCache {
     Kda(kda::Cache),
     /// Gated DeltaNet's state (the same kind as KDA's).
     Gdn(kda::Cache),
+    Dsa(dsa::Cache),
 }
 
 /// What every kind's forward pass shares: the threads, the rotary table and this pass's
 /// angles, and the model's widths.
 pub(crate) struct Ctx<'a> {
+    /// The top-k of the last full sparse-attention layer for these rows, which a shared one
+    /// reuses (GLM-5's `indexer_types`).
+    pub sparse: &'a std::cell::RefCell<Option<dsa::Selection>>,
     pub exec: &'a Exec,
     pub rope: &'a Rope,
     pub angles: &'a Angles,
@@ -91,6 +102,7 @@ impl AttentionConfig {
             AttentionConfig::Mla(_) => "mla",
             AttentionConfig::Kda(_) => "kda",
             AttentionConfig::Gdn(_) => "gdn",
+            AttentionConfig::Dsa(_) => "dsa",
         }
     }
 
@@ -107,6 +119,7 @@ impl AttentionConfig {
         match self {
             AttentionConfig::Gqa(g) => g.kv_floats(),
             AttentionConfig::Mla(m) => m.kv_floats(),
+            AttentionConfig::Dsa(d) => d.kv_floats(),
             AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) => 0,
         }
     }
@@ -128,6 +141,7 @@ impl AttentionConfig {
             AttentionConfig::Mla(m) => m.scratch_floats(),
             AttentionConfig::Kda(k) => k.scratch_floats(),
             AttentionConfig::Gdn(g) => g.scratch_floats(),
+            AttentionConfig::Dsa(d) => d.scratch_floats(),
         }
     }
 
@@ -139,6 +153,7 @@ impl AttentionConfig {
             AttentionConfig::Mla(m) => m.widest(),
             AttentionConfig::Kda(k) => k.widest(),
             AttentionConfig::Gdn(g) => g.widest(),
+            AttentionConfig::Dsa(d) => d.widest(),
         }
     }
 
@@ -149,6 +164,7 @@ impl AttentionConfig {
             AttentionConfig::Mla(m) => LayerCache::Mla(m.new_cache()),
             AttentionConfig::Kda(k) => LayerCache::Kda(k.new_cache()),
             AttentionConfig::Gdn(g) => LayerCache::Gdn(g.new_cache()),
+            AttentionConfig::Dsa(d) => LayerCache::Dsa(d.new_cache()),
         }
     }
 
@@ -164,6 +180,7 @@ impl AttentionConfig {
             AttentionConfig::Mla(m) => AttnSpec::Mla(m.load(p, a, hidden)?),
             AttentionConfig::Kda(k) => AttnSpec::Kda(k.load(p, a, hidden)?),
             AttentionConfig::Gdn(g) => AttnSpec::Gdn(g.load(p, a, hidden)?),
+            AttentionConfig::Dsa(d) => AttnSpec::Dsa(d.load(p, a, hidden)?),
         })
     }
 
@@ -191,6 +208,9 @@ impl AttentionConfig {
             }
             (AttentionConfig::Gdn(c), AttnSpec::Gdn(w), LayerCache::Gdn(s)) => {
                 gdn::forward(c, cx, w, blob, s, x)
+            }
+            (AttentionConfig::Dsa(c), AttnSpec::Dsa(w), LayerCache::Dsa(s)) => {
+                c.forward(cx, w, blob, s, pos0, x)
             }
             _ => Err(ModelError::Internal(
                 "attention spec does not match the configuration".into(),
@@ -222,6 +242,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.truncate(pos),
             LayerCache::Mla(c) => c.truncate(pos),
+            LayerCache::Dsa(c) => c.truncate(pos),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let ok = k.back_to(pos);
                 debug_assert!(ok, "recurrent layer cannot go back to {pos}");
@@ -235,6 +256,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => LayerCache::Gqa(c.prefix(pos)),
             LayerCache::Mla(c) => LayerCache::Mla(c.prefix(pos)),
+            LayerCache::Dsa(c) => LayerCache::Dsa(c.prefix(pos)),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let mut k = k.clone();
                 let ok = k.back_to(pos);
@@ -252,6 +274,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.reserve(positions),
             LayerCache::Mla(c) => c.reserve(positions),
+            LayerCache::Dsa(c) => c.reserve(positions),
             LayerCache::Kda(_) | LayerCache::Gdn(_) => {}
         }
     }
@@ -263,6 +286,7 @@ impl LayerCache {
             LayerCache::Mla(_) => 2,
             LayerCache::Kda(_) => 3,
             LayerCache::Gdn(_) => 4,
+            LayerCache::Dsa(_) => 5,
         }
     }
 
@@ -271,6 +295,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.parts(),
             LayerCache::Mla(c) => c.parts(),
+            LayerCache::Dsa(c) => c.parts(),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.parts(),
         }
     }
@@ -280,6 +305,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.restore(parts, pos),
             LayerCache::Mla(c) => c.restore(parts, pos),
+            LayerCache::Dsa(c) => c.restore(parts, pos),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.restore(parts, pos),
         }
     }
@@ -289,6 +315,7 @@ impl LayerCache {
         match self {
             LayerCache::Gqa(c) => c.bytes(),
             LayerCache::Mla(c) => c.bytes(),
+            LayerCache::Dsa(c) => c.bytes(),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.bytes(),
         }
     }

@@ -26,6 +26,7 @@ fn scale(c: &ModelConfig) -> f32 {
     match &c.layer_plan[0].attention {
         AttentionConfig::Gqa(g) => g.softmax_scale,
         AttentionConfig::Mla(m) => m.softmax_scale,
+        AttentionConfig::Dsa(d) => d.mla.softmax_scale,
         AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) => panic!("no softmax"),
     }
 }
@@ -851,4 +852,88 @@ fn step3p7_reads_the_legacy_hub_fields() {
         (0..4).map(|l| c.is_moe(l)).collect::<Vec<_>>(),
         [false, false, false, true]
     );
+}
+
+#[test]
+fn deepseek_v32_reads_the_indexer() {
+    let mut v = ds();
+    v["model_type"] = json!("deepseek_v32");
+    v["index_n_heads"] = json!(8);
+    v["index_head_dim"] = json!(32);
+    v["index_topk"] = json!(16);
+    v["layer_types"] = json!(vec![
+        "indexed_attention";
+        v["num_hidden_layers"].as_u64().unwrap() as usize
+    ]);
+    let c = parse(&v).unwrap();
+    let AttentionConfig::Dsa(d) = &c.layer_plan[0].attention else {
+        panic!("DeepSeek-V3.2 attention is sparse");
+    };
+    assert_eq!(
+        (d.heads, d.head_dim, d.topk, d.interleaved),
+        (8, 32, 16, false)
+    );
+    assert_eq!(c.family, "deepseek_v32");
+    for (field, bad) in [
+        ("index_topk", json!(0)),
+        ("index_head_dim", json!(2)),
+        ("layer_types", json!(["full_attention"])),
+    ] {
+        let mut w = v.clone();
+        w[field] = bad;
+        assert_eq!(field_of(parse(&w).unwrap_err()), field, "{field}");
+    }
+    let mut w = v.clone();
+    w.as_object_mut().unwrap().remove("index_n_heads");
+    assert_eq!(field_of(parse(&w).unwrap_err()), "index_n_heads");
+}
+
+#[test]
+fn glm_moe_dsa_shares_indexers_by_indexer_types_or_pattern() {
+    let mut v = ds();
+    v["model_type"] = json!("glm_moe_dsa");
+    v["index_n_heads"] = json!(8);
+    v["index_head_dim"] = json!(16);
+    v["index_topk"] = json!(16);
+    let n = v["num_hidden_layers"].as_u64().unwrap() as usize;
+    let shared = |c: &ModelConfig| -> Vec<bool> {
+        c.layer_plan
+            .iter()
+            .map(|p| match &p.attention {
+                AttentionConfig::Dsa(d) => {
+                    assert!(d.interleaved, "GLM-5's indexer pairs are interleaved");
+                    d.shared
+                }
+                _ => panic!("GLM-5 attention is sparse"),
+            })
+            .collect()
+    };
+    // Defaults: offset 2, frequency 1: every layer full.
+    assert_eq!(shared(&parse(&v).unwrap()), vec![false; n]);
+    let mut w = v.clone();
+    w["index_topk_freq"] = json!(2);
+    let want: Vec<bool> = (0..n).map(|i| (i + 1).saturating_sub(2) % 2 == 1).collect();
+    assert_eq!(shared(&parse(&w).unwrap()), want);
+    let pattern: String = (0..n).map(|i| if i % 2 == 1 { 'S' } else { 'F' }).collect();
+    let mut w = v.clone();
+    w["index_topk_pattern"] = json!(pattern);
+    let alt: Vec<bool> = (0..n).map(|i| i % 2 == 1).collect();
+    assert_eq!(shared(&parse(&w).unwrap()), alt);
+    let mut w = v.clone();
+    w["indexer_types"] = json!(
+        alt.iter()
+            .map(|&s| if s { "shared" } else { "full" })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(shared(&parse(&w).unwrap()), alt);
+    // A shared first layer has nothing to share; a wrong length or name is refused.
+    for bad in [
+        json!(vec!["shared"; n]),
+        json!(["full"]),
+        json!(vec!["half"; n]),
+    ] {
+        let mut w = v.clone();
+        w["indexer_types"] = bad;
+        assert_eq!(field_of(parse(&w).unwrap_err()), "indexer_types");
+    }
 }

@@ -1,0 +1,309 @@
+//! DeepSeek Sparse Attention (DeepSeek-V3.2, `deepseek_v32`): multi-head latent attention
+//! whose queries each attend only to the `topk` past positions a lightning indexer ranks
+//! highest. Below `topk` visible positions the attention is dense.
+//!
+//! The indexer has its own projections: `wq_b` from MLA's normalised query latent, and `wk`
+//! with a LayerNorm `k_norm` from the layer's input. The first `qk_rope_head_dim` dimensions
+//! of its keys and queries are rotated by the model's table (DeepSeek-V3.2: pairs split in
+//! halves; GLM-5: interleaved). Its cache holds one key per position, beside MLA's latent
+//! cache. A query at position `p` scores every position `j ≤ p` as
+//! `Σ_h w_h · relu(q_h · k_j / √head_dim)`, with `w = weights_proj(x) / √heads`, and keeps the
+//! `topk` best (ties to the lower position). MLA then attends to those positions only
+//! ([`MlaConfig::forward_selected`]).
+
+use sluice_store::Blob;
+
+use super::mla::{self, MlaConfig, MlaWeights};
+
+/// Per row of a pass, the positions its query keeps (`None`: all it sees).
+pub(crate) type Selection = Vec<Option<Vec<usize>>>;
+use super::{Ctx, rmsnorm_rows};
+use crate::ModelError;
+use crate::weights::{MatSpec, PartBuilder, VecSpec};
+
+/// The eps of the indexer's `k_norm` (transformers builds it with 1e-6) and of MLA's query
+/// latent norm.
+const EPS: f32 = 1e-6;
+
+/// The shape of a sparse-attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DsaConfig {
+    /// The latent attention it restricts.
+    pub mla: MlaConfig,
+    /// Indexer heads (`index_n_heads`).
+    pub heads: usize,
+    /// Indexer head dimension (`index_head_dim`): the first `mla.qk_rope_head_dim` rotated.
+    pub head_dim: usize,
+    /// Positions each query keeps (`index_topk`).
+    pub topk: usize,
+    /// The indexer's rotary pairs are adjacent (GLM-5) rather than split halves
+    /// (DeepSeek-V3.2).
+    pub interleaved: bool,
+    /// No indexer of its own: the layer reuses the top-k of the last layer that has one
+    /// (GLM-5's `indexer_types` `shared`).
+    pub shared: bool,
+}
+
+/// The weights of a sparse-attention layer.
+#[derive(Clone, Debug)]
+pub struct DsaWeights {
+    /// The latent attention's.
+    pub mla: MlaWeights,
+    /// The indexer's, unless the layer shares another's top-k.
+    pub indexer: Option<IndexerWeights>,
+}
+
+/// The weights of a lightning indexer.
+#[derive(Clone, Debug)]
+pub struct IndexerWeights {
+    /// `indexer.wq_b` `[heads × head_dim, q_lora_rank]`.
+    pub wq_b: MatSpec,
+    /// `indexer.wk` `[head_dim, hidden]`.
+    pub wk: MatSpec,
+    /// `indexer.k_norm` weight and bias (a LayerNorm).
+    pub k_norm: [VecSpec; 2],
+    /// `indexer.weights_proj` `[heads, hidden]`.
+    pub weights_proj: MatSpec,
+}
+
+/// The latent cache and the indexer's keys, `[pos, head_dim]`.
+#[derive(Clone, Debug)]
+pub(crate) struct Cache {
+    pub(crate) mla: mla::Cache,
+    keys: Vec<f32>,
+    head_dim: usize,
+}
+
+impl Cache {
+    pub(crate) fn truncate(&mut self, pos: usize) {
+        self.mla.truncate(pos);
+        self.keys.truncate(pos * self.head_dim);
+    }
+
+    /// Its buffers, for saving: the latent cache, then the indexer's keys.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        let mut p = self.mla.parts();
+        p.push(&self.keys);
+        p
+    }
+
+    /// Takes saved buffers of `pos` positions.
+    pub(crate) fn restore(&mut self, mut parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        match parts.pop() {
+            Some(k) if k.len() == pos * self.head_dim => {
+                self.mla.restore(parts, pos)?;
+                self.keys = k;
+                Ok(())
+            }
+            _ => Err(format!("the indexer's keys are not {pos} positions long")),
+        }
+    }
+
+    /// A copy of the first `pos` positions.
+    pub(crate) fn prefix(&self, pos: usize) -> Cache {
+        Cache {
+            mla: self.mla.prefix(pos),
+            keys: self.keys[..pos * self.head_dim].to_vec(),
+            head_dim: self.head_dim,
+        }
+    }
+
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        self.mla.reserve(positions);
+        super::room(&mut self.keys, positions * self.head_dim);
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.mla.bytes() + self.keys.len() * 4
+    }
+}
+
+impl DsaConfig {
+    /// Floats cached per position: MLA's and one indexer key (none when shared).
+    pub fn kv_floats(&self) -> usize {
+        self.mla.kv_floats() + self.key_floats()
+    }
+
+    fn key_floats(&self) -> usize {
+        if self.shared { 0 } else { self.head_dim }
+    }
+
+    /// Floats of scratch per token of a pass.
+    pub fn scratch_floats(&self) -> usize {
+        self.mla.scratch_floats()
+            + self.heads * self.head_dim
+            + self.head_dim
+            + self.heads
+            + self.mla.q_lora_rank.unwrap_or(0)
+    }
+
+    /// The product the arithmetic multiplies out, and the field that names it.
+    pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
+        let (a, b, f, w) = self.mla.widest();
+        if self.heads * self.head_dim > a * b {
+            return (
+                self.heads,
+                self.head_dim,
+                "index_n_heads",
+                "index_n_heads × index_head_dim",
+            );
+        }
+        (a, b, f, w)
+    }
+
+    pub(crate) fn new_cache(&self) -> Cache {
+        Cache {
+            mla: self.mla.new_cache(),
+            keys: Vec::new(),
+            head_dim: self.key_floats(),
+        }
+    }
+
+    /// Finds and checks the layer's tensors; `a` names a tensor of the attention module.
+    pub(crate) fn load(
+        &self,
+        p: &mut PartBuilder<'_, '_>,
+        a: &dyn Fn(&str) -> String,
+        h: usize,
+    ) -> Result<DsaWeights, ModelError> {
+        let mla = self.mla.load(p, a, h)?;
+        let Some(qr) = self.mla.q_lora_rank else {
+            return Err(ModelError::Internal(
+                "sparse attention needs the query latent".into(),
+            ));
+        };
+        let (heads, d) = (self.heads, self.head_dim);
+        let indexer = if self.shared {
+            None
+        } else {
+            Some(IndexerWeights {
+                wq_b: p.linear(&a("indexer.wq_b"), heads * d, qr)?,
+                wk: p.linear(&a("indexer.wk"), d, h)?,
+                k_norm: [
+                    p.vector(&a("indexer.k_norm.weight"), d)?,
+                    p.vector(&a("indexer.k_norm.bias"), d)?,
+                ],
+                weights_proj: p.linear(&a("indexer.weights_proj"), heads, h)?,
+            })
+        };
+        Ok(DsaWeights { mla, indexer })
+    }
+
+    /// The layer over `x` `[t, hidden]` at positions `pos0..pos0 + t`, appending to `cache`.
+    pub(crate) fn forward(
+        &self,
+        cx: &Ctx<'_>,
+        w: &DsaWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let select = match &w.indexer {
+            Some(iw) => {
+                let s = self.select(cx, &w.mla, iw, blob, cache, pos0, x)?;
+                *cx.sparse.borrow_mut() = Some(s.clone());
+                s
+            }
+            None => cx.sparse.borrow().clone().ok_or_else(|| {
+                ModelError::Internal("a shared sparse layer before any with an indexer".into())
+            })?,
+        };
+        self.mla
+            .forward_selected(cx, &w.mla, blob, &mut cache.mla, pos0, x, Some(&select))
+    }
+
+    /// The lightning indexer over `x`: its keys appended to `cache`, each row's top-k.
+    #[allow(clippy::too_many_arguments)]
+    fn select(
+        &self,
+        cx: &Ctx<'_>,
+        mw: &MlaWeights,
+        w: &IndexerWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Selection, ModelError> {
+        let exec = cx.exec;
+        let h = cx.hidden;
+        let t = x.len() / h;
+        let (heads, d) = (self.heads, self.head_dim);
+        let rd = self.mla.qk_rope_head_dim;
+        let Some((qa, qa_norm)) = &mw.q_a else {
+            return Err(ModelError::Internal(
+                "sparse attention needs the query latent".into(),
+            ));
+        };
+        // The query latent, as MLA computes it.
+        let mut lat = vec![0f32; t * qa.rows];
+        exec.matmul(&qa.view(blob)?, x, &mut lat);
+        if let Some(Some(b)) = mw.bias.as_ref().map(|b| &b[0]) {
+            super::add_bias(&mut lat, &b.to_f32(blob));
+        }
+        rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), EPS);
+        let mut q = vec![0f32; t * heads * d];
+        exec.matmul(&w.wq_b.view(blob)?, &lat, &mut q);
+        let mut k = vec![0f32; t * d];
+        exec.matmul(&w.wk.view(blob)?, x, &mut k);
+        let (nw, nb) = (w.k_norm[0].to_f32(blob), w.k_norm[1].to_f32(blob));
+        for row in k.chunks_exact_mut(d) {
+            layer_norm(row, &nw, &nb, EPS);
+        }
+        let rotate = |v: &mut [f32], cos: &[f32], sin: &[f32]| {
+            if self.interleaved {
+                sluice_kernels::scalar::rope_interleaved(v, cos, sin)
+            } else {
+                sluice_kernels::scalar::rope_half(v, cos, sin)
+            }
+        };
+        for i in 0..t {
+            let (cos, sin) = cx.angles.get(i);
+            for head in q[i * heads * d..(i + 1) * heads * d].chunks_exact_mut(d) {
+                rotate(&mut head[..rd], cos, sin);
+            }
+            rotate(&mut k[i * d..i * d + rd], cos, sin);
+        }
+        cache.keys.extend_from_slice(&k);
+        let mut wts = vec![0f32; t * heads];
+        exec.matmul(&w.weights_proj.view(blob)?, x, &mut wts);
+        let wscale = (heads as f32).powf(-0.5);
+        let scale = (d as f32).powf(-0.5);
+        // Per query, the positions it keeps when it sees more than `topk`.
+        let keys = &cache.keys;
+        Ok(exec.map(t, |i| {
+            let n = pos0 + i + 1;
+            if n <= self.topk {
+                return None;
+            }
+            let qi = &q[i * heads * d..(i + 1) * heads * d];
+            let wi = &wts[i * heads..(i + 1) * heads];
+            let mut scored: Vec<(f32, usize)> = (0..n)
+                .map(|j| {
+                    let kj = &keys[j * d..(j + 1) * d];
+                    let mut s = 0f32;
+                    for (qh, &wh) in qi.chunks_exact(d).zip(wi) {
+                        let dot: f32 = qh.iter().zip(kj).map(|(a, b)| a * b).sum();
+                        s += wh * wscale * (dot * scale).max(0.0);
+                    }
+                    (s, j)
+                })
+                .collect();
+            scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            let mut keep: Vec<usize> = scored[..self.topk].iter().map(|p| p.1).collect();
+            keep.sort_unstable();
+            Some(keep)
+        }))
+    }
+}
+
+/// LayerNorm of one row (biased variance, as torch's `nn.LayerNorm`).
+fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    let n = x.len() as f32;
+    let mean = x.iter().sum::<f32>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let r = 1.0 / (var + eps).sqrt();
+    for ((v, &w), &b) in x.iter_mut().zip(w).zip(b) {
+        *v = (*v - mean) * r * w + b;
+    }
+}

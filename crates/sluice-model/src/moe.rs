@@ -61,9 +61,6 @@ pub(crate) fn glu(
     Ok(y)
 }
 
-/// `f(part, rows_of_part)` over the `[t, width]` rows of `x` in calls of at most `rows` rows,
-/// the outputs concatenated (each row's arithmetic is the same either way: the calls only
-/// bound the scratch).
 /// `a = act(g, u)` elementwise.
 fn activate(exec: &Exec, act: GluActivation, g: &[f32], u: &[f32], a: &mut [f32]) {
     match act {
@@ -82,6 +79,9 @@ fn activate(exec: &Exec, act: GluActivation, g: &[f32], u: &[f32], a: &mut [f32]
     }
 }
 
+/// `f(part, rows_of_part)` over the `[t, width]` rows of `x` in calls of at most `rows` rows,
+/// the outputs concatenated (each row's arithmetic is the same either way: the calls only
+/// bound the scratch).
 fn in_calls(
     x: &[f32],
     width: usize,

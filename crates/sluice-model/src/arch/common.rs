@@ -275,6 +275,32 @@ pub(super) fn gqa_config(
     })
 }
 
+/// The rotary table of `layer_type` from `all`, the `rope_parameters` object (per layer type:
+/// `rope_parameters.{layer_type}`; only the default rotation, its `rope_theta` and
+/// `partial_rotary_factor`, absent `partial`), over heads of `head_dim`.
+pub(super) fn typed_rope(
+    c: &Cfg<'_>,
+    all: &Value,
+    layer_type: &str,
+    head_dim: usize,
+    max_positions: usize,
+    partial: f64,
+) -> Result<RopeConfig, ModelError> {
+    let Some(p) = all.get(layer_type) else {
+        return Err(c.err(
+            &format!("rope_parameters.{layer_type}"),
+            "required field is missing",
+        ));
+    };
+    let pc = Cfg {
+        v: p,
+        file: c.file,
+        prefix: format!("{}rope_parameters.{layer_type}.", c.prefix),
+    };
+    pc.expect_str("rope_type", "default", &["default"])?;
+    Ok(read_rope(&pc, head_dim, false, max_positions, Some(partial))?.0)
+}
+
 /// The softmax router (top-k of a softmax over all experts), renormalised when
 /// `norm_topk_prob` (absent: `default`, transformers' default for the family).
 pub(super) fn softmax_router(c: &Cfg<'_>, default: bool) -> Result<RouterKind, ModelError> {

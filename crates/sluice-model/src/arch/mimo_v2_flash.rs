@@ -8,11 +8,11 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, check_groups, gqa_config, layer_kinds, top_k};
+use super::common::{Base, check_groups, gqa_config, layer_kinds, top_k, typed_rope};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig,
-    RouterKind, TensorNames, read_rope,
+    RouterKind, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -157,19 +157,14 @@ fn gqa_rope_typed(
     let Some(all) = c.get("rope_parameters") else {
         return Err(c.err("rope_parameters", "required field is missing"));
     };
-    let Some(p) = all.get(layer_type) else {
-        return Err(c.err(
-            &format!("rope_parameters.{layer_type}"),
-            "required field is missing",
-        ));
-    };
-    let pc = Cfg {
-        v: p,
-        file: c.file,
-        prefix: format!("{}rope_parameters.{layer_type}.", c.prefix),
-    };
-    pc.expect_str("rope_type", "default", &["default"])?;
     let gqa = gqa_config(c, base, true)?;
-    let (rope, _) = read_rope(&pc, gqa.head_dim, false, base.max_positions, Some(PARTIAL))?;
+    let rope = typed_rope(
+        c,
+        all,
+        layer_type,
+        gqa.head_dim,
+        base.max_positions,
+        PARTIAL,
+    )?;
     Ok((gqa, rope))
 }

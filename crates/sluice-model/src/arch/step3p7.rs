@@ -25,7 +25,7 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, check_groups, gqa_heads, top_k};
+use super::common::{Base, check_groups, gqa_heads, top_k, typed_rope};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluLimits, GqaConfig, LayerPlan, MlpKind,
@@ -408,20 +408,7 @@ fn rope_of(
 ) -> Result<RopeConfig, ModelError> {
     let rp = c.get("rope_parameters").filter(|v| !v.is_null());
     if let Some(all) = rp {
-        let Some(p) = all.get(layer_type) else {
-            return Err(c.err(
-                &format!("rope_parameters.{layer_type}"),
-                "required field is missing",
-            ));
-        };
-        let pc = Cfg {
-            v: p,
-            file: c.file,
-            prefix: format!("{}rope_parameters.{layer_type}.", c.prefix),
-        };
-        pc.expect_str("rope_type", "default", &["default"])?;
-        let (rope, _) = read_rope(&pc, head_dim, false, base.max_positions, Some(1.0))?;
-        return Ok(rope);
+        return typed_rope(c, all, layer_type, head_dim, base.max_positions, 1.0);
     }
     let want_sliding = layer_type == "sliding_attention";
     let first = sliding.iter().position(|&s| s == want_sliding).unwrap_or(0);

@@ -338,25 +338,47 @@ pub(super) fn layer_kinds(
 ) -> Result<Vec<bool>, ModelError> {
     match c.get(field) {
         None => Ok((0..layers).map(default).collect()),
-        Some(Value::Array(a)) if a.len() == layers => a
-            .iter()
-            .map(|x| match x.as_str() {
-                Some(k) if k == kinds[0] => Ok(true),
-                Some(k) if k == kinds[1] => Ok(false),
-                _ => Err(c.err(
-                    field,
-                    format!(
-                        "`{x}` is not supported (supported: {}, {})",
-                        kinds[0], kinds[1]
-                    ),
-                )),
-            })
-            .collect(),
+        Some(Value::Array(a)) if a.len() == layers => kinds_of(c, field, a, kinds),
         Some(Value::Array(a)) => {
             Err(c.err(field, format!("{} entries for {layers} layers", a.len())))
         }
         Some(v) => Err(c.err(field, format!("expected a list, got {v}"))),
     }
+}
+
+/// The names of `list` (the per-layer field `field`), each one of `kinds`, as flags: true
+/// where an entry is `kinds[0]`.
+pub(super) fn kinds_of(
+    c: &Cfg<'_>,
+    field: &str,
+    list: &[Value],
+    kinds: [&str; 2],
+) -> Result<Vec<bool>, ModelError> {
+    list.iter()
+        .map(|x| match x.as_str() {
+            Some(k) if k == kinds[0] => Ok(true),
+            Some(k) if k == kinds[1] => Ok(false),
+            _ => Err(c.err(
+                field,
+                format!(
+                    "`{x}` is not supported (supported: {}, {})",
+                    kinds[0], kinds[1]
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// The softmax scale of multi-head latent attention over query/key heads of `qk_dim`:
+/// `qk_dim^−½`, times `mscale²` under YaRN with `mscale_all_dim` (`yarn`, as
+/// [`read_rope`] returns it; DeepSeek-V3, LongCat-Flash).
+pub(super) fn mla_softmax_scale(qk_dim: usize, yarn: Option<(f64, f64)>) -> f32 {
+    let mut s = inv_sqrt(qk_dim);
+    if let Some((factor, all)) = yarn {
+        let m = crate::config::yarn_get_mscale(factor, all);
+        s = s * m * m;
+    }
+    s as f32
 }
 
 /// `layer_types`: true for `sliding_attention`, false for `full_attention`; when absent,

@@ -3,11 +3,11 @@
 //! first `first_k_dense_replace` layers dense.
 
 use super::Family;
-use super::common::{Base, check_groups, inv_sqrt, top_k};
+use super::common::{Base, check_groups, mla_softmax_scale, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    RouterKind, SharedExpert, TensorNames, read_rope, shared_width, yarn_get_mscale,
+    RouterKind, SharedExpert, TensorNames, read_rope, shared_width,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -48,11 +48,7 @@ pub(super) fn read_as(
     let interleaved = c.bool_or("rope_interleave", true)?;
     let bias = c.bool_or("attention_bias", false)?;
     let (rope, yarn_mscale_all) = read_rope(c, rope_dim, interleaved, base.max_positions, None)?;
-    let mut softmax_scale = inv_sqrt(nope + rope_dim);
-    if let Some((factor, all)) = yarn_mscale_all {
-        let m = yarn_get_mscale(factor, all);
-        softmax_scale = softmax_scale * m * m;
-    }
+    let softmax_scale = mla_softmax_scale(nope + rope_dim, yarn_mscale_all);
     let attention = AttentionConfig::Mla(MlaConfig {
         heads,
         q_lora_rank,
@@ -63,7 +59,7 @@ pub(super) fn read_as(
         bias,
         rope: true,
         output_gate: false,
-        softmax_scale: softmax_scale as f32,
+        softmax_scale,
         lora_scales: None,
     });
 

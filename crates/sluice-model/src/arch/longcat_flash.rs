@@ -19,11 +19,11 @@
 //! `experts.{n_routed..}`. They are not read, and a checkpoint without them reads the same.
 
 use super::Family;
-use super::common::{Base, inv_sqrt};
+use super::common::{Base, mla_softmax_scale};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    RouterKind, SharedExpert, TensorNames, read_rope, yarn_get_mscale,
+    RouterKind, SharedExpert, TensorNames, read_rope,
 };
 use crate::quant::{self, Quantization};
 
@@ -117,11 +117,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         c.expect_str("zero_expert_type", "identity", &["identity"])?;
     }
     let (rope, yarn_mscale_all) = read_rope(c, rope_dim, true, base.max_positions, None)?;
-    let mut softmax_scale = inv_sqrt(nope + rope_dim);
-    if let Some((factor, all)) = yarn_mscale_all {
-        let m = yarn_get_mscale(factor, all);
-        softmax_scale = softmax_scale * m * m;
-    }
+    let softmax_scale = mla_softmax_scale(nope + rope_dim, yarn_mscale_all);
     let attention = AttentionConfig::Mla(MlaConfig {
         heads,
         q_lora_rank: Some(q_lora_rank),
@@ -132,7 +128,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         bias: false,
         rope: true,
         output_gate: false,
-        softmax_scale: softmax_scale as f32,
+        softmax_scale,
         lora_scales: Some((
             (hidden as f64 / q_lora_rank as f64).sqrt() as f32,
             (hidden as f64 / kv_lora_rank as f64).sqrt() as f32,

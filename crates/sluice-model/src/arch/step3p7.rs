@@ -25,7 +25,7 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, check_groups, gqa_heads, top_k, typed_rope};
+use super::common::{Base, check_groups, gqa_heads, kinds_of, top_k, typed_rope};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluLimits, GqaConfig, LayerPlan, MlpKind,
@@ -290,20 +290,7 @@ fn kinds(
     let Some(list) = per_layer(c, field, n, mtp)? else {
         return Ok(None);
     };
-    list.iter()
-        .map(|x| match x.as_str() {
-            Some(k) if k == kinds[0] => Ok(true),
-            Some(k) if k == kinds[1] => Ok(false),
-            _ => Err(c.err(
-                field,
-                format!(
-                    "`{x}` is not supported (supported: {}, {})",
-                    kinds[0], kinds[1]
-                ),
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
+    kinds_of(c, field, list, kinds).map(Some)
 }
 
 /// The MoE layers by the legacy `moe_layers_enum` (indices, as a list or a comma-separated

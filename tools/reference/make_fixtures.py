@@ -55,6 +55,7 @@ from transformers import (  # noqa: E402
     MiMoV2FlashConfig,
     MiniMaxM2Config,
     MistralConfig,
+    MistralLarge4Config,
     MixtralConfig,
     OlmoeConfig,
     Qwen2Config,
@@ -554,6 +555,59 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # Mistral Large 4 as released (the multimodal checkpoint; transformers writes Mistral's own
+    # tensor names): no query LoRA; layers 2 and 3 NoPE; layer 1 reads layer 0's latent cache and
+    # layer 3 layer 2's (kv_source_layers); the indexer (queries from a LayerNorm of the input,
+    # 8 of 16 dimensions rotated) shared by layers 1 and 4; per-head log-position query factors
+    # on attention and indexer; learned rotary frequency factors over YaRN; softmax routing of
+    # 8 experts in 2 groups, the top group's best 2; logits soft-capped at 8; rms_norm_eps 1e-5 (which the latent
+    # norm uses too).
+    dict(
+        name="mistral_large4",
+        base_seed=22000,
+        router="mistral",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "70KB")},
+        config=lambda: MistralLarge4Config(
+            text_config=dict(
+                **{**COMMON, "num_hidden_layers": 5, "rms_norm_eps": 1e-5},
+                intermediate_size=128,
+                moe_intermediate_size=32,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                kv_lora_rank=32,
+                qk_nope_head_dim=16,
+                qk_rope_head_dim=8,
+                v_head_dim=16,
+                first_k_dense_replace=1,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=2,
+                topk_group=1,
+                routed_scaling_factor=2.5,
+                index_topk=8,
+                index_head_dim=16,
+                index_n_heads=16,
+                indexer_types=["full", "shared", "full", "full", "shared"],
+                no_rope_layers=[1, 1, 0, 0, 1],
+                kv_source_layers=[0, 0, 2, 2, 4],
+                final_logit_softcapping=8.0,
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "attention_factor": 1.0,
+                },
+            ),
+            vision_config=dict(
+                hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                head_dim=16, image_size=56, patch_size=14,
+            ),
+        ),
+    ),
     # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
     # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
     # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
@@ -707,11 +761,18 @@ def init_weights(
             elif name.endswith("norm.weight") or re.search(r"norm\.\d+\.weight$", name):
                 # every RMSNorm incl. q/k norms, MLA latent norms and LongCat's per-sublayer norms
                 v = 1.0 + NORM_JITTER * z
+            elif name.endswith("rotary_emb.alpha"):  # Mistral Large 4's learned frequency factors
+                v = 0.3 * z
+            elif name.endswith("softmax_scaling.scale"):  # query factor scale·ln(pos + 1) + bias
+                v = 0.15 * z
+            elif name.endswith("softmax_scaling.bias"):
+                v = 1.0 + 0.1 * z
             elif name.endswith("A_log") or name.endswith("dt_bias"):  # Gated DeltaNet's decay
                 v = 0.5 * z
             elif name.endswith(".sinks"):  # per-head attention sink logits
                 v = z
-            elif "vision_model" in name or "multi_modal_projector" in name:  # not read by sluice
+            elif "vision_model" in name or "vision_tower" in name or "multi_modal_projector" in name:
+                # not read by sluice
                 v = 0.02 * z
             elif name in ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"):
                 v = EMBED_STD * z
@@ -753,12 +814,13 @@ def chmod_tree(d: Path) -> None:
 
 
 LAYER_PREFIX = "model.layers."
+# Mistral's own names, which transformers writes for Mistral Large 4: `layers.{l}.…` at the root.
+LAYER_RE = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
 
 
 def layer_of(name: str) -> int | None:
-    if not name.startswith(LAYER_PREFIX):
-        return None
-    return int(name[len(LAYER_PREFIX) :].split(".", 1)[0])
+    m = LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
 
 
 def write_by_layer(src_dir: Path, dst: Path) -> None:
@@ -964,6 +1026,22 @@ class IndexerTap:
         torch.Tensor.topk = self.orig
 
 
+def group_select(choice, g: int, tg: int, k: int):
+    """DeepSeek's group-limited top-k of `choice` [T, E]: groups ranked by the sum of their two
+    best, the best `tg` groups kept, the top `k` of their experts; (ids, expert gap, group gap)."""
+    t, e = choice.shape
+    gs = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(-1)
+    gs_sorted = gs.sort(dim=-1, descending=True).values
+    ggap = gs_sorted[:, tg - 1] - gs_sorted[:, tg] if tg < g else None
+    gidx = gs.topk(tg, dim=-1).indices
+    gmask = torch.zeros_like(gs).scatter_(1, gidx, 1.0).bool()
+    emask = gmask.unsqueeze(-1).expand(t, g, e // g).reshape(t, e)
+    masked = choice.masked_fill(~emask, float("-inf"))
+    ms = masked.sort(dim=-1, descending=True).values
+    egap = ms[:, k - 1] - ms[:, k]
+    return masked.topk(k, dim=-1).indices, egap, ggap
+
+
 def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
     """Independent re-derivation of each router from the modeling code; returns
     (ids [T,k] unsorted, weights [T,k], expert_gap [T], group_gap [T] or None, ids_without_bias)."""
@@ -1018,26 +1096,20 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         ids_nobias = probs.topk(k, dim=-1).indices
         w = probs.gather(1, ids) * cfg.routed_scaling_factor
         return ids, w, egap, None, ids_nobias
+    if kind == "mistral":
+        # softmax probabilities, DeepSeek's group-limited top-k without a bias, always
+        # renormalised, then scaled
+        p = torch.softmax(logits, dim=-1)
+        ids, egap, ggap = group_select(p, cfg.n_group, cfg.topk_group, k)
+        w = p.gather(1, ids)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
+        return ids, w, egap, ggap, ids
     if kind == "deepseek":
         s = torch.sigmoid(logits)
         bias = module.e_score_correction_bias.float()
 
-        def select(choice):
-            t, e = choice.shape
-            g, tg = cfg.n_group, cfg.topk_group
-            gs = choice.view(t, g, e // g).topk(2, dim=-1).values.sum(-1)
-            gs_sorted = gs.sort(dim=-1, descending=True).values
-            ggap = gs_sorted[:, tg - 1] - gs_sorted[:, tg] if tg < g else None
-            gidx = gs.topk(tg, dim=-1).indices
-            gmask = torch.zeros_like(gs).scatter_(1, gidx, 1.0).bool()
-            emask = gmask.unsqueeze(-1).expand(t, g, e // g).reshape(t, e)
-            masked = choice.masked_fill(~emask, float("-inf"))
-            ms = masked.sort(dim=-1, descending=True).values
-            egap = ms[:, k - 1] - ms[:, k]
-            return masked.topk(k, dim=-1).indices, egap, ggap
-
-        ids, egap, ggap = select(s + bias)
-        ids_nobias, _, _ = select(s)
+        ids, egap, ggap = group_select(s + bias, cfg.n_group, cfg.topk_group, k)
+        ids_nobias, _, _ = group_select(s, cfg.n_group, cfg.topk_group, k)
         w = s.gather(1, ids)
         if cfg.norm_topk_prob:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -1086,7 +1158,7 @@ def check_routes(kind, tap, cfg, calls, seq_len):
 
 # Families transformers runs only as their multimodal model (no causal-LM class of the text
 # model): the fixture is that checkpoint, and the reference its text-only forward.
-MULTIMODAL_ONLY = {"step3p7"}
+MULTIMODAL_ONLY = {"step3p7", "mistral_large4"}
 
 
 def auto_class(model_type: str):
@@ -1226,7 +1298,7 @@ def build_arch(arch, seed: int, prompts, work: Path):
     init_weights(model, seed, arch["router"], arch.get("zero_centred_norms", False), arch.get("xw_experts", False))
     model.eval()
     expected = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    expected = {k: v for k, v in expected.items() if "rotary_emb" not in k}
+    expected = {k: v for k, v in expected.items() if "rotary_emb" not in k or k.endswith(".alpha")}
 
     hf_fp32 = work / "hf_fp32"
     model.save_pretrained(hf_fp32, max_shard_size="1GB")

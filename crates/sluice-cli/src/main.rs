@@ -162,8 +162,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         println!("  attention residuals over blocks of {bs} layers");
     }
     println!(
-        "  KV cache          {} per position",
-        b(i.kv_bytes_per_position)
+        "  KV cache          {} per position{}",
+        b(i.kv_bytes_per_position),
+        match i.shared_kv_layers {
+            0 => String::new(),
+            n => format!(" ({n} layers attend to an earlier layer's cache and keep none)"),
+        }
     );
     if i.recurrent_bytes > 0 {
         println!(

@@ -79,6 +79,8 @@ pub struct Checkpoint {
     tensors: Vec<TensorInfo>,
     by_name: HashMap<String, usize>,
     packed: Option<Manifest>,
+    /// [`Checkpoint::rename`] renamed its tensors.
+    renamed: bool,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
@@ -307,6 +309,7 @@ impl Checkpoint {
             shards,
             tensors,
             by_name,
+            renamed: false,
             packed: None,
         })
     }
@@ -336,6 +339,35 @@ impl Checkpoint {
         &self.tensors
     }
 
+    /// Gives tensors the names a model asks for them by: each tensor whose stored name `rename`
+    /// maps is found under the new name instead (its [`TensorInfo::name`], which errors and
+    /// packs use, stays the stored one). Mistral's own checkpoints name their tensors as
+    /// Mistral's code does, and transformers renames them as it loads them; so does a family
+    /// here. Two tensors renamed to one name are refused, naming both.
+    pub fn rename(&mut self, rename: impl Fn(&str) -> Option<String>) -> Result<(), FormatError> {
+        let mut by_name = HashMap::with_capacity(self.tensors.len());
+        for (i, t) in self.tensors.iter().enumerate() {
+            let name = rename(&t.name).unwrap_or_else(|| t.name.clone());
+            if let Some(prev) = by_name.insert(name.clone(), i) {
+                return Err(FormatError::SameName {
+                    dir: self.dir.clone(),
+                    name,
+                    first: self.tensors[prev].name.clone(),
+                    second: t.name.clone(),
+                });
+            }
+        }
+        self.by_name = by_name;
+        self.renamed = true;
+        Ok(())
+    }
+
+    /// The names tensors are found by ([`Checkpoint::get`]), in no particular order: their
+    /// stored names unless [`Checkpoint::rename`] gave them others.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.by_name.keys().map(String::as_str)
+    }
+
     /// The tensor of that name, if any.
     pub fn get(&self, name: &str) -> Option<&TensorInfo> {
         self.by_name.get(name).map(|&i| &self.tensors[i])
@@ -346,6 +378,11 @@ impl Checkpoint {
         self.get(name).ok_or_else(|| FormatError::TensorNotFound {
             dir: self.dir.clone(),
             tensor: name.to_owned(),
+            note: if self.renamed {
+                " (its tensors are read under the names transformers gives them on load)"
+            } else {
+                ""
+            },
         })
     }
 
@@ -498,6 +535,27 @@ mod tests {
         ));
         assert_eq!(ck.config()["model_type"], "x");
         assert!(ck.generation_config().is_none());
+    }
+
+    #[test]
+    fn renamed_tensors_are_found_by_their_new_names_only() {
+        let d = sharded_dir();
+        let mut ck = Checkpoint::open(d.path()).unwrap();
+        ck.rename(|n| (n != "b").then(|| format!("m.{n}"))).unwrap();
+        let c = ck.tensor("m.c").unwrap();
+        assert_eq!(c.name, "c", "the stored name stays");
+        assert_eq!(ck.read(c).unwrap(), vec![7u8; 4]);
+        assert!(ck.get("c").is_none() && ck.get("b").is_some());
+        let mut names: Vec<&str> = ck.names().collect();
+        names.sort_unstable();
+        assert_eq!(names, ["b", "m.a", "m.c"]);
+        // Two tensors under one name are refused, naming both.
+        let e = ck.rename(|_| Some("x".into())).unwrap_err().to_string();
+        assert!(e.contains("are both read as `x`"), "{e}");
+        assert!(
+            ck.get("m.a").is_some(),
+            "a refused renaming changes nothing"
+        );
     }
 
     #[test]

@@ -208,6 +208,18 @@ pub enum FormatError {
         /// The other file.
         second: PathBuf,
     },
+    /// Two stored tensors would be found under one name (see [`crate::Checkpoint::rename`]).
+    #[error("{}: tensors `{first}` and `{second}` are both read as `{name}`", dir.display())]
+    SameName {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The name both map to.
+        name: String,
+        /// One stored name.
+        first: String,
+        /// The other.
+        second: String,
+    },
     /// A JSON configuration file is malformed.
     #[error("{}: {msg}", path.display())]
     ConfigJson {
@@ -283,11 +295,13 @@ pub enum FormatError {
         msg: String,
     },
     /// No tensor of that name exists in the checkpoint.
-    #[error("{}: no tensor `{tensor}` in the checkpoint", dir.display())]
+    #[error("{}: no tensor `{tensor}` in the checkpoint{note}", dir.display())]
     TensorNotFound {
         /// The checkpoint directory.
         dir: PathBuf,
         /// The tensor asked for.
         tensor: String,
+        /// Empty, or how the names were read (a renamed checkpoint's).
+        note: &'static str,
     },
 }

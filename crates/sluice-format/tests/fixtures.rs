@@ -22,11 +22,12 @@ fn every_fixture_opens_and_reads() {
         let ck = Checkpoint::open(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         assert!(ck.config().get("model_type").is_some());
         // Qwen3.5's multimodal checkpoint keeps its text model under `model.language_model.`,
-        // Llama 4's under `language_model.model.`.
+        // Llama 4's under `language_model.model.`; Mistral Large 4 uses Mistral's own names.
         let embed = ck
             .get("model.embed_tokens.weight")
             .or_else(|| ck.get("model.language_model.embed_tokens.weight"))
             .or_else(|| ck.get("language_model.model.embed_tokens.weight"))
+            .or_else(|| ck.get("tok_embeddings.weight"))
             .unwrap_or_else(|| panic!("{}: no embeddings", dir.display()));
         assert_eq!(embed.shape.len(), 2);
         let bytes = ck.read(embed).unwrap();

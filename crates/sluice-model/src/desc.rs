@@ -31,9 +31,12 @@ impl Description {
     /// against its role. Of the weights it reads only the few small tensors whose values are
     /// checked (INT4 `weight_shape`, Kimi K3's zero-padded `A_log`).
     pub fn open(dir: impl AsRef<Path>) -> Result<Description, ModelError> {
-        let checkpoint = Checkpoint::open(dir.as_ref())?;
+        let mut checkpoint = Checkpoint::open(dir.as_ref())?;
         let config =
             ModelConfig::from_json(checkpoint.config(), &checkpoint.dir().join("config.json"))?;
+        if let Some(r) = config.names.rename {
+            checkpoint.rename(r.canonical)?;
+        }
         let layout = WeightLayout::new(&checkpoint, &config)?;
         Ok(Description {
             checkpoint,

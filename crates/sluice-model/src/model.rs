@@ -267,7 +267,11 @@ impl Model {
             opts.verify.clone(),
         )?;
         let exec = Exec::new(opts.kernels, opts.threads)?;
-        let rope = Rope::new(&cfg.rope);
+        let mut rope = Rope::new(&cfg.rope);
+        if let Some(alpha) = &layout.head_spec.rope_alpha {
+            let head = trunk.part(cfg.layers)?;
+            rope.learn(&alpha.to_f32(&head));
+        }
         let local_rope = cfg.local_rope.as_ref().map(Rope::new);
         // Prefetch is pointless when every expert fits (even beside full-context KV caches,
         // which also keeps the gathered path, and passes run in the pool, from ever waiting

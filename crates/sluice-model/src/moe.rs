@@ -323,24 +323,7 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
                 Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
                 None => scores.clone(),
             };
-            let gs = scores.len() / n_group;
-            let group_scores: Vec<f32> = choice
-                .chunks_exact(gs)
-                .map(|g| {
-                    let t = scalar::top_k(g, 2);
-                    t[0].1 + t[1].1
-                })
-                .collect();
-            let mut keep = vec![false; *n_group];
-            for (g, _) in scalar::top_k(&group_scores, *topk_group) {
-                keep[g] = true;
-            }
-            let masked: Vec<f32> = choice
-                .iter()
-                .enumerate()
-                .map(|(e, &c)| if keep[e / gs] { c } else { f32::NEG_INFINITY })
-                .collect();
-            let top = scalar::top_k(&masked, k);
+            let top = group_top_k(&choice, *n_group, *topk_group, k);
             let mut w: Vec<f32> = top.iter().map(|p| scores[p.0]).collect();
             if *norm_topk_prob {
                 let s: f32 = w.iter().sum::<f32>() + 1e-20;
@@ -352,6 +335,18 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
                 *x *= routed_scaling_factor;
             }
             top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
+        }
+        RouterKind::SoftmaxGroup {
+            n_group,
+            topk_group,
+            routed_scaling_factor,
+        } => {
+            scalar::softmax(logits);
+            let top = group_top_k(logits, *n_group, *topk_group, k);
+            let s: f32 = top.iter().map(|p| logits[p.0]).sum::<f32>() + 1e-20;
+            top.iter()
+                .map(|p| (p.0 as u32, logits[p.0] / s * routed_scaling_factor))
+                .collect()
         }
         RouterKind::TopKSigmoid => {
             let top = scalar::top_k(logits, k);
@@ -396,6 +391,29 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
     };
     sel.sort_by_key(|p| p.0);
     sel
+}
+
+/// DeepSeek's group-limited top-k of `choice`: the experts in `n_group` equal groups, each group
+/// scored by the sum of its two best, the top `k` of the `topk_group` best groups' experts.
+fn group_top_k(choice: &[f32], n_group: usize, topk_group: usize, k: usize) -> Vec<(usize, f32)> {
+    let gs = choice.len() / n_group;
+    let group_scores: Vec<f32> = choice
+        .chunks_exact(gs)
+        .map(|g| {
+            let t = scalar::top_k(g, 2);
+            t[0].1 + t[1].1
+        })
+        .collect();
+    let mut keep = vec![false; n_group];
+    for (g, _) in scalar::top_k(&group_scores, topk_group) {
+        keep[g] = true;
+    }
+    let masked: Vec<f32> = choice
+        .iter()
+        .enumerate()
+        .map(|(e, &c)| if keep[e / gs] { c } else { f32::NEG_INFINITY })
+        .collect();
+    scalar::top_k(&masked, k)
 }
 
 /// The mixture of experts for `t` tokens: route every token, then run each selected expert once

@@ -277,11 +277,21 @@ impl Model {
         let h = cfg.hidden;
         let starts = &pass.starts;
         let mut out = Vec::with_capacity(x.len());
+        let source = cfg.layer_plan[l].attention.kv_source();
         for (si, (state, toks)) in segs.iter_mut().enumerate() {
+            // A layer reading an earlier one's cache: that layer has run over every row.
+            let (before, this) = state.layers.split_at_mut(l);
+            let latent = match source {
+                Some(s) => Some(before.get(s).and_then(|c| c.latent()).ok_or_else(|| {
+                    ModelError::Internal(format!("layer {l} shares a cache layer {s} lacks"))
+                })?),
+                None => None,
+            };
             for (ci, c0) in (0..toks.len()).step_by(pass.chunk).enumerate() {
                 let c1 = (c0 + pass.chunk).min(toks.len());
                 let cx = crate::attention::Ctx {
                     sparse: &pass.sparse[si][ci],
+                    latent,
                     exec: self.exec(),
                     rope: self.rope(),
                     angles: &pass.angles[si][ci],
@@ -299,7 +309,7 @@ impl Model {
                     &cx,
                     &spec.attn,
                     blob,
-                    &mut state.layers[l],
+                    &mut this[0],
                     pass.pos0s[si] + c0,
                     &x[rows.start * h..rows.end * h],
                 )?;
@@ -420,6 +430,11 @@ impl Model {
         let mut logits = vec![0f32; n_rows * cfg.vocab];
         self.exec()
             .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
+        if let Some(c) = cfg.logit_softcap {
+            for z in &mut logits {
+                *z = (*z / c).tanh() * c;
+            }
+        }
         Ok(logits)
     }
 }

@@ -98,6 +98,14 @@ impl Rope {
         }
     }
 
+    /// Multiplies each inverse frequency by `exp(α)` (the learned factors of Mistral Large 4's
+    /// LeRoPE, in f32 as transformers computes them).
+    pub fn learn(&mut self, alpha: &[f32]) {
+        for (f, &a) in self.inv_freq.iter_mut().zip(alpha) {
+            *f *= a.exp();
+        }
+    }
+
     /// Number of rotated pairs.
     pub fn pairs(&self) -> usize {
         self.inv_freq.len()

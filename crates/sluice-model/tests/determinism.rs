@@ -63,6 +63,13 @@ fn deepseek_v32_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/deepseek_v32-fp32");
 }
 
+/// Mistral Large 4 (layers attending to an earlier layer's latent cache, NoPE layers, the
+/// indexer's queries from the input, soft-capped logits): the same matrix.
+#[test]
+fn mistral_large4_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/mistral_large4-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

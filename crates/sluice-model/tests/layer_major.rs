@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 13] = [
+const FIXTURES: [&str; 14] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -39,6 +39,8 @@ const FIXTURES: [&str; 13] = [
     "models/deepseek_v32-bf16",
     // Layers sharing the top-k of the full sparse layer before them.
     "models/glm_moe_dsa-fp32",
+    // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
+    "models/mistral_large4-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

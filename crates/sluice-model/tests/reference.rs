@@ -214,6 +214,8 @@ arch_tests! {
     deepseek_v32_bf16 => "deepseek_v32-bf16",
     glm_moe_dsa_fp32 => "glm_moe_dsa-fp32",
     glm_moe_dsa_bf16 => "glm_moe_dsa-bf16",
+    mistral_large4_fp32 => "mistral_large4-fp32",
+    mistral_large4_bf16 => "mistral_large4-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

@@ -114,6 +114,7 @@ impl Base {
             zero_centred_norms: false,
             glu_limits: Vec::new(),
             mtp: None,
+            logit_softcap: None,
         };
         check_widths(c, &cfg)?;
         Ok(cfg)

@@ -26,7 +26,16 @@ pub(super) fn read_as(
     model_type: &str,
     family: &'static str,
 ) -> Result<ModelConfig, ModelError> {
-    let base = Base::read(c, false)?;
+    read_with(c, Base::read(c, false)?, model_type, family)
+}
+
+/// [`read_as`] with the top-level fields `base` already read (a multimodal checkpoint's).
+pub(super) fn read_with(
+    c: &Cfg<'_>,
+    base: Base,
+    model_type: &str,
+    family: &'static str,
+) -> Result<ModelConfig, ModelError> {
     let heads = base.heads;
     let q_lora_rank = c.opt_usize("q_lora_rank")?;
     let kv_lora_rank = c.pos_usize("kv_lora_rank")?;
@@ -61,6 +70,9 @@ pub(super) fn read_as(
         output_gate: false,
         softmax_scale,
         lora_scales: None,
+        norm_eps: crate::attention::mla::MLA_NORM_EPS,
+        log_scaling: false,
+        kv_source: None,
     });
 
     let experts = c.pos_usize("n_routed_experts")?;

@@ -6,7 +6,7 @@
 
 use super::Family;
 use crate::ModelError;
-use crate::attention::DsaConfig;
+use crate::attention::{DsaConfig, IndexerQuery};
 use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig};
 
 pub(super) const FAMILY: Family = Family {
@@ -18,18 +18,20 @@ pub(super) const FAMILY: Family = Family {
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let mut cfg = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
     let shared = vec![false; cfg.layers];
-    make_sparse(c, &mut cfg, false, &shared)?;
+    make_sparse(c, &mut cfg, false, &shared, IndexerQuery::Latent)?;
     Ok(cfg)
 }
 
 /// Makes every MLA layer of `cfg` (read by DeepSeek-V3's reader) sparse: the indexer's
 /// `index_*` fields, its rotation `interleaved` or not, the layers `shared[l]` reusing the last
-/// full layer's top-k; the dense and MoE layers by `mlp_layer_types` when given.
+/// full layer's top-k, its queries from `query`; the dense and MoE layers by `mlp_layer_types`
+/// when given.
 pub(super) fn make_sparse(
     c: &Cfg<'_>,
     cfg: &mut ModelConfig,
     interleaved: bool,
     shared: &[bool],
+    query: IndexerQuery,
 ) -> Result<(), ModelError> {
     let heads = c.pos_usize("index_n_heads")?;
     let head_dim = c.pos_usize("index_head_dim")?;
@@ -57,7 +59,7 @@ pub(super) fn make_sparse(
         let AttentionConfig::Mla(mla) = &plan.attention else {
             return Err(ModelError::Internal("DeepSeek-V3 layers are MLA".into()));
         };
-        if mla.q_lora_rank.is_none() {
+        if query == IndexerQuery::Latent && mla.q_lora_rank.is_none() {
             return Err(c.err(
                 "q_lora_rank",
                 "required: the indexer reads the query latent",
@@ -79,6 +81,7 @@ pub(super) fn make_sparse(
             topk,
             interleaved,
             shared: shared[l],
+            query,
         });
         plan.mlp = if sparse[l] {
             MlpKind::Moe

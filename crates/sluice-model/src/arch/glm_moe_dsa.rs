@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::Family;
 use crate::ModelError;
+use crate::attention::IndexerQuery;
 use crate::config::{Cfg, ModelConfig};
 
 pub(super) const FAMILY: Family = Family {
@@ -27,12 +28,12 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             "layer 0 is `shared`, but no layer before it has an indexer",
         ));
     }
-    super::deepseek_v32::make_sparse(c, &mut cfg, true, &shared)?;
+    super::deepseek_v32::make_sparse(c, &mut cfg, true, &shared, IndexerQuery::Latent)?;
     Ok(cfg)
 }
 
 /// Per layer, whether it shares the last full layer's top-k.
-fn indexer_types(c: &Cfg<'_>, n: usize) -> Result<Vec<bool>, ModelError> {
+pub(super) fn indexer_types(c: &Cfg<'_>, n: usize) -> Result<Vec<bool>, ModelError> {
     let kind = |field: &str, s: &str| match s {
         "full" | "F" => Ok(false),
         "shared" | "S" => Ok(true),

@@ -295,6 +295,9 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         output_gate: t.bool_or("mla_use_output_gate", false)?,
         softmax_scale,
         lora_scales: None,
+        norm_eps: crate::attention::mla::MLA_NORM_EPS,
+        log_scaling: false,
+        kv_source: None,
     });
     // No rotary table: nothing is rotated.
     let rope = RopeConfig {
@@ -302,6 +305,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         dim: 0,
         interleaved: false,
         scaling: RopeScaling::None,
+        learned: false,
     };
 
     // Kimi Delta Attention and the layer plan.
@@ -507,6 +511,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
                 up: "w3",
                 down: "w2",
             },
+            rename: None,
         },
         residual,
         mlp_act,
@@ -514,6 +519,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         zero_centred_norms: false,
         glu_limits: Vec::new(),
         mtp: None,
+        logit_softcap: None,
     };
     check_widths(&t, &cfg)?;
     Ok(cfg)

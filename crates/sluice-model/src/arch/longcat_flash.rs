@@ -133,6 +133,9 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             (hidden as f64 / q_lora_rank as f64).sqrt() as f32,
             (hidden as f64 / kv_lora_rank as f64).sqrt() as f32,
         )),
+        norm_eps: crate::attention::mla::MLA_NORM_EPS,
+        log_scaling: false,
+        kv_source: None,
     });
 
     let experts = c.pos_usize("n_routed_experts")?;

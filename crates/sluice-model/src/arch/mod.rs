@@ -23,6 +23,7 @@ mod llama4;
 mod longcat_flash;
 mod mimo_v2_flash;
 mod minimax_m2;
+mod mistral_large4;
 mod mixtral;
 mod olmoe;
 mod qwen;
@@ -64,6 +65,7 @@ pub static FAMILIES: &[Family] = &[
     step3p7::FAMILY,
     deepseek_v32::FAMILY,
     glm_moe_dsa::FAMILY,
+    mistral_large4::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

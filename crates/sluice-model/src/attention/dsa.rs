@@ -2,8 +2,10 @@
 //! whose queries each attend only to the `topk` past positions a lightning indexer ranks
 //! highest. Below `topk` visible positions the attention is dense.
 //!
-//! The indexer has its own projections: `wq_b` from MLA's normalised query latent, and `wk`
-//! with a LayerNorm `k_norm` from the layer's input. The first `qk_rope_head_dim` dimensions
+//! The indexer has its own projections: `wq_b` from MLA's normalised query latent (Mistral
+//! Large 4, whose queries have no latent: from a LayerNorm `q_input_norm` of the layer's input,
+//! then scaled per head by `softmax_scaling` as MLA's are, see [`MlaConfig::log_scaling`]), and
+//! `wk` with a LayerNorm `k_norm` from the layer's input. The first `qk_rope_head_dim` dimensions
 //! of its keys and queries are rotated by the model's table (DeepSeek-V3.2: pairs split in
 //! halves; GLM-5: interleaved). Its cache holds one key per position, beside MLA's latent
 //! cache. A query at position `p` scores every position `j ≤ p` as
@@ -21,9 +23,19 @@ use super::{Ctx, rmsnorm_rows};
 use crate::ModelError;
 use crate::weights::{MatSpec, PartBuilder, VecSpec};
 
-/// The eps of the indexer's `k_norm` (transformers builds it with 1e-6) and of MLA's query
-/// latent norm.
+/// The eps of the indexer's LayerNorms `k_norm` and `q_input_norm` (transformers builds them
+/// with 1e-6).
 const EPS: f32 = 1e-6;
+
+/// Where the indexer's queries come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexerQuery {
+    /// MLA's normalised query latent (DeepSeek-V3.2, GLM-5).
+    Latent,
+    /// A LayerNorm (`q_input_norm`, with bias) of the layer's input, its queries then scaled
+    /// per head and position by `softmax_scaling` (Mistral Large 4).
+    Input,
+}
 
 /// The shape of a sparse-attention layer.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,6 +54,8 @@ pub struct DsaConfig {
     /// No indexer of its own: the layer reuses the top-k of the last layer that has one
     /// (GLM-5's `indexer_types` `shared`).
     pub shared: bool,
+    /// What the indexer's `wq_b` reads.
+    pub query: IndexerQuery,
 }
 
 /// The weights of a sparse-attention layer.
@@ -64,6 +78,9 @@ pub struct IndexerWeights {
     pub k_norm: [VecSpec; 2],
     /// `indexer.weights_proj` `[heads, hidden]`.
     pub weights_proj: MatSpec,
+    /// `indexer.q_input_norm` weight and bias, and `indexer.softmax_scaling` scale and bias
+    /// ([`IndexerQuery::Input`]).
+    pub input: Option<[VecSpec; 4]>,
 }
 
 /// The latent cache and the indexer's keys, `[pos, head_dim]`.
@@ -134,7 +151,10 @@ impl DsaConfig {
             + self.heads * self.head_dim
             + self.head_dim
             + self.heads
-            + self.mla.q_lora_rank.unwrap_or(0)
+            + match self.query {
+                IndexerQuery::Latent => self.mla.q_lora_rank.unwrap_or(0),
+                IndexerQuery::Input => 0,
+            }
     }
 
     /// The product the arithmetic multiplies out, and the field that names it.
@@ -167,16 +187,29 @@ impl DsaConfig {
         h: usize,
     ) -> Result<DsaWeights, ModelError> {
         let mla = self.mla.load(p, a, h)?;
-        let Some(qr) = self.mla.q_lora_rank else {
-            return Err(ModelError::Internal(
-                "sparse attention needs the query latent".into(),
-            ));
+        let qr = match (self.query, self.mla.q_lora_rank) {
+            (IndexerQuery::Latent, Some(qr)) => qr,
+            (IndexerQuery::Latent, None) => {
+                return Err(ModelError::Internal(
+                    "sparse attention needs the query latent".into(),
+                ));
+            }
+            (IndexerQuery::Input, _) => h,
         };
         let (heads, d) = (self.heads, self.head_dim);
         let indexer = if self.shared {
             None
         } else {
             Some(IndexerWeights {
+                input: match self.query {
+                    IndexerQuery::Latent => None,
+                    IndexerQuery::Input => Some([
+                        p.vector(&a("indexer.q_input_norm.weight"), h)?,
+                        p.vector(&a("indexer.q_input_norm.bias"), h)?,
+                        p.vector(&a("indexer.softmax_scaling.scale"), heads)?,
+                        p.vector(&a("indexer.softmax_scaling.bias"), heads)?,
+                    ]),
+                },
                 wq_b: p.linear(&a("indexer.wq_b"), heads * d, qr)?,
                 wk: p.linear(&a("indexer.wk"), d, h)?,
                 k_norm: [
@@ -230,20 +263,37 @@ impl DsaConfig {
         let t = x.len() / h;
         let (heads, d) = (self.heads, self.head_dim);
         let rd = self.mla.qk_rope_head_dim;
-        let Some((qa, qa_norm)) = &mw.q_a else {
-            return Err(ModelError::Internal(
-                "sparse attention needs the query latent".into(),
-            ));
-        };
-        // The query latent, as MLA computes it.
-        let mut lat = vec![0f32; t * qa.rows];
-        exec.matmul(&qa.view(blob)?, x, &mut lat);
-        if let Some(Some(b)) = mw.bias.as_ref().map(|b| &b[0]) {
-            super::add_bias(&mut lat, &b.to_f32(blob));
-        }
-        rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), EPS);
         let mut q = vec![0f32; t * heads * d];
-        exec.matmul(&w.wq_b.view(blob)?, &lat, &mut q);
+        match (&w.input, &mw.q_a) {
+            (Some([nw, nb, ss, sb]), _) => {
+                // A LayerNorm of the input; the queries scaled per head and position.
+                let (nw, nb) = (nw.to_f32(blob), nb.to_f32(blob));
+                let mut xn = x.to_vec();
+                for row in xn.chunks_exact_mut(h) {
+                    layer_norm(row, &nw, &nb, EPS);
+                }
+                exec.matmul(&w.wq_b.view(blob)?, &xn, &mut q);
+                let (ss, sb) = (ss.to_f32(blob), sb.to_f32(blob));
+                for (i, qi) in q.chunks_exact_mut(heads * d).enumerate() {
+                    mla::log_scale(qi, &ss, &sb, pos0 + i);
+                }
+            }
+            (None, Some((qa, qa_norm))) => {
+                // The query latent, as MLA computes it.
+                let mut lat = vec![0f32; t * qa.rows];
+                exec.matmul(&qa.view(blob)?, x, &mut lat);
+                if let Some(Some(b)) = mw.bias.as_ref().map(|b| &b[0]) {
+                    super::add_bias(&mut lat, &b.to_f32(blob));
+                }
+                rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), self.mla.norm_eps);
+                exec.matmul(&w.wq_b.view(blob)?, &lat, &mut q);
+            }
+            (None, None) => {
+                return Err(ModelError::Internal(
+                    "sparse attention needs the query latent".into(),
+                ));
+            }
+        }
         let mut k = vec![0f32; t * d];
         exec.matmul(&w.wk.view(blob)?, x, &mut k);
         let (nw, nb) = (w.k_norm[0].to_f32(blob), w.k_norm[1].to_f32(blob));

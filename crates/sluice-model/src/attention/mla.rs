@@ -17,8 +17,9 @@ use crate::ModelError;
 use crate::weights::{MatSpec, PartBuilder, VecSpec};
 
 /// The eps of DeepSeek's `q_a_layernorm` / `kv_a_layernorm` (transformers constructs them without
-/// passing `rms_norm_eps`).
-const MLA_NORM_EPS: f32 = 1e-6;
+/// passing `rms_norm_eps`); the families whose latent norms take `rms_norm_eps` say so in
+/// [`MlaConfig::norm_eps`].
+pub const MLA_NORM_EPS: f32 = 1e-6;
 
 /// The shape of a multi-head latent attention layer (DeepSeek-V2/V3).
 #[derive(Clone, Debug, PartialEq)]
@@ -48,6 +49,15 @@ pub struct MlaConfig {
     /// Factors on the queries (after `q_b_proj`, before rotation) and on the normalised latent
     /// (before it is cached): LongCat-Flash's `mla_scale_q_lora` and `mla_scale_kv_lora`.
     pub lora_scales: Option<(f32, f32)>,
+    /// The eps of the latent norms (`q_a_layernorm`, `kv_a_layernorm`).
+    pub norm_eps: f32,
+    /// Each head's query is multiplied by `scale_h · ln(pos + 1) + bias_h` at position `pos`,
+    /// from the tensors `softmax_scaling.{scale,bias}` (Mistral Large 4).
+    pub log_scaling: bool,
+    /// The layer computes no latent of its own: it attends to the cache of this earlier layer
+    /// (Mistral Large 4's `kv_source_layers`), which has the same rotary part, and has no
+    /// `kv_a_proj_with_mqa` or `kv_a_layernorm`; its own cache holds nothing.
+    pub kv_source: Option<usize>,
 }
 
 /// The weights of a multi-head latent attention layer.
@@ -57,10 +67,8 @@ pub struct MlaWeights {
     pub q_a: Option<(MatSpec, VecSpec)>,
     /// `q_b_proj` (or `q_proj`).
     pub q_b: MatSpec,
-    /// `kv_a_proj_with_mqa`.
-    pub kv_a: MatSpec,
-    /// `kv_a_layernorm`.
-    pub kv_a_norm: VecSpec,
+    /// `kv_a_proj_with_mqa` and `kv_a_layernorm`, unless the layer reads another's latents.
+    pub kv_a: Option<(MatSpec, VecSpec)>,
     /// `kv_b_proj`.
     pub kv_b: MatSpec,
     /// `o_proj`.
@@ -69,6 +77,8 @@ pub struct MlaWeights {
     pub bias: Option<[Option<VecSpec>; 3]>,
     /// Output gate `g_proj` (Kimi K3).
     pub gate: Option<MatSpec>,
+    /// `softmax_scaling.scale` and `.bias` (`[heads]` each), with [`MlaConfig::log_scaling`].
+    pub log_scaling: Option<[VecSpec; 2]>,
 }
 
 /// MLA's cache: per position the compressed latent (`kv_lora_rank` values) followed by the
@@ -125,9 +135,30 @@ impl Cache {
     }
 }
 
+/// Multiplies each head's row of `q` (one position's queries, `[heads, d]`) by
+/// `scale_h · ln(pos + 1) + bias_h`, as transformers' `MistralLarge4TextSoftmaxScaling` does.
+pub(crate) fn log_scale(q: &mut [f32], scale: &[f32], bias: &[f32], pos: usize) {
+    let lp = ((pos + 1) as f32).ln();
+    let d = q.len() / scale.len();
+    for ((head, &s), &b) in q.chunks_exact_mut(d).zip(scale).zip(bias) {
+        let f = s * lp + b;
+        for v in head {
+            *v *= f;
+        }
+    }
+}
+
 impl MlaConfig {
-    /// Floats cached per position.
+    /// Floats cached per position (none when the layer reads another's cache).
     pub fn kv_floats(&self) -> usize {
+        if self.kv_source.is_some() {
+            return 0;
+        }
+        self.latent_width()
+    }
+
+    /// A cached position's width: the latent and the rotary key.
+    fn latent_width(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
     }
 
@@ -148,10 +179,11 @@ impl MlaConfig {
     }
 
     pub(crate) fn new_cache(&self) -> Cache {
+        let own = self.kv_source.is_none();
         Cache {
             ckr: Vec::new(),
-            rank: self.kv_lora_rank,
-            rope: self.qk_rope_head_dim,
+            rank: if own { self.kv_lora_rank } else { 0 },
+            rope: if own { self.qk_rope_head_dim } else { 0 },
         }
     }
 
@@ -174,8 +206,21 @@ impl MlaConfig {
             ),
             None => (None, p.linear(&a("q_proj"), heads * qk, h)?),
         };
-        let kv_a = p.linear(&a("kv_a_proj_with_mqa"), r + rd, h)?;
-        let kv_a_norm = p.vector(&a("kv_a_layernorm.weight"), r)?;
+        let kv_a = match self.kv_source {
+            None => Some((
+                p.linear(&a("kv_a_proj_with_mqa"), r + rd, h)?,
+                p.vector(&a("kv_a_layernorm.weight"), r)?,
+            )),
+            Some(_) => None,
+        };
+        let log_scaling = if self.log_scaling {
+            Some([
+                p.vector(&a("softmax_scaling.scale"), heads)?,
+                p.vector(&a("softmax_scaling.bias"), heads)?,
+            ])
+        } else {
+            None
+        };
         let kv_b = p.linear(
             &a("kv_b_proj"),
             heads * (self.qk_nope_head_dim + self.v_head_dim),
@@ -193,7 +238,10 @@ impl MlaConfig {
                     Some(qr) => p.optional_vector(&a("q_a_proj.bias"), qr)?,
                     None => None,
                 },
-                p.optional_vector(&a("kv_a_proj_with_mqa.bias"), r + rd)?,
+                match self.kv_source {
+                    None => p.optional_vector(&a("kv_a_proj_with_mqa.bias"), r + rd)?,
+                    Some(_) => None,
+                },
                 p.optional_vector(&a("o_proj.bias"), h)?,
             ])
         } else {
@@ -203,11 +251,11 @@ impl MlaConfig {
             q_a,
             q_b,
             kv_a,
-            kv_a_norm,
             kv_b,
             o,
             bias,
             gate,
+            log_scaling,
         })
     }
 
@@ -260,7 +308,7 @@ impl MlaConfig {
                 if let Some(b) = bias_of(0) {
                     add_bias(&mut lat, &b.to_f32(blob));
                 }
-                rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), MLA_NORM_EPS);
+                rmsnorm_rows(exec, &mut lat, &qa_norm.to_f32(blob), self.norm_eps);
                 exec.matmul(&w.q_b.view(blob)?, &lat, &mut qs);
             }
             None => exec.matmul(&w.q_b.view(blob)?, x, &mut qs),
@@ -274,35 +322,58 @@ impl MlaConfig {
             }
             None => None,
         };
-        // Compressed keys/values.
-        let mut ckv = vec![0f32; t * (r + rd)];
-        exec.matmul(&w.kv_a.view(blob)?, x, &mut ckv);
-        if let Some(b) = bias_of(1) {
-            add_bias(&mut ckv, &b.to_f32(blob));
-        }
-        let norm_w = w.kv_a_norm.to_f32(blob);
-        let mut normed = vec![0f32; r];
         let cw = r + rd;
-        let ckr = &mut cache.ckr;
-        for i in 0..t {
-            let (cos, sin) = cx.angles.get(i);
-            let row = &mut ckv[i * cw..(i + 1) * cw];
-            exec.kernels()
-                .rmsnorm(&row[..r], &norm_w, MLA_NORM_EPS, &mut normed);
-            if let Some(s) = kv_scale {
-                for v in &mut normed {
-                    *v *= s;
-                }
+        // Compressed keys/values, unless the layer reads another's.
+        if let Some((kv_a, kv_a_norm)) = &w.kv_a {
+            let mut ckv = vec![0f32; t * cw];
+            exec.matmul(&kv_a.view(blob)?, x, &mut ckv);
+            if let Some(b) = bias_of(1) {
+                add_bias(&mut ckv, &b.to_f32(blob));
             }
-            ckr.extend_from_slice(&normed);
+            let norm_w = kv_a_norm.to_f32(blob);
+            let mut normed = vec![0f32; r];
+            for i in 0..t {
+                let (cos, sin) = cx.angles.get(i);
+                let row = &mut ckv[i * cw..(i + 1) * cw];
+                exec.kernels()
+                    .rmsnorm(&row[..r], &norm_w, self.norm_eps, &mut normed);
+                if let Some(s) = kv_scale {
+                    for v in &mut normed {
+                        *v *= s;
+                    }
+                }
+                cache.ckr.extend_from_slice(&normed);
+                if self.rope {
+                    cx.rope.apply(&mut row[r..], cos, sin);
+                }
+                cache.ckr.extend_from_slice(&row[r..]);
+            }
+        }
+        let log_scaling = w
+            .log_scaling
+            .as_ref()
+            .map(|[s, b]| (s.to_f32(blob), b.to_f32(blob)));
+        for i in 0..t {
+            let q = &mut qs[i * heads * qk..(i + 1) * heads * qk];
             if self.rope {
-                cx.rope.apply(&mut row[r..], cos, sin);
-                for head in qs[i * heads * qk..(i + 1) * heads * qk].chunks_exact_mut(qk) {
+                let (cos, sin) = cx.angles.get(i);
+                for head in q.chunks_exact_mut(qk) {
                     cx.rope.apply(&mut head[nope..], cos, sin);
                 }
             }
-            ckr.extend_from_slice(&row[r..]);
+            if let Some((s, b)) = &log_scaling {
+                log_scale(q, s, b, pos0 + i);
+            }
         }
+        let ckr: &[f32] = match (&w.kv_a, cx.latent) {
+            (Some(_), _) => &cache.ckr,
+            (None, Some(src)) if src.width() == cw => &src.ckr,
+            (None, _) => {
+                return Err(ModelError::Internal(
+                    "a layer sharing another's latent cache was run without it".into(),
+                ));
+            }
+        };
         let kvb = w.kv_b.view(blob)?;
         // Per query and head, `[q_lat, q_rope]` with q_lat = W_ukᵀ q_nope (W_uk absorbed).
         let mut qa = vec![0f32; t * heads * cw];
@@ -315,7 +386,6 @@ impl MlaConfig {
         });
         let scale = self.softmax_scale;
         let mut out = vec![0f32; t * heads * vd];
-        let ckr = &*ckr;
         let rows = super::tile_rows(pos0 + t, t * heads, exec.threads(), cx.score_floats);
         exec.for_each_chunk(&mut out, rows * vd, |tile, o| {
             let b0 = tile * rows;

@@ -18,7 +18,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
-pub use dsa::{DsaConfig, DsaWeights};
+pub use dsa::{DsaConfig, DsaWeights, IndexerQuery};
 pub use gdn::{GdnConfig, GdnProj, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
 pub use kda::{KdaConfig, KdaGate, KdaWeights};
@@ -78,6 +78,9 @@ pub(crate) struct Ctx<'a> {
     /// The top-k of the last full sparse-attention layer for these rows, which a shared one
     /// reuses (GLM-5's `indexer_types`).
     pub sparse: &'a std::cell::RefCell<Option<dsa::Selection>>,
+    /// The latent cache of the earlier layer this one attends to, when it reads another's
+    /// ([`MlaConfig::kv_source`]).
+    pub latent: Option<&'a mla::Cache>,
     pub exec: &'a Exec,
     pub rope: &'a Rope,
     pub angles: &'a Angles,
@@ -103,6 +106,15 @@ impl AttentionConfig {
             AttentionConfig::Kda(_) => "kda",
             AttentionConfig::Gdn(_) => "gdn",
             AttentionConfig::Dsa(_) => "dsa",
+        }
+    }
+
+    /// The earlier layer whose cache this layer attends to, when it computes none of its own.
+    pub fn kv_source(&self) -> Option<usize> {
+        match self {
+            AttentionConfig::Mla(m) => m.kv_source,
+            AttentionConfig::Dsa(d) => d.mla.kv_source,
+            _ => None,
         }
     }
 
@@ -220,6 +232,15 @@ impl AttentionConfig {
 }
 
 impl LayerCache {
+    /// The latent attention cache it holds, if any (what a layer sharing it reads).
+    pub(crate) fn latent(&self) -> Option<&mla::Cache> {
+        match self {
+            LayerCache::Mla(c) => Some(c),
+            LayerCache::Dsa(c) => Some(&c.mla),
+            _ => None,
+        }
+    }
+
     /// Whether the cache can be cut back to `pos` positions: a KV cache always can; a
     /// recurrent state only to the start or to where it was before the latest pass.
     pub(crate) fn can_back_to(&self, pos: usize) -> bool {

@@ -34,6 +34,9 @@ pub struct RopeConfig {
     pub interleaved: bool,
     /// Context-extension scaling.
     pub scaling: RopeScaling,
+    /// Each inverse frequency is multiplied by `exp(α)`, `α` the learned tensor
+    /// `{model}rotary_emb.alpha` (Mistral Large 4's LeRoPE).
+    pub learned: bool,
 }
 
 /// RoPE scaling variants implemented.
@@ -109,6 +112,17 @@ pub enum RouterKind {
     SoftmaxBiased {
         /// The smallest divisor (`moe_norm_min`).
         norm_min: f32,
+    },
+    /// Softmax over all experts, DeepSeek's group-limited top-k of the probabilities (no bias),
+    /// the chosen probabilities renormalised and times `routed_scaling_factor` (Mistral Large
+    /// 4).
+    SoftmaxGroup {
+        /// Groups of experts.
+        n_group: usize,
+        /// Groups kept.
+        topk_group: usize,
+        /// Factor on the routed weights.
+        routed_scaling_factor: f32,
     },
     /// Softmax over all experts; the top-k of the probabilities plus a selection-only bias;
     /// the chosen probabilities, not renormalised, times `routed_scaling_factor`
@@ -293,7 +307,35 @@ pub struct TensorNames {
     pub sublayers: usize,
     /// How routed experts are stored.
     pub experts: ExpertNames,
+    /// The checkpoint's tensors go by other names than the ones above, and are renamed to them
+    /// as the checkpoint is opened (as transformers' conversion mapping renames them on load).
+    pub rename: Option<Rename>,
 }
+
+/// A family's renaming of stored tensor names to the names sluice asks for
+/// ([`TensorNames::rename`]): `canonical` maps a stored name to its new one, or `None` to
+/// leave it.
+#[derive(Clone, Copy)]
+pub struct Rename {
+    /// What the stored names are (`mistral`), for display and comparison.
+    pub dialect: &'static str,
+    /// The renaming.
+    pub canonical: fn(&str) -> Option<String>,
+}
+
+impl std::fmt::Debug for Rename {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Rename({})", self.dialect)
+    }
+}
+
+impl PartialEq for Rename {
+    fn eq(&self, o: &Rename) -> bool {
+        self.dialect == o.dialect
+    }
+}
+
+impl Eq for Rename {}
 
 impl TensorNames {
     /// The names most families use: `self_attn`, `mlp`, `mlp.gate`, `shared_experts`,
@@ -316,6 +358,7 @@ impl TensorNames {
                 up: "up_proj",
                 down: "down_proj",
             },
+            rename: None,
         }
     }
 
@@ -488,6 +531,8 @@ pub struct ModelConfig {
     pub glu_limits: Vec<GluLimits>,
     /// Multi-token-prediction layers the checkpoint may carry, checked and not run.
     pub mtp: Option<MtpConfig>,
+    /// Logits are soft-capped, `c · tanh(z / c)` (Mistral Large 4's `final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
 }
 
 /// Multi-token-prediction layers a checkpoint may carry beside the model (Qwen3-Next's and

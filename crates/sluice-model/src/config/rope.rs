@@ -92,6 +92,7 @@ pub(crate) fn read_rope(
                 dim,
                 interleaved,
                 scaling: RopeScaling::None,
+                learned: false,
             },
             None,
         ));
@@ -182,6 +183,7 @@ pub(crate) fn read_rope(
             dim,
             interleaved,
             scaling,
+            learned: false,
         },
         extra,
     ))

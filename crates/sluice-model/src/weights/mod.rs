@@ -312,6 +312,8 @@ pub struct HeadSpec {
     pub lm_head: MatSpec,
     /// The attention-residual mix before the final norm.
     pub attn_res: Option<AttnResWeights>,
+    /// The learned rotary factors `rotary_emb.alpha` ([`crate::config::RopeConfig::learned`]).
+    pub rope_alpha: Option<VecSpec>,
 }
 
 /// Where everything is.
@@ -385,10 +387,8 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
     let layers = cfg.layers.div_ceil(n);
     let used = layers.saturating_add(cfg.draft_layers);
     let mut unused: Vec<&str> = ck
-        .tensors()
-        .iter()
-        .filter(|t| layer_of(&t.name).is_some_and(|l| l >= used))
-        .map(|t| t.name.as_str())
+        .names()
+        .filter(|n| layer_of(n).is_some_and(|l| l >= used))
         .collect();
     if !unused.is_empty() {
         unused.sort_unstable();
@@ -404,12 +404,7 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
             ),
         });
     }
-    let present = ck
-        .tensors()
-        .iter()
-        .filter_map(|t| layer_of(&t.name))
-        .max()
-        .map_or(0, |l| l + 1);
+    let present = ck.names().filter_map(layer_of).max().map_or(0, |l| l + 1);
     if layers > present {
         return Err(ModelError::Config {
             file: config,
@@ -757,6 +752,11 @@ fn head(
         attn_res: match cfg.residual {
             Residual::AttnRes { .. } => Some(attn_res(p, &model("output_attn"), h)?),
             Residual::Add => None,
+        },
+        rope_alpha: if cfg.rope.learned {
+            Some(p.vector(&model("rotary_emb.alpha"), cfg.rope.dim / 2)?)
+        } else {
+            None
         },
     })
 }

@@ -37,6 +37,9 @@ pub struct Inspection {
     pub full_attention_layers: usize,
     /// Layers with a fixed recurrent state instead (Kimi Delta Attention).
     pub recurrent_layers: usize,
+    /// Layers that attend to an earlier layer's latent cache and cache none of their own
+    /// (Mistral Large 4's `kv_source_layers`).
+    pub shared_kv_layers: usize,
     /// Attention-residual block size, when the model mixes block sums (Kimi K3).
     pub attn_res_block_size: Option<usize>,
     /// Shards.
@@ -166,7 +169,7 @@ pub fn inspect_with(
     // The attention kinds, those with a KV cache first.
     let mut kinds: Vec<(bool, &str)> = Vec::new();
     for p in &cfg.layer_plan {
-        let k = (p.attention.kv_floats() == 0, p.attention.kind());
+        let k = (p.attention.recurrent_floats() > 0, p.attention.kind());
         if !kinds.contains(&k) {
             kinds.push(k);
         }
@@ -189,6 +192,11 @@ pub fn inspect_with(
         attention: kinds.iter().map(|k| k.1).collect::<Vec<_>>().join("+"),
         full_attention_layers: cfg.layers - recurrent_layers,
         recurrent_layers,
+        shared_kv_layers: cfg
+            .layer_plan
+            .iter()
+            .filter(|p| p.attention.kv_source().is_some())
+            .count(),
         attn_res_block_size: match cfg.residual {
             Residual::AttnRes { block_size } => Some(block_size),
             Residual::Add => None,

@@ -49,6 +49,7 @@ from transformers import (  # noqa: E402
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
     GlmMoeDsaConfig,
+    HYV4Config,
     Llama4TextConfig,
     LongcatFlashConfig,
     LlamaConfig,
@@ -608,6 +609,43 @@ ARCHS = [
             ),
         ),
     ),
+    # Hy4 (Tencent): GLM-5's sparse attention (indexer top 8, layers 2 and 3 sharing layer 1's
+    # top-k) with per-head sinks and a per-head sigmoid gate on the attention output, the
+    # indexer's rotated part last; 3 hyper-connection streams (iHC: sigmoid pre/post weights, no
+    # mixing matrix) and the hyper head; SwiGLU inputs clamped at 0.8 in the routed experts;
+    # sigmoid routing with a selection bias; tensors under Tencent's names as transformers
+    # writes them (`hc_pre.hc_attn_layer.hc_fn`, `learnable_sink_param`, `linear_gate`).
+    dict(
+        name="hy_v4",
+        base_seed=23000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: HYV4Config(
+            **{**COMMON, "rms_norm_eps": 1e-5},
+            intermediate_size=128,
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=32,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+            index_topk=8,
+            index_head_dim=16,
+            index_n_heads=8,
+            indexer_types=["full", "full", "shared", "shared"],
+            hc_mult=3,
+            hc_magnitude=2.0,
+            swiglu_limit=0.8,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
     # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
     # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
@@ -767,6 +805,10 @@ def init_weights(
                 v = 0.15 * z
             elif name.endswith("softmax_scaling.bias"):
                 v = 1.0 + 0.1 * z
+            elif re.search(r"(attn_hc|ffn_hc|hc_head)\.(hc_)?scale$", name):  # hyper-connection gains
+                v = 1.0 + 0.1 * z
+            elif re.search(r"(attn_hc|ffn_hc|hc_head)\.(hc_)?base$", name):
+                v = 0.5 * z
             elif name.endswith("A_log") or name.endswith("dt_bias"):  # Gated DeltaNet's decay
                 v = 0.5 * z
             elif name.endswith(".sinks"):  # per-head attention sink logits

@@ -161,6 +161,11 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
     if let Some(bs) = i.attn_res_block_size {
         println!("  attention residuals over blocks of {bs} layers");
     }
+    if let Some(n) = i.hyper_streams {
+        println!(
+            "  hyper-connections {n} residual streams per token (in each prefill span's activations)"
+        );
+    }
     println!(
         "  KV cache          {} per position{}",
         b(i.kv_bytes_per_position),

@@ -68,6 +68,11 @@ fn activate(exec: &Exec, act: GluActivation, g: &[f32], u: &[f32], a: &mut [f32]
         GluActivation::Situ { beta, linear_beta } => {
             exec.kernels().situ_mul(g, u, beta, linear_beta, a)
         }
+        GluActivation::SiluInputsClamped { limit } => {
+            let gc: Vec<f32> = g.iter().map(|v| v.min(limit)).collect();
+            let uc: Vec<f32> = u.iter().map(|v| v.clamp(-limit, limit)).collect();
+            exec.kernels().silu_mul(&gc, &uc, a);
+        }
         GluActivation::SiluClamped { limit } => {
             // silu(g) as the kernels compute it (times 1, which is exact), then the bounds.
             let ones = vec![1f32; g.len()];
@@ -118,6 +123,9 @@ pub(crate) fn glu_rows(
 fn glu_activation(a: ExpertActivation, limit: Option<f32>) -> Option<GluActivation> {
     match a {
         ExpertActivation::SwiGlu => Some(GluActivation::Silu.limited(limit)),
+        ExpertActivation::SwiGluInputsClamped { limit } => {
+            Some(GluActivation::SiluInputsClamped { limit })
+        }
         ExpertActivation::Situ { beta, linear_beta } => {
             Some(GluActivation::Situ { beta, linear_beta })
         }
@@ -227,13 +235,14 @@ fn gate_up_expert(
     blob: &Blob,
     x: &[f32],
     t: usize,
+    glu: GluActivation,
 ) -> Result<Vec<f32>, ModelError> {
     let inter = spec.down.cols;
     let mut gu = vec![0f32; t * 2 * inter];
     linear(exec, &spec.gate_up, blob, x, &mut gu)?;
     let mut act = vec![0f32; t * inter];
     for (row, out) in gu.chunks_exact(2 * inter).zip(act.chunks_exact_mut(inter)) {
-        exec.kernels().silu_mul(&row[..inter], &row[inter..], out);
+        activate(exec, glu, &row[..inter], &row[inter..], out);
     }
     let mut y = vec![0f32; t * spec.down.rows];
     linear(exec, &spec.down, blob, &act, &mut y)?;
@@ -271,6 +280,9 @@ pub(crate) fn expert(
         (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => {
             glu(exec, m, blob, x, t, GluActivation::Silu.limited(limit))
         }
+        (ExpertSpec::GateUp(g), ExpertActivation::SwiGlu) => {
+            gate_up_expert(exec, g, blob, x, t, GluActivation::Silu.limited(limit))
+        }
         (_, _) if limit.is_some() => Err(ModelError::Internal(
             "a bound on the experts' factors with an activation other than SwiGLU".into(),
         )),
@@ -285,7 +297,22 @@ pub(crate) fn expert(
         (ExpertSpec::Fused(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             clamped_expert(exec, g, blob, x, t, alpha, limit)
         }
-        (ExpertSpec::GateUp(g), ExpertActivation::SwiGlu) => gate_up_expert(exec, g, blob, x, t),
+        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGluInputsClamped { limit }) => glu(
+            exec,
+            m,
+            blob,
+            x,
+            t,
+            GluActivation::SiluInputsClamped { limit },
+        ),
+        (ExpertSpec::GateUp(g), ExpertActivation::SwiGluInputsClamped { limit }) => gate_up_expert(
+            exec,
+            g,
+            blob,
+            x,
+            t,
+            GluActivation::SiluInputsClamped { limit },
+        ),
         _ => Err(ModelError::Internal(
             "expert spec does not match the configured activation".into(),
         )),

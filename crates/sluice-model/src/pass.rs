@@ -161,7 +161,7 @@ impl Model {
 
         let hs = self.embed_rows(&tokens)?;
         record(&pass, segs, || ("embeddings".into(), hs.clone()));
-        let mut stream = Stream::new(cfg.residual, hs);
+        let mut stream = Stream::new(cfg.residual, hs, cfg.hidden);
         // A shortcut MoE's routed sum, on its way to the end of the next layer.
         let mut carry = None;
         for l in 0..cfg.layers {
@@ -223,7 +223,7 @@ impl Model {
         let blob: &Blob = &part;
         let spec = &self.layout().layer_specs[l];
         let mixing = self.mixing();
-        let res = spec.attn_res.as_ref();
+        let res = spec.mix.as_ref();
         let x = self.norm_rows(
             &stream.before_attention(&mixing, res.map(|w| &w[0]), blob, l)?,
             &spec.input_norm.to_f32(blob),
@@ -413,12 +413,7 @@ impl Model {
         let mixing = self.mixing();
         let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * cfg.hidden);
         for rows in runs {
-            final_in.extend(stream.final_rows(
-                &mixing,
-                head.attn_res.as_ref(),
-                &head_blob,
-                rows,
-            )?);
+            final_in.extend(stream.final_rows(&mixing, head.mix.as_ref(), &head_blob, rows)?);
         }
         let xn = self.norm_rows(&final_in, &head.norm.to_f32(&head_blob));
         if pass.single

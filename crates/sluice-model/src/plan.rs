@@ -125,23 +125,25 @@ pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
     (floats * 4) as u64
 }
 
-/// Floats per token of attention residuals: every completed block's running sum is kept for
-/// the whole pass (0 with plain residual adds).
-fn attn_res_floats(cfg: &ModelConfig) -> usize {
+/// Floats per token a residual scheme holds beyond one stream: with attention residuals every
+/// completed block's running sum, kept for the whole pass; with hyper-connections the other
+/// streams, the mixed input and the gates (0 with plain residual adds).
+fn residual_floats(cfg: &ModelConfig) -> usize {
     match cfg.residual {
         Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
+        Residual::Hyper { streams, .. } => streams * cfg.hidden + 3 * streams,
         Residual::Add => 0,
     }
 }
 
 /// Bytes each token of a prefill span holds while a layer runs over the whole span: the
-/// residual stream (with attention residuals, every completed block), the normed attention and
-/// feed-forward inputs, the attention and feed-forward outputs, the shared expert's output,
-/// the router's logits and choices, each routed slot's output and their combination (in the
-/// experts' latent space where they have one). What each call of `chunk` rows works with
-/// beyond that is [`scratch_bytes`].
+/// residual stream (with attention residuals, every completed block; with hyper-connections,
+/// every stream), the normed attention and feed-forward inputs, the attention and feed-forward
+/// outputs, the shared expert's output, the router's logits and choices, each routed slot's
+/// output and their combination (in the experts' latent space where they have one). What each
+/// call of `chunk` rows works with beyond that is [`scratch_bytes`].
 pub fn span_bytes_per_token(cfg: &ModelConfig) -> u64 {
-    let attn_res = attn_res_floats(cfg);
+    let attn_res = residual_floats(cfg);
     let w = cfg.moe.latent.map_or(cfg.hidden, |l| l.dim);
     let k = cfg.moe.top_k;
     // A shortcut MoE's routed sum waits one layer beside the stream.
@@ -172,7 +174,7 @@ pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
         })
         .max()
         .unwrap_or(0);
-    let attn_res = attn_res_floats(cfg);
+    let attn_res = residual_floats(cfg);
     let latent = cfg.moe.latent.map_or(0, |l| 2 * l.dim);
     let per_token = 8 * cfg.hidden
         + 2 * widest_attn

@@ -70,6 +70,12 @@ fn mistral_large4_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/mistral_large4-fp32");
 }
 
+/// Hy4 (hyper-connection streams, sinks on sparse attention): the same matrix.
+#[test]
+fn hy_v4_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/hy_v4-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 14] = [
+const FIXTURES: [&str; 15] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -41,6 +41,8 @@ const FIXTURES: [&str; 14] = [
     "models/glm_moe_dsa-fp32",
     // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
     "models/mistral_large4-fp32",
+    // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
+    "models/hy_v4-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

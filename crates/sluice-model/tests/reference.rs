@@ -216,6 +216,8 @@ arch_tests! {
     glm_moe_dsa_bf16 => "glm_moe_dsa-bf16",
     mistral_large4_fp32 => "mistral_large4-fp32",
     mistral_large4_bf16 => "mistral_large4-bf16",
+    hy_v4_fp32 => "hy_v4-fp32",
+    hy_v4_bf16 => "hy_v4-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

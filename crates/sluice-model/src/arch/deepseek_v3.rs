@@ -26,15 +26,17 @@ pub(super) fn read_as(
     model_type: &str,
     family: &'static str,
 ) -> Result<ModelConfig, ModelError> {
-    read_with(c, Base::read(c, false)?, model_type, family)
+    read_with(c, Base::read(c, false)?, model_type, family, None)
 }
 
-/// [`read_as`] with the top-level fields `base` already read (a multimodal checkpoint's).
+/// [`read_as`] with the top-level fields `base` already read (a multimodal checkpoint's), and
+/// `first_dense` the dense layers when `first_k_dense_replace` is absent (`None`: required).
 pub(super) fn read_with(
     c: &Cfg<'_>,
     base: Base,
     model_type: &str,
     family: &'static str,
+    first_dense: Option<usize>,
 ) -> Result<ModelConfig, ModelError> {
     let heads = base.heads;
     let q_lora_rank = c.opt_usize("q_lora_rank")?;
@@ -67,7 +69,8 @@ pub(super) fn read_with(
         v_head_dim,
         bias,
         rope: true,
-        output_gate: false,
+        output_gate: None,
+        sinks: false,
         softmax_scale,
         lora_scales: None,
         norm_eps: crate::attention::mla::MLA_NORM_EPS,
@@ -97,7 +100,10 @@ pub(super) fn read_with(
             intermediate,
             gated: false,
         });
-    let first_dense = c.usize("first_k_dense_replace")?;
+    let first_dense = match first_dense {
+        Some(d) => c.opt_usize("first_k_dense_replace")?.unwrap_or(d),
+        None => c.usize("first_k_dense_replace")?,
+    };
     if let Some(f) = c.opt_usize("moe_layer_freq")?
         && f != 1
     {

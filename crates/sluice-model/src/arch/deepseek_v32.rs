@@ -82,6 +82,8 @@ pub(super) fn make_sparse(
             interleaved,
             shared: shared[l],
             query,
+            rope_last: false,
+            key_eps: crate::attention::dsa::INDEXER_EPS,
         });
         plan.mlp = if sparse[l] {
             MlpKind::Moe

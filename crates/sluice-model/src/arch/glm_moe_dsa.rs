@@ -21,7 +21,7 @@ pub(super) const FAMILY: Family = Family {
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let mut cfg = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
-    let shared = indexer_types(c, cfg.layers)?;
+    let shared = indexer_types(c, cfg.layers, default_types(c)?)?;
     if shared.first() == Some(&true) {
         return Err(c.err(
             "indexer_types",
@@ -32,8 +32,21 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     Ok(cfg)
 }
 
-/// Per layer, whether it shares the last full layer's top-k.
-pub(super) fn indexer_types(c: &Cfg<'_>, n: usize) -> Result<Vec<bool>, ModelError> {
+/// GLM-5's default `indexer_types`: layer `i` shares unless
+/// `max(i − index_skip_topk_offset + 1, 0)` is a multiple of `index_topk_freq`.
+pub(super) fn default_types(c: &Cfg<'_>) -> Result<impl Fn(usize) -> bool, ModelError> {
+    let freq = c.opt_usize("index_topk_freq")?.unwrap_or(1).max(1);
+    let offset = c.opt_usize("index_skip_topk_offset")?.unwrap_or(2);
+    Ok(move |i: usize| !(i + 1).saturating_sub(offset).is_multiple_of(freq))
+}
+
+/// Per layer, whether it shares the last full layer's top-k: `indexer_types`, else the legacy
+/// `index_topk_pattern`, else `default(layer)`.
+pub(super) fn indexer_types(
+    c: &Cfg<'_>,
+    n: usize,
+    default: impl Fn(usize) -> bool,
+) -> Result<Vec<bool>, ModelError> {
     let kind = |field: &str, s: &str| match s {
         "full" | "F" => Ok(false),
         "shared" | "S" => Ok(true),
@@ -63,9 +76,5 @@ pub(super) fn indexer_types(c: &Cfg<'_>, n: usize) -> Result<Vec<bool>, ModelErr
         }
         return list.iter().map(|s| kind(field, s)).collect();
     }
-    let freq = c.opt_usize("index_topk_freq")?.unwrap_or(1).max(1);
-    let offset = c.opt_usize("index_skip_topk_offset")?.unwrap_or(2);
-    Ok((0..n)
-        .map(|i| !(i + 1).saturating_sub(offset).is_multiple_of(freq))
-        .collect())
+    Ok((0..n).map(default).collect())
 }

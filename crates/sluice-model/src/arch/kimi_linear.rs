@@ -292,7 +292,8 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         v_head_dim,
         bias: false,
         rope: false,
-        output_gate: t.bool_or("mla_use_output_gate", false)?,
+        output_gate: t.bool_or("mla_use_output_gate", false)?.then_some("g_proj"),
+        sinks: false,
         softmax_scale,
         lora_scales: None,
         norm_eps: crate::attention::mla::MLA_NORM_EPS,
@@ -390,7 +391,9 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     };
     let activation = match mlp_act {
         // (Kimi's activation is read above as one of these two.)
-        GluActivation::Silu | GluActivation::SiluClamped { .. } => ExpertActivation::SwiGlu,
+        GluActivation::Silu
+        | GluActivation::SiluClamped { .. }
+        | GluActivation::SiluInputsClamped { .. } => ExpertActivation::SwiGlu,
         GluActivation::Situ { beta, linear_beta } => ExpertActivation::Situ { beta, linear_beta },
     };
     let first_dense = t.opt_usize("first_k_dense_replace")?.unwrap_or(1); // transformers default

@@ -127,7 +127,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         v_head_dim,
         bias: false,
         rope: true,
-        output_gate: false,
+        output_gate: None,
+        sinks: false,
         softmax_scale,
         lora_scales: Some((
             (hidden as f64 / q_lora_rank as f64).sqrt() as f32,

@@ -55,7 +55,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     }
     let base = Base::read_multimodal(top, c)?;
     let eps = base.eps;
-    let mut cfg = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name)?;
+    let mut cfg = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, None)?;
     let layers = cfg.layers;
 
     let RouterKind::SigmoidGroup {
@@ -95,7 +95,8 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         Some(_) => Some(c.pos_f32("final_logit_softcapping")?),
     };
 
-    let shared = super::glm_moe_dsa::indexer_types(c, layers)?;
+    let shared =
+        super::glm_moe_dsa::indexer_types(c, layers, super::glm_moe_dsa::default_types(c)?)?;
     if shared.first() == Some(&true) {
         return Err(c.err(
             "indexer_types",

@@ -17,6 +17,7 @@ mod ernie4_5_moe;
 mod glm4_moe;
 mod glm_moe_dsa;
 mod gpt_oss;
+mod hy_v4;
 mod kimi_linear;
 mod llama;
 mod llama4;
@@ -66,6 +67,7 @@ pub static FAMILIES: &[Family] = &[
     deepseek_v32::FAMILY,
     glm_moe_dsa::FAMILY,
     mistral_large4::FAMILY,
+    hy_v4::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -23,9 +23,10 @@ use super::{Ctx, rmsnorm_rows};
 use crate::ModelError;
 use crate::weights::{MatSpec, PartBuilder, VecSpec};
 
-/// The eps of the indexer's LayerNorms `k_norm` and `q_input_norm` (transformers builds them
-/// with 1e-6).
-const EPS: f32 = 1e-6;
+/// The eps of the indexer's LayerNorms `k_norm` and `q_input_norm` as transformers builds
+/// them for DeepSeek-V3.2 (Hy4's `k_norm` takes `rms_norm_eps`: [`DsaConfig::key_eps`]).
+pub const INDEXER_EPS: f32 = 1e-6;
+const EPS: f32 = INDEXER_EPS;
 
 /// Where the indexer's queries come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +57,11 @@ pub struct DsaConfig {
     pub shared: bool,
     /// What the indexer's `wq_b` reads.
     pub query: IndexerQuery,
+    /// The rotated part of the indexer's heads is their last `qk_rope_head_dim` dimensions
+    /// (Hy4) rather than their first.
+    pub rope_last: bool,
+    /// The eps of the indexer's `k_norm`.
+    pub key_eps: f32,
 }
 
 /// The weights of a sparse-attention layer.
@@ -298,7 +304,7 @@ impl DsaConfig {
         exec.matmul(&w.wk.view(blob)?, x, &mut k);
         let (nw, nb) = (w.k_norm[0].to_f32(blob), w.k_norm[1].to_f32(blob));
         for row in k.chunks_exact_mut(d) {
-            layer_norm(row, &nw, &nb, EPS);
+            layer_norm(row, &nw, &nb, self.key_eps);
         }
         let rotate = |v: &mut [f32], cos: &[f32], sin: &[f32]| {
             if self.interleaved {
@@ -307,12 +313,13 @@ impl DsaConfig {
                 sluice_kernels::scalar::rope_half(v, cos, sin)
             }
         };
+        let rot = if self.rope_last { d - rd..d } else { 0..rd };
         for i in 0..t {
             let (cos, sin) = cx.angles.get(i);
             for head in q[i * heads * d..(i + 1) * heads * d].chunks_exact_mut(d) {
-                rotate(&mut head[..rd], cos, sin);
+                rotate(&mut head[rot.clone()], cos, sin);
             }
-            rotate(&mut k[i * d..i * d + rd], cos, sin);
+            rotate(&mut k[i * d..(i + 1) * d][rot.clone()], cos, sin);
         }
         cache.keys.extend_from_slice(&k);
         let mut wts = vec![0f32; t * heads];

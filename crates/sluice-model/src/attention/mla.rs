@@ -41,9 +41,12 @@ pub struct MlaConfig {
     /// The rotary part is rotated (false: NoPE, as Kimi Linear and K3 — the part still
     /// exists, is cached and takes part in the scores, unrotated).
     pub rope: bool,
-    /// The attention output is multiplied by `σ(g_proj x)` before `o_proj` (Kimi K3
-    /// `mla_use_output_gate`).
-    pub output_gate: bool,
+    /// The attention output is multiplied by `σ(W x)` before `o_proj`, `W` the tensor named
+    /// here (Kimi K3's `mla_use_output_gate`: `g_proj`; Hy4: `gate_proj`).
+    pub output_gate: Option<&'static str>,
+    /// A learned per-head sink logit (`sinks`, `[heads]`) joins each softmax and is dropped
+    /// after it (Hy4).
+    pub sinks: bool,
     /// Softmax scale of the scores.
     pub softmax_scale: f32,
     /// Factors on the queries (after `q_b_proj`, before rotation) and on the normalised latent
@@ -75,8 +78,10 @@ pub struct MlaWeights {
     pub o: MatSpec,
     /// Biases of `q_a_proj`, `kv_a_proj_with_mqa`, `o_proj` when `attention_bias`.
     pub bias: Option<[Option<VecSpec>; 3]>,
-    /// Output gate `g_proj` (Kimi K3).
+    /// Output gate (Kimi K3, Hy4).
     pub gate: Option<MatSpec>,
+    /// Per-head sink logits.
+    pub sinks: Option<VecSpec>,
     /// `softmax_scaling.scale` and `.bias` (`[heads]` each), with [`MlaConfig::log_scaling`].
     pub log_scaling: Option<[VecSpec; 2]>,
 }
@@ -227,8 +232,12 @@ impl MlaConfig {
             r,
         )?;
         let o = p.linear(&a("o_proj"), h, heads * self.v_head_dim)?;
-        let gate = if self.output_gate {
-            Some(p.linear(&a("g_proj"), heads * self.v_head_dim, h)?)
+        let gate = match self.output_gate {
+            Some(name) => Some(p.linear(&a(name), heads * self.v_head_dim, h)?),
+            None => None,
+        };
+        let sinks = if self.sinks {
+            Some(p.vector(&a("sinks"), heads)?)
         } else {
             None
         };
@@ -256,6 +265,7 @@ impl MlaConfig {
             bias,
             gate,
             log_scaling,
+            sinks,
         })
     }
 
@@ -385,6 +395,8 @@ impl MlaConfig {
             q[r..].copy_from_slice(&qh[nope..]);
         });
         let scale = self.softmax_scale;
+        let sinks = w.sinks.map(|s| s.to_f32(blob));
+        let sinks = sinks.as_deref();
         let mut out = vec![0f32; t * heads * vd];
         let rows = super::tile_rows(pos0 + t, t * heads, exec.threads(), cx.score_floats);
         exec.for_each_chunk(&mut out, rows * vd, |tile, o| {
@@ -401,11 +413,16 @@ impl MlaConfig {
             exec.kernels()
                 .matmul(&cache_m, qrows, &mut scores, 0..n_max);
             let seen = |k: usize| pos0 + (b0 + k) / heads + 1;
+            let mut row = Vec::new();
             for (k, s) in scores.chunks_exact_mut(n_max).enumerate() {
+                // With a sink, one more logit joins the softmax and is dropped after it.
+                let sink = sinks.map(|sk| sk[(b0 + k) % heads]);
                 if let Some(Some(keep)) = select.map(|sel| &sel[(b0 + k) / heads]) {
                     // Only the selected positions take part: their softmax, and +0 elsewhere
                     // (whose terms fma(+0, c, acc) leave the sums as they are).
-                    let mut row: Vec<f32> = keep.iter().map(|&j| s[j] * scale).collect();
+                    row.clear();
+                    row.extend(keep.iter().map(|&j| s[j] * scale));
+                    row.extend(sink);
                     exec.kernels().softmax(&mut row);
                     s.fill(0.0);
                     for (&j, &p) in keep.iter().zip(&row) {
@@ -417,7 +434,16 @@ impl MlaConfig {
                 for x in s.iter_mut() {
                     *x *= scale;
                 }
-                exec.kernels().softmax(s);
+                match sink {
+                    Some(sk) => {
+                        row.clear();
+                        row.extend_from_slice(s);
+                        row.push(sk);
+                        exec.kernels().softmax(&mut row);
+                        s.copy_from_slice(&row[..s.len()]);
+                    }
+                    None => exec.kernels().softmax(s),
+                }
                 // Positions past the row's own add fma(+0, c, acc) = acc: nothing.
                 unseen.fill(0.0);
             }
@@ -438,7 +464,7 @@ impl MlaConfig {
             }
         });
         if let Some(g) = &w.gate {
-            // Kimi K3: the attention output times σ(g_proj x), before o_proj.
+            // Kimi K3, Hy4: the attention output times σ(W x), before o_proj.
             let mut gl = vec![0f32; t * heads * vd];
             exec.matmul(&g.view(blob)?, x, &mut gl);
             exec.kernels().mul_sigmoid(&mut out, &gl);

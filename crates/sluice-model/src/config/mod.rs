@@ -145,6 +145,11 @@ pub enum ExpertActivation {
         /// `activation_situ_linear_beta`.
         linear_beta: Option<f32>,
     },
+    /// `down(silu(min(gate x, limit)) · clamp(up x, −limit, limit))` (Hy4's `swiglu_limit`).
+    SwiGluInputsClamped {
+        /// The bound.
+        limit: f32,
+    },
     /// GPT-OSS: gate and up interleaved in one projection with biases; `g = min(gate, limit)`,
     /// `u = clamp(up, −limit, limit)`, `down((u + 1) · g · σ(alpha · g)) + bias`.
     ClampedSwiGlu {
@@ -171,6 +176,12 @@ pub enum GluActivation {
     /// SwiGLU with both factors bounded: `min(silu(g), limit) · clamp(u, −limit, limit)`
     /// (Step-3.7's per-layer `swiglu_limits`).
     SiluClamped {
+        /// The bound.
+        limit: f32,
+    },
+    /// SwiGLU of bounded inputs: `silu(min(g, limit)) · clamp(u, −limit, limit)` (Hy4's
+    /// routed experts).
+    SiluInputsClamped {
         /// The bound.
         limit: f32,
     },
@@ -397,7 +408,7 @@ impl TensorNames {
 }
 
 /// How layer outputs reach the next layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Residual {
     /// `h ← h + f(norm(h))` around attention and around the feed-forward block.
     Add,
@@ -409,6 +420,31 @@ pub enum Residual {
         /// Layers per block (`attn_res_block_size`).
         block_size: usize,
     },
+    /// Hyper-connections (Hy4's iHC): `streams` residual streams per token, all the
+    /// embeddings at first. Before attention and before the feed-forward block, per token:
+    /// `m = (W · s) / √(mean(s²) + ε_rms)` over the streams `s` flattened (`W` the
+    /// `[2n, n · hidden]` `attn_hc.fn` / `ffn_hc.fn`), `pre = σ(m[..n] · scale₀ + base[..n]) + ε`,
+    /// `post = gain · σ(m[n..] · scale₁ + base[n..]) + ε`; the block reads `Σ pre_i s_i` and its
+    /// output `y` joins each stream, `s_i ← post_i · y + s_i`. The final norm reads the
+    /// hyper head's `Σ pre_i s_i` (`hc_head`: `pre = σ(m · scale + base) + ε`, no gain).
+    Hyper {
+        /// Streams (`hc_mult`).
+        streams: usize,
+        /// The gain on `post` (`hc_magnitude`).
+        gain: f32,
+        /// Added to the gates (`hc_eps`).
+        eps: f32,
+    },
+}
+
+impl Residual {
+    /// Floats one token's residual stream holds (the hidden size, or one per stream).
+    pub fn stream_floats(&self, hidden: usize) -> usize {
+        match self {
+            Residual::Hyper { streams, .. } => streams * hidden,
+            _ => hidden,
+        }
+    }
 }
 
 /// A shared expert added to the routed ones.

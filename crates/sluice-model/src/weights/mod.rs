@@ -254,6 +254,27 @@ pub struct AttnResWeights {
     pub proj: VecSpec,
 }
 
+/// One hyper-connection ([`crate::config::Residual::Hyper`]): the `[gates, streams × hidden]`
+/// projection `fn`, its `base` `[gates]` and `scale` (one per kind of gate).
+#[derive(Clone, Copy, Debug)]
+pub struct HyperWeights {
+    /// `fn`.
+    pub proj: MatSpec,
+    /// `base`.
+    pub base: VecSpec,
+    /// `scale`.
+    pub scale: VecSpec,
+}
+
+/// The weights of a mix of the residual stream, by residual kind.
+#[derive(Clone, Copy, Debug)]
+pub enum MixWeights {
+    /// Attention residuals.
+    AttnRes(AttnResWeights),
+    /// A hyper-connection.
+    Hyper(HyperWeights),
+}
+
 /// The latent projections of a Kimi K3 mixture of experts.
 #[derive(Clone, Copy, Debug)]
 pub struct LatentSpec {
@@ -300,7 +321,7 @@ pub struct LayerSpec {
     /// Feed-forward.
     pub ffn: FfnSpec,
     /// Attention-residual mixes before attention and before the feed-forward block.
-    pub attn_res: Option<[AttnResWeights; 2]>,
+    pub mix: Option<[MixWeights; 2]>,
 }
 
 /// The head: final norm and lm_head.
@@ -311,7 +332,7 @@ pub struct HeadSpec {
     /// lm_head [vocab, hidden].
     pub lm_head: MatSpec,
     /// The attention-residual mix before the final norm.
-    pub attn_res: Option<AttnResWeights>,
+    pub mix: Option<MixWeights>,
     /// The learned rotary factors `rotary_emb.alpha` ([`crate::config::RopeConfig::learned`]).
     pub rope_alpha: Option<VecSpec>,
 }
@@ -539,6 +560,23 @@ fn attn_res(
     })
 }
 
+/// One hyper-connection: `{module}.{stem}fn` `[gates, width]`, `{module}.{stem}base` `[gates]`
+/// and `{module}.{stem}scale` `[scales]`.
+fn hyper(
+    p: &mut PartBuilder<'_, '_>,
+    module: &str,
+    stem: &str,
+    gates: usize,
+    scales: usize,
+    width: usize,
+) -> Result<HyperWeights, ModelError> {
+    Ok(HyperWeights {
+        proj: p.matrix(&format!("{module}.{stem}fn"), gates, width)?,
+        base: p.vector(&format!("{module}.{stem}base"), gates)?,
+        scale: p.vector(&format!("{module}.{stem}scale"), scales)?,
+    })
+}
+
 /// The trunk part of layer `l`: norms, attention, attention-residual mixes, and the dense MLP
 /// or the trunk side of the mixture of experts.
 fn layer(
@@ -560,10 +598,14 @@ fn layer(
     let plan = &cfg.layer_plan[l];
     let attention = at(names.attention_of(&plan.attention));
     let attn = plan.attention.load(p, &|x| format!("{attention}.{x}"), h)?;
-    let attn_res = match cfg.residual {
+    let mix = match cfg.residual {
         Residual::AttnRes { .. } => Some([
-            attn_res(p, &at("self_attention"), h)?,
-            attn_res(p, &at("mlp"), h)?,
+            MixWeights::AttnRes(attn_res(p, &at("self_attention"), h)?),
+            MixWeights::AttnRes(attn_res(p, &at("mlp"), h)?),
+        ]),
+        Residual::Hyper { streams, .. } => Some([
+            MixWeights::Hyper(hyper(p, &at("attn_hc"), "", 2 * streams, 2, streams * h)?),
+            MixWeights::Hyper(hyper(p, &at("ffn_hc"), "", 2 * streams, 2, streams * h)?),
         ]),
         Residual::Add => None,
     };
@@ -632,7 +674,7 @@ fn layer(
         post_norm,
         attn,
         ffn,
-        attn_res,
+        mix,
     })
 }
 
@@ -749,8 +791,18 @@ fn head(
         } else {
             p.linear(&top("lm_head"), cfg.vocab, h)?
         },
-        attn_res: match cfg.residual {
-            Residual::AttnRes { .. } => Some(attn_res(p, &model("output_attn"), h)?),
+        mix: match cfg.residual {
+            Residual::AttnRes { .. } => {
+                Some(MixWeights::AttnRes(attn_res(p, &model("output_attn"), h)?))
+            }
+            Residual::Hyper { streams, .. } => Some(MixWeights::Hyper(hyper(
+                p,
+                &model("hc_head"),
+                "hc_",
+                streams,
+                1,
+                streams * h,
+            )?)),
             Residual::Add => None,
         },
         rope_alpha: if cfg.rope.learned {

@@ -42,6 +42,8 @@ pub struct Inspection {
     pub shared_kv_layers: usize,
     /// Attention-residual block size, when the model mixes block sums (Kimi K3).
     pub attn_res_block_size: Option<usize>,
+    /// Residual streams per token, when the model has hyper-connections (Hy4).
+    pub hyper_streams: Option<usize>,
     /// Shards.
     pub shards: usize,
     /// Bytes of all tensors on disk.
@@ -199,7 +201,11 @@ pub fn inspect_with(
             .count(),
         attn_res_block_size: match cfg.residual {
             Residual::AttnRes { block_size } => Some(block_size),
-            Residual::Add => None,
+            _ => None,
+        },
+        hyper_streams: match cfg.residual {
+            Residual::Hyper { streams, .. } => Some(streams),
+            _ => None,
         },
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),

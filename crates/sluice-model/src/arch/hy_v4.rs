@@ -1,0 +1,146 @@
+//! Hy4 (`hy_v4`, Tencent): GLM-5's blocks ([`super::glm_moe_dsa`]: MLA with DeepSeek Sparse
+//! Attention, `indexer_types` sharing top-k; by default layer 0 and every fourth from layer 1
+//! have an indexer) with these differences:
+//!
+//! - **Hyper-connections** (iHC, [`Residual::Hyper`]): `hc_mult` residual streams per token,
+//!   gated in and out of every attention and feed-forward block by sigmoid gates computed from
+//!   the streams (`attn_hc`, `ffn_hc`; the `post` gates times `hc_magnitude`), collapsed by the
+//!   hyper head (`hc_head`) before the final norm. No mixing matrix between the streams (that is
+//!   DeepSeek-V4's mHC).
+//! - **Attention sinks and an output gate.** A learned sink logit per head joins each softmax;
+//!   each head's output is multiplied by `σ(gate_proj x)` before `o_proj`.
+//! - **Rotation.** Pairs split in halves (no `rope_interleave`), in attention and in the
+//!   indexer, whose rotated part is the *last* `qk_rope_head_dim` dimensions of its heads; the
+//!   indexer's `k_norm` takes `rms_norm_eps`.
+//! - **Experts.** SwiGLU of bounded inputs, `silu(min(g, L)) · clamp(u, ±L)` with
+//!   `L = swiglu_limit`, fused per layer as transformers holds them (`experts.gate_up_proj`);
+//!   sigmoid routing with a selection bias, as DeepSeek-V3's.
+//! - **Tencent's tensor names.** transformers writes and reads `hc_pre.hc_attn_layer.hc_fn`,
+//!   `hc_pre.hc_head.hc_head_fn`, `learnable_sink_param` and `linear_gate` (the attention's gate
+//!   and every MLP's gate projection); they are renamed as the checkpoint opens ([`canonical`]).
+//!   The multi-token-prediction layers (`model.mtp_layers.*`) are not read.
+
+use super::Family;
+use crate::ModelError;
+use crate::attention::IndexerQuery;
+use crate::config::{AttentionConfig, Cfg, ExpertActivation, ModelConfig, Rename, Residual};
+
+pub(super) const FAMILY: Family = Family {
+    name: "hy_v4",
+    model_types: &["hy_v4"],
+    read,
+};
+
+fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
+    // transformers' default: one dense layer, then MoE.
+    let base = super::common::Base::read(c, false)?;
+    let eps = base.eps;
+    let mut cfg = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, Some(1))?;
+    let layers = cfg.layers;
+    cfg.rope.interleaved = false;
+
+    let streams = c.opt_usize("hc_mult")?.unwrap_or(4);
+    if streams == 0 {
+        return Err(c.err("hc_mult", "must be positive"));
+    }
+    cfg.residual = Residual::Hyper {
+        streams,
+        gain: c.opt_f32("hc_magnitude")?.unwrap_or(2.0),
+        eps: c.opt_f32("hc_eps")?.unwrap_or(1e-6),
+    };
+    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
+    if limit <= 0.0 || !limit.is_finite() {
+        return Err(c.err(
+            "swiglu_limit",
+            format!("{limit} is not supported (transformers' experts clamp at it; positive only)"),
+        ));
+    }
+    cfg.moe.activation = ExpertActivation::SwiGluInputsClamped { limit };
+    cfg.names.rename = Some(Rename {
+        dialect: "tencent",
+        canonical,
+    });
+
+    // Layer 0 and every fourth from layer 1 have an indexer.
+    let shared = super::glm_moe_dsa::indexer_types(c, layers, |l| l != 0 && (l - 1) % 4 != 0)?;
+    if shared.first() == Some(&true) {
+        return Err(c.err(
+            "indexer_types",
+            "layer 0 is `shared`, but no layer before it has an indexer",
+        ));
+    }
+    super::deepseek_v32::make_sparse(c, &mut cfg, false, &shared, IndexerQuery::Latent)?;
+    for plan in &mut cfg.layer_plan {
+        let AttentionConfig::Dsa(d) = &mut plan.attention else {
+            return Err(ModelError::Internal("the layers are sparse".into()));
+        };
+        d.rope_last = true;
+        d.key_eps = eps;
+        d.mla.output_gate = Some("gate_proj");
+        d.mla.sinks = true;
+    }
+    Ok(cfg)
+}
+
+/// The name transformers gives a stored tensor as it loads it (`conversion_mapping`'s `hy_v4`
+/// entry), `None` when it keeps it.
+pub(crate) fn canonical(name: &str) -> Option<String> {
+    let mut s = name.replace(".hc_pre.hc_", ".hc_");
+    for (from, to) in [
+        (".learnable_sink_param", ".sinks"),
+        (".linear_gate", ".gate_proj"),
+        (".hc_attn_layer.hc_fn", ".attn_hc.fn"),
+        (".hc_attn_layer.hc_base", ".attn_hc.base"),
+        (".hc_attn_layer.hc_scale", ".attn_hc.scale"),
+        (".hc_mlp_layer.hc_fn", ".ffn_hc.fn"),
+        (".hc_mlp_layer.hc_base", ".ffn_hc.base"),
+        (".hc_mlp_layer.hc_scale", ".ffn_hc.scale"),
+        (".hc_head_fn", ".hc_fn"),
+        (".hc_head_base", ".hc_base"),
+        (".hc_head_scale", ".hc_scale"),
+    ] {
+        s = s.replace(from, to);
+    }
+    (s != name).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canonical;
+
+    #[test]
+    fn names_are_renamed_as_transformers_loads_them() {
+        for (stored, want) in [
+            (
+                "model.layers.2.hc_pre.hc_attn_layer.hc_fn",
+                "model.layers.2.attn_hc.fn",
+            ),
+            (
+                "model.layers.2.hc_pre.hc_mlp_layer.hc_scale",
+                "model.layers.2.ffn_hc.scale",
+            ),
+            ("model.hc_pre.hc_head.hc_head_base", "model.hc_head.hc_base"),
+            (
+                "model.layers.0.self_attn.learnable_sink_param",
+                "model.layers.0.self_attn.sinks",
+            ),
+            (
+                "model.layers.0.self_attn.linear_gate.weight",
+                "model.layers.0.self_attn.gate_proj.weight",
+            ),
+            (
+                "model.layers.1.mlp.shared_experts.linear_gate.weight",
+                "model.layers.1.mlp.shared_experts.gate_proj.weight",
+            ),
+        ] {
+            assert_eq!(canonical(stored).as_deref(), Some(want), "{stored}");
+        }
+        for kept in [
+            "model.layers.1.mlp.experts.gate_up_proj",
+            "lm_head.weight",
+            "model.norm.weight",
+        ] {
+            assert_eq!(canonical(kept), None, "{kept}");
+        }
+    }
+}

@@ -48,6 +48,7 @@ from transformers import (  # noqa: E402
     DeepseekV3Config,
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
+    Glm5NextConfig,
     GlmMoeDsaConfig,
     HYV4Config,
     Llama4TextConfig,
@@ -646,6 +647,57 @@ ARCHS = [
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
     ),
+    # GLM-5.3-Flash as released (the multimodal checkpoint): Kimi Delta Attention layers 0 and
+    # 3 (4 heads of 16, the lower-bounded forget gate) beside NoPE MLA with sparse attention
+    # (layers 1, 2, 4); the indexer scores pools of 4 keys (a learned gated average) and keeps
+    # the best 2 pools plus the tail; layer 2 reuses layer 1's top-k; 3 hyper-connection
+    # streams with the Sinkhorn-normalised mixing matrix (mHC), the streams' mean before the
+    # final norm; SwiGLU inputs clamped at 0.8 in the routed experts.
+    dict(
+        name="glm5_next",
+        base_seed=24000,
+        router="deepseek",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: Glm5NextConfig(
+            text_config=dict(
+                **{**COMMON, "num_hidden_layers": 5, "rms_norm_eps": 1e-5},
+                intermediate_size=128,
+                moe_intermediate_size=32,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                q_lora_rank=32,
+                kv_lora_rank=32,
+                qk_nope_head_dim=24,
+                qk_rope_head_dim=0,
+                v_head_dim=16,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_shared_experts=1,
+                n_group=1,
+                topk_group=1,
+                routed_scaling_factor=2.5,
+                mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
+                layer_types=[
+                    "linear_attention", "indexed_attention", "indexed_attention",
+                    "linear_attention", "indexed_attention",
+                ],
+                indexer_types=["full", "full", "shared", "full", "full"],
+                index_topk=8,
+                index_head_dim=16,
+                index_n_heads=8,
+                index_kpool=4,
+                linear_head_dim=16,
+                linear_num_heads=4,
+                linear_conv_kernel_dim=4,
+                hc_mult=3,
+                swiglu_limit=0.8,
+            ),
+            vision_config=dict(
+                depth=1, hidden_size=32, num_heads=2, out_hidden_size=64, intermediate_size=64,
+                projection_intermediate_size=64,
+            ),
+        ),
+    ),
     # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
     # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
     # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
@@ -813,7 +865,7 @@ def init_weights(
                 v = 0.5 * z
             elif name.endswith(".sinks"):  # per-head attention sink logits
                 v = z
-            elif "vision_model" in name or "vision_tower" in name or "multi_modal_projector" in name:
+            elif any(m in name for m in ("vision_model", "vision_tower", "multi_modal_projector", "model.visual.")):
                 # not read by sluice
                 v = 0.02 * z
             elif name in ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight"):
@@ -857,7 +909,7 @@ def chmod_tree(d: Path) -> None:
 
 LAYER_PREFIX = "model.layers."
 # Mistral's own names, which transformers writes for Mistral Large 4: `layers.{l}.…` at the root.
-LAYER_RE = re.compile(r"^(?:model\.)?layers\.(\d+)\.")
+LAYER_RE = re.compile(r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.")
 
 
 def layer_of(name: str) -> int | None:
@@ -1054,6 +1106,8 @@ class IndexerTap:
         self.active = False
 
     def _record(self, scores, k):
+        if scores.numel() == 0:  # GLM-5.3's pooled indexer before its first complete pool
+            return
         s = scores.float().reshape(-1, scores.shape[-1])
         visible = (s > -1e30).sum(-1)
         srt = s.sort(dim=-1, descending=True).values
@@ -1200,7 +1254,7 @@ def check_routes(kind, tap, cfg, calls, seq_len):
 
 # Families transformers runs only as their multimodal model (no causal-LM class of the text
 # model): the fixture is that checkpoint, and the reference its text-only forward.
-MULTIMODAL_ONLY = {"step3p7", "mistral_large4"}
+MULTIMODAL_ONLY = {"step3p7", "mistral_large4", "glm5_next"}
 
 
 def auto_class(model_type: str):

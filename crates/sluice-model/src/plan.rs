@@ -131,7 +131,7 @@ pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
 fn residual_floats(cfg: &ModelConfig) -> usize {
     match cfg.residual {
         Residual::AttnRes { block_size } => (cfg.layers.div_ceil(block_size) + 3) * cfg.hidden,
-        Residual::Hyper { streams, .. } => streams * cfg.hidden + 3 * streams,
+        Residual::Hyper(hc) => hc.streams * cfg.hidden + hc.gates() + hc.streams,
         Residual::Add => 0,
     }
 }

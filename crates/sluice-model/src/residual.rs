@@ -7,7 +7,7 @@ use sluice_kernels::Kernels;
 use sluice_store::Blob;
 
 use crate::ModelError;
-use crate::config::Residual;
+use crate::config::{HyperConfig, Residual};
 use crate::weights::{AttnResWeights, HyperWeights, MixWeights};
 
 /// The residual stream of a forward pass over `t` rows.
@@ -24,14 +24,14 @@ pub(crate) enum Stream {
         /// The current block's running sum (the embeddings before layer 0).
         prefix: Vec<f32>,
     },
-    /// Hyper-connections: `[t, n, hidden]` streams and the `post` gates `[t, n]` of the block
-    /// running now.
+    /// Hyper-connections: `[t, n, hidden]` streams and, per token, the `post` gates (and the
+    /// `n × n` mixing matrix) of the block running now.
     Hyper {
-        /// Streams, gain and eps.
-        residual: Residual,
+        /// The scheme.
+        hc: HyperConfig,
         /// The streams.
         s: Vec<f32>,
-        /// The running block's `post` gates.
+        /// The running block's gates.
         post: Vec<f32>,
     },
 }
@@ -71,16 +71,16 @@ impl Stream {
                 blocks: Vec::new(),
                 prefix: hs,
             },
-            Residual::Hyper { streams, .. } => {
+            Residual::Hyper(hc) => {
                 // Every stream starts as the embeddings.
-                let mut s = Vec::with_capacity(hs.len() * streams);
+                let mut s = Vec::with_capacity(hs.len() * hc.streams);
                 for row in hs.chunks_exact(hidden.max(1)) {
-                    for _ in 0..streams {
+                    for _ in 0..hc.streams {
                         s.extend_from_slice(row);
                     }
                 }
                 Stream::Hyper {
-                    residual,
+                    hc,
                     s,
                     post: Vec::new(),
                 }
@@ -99,8 +99,8 @@ impl Stream {
     ) -> Result<Cow<'_, [f32]>, ModelError> {
         match self {
             Stream::Add(hs) => Ok(Cow::Borrowed(hs)),
-            Stream::Hyper { residual, s, post } => {
-                let (x, p) = hyper_pre(m, *residual, hyper_weights(w)?, blob, s, true);
+            Stream::Hyper { hc, s, post } => {
+                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true);
                 *post = p;
                 Ok(Cow::Owned(x))
             }
@@ -131,7 +131,7 @@ impl Stream {
     pub(crate) fn add_attention(&mut self, l: usize, a: Vec<f32>) {
         match self {
             Stream::Add(hs) => add(hs, &a),
-            Stream::Hyper { s, post, .. } => hyper_post(s, post, &a),
+            Stream::Hyper { hc, s, post } => hyper_post(hc, s, post, &a),
             Stream::AttnRes {
                 block_size, prefix, ..
             } => {
@@ -153,8 +153,8 @@ impl Stream {
     ) -> Result<Cow<'_, [f32]>, ModelError> {
         match self {
             Stream::Add(hs) => Ok(Cow::Borrowed(hs)),
-            Stream::Hyper { residual, s, post } => {
-                let (x, p) = hyper_pre(m, *residual, hyper_weights(w)?, blob, s, true);
+            Stream::Hyper { hc, s, post } => {
+                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true);
                 *post = p;
                 Ok(Cow::Owned(x))
             }
@@ -178,7 +178,7 @@ impl Stream {
         match self {
             Stream::Add(hs) => add(hs, f),
             Stream::AttnRes { prefix, .. } => add(prefix, f),
-            Stream::Hyper { s, post, .. } => hyper_post(s, post, f),
+            Stream::Hyper { hc, s, post } => hyper_post(hc, s, post, f),
         }
     }
 
@@ -211,10 +211,15 @@ impl Stream {
         let h = m.hidden;
         match self {
             Stream::Add(hs) => Ok(hs[rows.start * h..rows.end * h].to_vec()),
-            Stream::Hyper { residual, s, .. } => {
-                let n = residual.stream_floats(h);
+            Stream::Hyper { hc, s, .. } => {
+                let n = hc.streams * h;
                 let part = &s[rows.start * n..rows.end * n];
-                Ok(hyper_pre(m, *residual, hyper_weights(w)?, blob, part, false).0)
+                let w = if hc.mean_head {
+                    None
+                } else {
+                    Some(hyper_weights(w)?)
+                };
+                Ok(hyper_pre(m, hc, w, blob, part, false).0)
             }
             Stream::AttnRes { blocks, prefix, .. } => {
                 Ok(mix(m, blocks, prefix, weights(w)?, blob, rows))
@@ -223,37 +228,45 @@ impl Stream {
     }
 }
 
-/// A hyper-connection's gates over `s` (`[t, n, hidden]`): the mix `Σ pre_i s_i` per token,
-/// and with `block` the `post` gates `[t, n]` (without, the hyper head: its gates are `pre`
-/// only). See [`Residual::Hyper`].
+/// A hyper-connection over `s` (`[t, n, hidden]`): per token the block's input `Σ pre_i s_i`,
+/// and with `block` the gates [`hyper_post`] applies (`post`, then with a mixing matrix its
+/// `n²` entries); without, the hyper head's input (its gates are `pre` only; with no weights,
+/// the streams' mean). See [`HyperConfig`].
 fn hyper_pre(
     m: &Mixing<'_>,
-    residual: Residual,
-    w: &HyperWeights,
+    hc: &HyperConfig,
+    w: Option<&HyperWeights>,
     blob: &Blob,
     s: &[f32],
     block: bool,
 ) -> (Vec<f32>, Vec<f32>) {
-    let Residual::Hyper {
-        streams: n,
-        gain,
-        eps,
-    } = residual
-    else {
-        return (Vec::new(), Vec::new());
-    };
-    let h = m.hidden;
+    let (n, h) = (hc.streams, m.hidden);
     let width = n * h;
     let t = s.len() / width.max(1);
-    let gates = if block { 2 * n } else { n };
+    let mut x = vec![0f32; t * h];
+    let Some(w) = w else {
+        // The streams' mean.
+        for (row, out) in s.chunks_exact(width).zip(x.chunks_exact_mut(h)) {
+            for stream in row.chunks_exact(h) {
+                for (o, &v) in out.iter_mut().zip(stream) {
+                    *o += v;
+                }
+            }
+            for o in out.iter_mut() {
+                *o /= n as f32;
+            }
+        }
+        return (x, Vec::new());
+    };
+    let gates = if block { hc.gates() } else { n };
     let (Ok(proj), base, scale) = (w.proj.view(blob), w.base.to_f32(blob), w.scale.to_f32(blob))
     else {
         return (Vec::new(), Vec::new());
     };
     let mut mixes = vec![0f32; t * gates];
     m.k.matmul(&proj, s, &mut mixes, 0..gates);
-    let mut x = vec![0f32; t * h];
-    let mut post = Vec::with_capacity(if block { t * n } else { 0 });
+    let kept = if block { gates - n } else { 0 };
+    let mut post = Vec::with_capacity(t * kept);
     for ((row, mix), out) in s
         .chunks_exact(width)
         .zip(mixes.chunks_exact_mut(gates))
@@ -266,36 +279,97 @@ fn hyper_pre(
             *v *= r;
         }
         for (i, stream) in row.chunks_exact(h).enumerate() {
-            let pre = sigmoid(mix[i] * scale[0] + base[i]) + eps;
+            let pre = sigmoid(mix[i] * scale[0] + base[i]) + hc.eps;
             for (o, &v) in out.iter_mut().zip(stream) {
                 *o += pre * v;
             }
         }
-        if block {
-            for i in n..2 * n {
-                post.push(gain * sigmoid(mix[i] * scale[1] + base[i]) + eps);
-            }
+        if !block {
+            continue;
+        }
+        let post_eps = if hc.sinkhorn.is_some() { 0.0 } else { hc.eps };
+        for i in n..2 * n {
+            post.push(hc.gain * sigmoid(mix[i] * scale[1] + base[i]) + post_eps);
+        }
+        if let Some(iters) = hc.sinkhorn {
+            post.extend(sinkhorn(
+                &mix[2 * n..],
+                scale[2],
+                &base[2 * n..],
+                n,
+                hc.eps,
+                iters,
+            ));
         }
     }
     (x, post)
 }
 
-/// `s_i ← post_i · y + s_i` per token and stream, `y` the block's output `[t, hidden]`.
-fn hyper_post(s: &mut [f32], post: &[f32], y: &[f32]) {
-    if y.is_empty() || post.is_empty() {
+/// mHC's mixing matrix `C` (`[n, n]`, row-major) from its logits `z`: the softmax of each row of
+/// `z · scale + base`, plus `eps`, then its columns normalised, then `iters − 1` rounds of rows
+/// and columns normalised (each sum plus `eps`), as transformers computes it.
+fn sinkhorn(z: &[f32], scale: f32, base: &[f32], n: usize, eps: f32, iters: usize) -> Vec<f32> {
+    let mut c: Vec<f32> = z.iter().zip(base).map(|(v, b)| v * scale + b).collect();
+    for row in c.chunks_exact_mut(n) {
+        sluice_kernels::scalar::softmax(row);
+        for v in row.iter_mut() {
+            *v += eps;
+        }
+    }
+    let cols = |c: &mut [f32]| {
+        for k in 0..n {
+            let sum: f32 = (0..n).map(|j| c[j * n + k]).sum::<f32>() + eps;
+            for j in 0..n {
+                c[j * n + k] /= sum;
+            }
+        }
+    };
+    cols(&mut c);
+    for _ in 1..iters.max(1) {
+        for row in c.chunks_exact_mut(n) {
+            let sum: f32 = row.iter().sum::<f32>() + eps;
+            for v in row.iter_mut() {
+                *v /= sum;
+            }
+        }
+        cols(&mut c);
+    }
+    c
+}
+
+/// The block's output `y` (`[t, hidden]`) into the streams: `s_i ← post_i · y + s_i` (iHC), or
+/// `s_k ← post_k · y + Σ_j C_jk s_j` with mHC's mixing matrix.
+fn hyper_post(hc: &HyperConfig, s: &mut [f32], gates: &[f32], y: &[f32]) {
+    let n = hc.streams;
+    if y.is_empty() || n == 0 {
         return;
     }
-    let n = s.len() / y.len();
-    let t = post.len() / n.max(1);
+    let per = if hc.sinkhorn.is_some() { n + n * n } else { n };
+    let t = gates.len() / per;
     let h = y.len() / t.max(1);
-    for ((streams, gates), y) in s
+    let mut old = vec![0f32; n * h];
+    for ((streams, g), y) in s
         .chunks_exact_mut(n * h)
-        .zip(post.chunks_exact(n))
+        .zip(gates.chunks_exact(per.max(1)))
         .zip(y.chunks_exact(h))
     {
-        for (stream, &p) in streams.chunks_exact_mut(h).zip(gates) {
-            for (v, &yv) in stream.iter_mut().zip(y) {
-                *v += p * yv;
+        let (post, comb) = g.split_at(n);
+        if hc.sinkhorn.is_none() {
+            for (stream, &p) in streams.chunks_exact_mut(h).zip(post) {
+                for (v, &yv) in stream.iter_mut().zip(y) {
+                    *v += p * yv;
+                }
+            }
+            continue;
+        }
+        old.copy_from_slice(streams);
+        for (k, stream) in streams.chunks_exact_mut(h).enumerate() {
+            for (d, v) in stream.iter_mut().enumerate() {
+                let mut acc = 0f32;
+                for j in 0..n {
+                    acc += comb[j * n + k] * old[j * h + d];
+                }
+                *v = post[k] * y[d] + acc;
             }
         }
     }

@@ -76,6 +76,12 @@ fn hy_v4_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/hy_v4-fp32");
 }
 
+/// GLM-5.3-Flash (KDA state beside sparse MLA with a pooled indexer, mHC): the same matrix.
+#[test]
+fn glm5_next_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/glm5_next-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

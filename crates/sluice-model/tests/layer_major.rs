@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 15] = [
+const FIXTURES: [&str; 16] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -43,6 +43,8 @@ const FIXTURES: [&str; 15] = [
     "models/mistral_large4-fp32",
     // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
     "models/hy_v4-fp32",
+    // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
+    "models/glm5_next-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

@@ -84,6 +84,7 @@ pub(super) fn make_sparse(
             query,
             rope_last: false,
             key_eps: crate::attention::dsa::INDEXER_EPS,
+            pool: None,
         });
         plan.mlp = if sparse[l] {
             MlpKind::Moe

@@ -23,7 +23,9 @@
 use super::Family;
 use crate::ModelError;
 use crate::attention::IndexerQuery;
-use crate::config::{AttentionConfig, Cfg, ExpertActivation, ModelConfig, Rename, Residual};
+use crate::config::{
+    AttentionConfig, Cfg, ExpertActivation, HyperConfig, ModelConfig, Rename, Residual,
+};
 
 pub(super) const FAMILY: Family = Family {
     name: "hy_v4",
@@ -43,11 +45,13 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     if streams == 0 {
         return Err(c.err("hc_mult", "must be positive"));
     }
-    cfg.residual = Residual::Hyper {
+    cfg.residual = Residual::Hyper(HyperConfig {
         streams,
         gain: c.opt_f32("hc_magnitude")?.unwrap_or(2.0),
         eps: c.opt_f32("hc_eps")?.unwrap_or(1e-6),
-    };
+        sinkhorn: None,
+        mean_head: false,
+    });
     let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
     if limit <= 0.0 || !limit.is_finite() {
         return Err(c.err(

@@ -15,6 +15,7 @@ mod deepseek_v3;
 mod deepseek_v32;
 mod ernie4_5_moe;
 mod glm4_moe;
+mod glm5_next;
 mod glm_moe_dsa;
 mod gpt_oss;
 mod hy_v4;
@@ -68,6 +69,7 @@ pub static FAMILIES: &[Family] = &[
     glm_moe_dsa::FAMILY,
     mistral_large4::FAMILY,
     hy_v4::FAMILY,
+    glm5_next::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -62,6 +62,21 @@ pub struct DsaConfig {
     pub rope_last: bool,
     /// The eps of the indexer's `k_norm`.
     pub key_eps: f32,
+    /// The indexer scores pools of keys rather than single positions (GLM-5.3).
+    pub pool: Option<KeyPool>,
+}
+
+/// GLM-5.3's pooled indexer (`index_kpool`): the positions are taken in pools of `size`
+/// (`0..size`, `size..2·size`, …); a pool's key is the per-channel softmax-weighted mean of its
+/// keys, weighted by `index_kpool_compress_gate · x + index_kpool_compress_ape`; a query scores
+/// the pools it sees whole and keeps the best `topk / size` of them (all when it sees no more),
+/// and with `tail` the positions after its last whole pool too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyPool {
+    /// Positions per pool (`index_kpool`).
+    pub size: usize,
+    /// The positions past the last whole pool are kept (`index_kpool_always_select_tail`).
+    pub tail: bool,
 }
 
 /// The weights of a sparse-attention layer.
@@ -87,6 +102,9 @@ pub struct IndexerWeights {
     /// `indexer.q_input_norm` weight and bias, and `indexer.softmax_scaling` scale and bias
     /// ([`IndexerQuery::Input`]).
     pub input: Option<[VecSpec; 4]>,
+    /// `indexer.index_kpool_compress_ape` `[size, head_dim]` and
+    /// `indexer.index_kpool_compress_gate` `[head_dim, hidden]` ([`KeyPool`]).
+    pub pool: Option<(VecSpec, MatSpec)>,
 }
 
 /// The latent cache and the indexer's keys, `[pos, head_dim]`.
@@ -147,8 +165,13 @@ impl DsaConfig {
         self.mla.kv_floats() + self.key_floats()
     }
 
+    /// Per position: the indexer's key (and with pools, its pool gate's logits).
     fn key_floats(&self) -> usize {
-        if self.shared { 0 } else { self.head_dim }
+        match (self.shared, self.pool) {
+            (true, _) => 0,
+            (false, None) => self.head_dim,
+            (false, Some(_)) => 2 * self.head_dim,
+        }
     }
 
     /// Floats of scratch per token of a pass.
@@ -215,6 +238,13 @@ impl DsaConfig {
                         p.vector(&a("indexer.softmax_scaling.scale"), heads)?,
                         p.vector(&a("indexer.softmax_scaling.bias"), heads)?,
                     ]),
+                },
+                pool: match self.pool {
+                    Some(kp) => Some((
+                        p.vector_any(&a("indexer.index_kpool_compress_ape"), &[kp.size, d])?,
+                        p.matrix(&a("indexer.index_kpool_compress_gate"), d, h)?,
+                    )),
+                    None => None,
                 },
                 wq_b: p.linear(&a("indexer.wq_b"), heads * d, qr)?,
                 wk: p.linear(&a("indexer.wk"), d, h)?,
@@ -321,11 +351,48 @@ impl DsaConfig {
             }
             rotate(&mut k[i * d..(i + 1) * d][rot.clone()], cos, sin);
         }
-        cache.keys.extend_from_slice(&k);
         let mut wts = vec![0f32; t * heads];
         exec.matmul(&w.weights_proj.view(blob)?, x, &mut wts);
         let wscale = (heads as f32).powf(-0.5);
         let scale = (d as f32).powf(-0.5);
+        if let (Some(kp), Some((ape, gate))) = (self.pool, &w.pool) {
+            let mut gs = vec![0f32; t * d];
+            exec.matmul(&gate.view(blob)?, x, &mut gs);
+            for (kr, gr) in k.chunks_exact(d).zip(gs.chunks_exact(d)) {
+                cache.keys.extend_from_slice(kr);
+                cache.keys.extend_from_slice(gr);
+            }
+            let pools = pool_keys(&cache.keys, d, kp.size, &ape.to_f32(blob));
+            let keep_pools = self.topk / kp.size;
+            return Ok(exec.map(t, |i| {
+                let n = pos0 + i + 1;
+                let whole = n / kp.size;
+                if whole <= keep_pools && (kp.tail || whole * kp.size == n) {
+                    return None;
+                }
+                let qi = &q[i * heads * d..(i + 1) * heads * d];
+                let wi = &wts[i * heads..(i + 1) * heads];
+                let mut chosen: Vec<usize> = (0..whole).collect();
+                if whole > keep_pools {
+                    let mut scored: Vec<(f32, usize)> = chosen
+                        .iter()
+                        .map(|&p| (score(qi, wi, &pools[p * d..(p + 1) * d], wscale, scale), p))
+                        .collect();
+                    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                    chosen = scored[..keep_pools].iter().map(|s| s.1).collect();
+                    chosen.sort_unstable();
+                }
+                let mut keep: Vec<usize> = chosen
+                    .iter()
+                    .flat_map(|&p| p * kp.size..(p + 1) * kp.size)
+                    .collect();
+                if kp.tail {
+                    keep.extend(whole * kp.size..n);
+                }
+                Some(keep)
+            }));
+        }
+        cache.keys.extend_from_slice(&k);
         // Per query, the positions it keeps when it sees more than `topk`.
         let keys = &cache.keys;
         Ok(exec.map(t, |i| {
@@ -336,15 +403,7 @@ impl DsaConfig {
             let qi = &q[i * heads * d..(i + 1) * heads * d];
             let wi = &wts[i * heads..(i + 1) * heads];
             let mut scored: Vec<(f32, usize)> = (0..n)
-                .map(|j| {
-                    let kj = &keys[j * d..(j + 1) * d];
-                    let mut s = 0f32;
-                    for (qh, &wh) in qi.chunks_exact(d).zip(wi) {
-                        let dot: f32 = qh.iter().zip(kj).map(|(a, b)| a * b).sum();
-                        s += wh * wscale * (dot * scale).max(0.0);
-                    }
-                    (s, j)
-                })
+                .map(|j| (score(qi, wi, &keys[j * d..(j + 1) * d], wscale, scale), j))
                 .collect();
             scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             let mut keep: Vec<usize> = scored[..self.topk].iter().map(|p| p.1).collect();
@@ -352,6 +411,41 @@ impl DsaConfig {
             Some(keep)
         }))
     }
+}
+
+/// A query's score of a key: `Σ_h w_h · wscale · relu(q_h · k · scale)`.
+fn score(q: &[f32], w: &[f32], k: &[f32], wscale: f32, scale: f32) -> f32 {
+    let d = k.len();
+    let mut s = 0f32;
+    for (qh, &wh) in q.chunks_exact(d).zip(w) {
+        let dot: f32 = qh.iter().zip(k).map(|(a, b)| a * b).sum();
+        s += wh * wscale * (dot * scale).max(0.0);
+    }
+    s
+}
+
+/// The key of every whole pool of `size` positions in `cache` (`[pos, 2d]`: each position's
+/// key, then its pool gate's logits): per channel `c`, `Σ_j softmax_j(g_jc + ape_jc) k_jc`
+/// over the pool's positions `j`, as transformers computes it.
+fn pool_keys(cache: &[f32], d: usize, size: usize, ape: &[f32]) -> Vec<f32> {
+    let n = cache.len() / (2 * d);
+    let pools = n / size;
+    let mut out = vec![0f32; pools * d];
+    let mut logits = vec![0f32; size];
+    for (p, pk) in out.chunks_exact_mut(d).enumerate() {
+        for (c, o) in pk.iter_mut().enumerate() {
+            for (j, l) in logits.iter_mut().enumerate() {
+                *l = cache[(p * size + j) * 2 * d + d + c] + ape[j * d + c];
+            }
+            sluice_kernels::scalar::softmax(&mut logits);
+            *o = logits
+                .iter()
+                .enumerate()
+                .map(|(j, &pr)| pr * cache[(p * size + j) * 2 * d + c])
+                .sum();
+        }
+    }
+    out
 }
 
 /// LayerNorm of one row (biased variance, as torch's `nn.LayerNorm`).

@@ -18,7 +18,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
-pub use dsa::{DsaConfig, DsaWeights, IndexerQuery};
+pub use dsa::{DsaConfig, DsaWeights, IndexerQuery, KeyPool};
 pub use gdn::{GdnConfig, GdnProj, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
 pub use kda::{KdaConfig, KdaGate, KdaWeights};

@@ -420,28 +420,56 @@ pub enum Residual {
         /// Layers per block (`attn_res_block_size`).
         block_size: usize,
     },
-    /// Hyper-connections (Hy4's iHC): `streams` residual streams per token, all the
-    /// embeddings at first. Before attention and before the feed-forward block, per token:
-    /// `m = (W · s) / √(mean(s²) + ε_rms)` over the streams `s` flattened (`W` the
-    /// `[2n, n · hidden]` `attn_hc.fn` / `ffn_hc.fn`), `pre = σ(m[..n] · scale₀ + base[..n]) + ε`,
-    /// `post = gain · σ(m[n..] · scale₁ + base[n..]) + ε`; the block reads `Σ pre_i s_i` and its
-    /// output `y` joins each stream, `s_i ← post_i · y + s_i`. The final norm reads the
-    /// hyper head's `Σ pre_i s_i` (`hc_head`: `pre = σ(m · scale + base) + ε`, no gain).
-    Hyper {
-        /// Streams (`hc_mult`).
-        streams: usize,
-        /// The gain on `post` (`hc_magnitude`).
-        gain: f32,
-        /// Added to the gates (`hc_eps`).
-        eps: f32,
-    },
+    /// Hyper-connections: several residual streams per token ([`HyperConfig`]).
+    Hyper(HyperConfig),
+}
+
+/// Hyper-connections (Hy4's iHC; GLM-5.3's and DeepSeek-V4's mHC with `sinkhorn`): `streams`
+/// residual streams per token, all the embeddings at first. Before attention and before the
+/// feed-forward block, per token: `m = (W · s) / √(mean(s²) + ε_rms)` over the streams `s`
+/// flattened (`W` the layer's `attn_hc.fn` / `ffn_hc.fn`), `pre = σ(m[..n] · scale₀ + base) +
+/// ε` and `post = gain · σ(m[n..2n] · scale₁ + base) (+ ε in iHC)`; the block reads
+/// `Σ pre_i s_i` and its output `y` joins the streams, `s_i ← post_i · y + s_i` (iHC) or
+/// `s_k ← post_k · y + Σ_j C_jk s_j` (mHC, `C` the `n × n` softmax of `m[2n..] · scale₂ + base`
+/// made doubly stochastic by Sinkhorn-Knopp iterations). The final norm reads the hyper head's
+/// `Σ pre_i s_i` (`hc_head`: `pre = σ(m · scale + base) + ε`), or the streams' mean.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct HyperConfig {
+    /// Streams (`hc_mult`).
+    pub streams: usize,
+    /// The gain on `post` (`hc_magnitude`; 2 in mHC).
+    pub gain: f32,
+    /// Added to the gates (`hc_eps`).
+    pub eps: f32,
+    /// Sinkhorn-Knopp iterations of the mixing matrix (`hc_sinkhorn_iters`); `None`: no
+    /// matrix (iHC), and `eps` is added to `post` too.
+    pub sinkhorn: Option<usize>,
+    /// The final norm reads the streams' mean (GLM-5.3) rather than a gated head.
+    pub mean_head: bool,
+}
+
+impl HyperConfig {
+    /// Gates per block: `pre`, `post` and, with a mixing matrix, its `n²` entries.
+    pub fn gates(&self) -> usize {
+        let n = self.streams;
+        if self.sinkhorn.is_some() {
+            (2 + n) * n
+        } else {
+            2 * n
+        }
+    }
+
+    /// Scales per block (one per kind of gate).
+    pub fn scales(&self) -> usize {
+        if self.sinkhorn.is_some() { 3 } else { 2 }
+    }
 }
 
 impl Residual {
     /// Floats one token's residual stream holds (the hidden size, or one per stream).
     pub fn stream_floats(&self, hidden: usize) -> usize {
         match self {
-            Residual::Hyper { streams, .. } => streams * hidden,
+            Residual::Hyper(h) => h.streams * hidden,
             _ => hidden,
         }
     }

@@ -603,10 +603,13 @@ fn layer(
             MixWeights::AttnRes(attn_res(p, &at("self_attention"), h)?),
             MixWeights::AttnRes(attn_res(p, &at("mlp"), h)?),
         ]),
-        Residual::Hyper { streams, .. } => Some([
-            MixWeights::Hyper(hyper(p, &at("attn_hc"), "", 2 * streams, 2, streams * h)?),
-            MixWeights::Hyper(hyper(p, &at("ffn_hc"), "", 2 * streams, 2, streams * h)?),
-        ]),
+        Residual::Hyper(hc) => {
+            let (g, s, w) = (hc.gates(), hc.scales(), hc.streams * h);
+            Some([
+                MixWeights::Hyper(hyper(p, &at("attn_hc"), "", g, s, w)?),
+                MixWeights::Hyper(hyper(p, &at("ffn_hc"), "", g, s, w)?),
+            ])
+        }
         Residual::Add => None,
     };
     let ffn = match plan.mlp {
@@ -795,13 +798,14 @@ fn head(
             Residual::AttnRes { .. } => {
                 Some(MixWeights::AttnRes(attn_res(p, &model("output_attn"), h)?))
             }
-            Residual::Hyper { streams, .. } => Some(MixWeights::Hyper(hyper(
+            Residual::Hyper(hc) if hc.mean_head => None,
+            Residual::Hyper(hc) => Some(MixWeights::Hyper(hyper(
                 p,
                 &model("hc_head"),
                 "hc_",
-                streams,
+                hc.streams,
                 1,
-                streams * h,
+                hc.streams * h,
             )?)),
             Residual::Add => None,
         },

@@ -204,7 +204,7 @@ pub fn inspect_with(
             _ => None,
         },
         hyper_streams: match cfg.residual {
-            Residual::Hyper { streams, .. } => Some(streams),
+            Residual::Hyper(hc) => Some(hc.streams),
             _ => None,
         },
         shards: ck.shards().len(),

@@ -21,6 +21,7 @@ weights as the format's *reference code* decodes them:
 | deepseek_v3-int4 | Kimi K2 Thinking / K2.5: compressed-tensors pack-quantized INT4 routed experts, group 32, K2's ignore list | compressed-tensors' own decompressor, run with the BF16 group scales widened to fp32 so the products are exact; transformers' native load (BF16) is checked to be the BF16 rounding of exactly these |
 | qwen3_moe-mxfp4 | compressed-tensors mxfp4-pack-quantized experts (the Kimi K3 layout) | transformers' native compressed-tensors load (exact: power-of-two scales) |
 | gpt_oss-bf16 | GPT-OSS as transformers saves it: fused x@W experts | transformers' load of the BF16 file |
+| deepseek_v3-fp8-ue8m0-fp4 | DeepSeek-V4's formats on DeepSeek-V3's shape: FP8 E4M3 blocks with **UE8M0** `weight_scale_inv` (F8_E8M0 powers of two, `scale_fmt: ue8m0`) on attention, dense MLP and shared experts; routed experts **FP4** (`expert_dtype: fp4`: I8, two E2M1 per byte, low nibble first, one F8_E8M0 `weight_scale_inv` per 32 columns) | the same DeepSeek-layout dequantization for FP8 blocks; transformers' `Fp8Dequantize` for the FP4 experts (checked against an independent decode) |
 | gpt_oss-mxfp4 | GPT-OSS as released: `*_blocks` / `*_scales` experts, quant_method mxfp4 | transformers' Mxfp4 dequantize path (convert_moe_packed_tensors) |
 
 All reference arithmetic is fp32. The outputs use the layout of testdata/models (see
@@ -612,6 +613,75 @@ def build_ds_fp8(seed: int, work: Path):
     return d, finish_ref(m), "deepseek", facts
 
 
+def fp8_quantize_ue8m0(w: torch.Tensor, block=(FP8_BLOCK, FP8_BLOCK)):
+    """`fp8_quantize` with each block's scale rounded up to a power of two, stored as E8M0
+    (`scale_fmt: ue8m0`), the codes quantized with that exact scale."""
+    br, bc = block
+    r, c = w.shape
+    rb, cb = math.ceil(r / br), math.ceil(c / bc)
+    wp = F.pad(w.float(), (0, cb * bc - c, 0, rb * br - r))
+    blocks = wp.reshape(rb, br, cb, bc)
+    amax = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (blocks / scale[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    q = q.reshape(rb * br, cb * bc)[:r, :c].contiguous()
+    return q, scale.to(torch.float8_e8m0fnu).contiguous()
+
+
+def fp4_quantize(w: torch.Tensor):
+    """DeepSeek-V4's FP4 experts: codes `[rows, cols / 2]` I8 (two E2M1 per byte, low nibble =
+    even column) and `[rows, cols / 32]` E8M0 scales (powers of two with |w / scale| <= 6)."""
+    r, c = w.shape
+    ex = mx_scale_exponents(w)  # [r, c / 32]
+    x = w.float().reshape(r, c // 32, 32) / torch.exp2(ex)[..., None]
+    mag = (x.abs()[..., None] - LUT[:8]).abs().argmin(-1)  # nearest magnitude (ties: lower)
+    code = (mag + 8 * (x < 0).long()).to(torch.uint8).reshape(r, c)
+    packed = (code[:, 0::2] | (code[:, 1::2] << 4)).contiguous().view(torch.int8)
+    return packed, torch.exp2(ex).to(torch.float8_e8m0fnu).contiguous()
+
+
+def fp4_decode(packed: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Independent decode of `fp4_quantize`'s output, to check transformers'."""
+    u = packed.view(torch.uint8)
+    vals = torch.stack([LUT[(u & 15).long()], LUT[(u >> 4).long()]], -1).reshape(u.shape[0], -1)
+    return vals * scale.float().repeat_interleave(32, -1)
+
+
+def build_ds_fp8_ue8m0_fp4(seed: int, work: Path):
+    model = new_model(ds_fp8_config(), seed, "deepseek")
+    hf = work / "hf"
+    model.save_pretrained(hf, max_shard_size="1GB")
+    src = load_file(str(hf / "model.safetensors"))
+    out, ref = {}, {}
+    fp4 = fp8 = 0
+    for k, v in sorted(src.items()):
+        if is_fp8_target(k) and ".mlp.experts." in k:
+            q, s = fp4_quantize(v)
+            out[k], out[k + "_scale_inv"] = q, s
+            w = Fp8Dequantize(None)._dequantize_one(q, s, output_dtype=torch.float32)
+            assert torch.equal(w, fp4_decode(q, s)), k
+            ref[k] = w
+            fp4 += 1
+        elif is_fp8_target(k):
+            q, s = fp8_quantize_ue8m0(v)
+            out[k], out[k + "_scale_inv"] = q, s
+            ref[k] = fp8_dequant_deepseek(q, s.float())
+            fp8 += 1
+        elif k.endswith("e_score_correction_bias"):
+            out[k] = v.float()
+            ref[k] = v.float()
+        else:
+            out[k] = v.to(torch.bfloat16)
+            ref[k] = out[k].float()
+    d = work / "deepseek_v3-fp8-ue8m0-fp4"
+    d.mkdir()
+    write_by_layer(out, d)
+    write_config(hf, d, {**FP8_QCFG, "scale_fmt": "ue8m0", "expert_dtype": "fp4"})
+    m = AutoModelForCausalLM.from_pretrained(plain_fp32_dir(hf, ref, work / "ref"), dtype=torch.float32, **KW)
+    facts = {"fp8_ue8m0_tensors": fp8, "fp4_expert_tensors": fp4}
+    return d, finish_ref(m), "deepseek", facts
+
+
 def fp8_release(model, work: Path, name: str, f32) -> tuple[Path, dict, dict]:
     """A release in 128x128-block FP8: every `is_fp8_target` weight quantized (its reference the
     DeepSeek-layout dequantization), the tensors `f32(name)` selects kept F32, the rest BF16.
@@ -836,6 +906,11 @@ def build_gpt_oss(seed: int, work: Path, variant: str):
 FIXTURES = [
     dict(name="deepseek_v3-fp8", base_seed=11000, variants=[("fp8", build_ds_fp8)]),
     dict(name="deepseek_v3-int4", base_seed=12000, variants=[("int4", build_ds_int4)]),
+    dict(
+        name="deepseek_v3-fp8-ue8m0-fp4",
+        base_seed=18000,
+        variants=[("fp8-ue8m0-fp4", build_ds_fp8_ue8m0_fp4)],
+    ),
     dict(name="qwen3_moe-mxfp4", base_seed=13000, variants=[("mxfp4", build_qwen3_mxfp4)]),
     dict(name="minimax_m2-fp8", base_seed=15000, variants=[("fp8", build_minimax_fp8)]),
     dict(name="glm4_moe-fp8", base_seed=17000, variants=[("fp8", build_glm4_fp8)]),

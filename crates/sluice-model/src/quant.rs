@@ -63,6 +63,10 @@ pub enum Quantization {
         block_rows: usize,
         /// Columns per scale block.
         block_cols: usize,
+        /// Weights stored as I8 are FP4 (`expert_dtype: fp4`, DeepSeek-V4's routed experts):
+        /// two E2M1 codes per byte, low nibble first, and one `weight_scale_inv` per 32
+        /// columns.
+        fp4: bool,
     },
     /// compressed-tensors (`quant_method: compressed-tensors`).
     CompressedTensors {
@@ -247,8 +251,10 @@ pub(crate) fn read(v: &Value, file: &Path, fused: bool) -> Result<Quantization, 
         "fp8" => {
             q.one_of("fmt", Some("e4m3"), &["e4m3"])?;
             q.one_of("activation_scheme", Some("dynamic"), &["dynamic"])?;
-            // `ue8m0` (DeepSeek-V3.1) only says the stored scales are powers of two.
+            // `ue8m0` (DeepSeek-V3.1, V4) only says the stored scales are powers of two (F32 or
+            // F8_E8M0).
             q.one_of("scale_fmt", Some("float"), &["float", "ue8m0"])?;
+            let fp4 = q.one_of("expert_dtype", Some("fp8"), &["fp8", "fp4"])? == "fp4";
             q.strings("modules_to_not_convert")?;
             q.strings("ignored_layers")?;
             let bad = || {
@@ -279,6 +285,7 @@ pub(crate) fn read(v: &Value, file: &Path, fused: bool) -> Result<Quantization, 
             Ok(Quantization::Fp8 {
                 block_rows: b[0],
                 block_cols: b[1],
+                fp4,
             })
         }
         "mxfp4" => Ok(Quantization::Mxfp4 {
@@ -570,10 +577,25 @@ mod tests {
             parse(&v, false).unwrap(),
             Quantization::Fp8 {
                 block_rows: 128,
-                block_cols: 128
+                block_cols: 128,
+                fp4: false,
             }
         );
+        // DeepSeek-V4: power-of-two scales, FP4 routed experts.
+        let mut v4 = v.clone();
+        v4["scale_fmt"] = json!("ue8m0");
+        v4["expert_dtype"] = json!("fp4");
+        assert!(matches!(
+            parse(&v4, false).unwrap(),
+            Quantization::Fp8 { fp4: true, .. }
+        ));
         for (k, bad, f) in [
+            (
+                "expert_dtype",
+                json!("int4"),
+                "quantization_config.expert_dtype",
+            ),
+            ("scale_fmt", json!("e4m3"), "quantization_config.scale_fmt"),
             ("fmt", json!("e5m2"), "quantization_config.fmt"),
             (
                 "activation_scheme",

@@ -173,6 +173,7 @@ macro_rules! fixture_tests {
 
 fixture_tests! {
     deepseek_v3_fp8 => "deepseek_v3-fp8",
+    deepseek_v3_fp8_ue8m0_fp4 => "deepseek_v3-fp8-ue8m0-fp4",
     minimax_m2_fp8 => "minimax_m2-fp8",
     qwen3_5_moe_fp8 => "qwen3_5_moe-fp8",
     glm4_moe_fp8 => "glm4_moe-fp8",
@@ -193,6 +194,8 @@ fn packed_expert_bytes(name: &str, hidden: usize, inter: usize) -> u64 {
             2 * (i * h + i.div_ceil(128) * h.div_ceil(128) * 4)
                 + (h * i + h.div_ceil(128) * i.div_ceil(128) * 4)
         }
+        // FP4: bytes of 2 E2M1 codes, one E8M0 byte per 32 columns (expert_dtype fp4).
+        "deepseek_v3-fp8-ue8m0-fp4" => 2 * (i * h / 2 + i * (h / 32)) + (h * i / 2 + h * (i / 32)),
         // int32 words of 8 codes, BF16 scale per 32 columns.
         "deepseek_v3-int4" => 2 * (i * h / 2 + i * (h / 32) * 2) + (h * i / 2 + h * (i / 32) * 2),
         // bytes of 2 E2M1 codes, one E8M0 byte per 32 columns.
@@ -228,6 +231,7 @@ fn aligned_bytes(pieces: &[sluice_store::Piece], align: u64) -> (u64, usize) {
 fn a_packed_expert_is_read_and_cached_at_its_size_on_disk() {
     for name in [
         "deepseek_v3-fp8",
+        "deepseek_v3-fp8-ue8m0-fp4",
         "deepseek_v3-int4",
         "qwen3_moe-mxfp4",
         "gpt_oss-mxfp4",

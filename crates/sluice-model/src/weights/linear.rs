@@ -31,6 +31,9 @@ pub(super) enum Linear {
     },
     /// compressed-tensors MXFP4: `weight_packed`, `weight_scale`.
     Mxfp4 { packed: String, scale: String },
+    /// FP4 in an `fp8` checkpoint (`expert_dtype: fp4`, DeepSeek-V4): `weight` in I8, two
+    /// E2M1 codes per byte, and `weight_scale_inv` per 32 columns.
+    Fp4 { weight: String, scale: String },
 }
 
 impl Linear {
@@ -38,7 +41,9 @@ impl Linear {
     pub(super) fn names(&self) -> Vec<String> {
         match self {
             Linear::Plain { weight } => vec![weight.clone()],
-            Linear::Fp8 { weight, scale, .. } => vec![weight.clone(), scale.clone()],
+            Linear::Fp8 { weight, scale, .. } | Linear::Fp4 { weight, scale } => {
+                vec![weight.clone(), scale.clone()]
+            }
             Linear::Int4 { packed, scale, .. } | Linear::Mxfp4 { packed, scale } => {
                 vec![packed.clone(), scale.clone()]
             }
@@ -73,12 +78,23 @@ impl<'a> Ctx<'a> {
         match self.m.linear(module, true)? {
             Stored::ByDtype => {
                 let t = ck.tensor(&weight)?;
+                if let (Dtype::I8, Quantization::Fp8 { fp4: true, .. }) = (t.dtype, self.quant) {
+                    let scale = format!("{module}.weight_scale_inv");
+                    if ck.get(&scale).is_none() {
+                        return Err(tensor_err(
+                            &scale,
+                            format!("missing: `{weight}` is FP4 (I8) and needs its scales"),
+                        ));
+                    }
+                    return Ok(Linear::Fp4 { weight, scale });
+                }
                 if t.dtype != Dtype::F8E4M3 {
                     return Ok(Linear::Plain { weight });
                 }
                 let Quantization::Fp8 {
                     block_rows,
                     block_cols,
+                    ..
                 } = *self.quant
                 else {
                     return Err(tensor_err(
@@ -247,15 +263,29 @@ impl<'a> Ctx<'a> {
                     transposed: false,
                 })
             }
-            Linear::Mxfp4 { packed, scale } => {
+            Linear::Mxfp4 { packed, scale }
+            | Linear::Fp4 {
+                weight: packed,
+                scale,
+            } => {
+                let fp4 = matches!(lin, Linear::Fp4 { .. });
                 let p = ck.tensor(packed)?;
-                check_dtype(p, &[Dtype::U8], "MXFP4 codes")?;
+                if fp4 {
+                    check_dtype(p, &[Dtype::I8], "FP4 codes (expert_dtype fp4)")?;
+                } else {
+                    check_dtype(p, &[Dtype::U8], "MXFP4 codes")?;
+                }
                 if !cols.is_multiple_of(2) {
                     return Err(tensor_err(packed, format!("{cols} columns are odd")));
                 }
                 check_shape(p, &[rows, cols / 2], " (two E2M1 codes per byte)")?;
                 let s = ck.tensor(scale)?;
-                let ty = scale_type(s, &[Dtype::U8, Dtype::F8E8M0])?;
+                let ty = if fp4 {
+                    // transformers keeps them F32 unless `scale_fmt` is ue8m0.
+                    scale_type(s, &[Dtype::F8E8M0, Dtype::F32])?
+                } else {
+                    scale_type(s, &[Dtype::U8, Dtype::F8E8M0])?
+                };
                 check_shape(
                     s,
                     &[rows, cols.div_ceil(32)],

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 
 use sluice_kernels::Kernels;
+use sluice_kernels::scalar::sigmoid;
 use sluice_store::Blob;
 
 use crate::ModelError;
@@ -100,7 +101,7 @@ impl Stream {
         match self {
             Stream::Add(hs) => Ok(Cow::Borrowed(hs)),
             Stream::Hyper { hc, s, post } => {
-                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true);
+                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true)?;
                 *post = p;
                 Ok(Cow::Owned(x))
             }
@@ -154,7 +155,7 @@ impl Stream {
         match self {
             Stream::Add(hs) => Ok(Cow::Borrowed(hs)),
             Stream::Hyper { hc, s, post } => {
-                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true);
+                let (x, p) = hyper_pre(m, hc, Some(hyper_weights(w)?), blob, s, true)?;
                 *post = p;
                 Ok(Cow::Owned(x))
             }
@@ -219,7 +220,7 @@ impl Stream {
                 } else {
                     Some(hyper_weights(w)?)
                 };
-                Ok(hyper_pre(m, hc, w, blob, part, false).0)
+                Ok(hyper_pre(m, hc, w, blob, part, false)?.0)
             }
             Stream::AttnRes { blocks, prefix, .. } => {
                 Ok(mix(m, blocks, prefix, weights(w)?, blob, rows))
@@ -239,7 +240,7 @@ fn hyper_pre(
     blob: &Blob,
     s: &[f32],
     block: bool,
-) -> (Vec<f32>, Vec<f32>) {
+) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
     let (n, h) = (hc.streams, m.hidden);
     let width = n * h;
     let t = s.len() / width.max(1);
@@ -256,13 +257,14 @@ fn hyper_pre(
                 *o /= n as f32;
             }
         }
-        return (x, Vec::new());
+        return Ok((x, Vec::new()));
     };
     let gates = if block { hc.gates() } else { n };
-    let (Ok(proj), base, scale) = (w.proj.view(blob), w.base.to_f32(blob), w.scale.to_f32(blob))
-    else {
-        return (Vec::new(), Vec::new());
-    };
+    let (proj, base, scale) = (
+        w.proj.view(blob)?,
+        w.base.to_f32(blob),
+        w.scale.to_f32(blob),
+    );
     let mut mixes = vec![0f32; t * gates];
     m.k.matmul(&proj, s, &mut mixes, 0..gates);
     let kept = if block { gates - n } else { 0 };
@@ -302,7 +304,7 @@ fn hyper_pre(
             ));
         }
     }
-    (x, post)
+    Ok((x, post))
 }
 
 /// mHC's mixing matrix `C` (`[n, n]`, row-major) from its logits `z`: the softmax of each row of
@@ -373,10 +375,6 @@ fn hyper_post(hc: &HyperConfig, s: &mut [f32], gates: &[f32], y: &[f32]) {
             }
         }
     }
-}
-
-fn sigmoid(x: f32) -> f32 {
-    sluice_kernels::scalar::sigmoid(x)
 }
 
 fn add(s: &mut [f32], v: &[f32]) {

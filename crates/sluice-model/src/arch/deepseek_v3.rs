@@ -113,13 +113,7 @@ pub(super) fn read_with(
     let layer_plan = (0..base.layers)
         .map(|l| LayerPlan {
             attention: attention.clone(),
-            mlp: if l < first_dense {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            } else {
-                MlpKind::Moe
-            },
+            mlp: MlpKind::moe_or_dense(l >= first_dense, dense),
         })
         .collect();
     let moe = MoeConfig {

@@ -86,13 +86,7 @@ pub(super) fn make_sparse(
             key_eps: crate::attention::dsa::INDEXER_EPS,
             pool: None,
         });
-        plan.mlp = if sparse[l] {
-            MlpKind::Moe
-        } else {
-            MlpKind::Dense {
-                intermediate: dense,
-            }
-        };
+        plan.mlp = MlpKind::moe_or_dense(sparse[l], dense);
     }
     crate::config::check_widths(c, cfg)?;
     Ok(())

@@ -78,15 +78,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     } else {
         c.pos_usize("intermediate_size")?
     };
-    let mlp = (0..base.layers).map(|l| {
-        if is_moe(l) {
-            MlpKind::Moe
-        } else {
-            MlpKind::Dense {
-                intermediate: dense,
-            }
-        }
-    });
+    let mlp = (0..base.layers).map(|l| MlpKind::moe_or_dense(is_moe(l), dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
         experts,

@@ -66,15 +66,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     } else {
         0
     };
-    let mlp = (0..base.layers).map(|l| {
-        if l < first_dense {
-            MlpKind::Dense {
-                intermediate: dense,
-            }
-        } else {
-            MlpKind::Moe
-        }
-    });
+    let mlp = (0..base.layers).map(|l| MlpKind::moe_or_dense(l >= first_dense, dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
         experts,

@@ -29,14 +29,14 @@
 use serde_json::Value;
 
 use super::Family;
-use super::common::{Base, check_groups, layer_kinds, text_config, top_k};
+use super::common::{Base, check_groups, kinds_of, layer_kinds, text_config, top_k};
 use crate::ModelError;
 use crate::attention::dsa::INDEXER_EPS;
 use crate::attention::{DsaConfig, IndexerQuery, KeyPool, MlaConfig};
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, GluActivation, HyperConfig, KdaConfig, KdaGate,
-    LayerPlan, MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RopeScaling,
-    RouterKind, SharedExpert, TensorNames, shared_width,
+    LayerPlan, MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RouterKind,
+    SharedExpert, TensorNames, shared_width,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -112,23 +112,21 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         tail: c.bool_or("index_kpool_always_select_tail", true)?,
     };
     let kda = kda_config(c)?;
-    let linear = layer_kinds(
-        c,
-        "layer_types",
-        layers,
-        ["linear_attention", "indexed_attention"],
-        |l| l % 4 != 3,
-    )
-    .or_else(|_| {
+    let kinds = ["linear_attention", "indexed_attention"];
+    let linear = match c.get("layer_types") {
         // transformers reads `full_attention` as `indexed_attention`.
-        layer_kinds(
-            c,
-            "layer_types",
-            layers,
-            ["linear_attention", "full_attention"],
-            |l| l % 4 != 3,
-        )
-    })?;
+        Some(Value::Array(a)) if a.len() == layers => {
+            let a: Vec<Value> = a
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("full_attention") => Value::from(kinds[1]),
+                    _ => v.clone(),
+                })
+                .collect();
+            kinds_of(c, "layer_types", &a, kinds)?
+        }
+        _ => layer_kinds(c, "layer_types", layers, kinds, |l| l % 4 != 3)?,
+    };
     let shared =
         super::glm_moe_dsa::indexer_types(c, layers, super::glm_moe_dsa::default_types(c)?)?;
     for l in 0..layers {
@@ -205,13 +203,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             } else {
                 AttentionConfig::Dsa(dsa(shared[l]))
             },
-            mlp: if sparse[l] {
-                MlpKind::Moe
-            } else {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            },
+            mlp: MlpKind::moe_or_dense(sparse[l], dense),
         })
         .collect();
 
@@ -228,14 +220,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         }),
         ..TensorNames::standard()
     };
-    // No rotary table: nothing is rotated.
-    let rope = RopeConfig {
-        theta: 1.0,
-        dim: 0,
-        interleaved: false,
-        scaling: RopeScaling::None,
-        learned: false,
-    };
+    let rope = RopeConfig::none();
     let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
     let streams = c.opt_usize("hc_mult")?.unwrap_or(4);
     if streams == 0 {

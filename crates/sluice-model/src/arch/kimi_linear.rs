@@ -21,7 +21,7 @@ use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, KdaConfig, KdaGate,
     LatentMoe, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, Residual, RopeConfig,
-    RopeScaling, RouterKind, SharedExpert, TensorNames, check_widths, shared_width,
+    RouterKind, SharedExpert, TensorNames, check_widths, shared_width,
 };
 use crate::quant::{self, Quantization};
 
@@ -300,14 +300,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         log_scaling: false,
         kv_source: None,
     });
-    // No rotary table: nothing is rotated.
-    let rope = RopeConfig {
-        theta: 1.0,
-        dim: 0,
-        interleaved: false,
-        scaling: RopeScaling::None,
-        learned: false,
-    };
+    let rope = RopeConfig::none();
 
     // Kimi Delta Attention and the layer plan.
     let (kda, layer_attention) = read_linear(&t, layers)?;
@@ -404,15 +397,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     }
     let dense = t.pos_usize("intermediate_size")?;
     let mlp: Vec<MlpKind> = (0..layers)
-        .map(|l| {
-            if l < first_dense {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            } else {
-                MlpKind::Moe
-            }
-        })
+        .map(|l| MlpKind::moe_or_dense(l >= first_dense, dense))
         .collect();
     if let Some(v) = t.get("mlp_layer_types") {
         let kinds = strings(&t, "mlp_layer_types", v, layers)?;

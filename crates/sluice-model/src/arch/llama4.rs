@@ -144,13 +144,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             g.chunk = chunk_size.filter(|_| chunked[l]);
             LayerPlan {
                 attention: AttentionConfig::Gqa(g),
-                mlp: if moe_layers.contains(&l) {
-                    MlpKind::Moe
-                } else {
-                    MlpKind::Dense {
-                        intermediate: dense,
-                    }
-                },
+                mlp: MlpKind::moe_or_dense(moe_layers.contains(&l), dense),
             }
         })
         .collect();

@@ -164,13 +164,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let layer_plan = (0..base.layers)
         .map(|l| LayerPlan {
             attention: attention.clone(),
-            mlp: if l.is_multiple_of(2) {
-                MlpKind::Moe
-            } else {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            },
+            mlp: MlpKind::moe_or_dense(l.is_multiple_of(2), dense),
         })
         .collect();
     let moe = MoeConfig {

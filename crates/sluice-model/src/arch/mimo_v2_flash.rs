@@ -120,13 +120,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             } else {
                 full.clone()
             }),
-            mlp: if sparse[l] {
-                MlpKind::Moe
-            } else {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            },
+            mlp: MlpKind::moe_or_dense(sparse[l], dense),
         })
         .collect();
     let names = TensorNames {

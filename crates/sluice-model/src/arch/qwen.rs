@@ -76,15 +76,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     } else {
         c.pos_usize("intermediate_size")?
     };
-    let mlp = (0..base.layers).map(|l| {
-        if !only.contains(&l) && (l + 1).is_multiple_of(step) {
-            MlpKind::Moe
-        } else {
-            MlpKind::Dense {
-                intermediate: dense,
-            }
-        }
-    });
+    let mlp = (0..base.layers)
+        .map(|l| MlpKind::moe_or_dense(!only.contains(&l) && (l + 1).is_multiple_of(step), dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
         experts,

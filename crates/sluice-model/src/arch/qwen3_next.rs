@@ -111,13 +111,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             } else {
                 AttentionConfig::Gqa(gqa.clone())
             },
-            mlp: if sparse.get(l) == Some(&true) {
-                MlpKind::Moe
-            } else {
-                MlpKind::Dense {
-                    intermediate: dense,
-                }
-            },
+            mlp: MlpKind::moe_or_dense(sparse.get(l) == Some(&true), dense),
         })
         .collect();
     let names = TensorNames {

@@ -216,13 +216,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         .map(|l| {
             Ok(LayerPlan {
                 attention: AttentionConfig::Gqa(gqa(heads[l], sliding[l])?),
-                mlp: if sparse[l] {
-                    MlpKind::Moe
-                } else {
-                    MlpKind::Dense {
-                        intermediate: dense,
-                    }
-                },
+                mlp: MlpKind::moe_or_dense(sparse[l], dense),
             })
         })
         .collect::<Result<Vec<_>, ModelError>>()?;

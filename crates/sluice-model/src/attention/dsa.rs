@@ -26,7 +26,6 @@ use crate::weights::{MatSpec, PartBuilder, VecSpec};
 /// The eps of the indexer's LayerNorms `k_norm` and `q_input_norm` as transformers builds
 /// them for DeepSeek-V3.2 (Hy4's `k_norm` takes `rms_norm_eps`: [`DsaConfig::key_eps`]).
 pub const INDEXER_EPS: f32 = 1e-6;
-const EPS: f32 = INDEXER_EPS;
 
 /// Where the indexer's queries come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,7 +305,7 @@ impl DsaConfig {
                 let (nw, nb) = (nw.to_f32(blob), nb.to_f32(blob));
                 let mut xn = x.to_vec();
                 for row in xn.chunks_exact_mut(h) {
-                    layer_norm(row, &nw, &nb, EPS);
+                    layer_norm(row, &nw, &nb, INDEXER_EPS);
                 }
                 exec.matmul(&w.wq_b.view(blob)?, &xn, &mut q);
                 let (ss, sb) = (ss.to_f32(blob), sb.to_f32(blob));

@@ -39,6 +39,19 @@ pub struct RopeConfig {
     pub learned: bool,
 }
 
+impl RopeConfig {
+    /// No rotary table: nothing is rotated (Kimi Linear, GLM-5.3).
+    pub fn none() -> RopeConfig {
+        RopeConfig {
+            theta: 1.0,
+            dim: 0,
+            interleaved: false,
+            scaling: RopeScaling::None,
+            learned: false,
+        }
+    }
+}
+
 /// RoPE scaling variants implemented.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -229,6 +242,17 @@ pub enum MlpKind {
     },
     /// A mixture of experts ([`ModelConfig::moe`]).
     Moe,
+}
+
+impl MlpKind {
+    /// A mixture of experts when `moe`, else a dense MLP of `intermediate`.
+    pub fn moe_or_dense(moe: bool, intermediate: usize) -> MlpKind {
+        if moe {
+            MlpKind::Moe
+        } else {
+            MlpKind::Dense { intermediate }
+        }
+    }
 }
 
 /// What one layer is: its attention and its feed-forward block.

@@ -1175,6 +1175,11 @@ fn glm5_next_reads_its_layer_plan_pools_and_mhc() {
     }
     // Three dense layers by default.
     assert!((0..3).all(|l| !c.is_moe(l)) && (3..5).all(|l| c.is_moe(l)));
+    // transformers reads `full_attention` as `indexed_attention`.
+    let mut v = glm53();
+    v["layer_types"][1] = json!("full_attention");
+    let c2 = parse(&v).unwrap();
+    assert_eq!(c2.layer_plan[1].attention.kind(), "dsa");
     let mut v = glm53();
     v["linear_lower_bound"] = json!(null);
     let c = parse(&v).unwrap();

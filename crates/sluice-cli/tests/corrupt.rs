@@ -11,8 +11,13 @@ fn fixture() -> PathBuf {
 
 /// A private copy of the fixture to break.
 fn copy() -> tempfile::TempDir {
+    copy_of(&fixture())
+}
+
+/// A private copy of the fixture directory `src`.
+fn copy_of(src: &Path) -> tempfile::TempDir {
     let d = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(fixture()).unwrap() {
+    for e in std::fs::read_dir(src).unwrap() {
         let p = e.unwrap().path();
         std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
     }
@@ -288,4 +293,17 @@ fn hostile_sizes_in_config_are_refused_naming_the_field() {
         want.extend_from_slice(names);
         refused(d.path(), &want);
     }
+}
+
+/// A layer count below the checkpoint's names the field the family reads it from (LongCat's
+/// `num_layers`, not `num_hidden_layers`).
+#[test]
+fn too_few_layers_name_the_family_s_own_field() {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
+    let d = copy_of(&models.join("longcat_flash-fp32"));
+    let p = d.path().join("config.json");
+    let mut c: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    c["num_layers"] = 1u64.into();
+    std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
+    refused(d.path(), &["config.json", "`num_layers`", "unused"]);
 }

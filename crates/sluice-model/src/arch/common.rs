@@ -115,6 +115,7 @@ impl Base {
             glu_limits: Vec::new(),
             mtp: None,
             logit_softcap: None,
+            layers_field: format!("{}num_hidden_layers", c.prefix),
         };
         check_widths(c, &cfg)?;
         Ok(cfg)

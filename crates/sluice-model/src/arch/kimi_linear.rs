@@ -508,6 +508,7 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         glu_limits: Vec::new(),
         mtp: None,
         logit_softcap: None,
+        layers_field: format!("{}num_hidden_layers", t.prefix),
     };
     check_widths(&t, &cfg)?;
     Ok(cfg)

@@ -194,5 +194,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         sublayers: 2,
         ..TensorNames::standard()
     };
-    base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+    let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
+    cfg.layers_field = format!("{}num_layers", c.prefix);
+    Ok(cfg)
 }

@@ -621,6 +621,9 @@ pub struct ModelConfig {
     pub mtp: Option<MtpConfig>,
     /// Logits are soft-capped, `c · tanh(z / c)` (Mistral Large 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// The `config.json` field that gives the layer count, as messages name it
+    /// (`num_hidden_layers`, `text_config.num_hidden_layers`, LongCat-Flash's `num_layers`).
+    pub layers_field: String,
 }
 
 /// Multi-token-prediction layers a checkpoint may carry beside the model (Qwen3-Next's and

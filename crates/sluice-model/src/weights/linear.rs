@@ -289,7 +289,7 @@ impl<'a> Ctx<'a> {
                 check_shape(
                     s,
                     &[rows, cols.div_ceil(32)],
-                    &format!(": one E8M0 scale per 32 columns of [{rows}, {cols}]"),
+                    &format!(": one scale per 32 columns of [{rows}, {cols}]"),
                 )?;
                 Ok(MatSpec {
                     piece: part.piece(packed),

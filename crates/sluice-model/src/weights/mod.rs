@@ -417,7 +417,7 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
         let shown = unused[..k.min(3)].join(", ");
         return Err(ModelError::Config {
             file: config,
-            field: "num_hidden_layers".into(),
+            field: cfg.layers_field.clone(),
             msg: format!(
                 "{layers} layers, but the checkpoint has more: {k} tensors would go unused \
                  ({shown}{})",
@@ -429,7 +429,7 @@ fn check_layer_count(ck: &Checkpoint, cfg: &ModelConfig) -> Result<(), ModelErro
     if layers > present {
         return Err(ModelError::Config {
             file: config,
-            field: "num_hidden_layers".into(),
+            field: cfg.layers_field.clone(),
             msg: format!(
                 "{layers} layers, but the checkpoint has tensors for {present} (nothing named \
                  {head}{present}.*)"

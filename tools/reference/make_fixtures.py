@@ -46,6 +46,7 @@ from transformers import (  # noqa: E402
     AutoModelForImageTextToText,
     DeepseekV32Config,
     DeepseekV3Config,
+    DeepseekV4Config,
     Ernie4_5_MoeConfig,
     Glm4MoeConfig,
     Glm5NextConfig,
@@ -698,6 +699,53 @@ ARCHS = [
             ),
         ),
     ),
+    # DeepSeek-V4: shared-KV MQA over a window of 8 with sinks (4 heads of 32, the last 8
+    # dimensions rotated, adjacent pairs), a query LoRA of 32, the grouped output projection (2
+    # groups of 16); layers 0 and 4 heavily compressed (windows of 8), 1 and 3 compressed-sparse
+    # (overlapping windows of 4, an indexer of 8 heads of 16 keeping the best 3 entries), layer
+    # 2 sliding only; the compress table YaRN over θ 160000, the main one θ 10⁴; mHC with 3
+    # streams and the gated head; √softplus routing of 8 experts top-2 with a selection bias,
+    # layers 0 and 1 hash-routed (tid2eid); SwiGLU inputs clamped at 0.8 in routed and shared
+    # experts. transformers writes DeepSeek's names (`attn.wq_a`, `ffn.experts.{e}.w1`).
+    dict(
+        name="deepseek_v4",
+        base_seed=25000,
+        router="deepseek_v4",
+        layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
+        config=lambda: DeepseekV4Config(
+            **{**COMMON, "num_hidden_layers": 5},
+            moe_intermediate_size=32,
+            num_attention_heads=4,
+            head_dim=32,
+            q_lora_rank=32,
+            partial_rotary_factor=0.25,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            routed_scaling_factor=1.5,
+            layer_types=[
+                "heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
+                "compressed_sparse_attention", "heavily_compressed_attention",
+            ],
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            mlp_layer_types=["hash_moe", "hash_moe", "moe", "moe", "moe"],
+            hc_mult=3,
+            sliding_window=8,
+            o_groups=2,
+            o_lora_rank=16,
+            index_n_heads=8,
+            index_head_dim=16,
+            index_topk=3,
+            swiglu_limit=0.8,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+            },
+        ),
+    ),
     # Step-3.7-Flash as released (the multimodal checkpoint; transformers has no causal-LM class
     # of its text model): sliding layers 1 and 3 with window 8, 2 heads (full layers 4) and their
     # own rotary table (θ 500, whole head; full layers θ 10⁴, half of each head); Gemma norms; a
@@ -891,7 +939,12 @@ def init_weights(
             p.copy_(v.to(p.dtype))
         buffers = dict(model.named_buffers())
         for name in sorted(buffers):
-            if name.endswith("e_score_correction_bias"):
+            if name.endswith("tid2eid"):  # DeepSeek-V4's hash routing: distinct experts per token
+                b = buffers[name]
+                e = model.config.n_routed_experts
+                rows = [torch.randperm(e, generator=g)[: b.shape[1]] for _ in range(b.shape[0])]
+                b.copy_(torch.stack(rows).to(b.dtype))
+            elif name.endswith("e_score_correction_bias"):
                 b = buffers[name]
                 # LongCat adds it to softmax probabilities, as ERNIE does
                 std = SOFTMAX_E_BIAS_STD if router_kind == "longcat" else E_BIAS_STD
@@ -1065,6 +1118,8 @@ class RouterTap:
                 scores, logits = out
                 ids = logits.float().topk(module.top_k, dim=-1).indices
                 out = (logits, scores.gather(1, ids), ids)
+            # DeepSeek-V4's hash router also takes the token ids.
+            module._sluice_ids = args[1].detach().clone() if len(args) > 1 else None
             self.calls.append((li, args[0].detach().clone(), out))
 
         return fn
@@ -1191,6 +1246,23 @@ def recompute_route(kind: str, module, cfg, logits: torch.Tensor, block=None):
         ids = choice.topk(k, dim=-1).indices
         ids_nobias = probs.topk(k, dim=-1).indices
         w = probs.gather(1, ids) * cfg.routed_scaling_factor
+        return ids, w, egap, None, ids_nobias
+    if kind == "deepseek_v4":
+        # sqrt(softplus) scores; hash-routed layers take the token's row of tid2eid, the others
+        # the top-k of scores plus the selection bias; renormalised, then scaled
+        s = torch.nn.functional.softplus(logits).sqrt()
+        if hasattr(module, "tid2eid"):
+            ids = module.tid2eid[module._sluice_ids.reshape(-1)].long()
+            egap = torch.full((ids.shape[0],), float("inf"))
+            ids_nobias = ids
+        else:
+            choice = s + module.e_score_correction_bias.float()
+            cs = choice.sort(dim=-1, descending=True).values
+            egap = cs[:, k - 1] - cs[:, k]
+            ids = choice.topk(k, dim=-1).indices
+            ids_nobias = s.topk(k, dim=-1).indices
+        w = s.gather(1, ids)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20) * cfg.routed_scaling_factor
         return ids, w, egap, None, ids_nobias
     if kind == "mistral":
         # softmax probabilities, DeepSeek's group-limited top-k without a bias, always

@@ -166,6 +166,26 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             "  hyper-connections {n} residual streams per token (in each prefill span's activations)"
         );
     }
+    if let Some(c) = &i.compressed_attention {
+        println!(
+            "  compressed attn   a window of {} positions; {} layers window only, {} also every \
+             entry of {} positions, {} an indexer's best {} entries of {} (each position's key \
+             and compressor projections are cached)",
+            c.window,
+            c.sliding_layers,
+            c.heavy_layers,
+            c.heavy_rate,
+            c.sparse_layers,
+            c.sparse_top_k,
+            c.sparse_rate
+        );
+    }
+    if i.hash_routed_layers > 0 {
+        println!(
+            "  hash routing      {} layers take their experts from the token (prefetched exactly)",
+            i.hash_routed_layers
+        );
+    }
     println!(
         "  KV cache          {} per position{}",
         b(i.kv_bytes_per_position),

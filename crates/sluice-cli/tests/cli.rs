@@ -1161,3 +1161,46 @@ fn inspect_shows_the_prefix_cache_share() {
     assert_eq!(share(&["--prefix-cache", "off"]).0, 0);
     one_line_error(&["inspect", m.to_str().unwrap(), "--prefix-cache", "lots"]);
 }
+
+/// `sluice inspect` explains DeepSeek-V4's state: the window, the compressed layers of each
+/// kind, and the hash-routed layers.
+#[test]
+fn inspect_explains_compressed_attention_and_hash_routing() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32");
+    let m = m.to_str().unwrap();
+    let v = json(&run(&["inspect", m, "--json"]));
+    let c = &v["compressed_attention"];
+    assert_eq!(
+        (
+            c["window"].as_u64(),
+            c["sliding_layers"].as_u64(),
+            c["heavy_layers"].as_u64(),
+            c["heavy_rate"].as_u64(),
+            c["sparse_layers"].as_u64(),
+            c["sparse_rate"].as_u64(),
+            c["sparse_top_k"].as_u64()
+        ),
+        (
+            Some(8),
+            Some(1),
+            Some(2),
+            Some(8),
+            Some(2),
+            Some(4),
+            Some(3)
+        )
+    );
+    assert_eq!(v["hash_routed_layers"].as_u64(), Some(2));
+    assert_eq!(v["attention"].as_str(), Some("hca+csa+swa"));
+    let o = run(&["inspect", m]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("compressed attn   a window of 8 positions"),
+        "{text}"
+    );
+    assert!(text.contains("hash routing      2 layers"), "{text}");
+    // A model without either says nothing of them.
+    let demo = json(&run(&["inspect", demo_model().to_str().unwrap(), "--json"]));
+    assert!(demo["compressed_attention"].is_null());
+    assert_eq!(demo["hash_routed_layers"].as_u64(), Some(0));
+}

@@ -307,3 +307,17 @@ fn too_few_layers_name_the_family_s_own_field() {
     std::fs::write(&p, serde_json::to_vec(&c).unwrap()).unwrap();
     refused(d.path(), &["config.json", "`num_layers`", "unused"]);
 }
+
+#[test]
+fn an_expert_id_out_of_range_in_a_hash_table_is_refused_naming_it() {
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
+    let d = copy_of(&models.join("deepseek_v4-bf16"));
+    // DeepSeek-V4's layer 0 takes its experts from the token: row 3 now names expert 99 of 8.
+    let table = "model.layers.0.ffn.gate.tid2eid";
+    let (shard, start, _) = locate(d.path(), table);
+    let mut b = std::fs::read(&shard).unwrap();
+    let row3 = start + 3 * 2 * 8;
+    b[row3..row3 + 8].copy_from_slice(&99i64.to_le_bytes());
+    std::fs::write(&shard, &b).unwrap();
+    refused(d.path(), &[table, "99", "below 8"]);
+}

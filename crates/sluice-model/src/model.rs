@@ -756,6 +756,7 @@ impl Model {
         &self,
         l: usize,
         hs: &[f32],
+        tokens: &[u32],
     ) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
         if l >= self.cfg.layers || !self.cfg.is_moe(l) {
             return Ok(None);
@@ -766,9 +767,22 @@ impl Model {
         };
         let blob: &Blob = &part;
         let spec = &self.layout.layer_specs[l];
-        let FfnSpec::Moe { router, bias, .. } = &spec.ffn else {
+        let FfnSpec::Moe {
+            router, bias, hash, ..
+        } = &spec.ffn
+        else {
             return Ok(None);
         };
+        // A hash-routed layer's experts are known from the tokens: exactly those.
+        if let Some(table) = hash {
+            let mut ids: Vec<u32> = Vec::new();
+            for &tok in tokens {
+                ids.extend(table.row(blob, tok as usize, self.cfg.moe.experts)?);
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            return Ok(Some((l, ids)));
+        }
         let h = self.cfg.hidden;
         let w = spec.post_norm.to_f32(blob);
         let mut xn = vec![0f32; hs.len()];

@@ -404,6 +404,20 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
                 .map(|p| (p.0 as u32, logits[p.0] * routed_scaling_factor))
                 .collect()
         }
+        RouterKind::SqrtSoftplus {
+            routed_scaling_factor,
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&l| sqrt_softplus(l)).collect();
+            let choice: Vec<f32> = match bias {
+                Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
+                None => scores.clone(),
+            };
+            let ids: Vec<u32> = scalar::top_k(&choice, k)
+                .iter()
+                .map(|p| p.0 as u32)
+                .collect();
+            weigh(&scores, &ids, *routed_scaling_factor)
+        }
         RouterKind::TopKSoftmax => {
             if let Some(b) = bias {
                 for (l, &b) in logits.iter_mut().zip(b) {
@@ -415,6 +429,45 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
             scalar::softmax(&mut w);
             top.iter().zip(w).map(|(p, w)| (p.0 as u32, w)).collect()
         }
+    };
+    sel.sort_by_key(|p| p.0);
+    sel
+}
+
+/// `√softplus(x)` as torch computes it (`softplus` is `x` above 20).
+fn sqrt_softplus(x: f32) -> f32 {
+    let sp = if x > 20.0 { x } else { libm::log1pf(x.exp()) };
+    sp.sqrt()
+}
+
+/// The experts `ids`, each weighted by its score over the chosen scores' sum (plus 1e-20),
+/// times `scale`.
+fn weigh(scores: &[f32], ids: &[u32], scale: f32) -> Selection {
+    let s: f32 = ids.iter().map(|&e| scores[e as usize]).sum::<f32>() + 1e-20;
+    ids.iter()
+        .map(|&e| (e, scores[e as usize] / s * scale))
+        .collect()
+}
+
+/// Routes one token of a hash-routed layer: the experts its row of the table gives, weighed
+/// by the router's scores as [`route`] weighs its choices.
+pub(crate) fn route_hashed(cfg: &ModelConfig, logits: &[f32], ids: &[u32]) -> Selection {
+    let mut sel = match &cfg.moe.router {
+        RouterKind::SqrtSoftplus {
+            routed_scaling_factor,
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&l| sqrt_softplus(l)).collect();
+            weigh(&scores, ids, *routed_scaling_factor)
+        }
+        RouterKind::SigmoidGroup {
+            routed_scaling_factor,
+            ..
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&l| scalar::sigmoid(l)).collect();
+            weigh(&scores, ids, *routed_scaling_factor)
+        }
+        // Families with other routers have no hash-routed layers (see `arch::deepseek_v4`).
+        _ => ids.iter().map(|&e| (e, 0.0)).collect(),
     };
     sel.sort_by_key(|p| p.0);
     sel
@@ -460,6 +513,7 @@ pub(crate) fn moe(
     experts: &ExpertStore,
     expert_specs: &[ExpertSpec],
     x: &[f32],
+    tokens: &[u32],
     pos0: usize,
     routes: Option<&mut Vec<Route>>,
     prefetch_next: Option<&(usize, Vec<u32>)>,
@@ -474,6 +528,7 @@ pub(crate) fn moe(
         shared,
         shared_gate,
         latent,
+        hash,
     } = spec
     else {
         return Err(ModelError::Internal("moe called on a dense layer".into()));
@@ -486,10 +541,27 @@ pub(crate) fn moe(
     let mut logits = vec![0f32; t * ne];
     exec.matmul(&router.view(blob)?, x, &mut logits);
     let bias = bias.map(|b| b.to_f32(blob));
-    let sels: Vec<Selection> = logits
-        .chunks_exact_mut(ne)
-        .map(|l| route(cfg, l, bias.as_deref()))
-        .collect();
+    let sels: Vec<Selection> = match hash {
+        Some(table) => {
+            if tokens.len() != t {
+                return Err(ModelError::Internal(
+                    "a hash-routed layer needs each row's token".into(),
+                ));
+            }
+            logits
+                .chunks_exact(ne)
+                .zip(tokens)
+                .map(|(l, &tok)| {
+                    let ids = table.row(blob, tok as usize, cfg.moe.experts)?;
+                    Ok(route_hashed(cfg, l, &ids))
+                })
+                .collect::<Result<_, ModelError>>()?
+        }
+        None => logits
+            .chunks_exact_mut(ne)
+            .map(|l| route(cfg, l, bias.as_deref()))
+            .collect(),
+    };
     if let Some(r) = routes {
         for (i, s) in sels.iter().enumerate() {
             r.push(Route {

@@ -36,6 +36,7 @@ const FIXTURES: &[&str] = &[
     "models/mistral_large4-bf16",
     "models/hy_v4-bf16",
     "models/glm5_next-bf16",
+    "models/deepseek_v4-bf16",
     "models/llama-fp32",
     "models/qwen2-bf16",
     "quant/gpt_oss-mxfp4",

@@ -196,6 +196,10 @@ fixture_budget_test!(deepseek_v32_sparse_attention, "deepseek_v32-fp32");
 fixture_budget_test!(mistral_large4_shared_latent_caches, "mistral_large4-fp32");
 fixture_budget_test!(hy_v4_hyper_connections, "hy_v4-bf16");
 fixture_budget_test!(glm5_next_kda_pooled_indexer_mhc, "glm5_next-fp32");
+fixture_budget_test!(
+    deepseek_v4_compressed_attention_hash_routing,
+    "deepseek_v4-fp32"
+);
 fixture_budget_test!(glm5_shared_indexer, "glm_moe_dsa-fp32");
 fixture_budget_test!(dense_mistral_window, "mistral-fp32");
 fixture_budget_test!(dense_qwen3_tied_embeddings, "qwen3-bf16");

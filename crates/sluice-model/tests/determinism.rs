@@ -82,6 +82,13 @@ fn glm5_next_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
     matrix("models/glm5_next-fp32");
 }
 
+/// DeepSeek-V4 (sliding, heavily compressed and compressed-sparse layers, hash routing, mHC):
+/// the same matrix.
+#[test]
+fn deepseek_v4_one_hash_across_budgets_policies_prefetch_threads_and_isas() {
+    matrix("models/deepseek_v4-fp32");
+}
+
 fn matrix(fixture: &str) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")

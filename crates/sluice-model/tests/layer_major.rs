@@ -14,7 +14,7 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [&str; 16] = [
+const FIXTURES: [&str; 17] = [
     // MLA attention, sigmoid-group routing, a shared expert.
     "models/deepseek_v3-fp32",
     // Grouped-query attention with QK norms.
@@ -45,6 +45,7 @@ const FIXTURES: [&str; 16] = [
     "models/hy_v4-fp32",
     // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
     "models/glm5_next-fp32",
+    "models/deepseek_v4-fp32",
     // A dense model: sliding and full layers, no experts.
     "models/qwen2-fp32",
 ];

@@ -220,6 +220,8 @@ arch_tests! {
     hy_v4_bf16 => "hy_v4-bf16",
     glm5_next_fp32 => "glm5_next-fp32",
     glm5_next_bf16 => "glm5_next-bf16",
+    deepseek_v4_fp32 => "deepseek_v4-fp32",
+    deepseek_v4_bf16 => "deepseek_v4-bf16",
     llama_fp32 => "llama-fp32",
     llama_bf16 => "llama-bf16",
     mistral_fp32 => "mistral-fp32",

@@ -151,6 +151,7 @@ fn the_batcher_drafts_per_sequence_and_changes_no_token() {
         common::demo(),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/qwen3_next-fp32"),
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v3-fp32"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32"),
     ] {
         let builder = || {
             Engine::builder()

@@ -51,6 +51,7 @@ fn a_reloaded_session_continues_bit_for_bit() {
         "testdata/models/deepseek_v3-fp32",
         "testdata/models/qwen3_next-fp32",
         "testdata/models/llama-fp32",
+        "testdata/models/deepseek_v4-fp32",
         "testdata/kimi/kimi_linear-fp32",
         "testdata/kimi/k3/k3-tiny-bf16",
     ] {

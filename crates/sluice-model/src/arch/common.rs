@@ -113,6 +113,7 @@ impl Base {
             draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
             zero_centred_norms: false,
             glu_limits: Vec::new(),
+            hash_routed: Vec::new(),
             mtp: None,
             logit_softcap: None,
             layers_field: format!("{}num_hidden_layers", c.prefix),

@@ -13,6 +13,7 @@ use crate::config::{Cfg, ModelConfig};
 mod common;
 mod deepseek_v3;
 mod deepseek_v32;
+mod deepseek_v4;
 mod ernie4_5_moe;
 mod glm4_moe;
 mod glm5_next;
@@ -70,6 +71,7 @@ pub static FAMILIES: &[Family] = &[
     mistral_large4::FAMILY,
     hy_v4::FAMILY,
     glm5_next::FAMILY,
+    deepseek_v4::FAMILY,
 ];
 
 /// The family that reads `model_type`, if any.

@@ -8,7 +8,9 @@
 //! - [`kda`]: Kimi Delta Attention, a fixed-size recurrent state.
 //! - [`gdn`]: Qwen3-Next's Gated DeltaNet, the same delta rule with a decay per head.
 //! - [`dsa`]: DeepSeek Sparse Attention, MLA restricted to a lightning indexer's top-k.
+//! - [`compressed`]: DeepSeek-V4's shared-KV sliding-window attention with compressed entries.
 
+pub mod compressed;
 pub mod dsa;
 pub mod gdn;
 pub mod gqa;
@@ -18,6 +20,7 @@ pub mod mla;
 use sluice_kernels::{Codes, Matrix};
 use sluice_store::Blob;
 
+pub use compressed::{CompressedConfig, CompressedWeights, Compressor, Indexer};
 pub use dsa::{DsaConfig, DsaWeights, IndexerQuery, KeyPool};
 pub use gdn::{GdnConfig, GdnProj, GdnWeights};
 pub use gqa::{GqaConfig, GqaWeights, QkNorm};
@@ -42,6 +45,8 @@ pub enum AttentionConfig {
     Gdn(GdnConfig),
     /// DeepSeek Sparse Attention: MLA over an indexer's top-k.
     Dsa(DsaConfig),
+    /// DeepSeek-V4's sliding-window MQA with compressed entries.
+    Compressed(CompressedConfig),
 }
 
 /// The attention weights of one layer.
@@ -59,6 +64,8 @@ pub enum AttnSpec {
     Gdn(GdnWeights),
     /// DeepSeek Sparse Attention.
     Dsa(DsaWeights),
+    /// DeepSeek-V4's attention.
+    Compressed(CompressedWeights),
 }
 
 /// The cache of one layer of one sequence.
@@ -70,6 +77,7 @@ pub(crate) enum LayerCache {
     /// Gated DeltaNet's state (the same kind as KDA's).
     Gdn(kda::Cache),
     Dsa(dsa::Cache),
+    Compressed(compressed::Cache),
 }
 
 /// What every kind's forward pass shares: the threads, the rotary table and this pass's
@@ -106,6 +114,11 @@ impl AttentionConfig {
             AttentionConfig::Kda(_) => "kda",
             AttentionConfig::Gdn(_) => "gdn",
             AttentionConfig::Dsa(_) => "dsa",
+            AttentionConfig::Compressed(c) => match &c.compressor {
+                None => "swa",
+                Some(k) if k.indexer.is_some() => "csa",
+                Some(_) => "hca",
+            },
         }
     }
 
@@ -122,6 +135,7 @@ impl AttentionConfig {
     pub fn window(&self) -> Option<usize> {
         match self {
             AttentionConfig::Gqa(g) => g.window,
+            AttentionConfig::Compressed(c) => Some(c.window),
             _ => None,
         }
     }
@@ -132,6 +146,7 @@ impl AttentionConfig {
             AttentionConfig::Gqa(g) => g.kv_floats(),
             AttentionConfig::Mla(m) => m.kv_floats(),
             AttentionConfig::Dsa(d) => d.kv_floats(),
+            AttentionConfig::Compressed(c) => c.kv_floats(),
             AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) => 0,
         }
     }
@@ -154,6 +169,7 @@ impl AttentionConfig {
             AttentionConfig::Kda(k) => k.scratch_floats(),
             AttentionConfig::Gdn(g) => g.scratch_floats(),
             AttentionConfig::Dsa(d) => d.scratch_floats(),
+            AttentionConfig::Compressed(c) => c.scratch_floats(),
         }
     }
 
@@ -166,6 +182,7 @@ impl AttentionConfig {
             AttentionConfig::Kda(k) => k.widest(),
             AttentionConfig::Gdn(g) => g.widest(),
             AttentionConfig::Dsa(d) => d.widest(),
+            AttentionConfig::Compressed(c) => c.widest(),
         }
     }
 
@@ -177,6 +194,7 @@ impl AttentionConfig {
             AttentionConfig::Kda(k) => LayerCache::Kda(k.new_cache()),
             AttentionConfig::Gdn(g) => LayerCache::Gdn(g.new_cache()),
             AttentionConfig::Dsa(d) => LayerCache::Dsa(d.new_cache()),
+            AttentionConfig::Compressed(c) => LayerCache::Compressed(c.new_cache()),
         }
     }
 
@@ -193,6 +211,7 @@ impl AttentionConfig {
             AttentionConfig::Kda(k) => AttnSpec::Kda(k.load(p, a, hidden)?),
             AttentionConfig::Gdn(g) => AttnSpec::Gdn(g.load(p, a, hidden)?),
             AttentionConfig::Dsa(d) => AttnSpec::Dsa(d.load(p, a, hidden)?),
+            AttentionConfig::Compressed(c) => AttnSpec::Compressed(c.load(p, a, hidden)?),
         })
     }
 
@@ -224,6 +243,11 @@ impl AttentionConfig {
             (AttentionConfig::Dsa(c), AttnSpec::Dsa(w), LayerCache::Dsa(s)) => {
                 c.forward(cx, w, blob, s, pos0, x)
             }
+            (
+                AttentionConfig::Compressed(c),
+                AttnSpec::Compressed(w),
+                LayerCache::Compressed(s),
+            ) => c.forward(cx, w, blob, s, pos0, x),
             _ => Err(ModelError::Internal(
                 "attention spec does not match the configuration".into(),
             )),
@@ -264,6 +288,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.truncate(pos),
             LayerCache::Mla(c) => c.truncate(pos),
             LayerCache::Dsa(c) => c.truncate(pos),
+            LayerCache::Compressed(c) => c.truncate(pos),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let ok = k.back_to(pos);
                 debug_assert!(ok, "recurrent layer cannot go back to {pos}");
@@ -278,6 +303,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => LayerCache::Gqa(c.prefix(pos)),
             LayerCache::Mla(c) => LayerCache::Mla(c.prefix(pos)),
             LayerCache::Dsa(c) => LayerCache::Dsa(c.prefix(pos)),
+            LayerCache::Compressed(c) => LayerCache::Compressed(c.prefix(pos)),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let mut k = k.clone();
                 let ok = k.back_to(pos);
@@ -296,6 +322,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.reserve(positions),
             LayerCache::Mla(c) => c.reserve(positions),
             LayerCache::Dsa(c) => c.reserve(positions),
+            LayerCache::Compressed(c) => c.reserve(positions),
             LayerCache::Kda(_) | LayerCache::Gdn(_) => {}
         }
     }
@@ -308,6 +335,7 @@ impl LayerCache {
             LayerCache::Kda(_) => 3,
             LayerCache::Gdn(_) => 4,
             LayerCache::Dsa(_) => 5,
+            LayerCache::Compressed(_) => 6,
         }
     }
 
@@ -317,6 +345,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.parts(),
             LayerCache::Mla(c) => c.parts(),
             LayerCache::Dsa(c) => c.parts(),
+            LayerCache::Compressed(c) => c.parts(),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.parts(),
         }
     }
@@ -327,6 +356,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.restore(parts, pos),
             LayerCache::Mla(c) => c.restore(parts, pos),
             LayerCache::Dsa(c) => c.restore(parts, pos),
+            LayerCache::Compressed(c) => c.restore(parts, pos),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.restore(parts, pos),
         }
     }
@@ -337,6 +367,7 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.bytes(),
             LayerCache::Mla(c) => c.bytes(),
             LayerCache::Dsa(c) => c.bytes(),
+            LayerCache::Compressed(c) => c.bytes(),
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.bytes(),
         }
     }

@@ -19,7 +19,7 @@ mod reader;
 mod rope;
 
 pub(crate) use reader::Cfg;
-pub(crate) use rope::{read_rope, yarn_get_mscale};
+pub(crate) use rope::{read_rope, read_rope_object, yarn_get_mscale};
 
 pub use crate::attention::{AttentionConfig, GqaConfig, KdaConfig, KdaGate, MlaConfig, QkNorm};
 
@@ -134,6 +134,13 @@ pub enum RouterKind {
         n_group: usize,
         /// Groups kept.
         topk_group: usize,
+        /// Factor on the routed weights.
+        routed_scaling_factor: f32,
+    },
+    /// Scores `√softplus(logit)`; the top-k of the scores plus a selection-only bias (none in
+    /// hash-routed layers, whose experts come from the token, [`ModelConfig::hash_routed`]);
+    /// the chosen scores divided by their sum, times `routed_scaling_factor` (DeepSeek-V4).
+    SqrtSoftplus {
         /// Factor on the routed weights.
         routed_scaling_factor: f32,
     },
@@ -621,6 +628,10 @@ pub struct ModelConfig {
     pub mtp: Option<MtpConfig>,
     /// Logits are soft-capped, `c · tanh(z / c)` (Mistral Large 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// Per layer, whether its experts are chosen by the token rather than by the router
+    /// (DeepSeek-V4's `hash_moe` layers: row `token` of the layer's `gate.tid2eid` table; the
+    /// router still weighs them); empty: no layer is.
+    pub hash_routed: Vec<bool>,
     /// The `config.json` field that gives the layer count, as messages name it
     /// (`num_hidden_layers`, `text_config.num_hidden_layers`, LongCat-Flash's `num_layers`).
     pub layers_field: String,
@@ -714,6 +725,11 @@ impl ModelConfig {
     pub fn mlp_act_of(&self, l: usize) -> GluActivation {
         self.mlp_act
             .limited(self.glu_limits.get(l).and_then(|g| g.mlp))
+    }
+
+    /// Whether layer `l`'s experts come from the token ([`Self::hash_routed`]).
+    pub fn is_hash_routed(&self, l: usize) -> bool {
+        self.hash_routed.get(l).copied().unwrap_or(false)
     }
 
     /// The bound on layer `l`'s routed experts' SwiGLU factors, if any.

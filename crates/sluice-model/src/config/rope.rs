@@ -84,6 +84,43 @@ pub(crate) fn read_rope(
     if theta <= 0.0 {
         return Err(c.err("rope_theta", "must be positive"));
     }
+    rope_from(c, p, theta, dim, interleaved, max_positions, partial)
+}
+
+/// Reads one object of rope parameters `p` (its own `rope_theta` required), for heads of `dim`
+/// (see [`read_rope`]): DeepSeek-V4's `rope_parameters.main` and `.compress`.
+pub(crate) fn read_rope_object(
+    p: &Cfg<'_>,
+    dim: usize,
+    interleaved: bool,
+    max_positions: usize,
+    partial: Option<f64>,
+) -> Result<RopeConfig, ModelError> {
+    if !p.v.is_object() {
+        return Err(p.err("", "expected an object"));
+    }
+    let theta = p.f64("rope_theta")?;
+    if theta <= 0.0 {
+        return Err(p.err("rope_theta", "must be positive"));
+    }
+    let q = Cfg {
+        v: p.v,
+        file: p.file,
+        prefix: p.prefix.clone(),
+    };
+    Ok(rope_from(p, Some(q), theta, dim, interleaved, max_positions, partial)?.0)
+}
+
+/// [`read_rope`] once θ is known: `p` the parameters' object, if any.
+fn rope_from(
+    c: &Cfg<'_>,
+    p: Option<Cfg<'_>>,
+    theta: f64,
+    dim: usize,
+    interleaved: bool,
+    max_positions: usize,
+    partial: Option<f64>,
+) -> Result<(RopeConfig, Option<(f64, f64)>), ModelError> {
     let Some(p) = p else {
         let dim = rotary_dim(c, None, dim, partial)?;
         return Ok((
@@ -98,7 +135,7 @@ pub(crate) fn read_rope(
         ));
     };
     if !p.v.is_object() {
-        return Err(c.err(prefix.trim_end_matches('.'), "expected an object"));
+        return Err(c.err(p.prefix.trim_end_matches('.'), "expected an object"));
     }
     let ty = match (p.get("rope_type"), p.get("type")) {
         (Some(_), _) => p.str("rope_type")?,

@@ -13,7 +13,7 @@ use sluice_format::{Checkpoint, Dtype, TensorInfo};
 use sluice_kernels::{Codes, ScaleType};
 
 use super::linear::Linear;
-use super::{MatSpec, PartLayout, VecSpec};
+use super::{MatSpec, PartLayout, TableSpec, VecSpec};
 use crate::ModelError;
 use crate::quant::{Matcher, Quantization};
 
@@ -149,6 +149,36 @@ impl PartBuilder<'_, '_> {
             codes: codes_of(t)?,
             len,
             plus_one: false,
+        })
+    }
+
+    /// An integer table of exactly `[rows, cols]` in I32 or I64 (DeepSeek-V4's `tid2eid`).
+    pub(crate) fn table(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<TableSpec, ModelError> {
+        self.declare(name);
+        let Some(layout) = &self.layout else {
+            return Ok(TableSpec {
+                name: name.to_owned(),
+                piece: 0,
+                wide: false,
+                rows,
+                cols,
+            });
+        };
+        let t = self.ctx.ck.tensor(name)?;
+        check_shape(t, &[rows, cols], "")?;
+        check_dtype(t, &[Dtype::I32, Dtype::I64], "an id table")?;
+        Ok(TableSpec {
+            // As stored, for messages.
+            name: t.name.clone(),
+            piece: layout.piece(name),
+            wide: t.dtype == Dtype::I64,
+            rows,
+            cols,
         })
     }
 

@@ -132,6 +132,47 @@ impl VecSpec {
     }
 }
 
+/// How to view one piece of a blob as a table of integers `[rows, cols]` (little-endian I32,
+/// or I64 when `wide`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableSpec {
+    /// The tensor, for messages.
+    pub name: String,
+    /// Piece.
+    pub piece: usize,
+    /// Eight bytes per entry.
+    pub wide: bool,
+    /// Rows.
+    pub rows: usize,
+    /// Entries per row.
+    pub cols: usize,
+}
+
+impl TableSpec {
+    /// Row `r`, each entry checked to be below `limit` (an error names the tensor otherwise).
+    pub fn row(&self, blob: &Blob, r: usize, limit: usize) -> Result<Vec<u32>, ModelError> {
+        let data = blob.piece(self.piece);
+        let size = if self.wide { 8 } else { 4 };
+        let mut out = Vec::with_capacity(self.cols);
+        for c in 0..self.cols {
+            let at = (r * self.cols + c) * size;
+            let v: i64 = match data.get(at..at + size) {
+                Some(b) if self.wide => i64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+                Some(b) => i64::from(i32::from_le_bytes(b.try_into().unwrap_or([0; 4]))),
+                None => -1,
+            };
+            if v < 0 || v as u64 >= limit as u64 {
+                return Err(tensor_err(
+                    &self.name,
+                    format!("row {r} holds {v}, not an id below {limit}"),
+                ));
+            }
+            out.push(v as u32);
+        }
+        Ok(out)
+    }
+}
+
 /// A part: the tensors read together, sorted by file position, and their indices by name.
 #[derive(Debug, Default)]
 pub struct PartLayout {
@@ -306,6 +347,8 @@ pub enum FfnSpec {
         shared_gate: Option<MatSpec>,
         /// Latent projections (Kimi K3).
         latent: Option<LatentSpec>,
+        /// The token-to-experts table of a hash-routed layer (`gate.tid2eid`).
+        hash: Option<TableSpec>,
     },
 }
 
@@ -630,10 +673,20 @@ fn layer(
             let moe = |rest: &str| format!("{module}.{rest}");
             let width = m.router_width();
             let router = p.matrix(&moe(&format!("{}.weight", names.router)), width, h)?;
+            let hashed = cfg.is_hash_routed(l);
             let bias = match names.router_bias {
-                // `[experts]`, or ERNIE's `[1, experts]`.
-                Some(b) => Some(p.vector_any(&moe(b), &[width])?),
-                None => None,
+                // `[experts]`, or ERNIE's `[1, experts]`; hash-routed layers select by the token.
+                Some(b) if !hashed => Some(p.vector_any(&moe(b), &[width])?),
+                _ => None,
+            };
+            let hash = if hashed {
+                Some(p.table(
+                    &moe(&format!("{}.tid2eid", names.router)),
+                    cfg.vocab,
+                    m.top_k,
+                )?)
+            } else {
+                None
             };
             let shared_module = if names.shared_in_layer {
                 at(names.shared)
@@ -669,6 +722,7 @@ fn layer(
                 shared,
                 shared_gate,
                 latent,
+                hash,
             }
         }
     };

@@ -44,6 +44,11 @@ pub struct Inspection {
     pub attn_res_block_size: Option<usize>,
     /// Residual streams per token, when the model has hyper-connections (Hy4).
     pub hyper_streams: Option<usize>,
+    /// Layers whose experts come from the token rather than the router (DeepSeek-V4's hash
+    /// routing; their prefetch is exact).
+    pub hash_routed_layers: usize,
+    /// DeepSeek-V4's compressed attention, when the model has it.
+    pub compressed_attention: Option<CompressedSummary>,
     /// Shards.
     pub shards: usize,
     /// Bytes of all tensors on disk.
@@ -207,6 +212,8 @@ pub fn inspect_with(
             Residual::Hyper(hc) => Some(hc.streams),
             _ => None,
         },
+        hash_routed_layers: (0..cfg.layers).filter(|&l| cfg.is_hash_routed(l)).count(),
+        compressed_attention: compressed_summary(cfg),
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
         trunk_bytes: layout.trunk_bytes(),
@@ -247,4 +254,50 @@ pub fn inspect_with(
             prefix_cache: plan.prefix_cache,
         },
     })
+}
+
+/// DeepSeek-V4's compressed attention, summed over the layers
+/// ([`sluice_model::attention::compressed`]).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CompressedSummary {
+    /// Positions each query sees directly (the sliding window).
+    pub window: usize,
+    /// Layers with the window only.
+    pub sliding_layers: usize,
+    /// Layers that also see every entry of a compressor, and its window of positions per entry.
+    pub heavy_layers: usize,
+    /// Positions per entry of those layers.
+    pub heavy_rate: usize,
+    /// Layers that see an indexer's top-k of overlapping windows' entries.
+    pub sparse_layers: usize,
+    /// Positions per entry of those layers.
+    pub sparse_rate: usize,
+    /// Entries each query of those layers keeps.
+    pub sparse_top_k: usize,
+}
+
+fn compressed_summary(cfg: &sluice_model::ModelConfig) -> Option<CompressedSummary> {
+    use sluice_model::config::AttentionConfig;
+    let mut s: Option<CompressedSummary> = None;
+    for p in &cfg.layer_plan {
+        let AttentionConfig::Compressed(c) = &p.attention else {
+            continue;
+        };
+        let s = s.get_or_insert_with(CompressedSummary::default);
+        s.window = c.window;
+        match &c.compressor {
+            None => s.sliding_layers += 1,
+            Some(k) => match k.indexer {
+                Some(i) => {
+                    s.sparse_layers += 1;
+                    (s.sparse_rate, s.sparse_top_k) = (k.rate, i.top_k);
+                }
+                None => {
+                    s.heavy_layers += 1;
+                    s.heavy_rate = k.rate;
+                }
+            },
+        }
+    }
+    s
 }

@@ -1,0 +1,687 @@
+//! DeepSeek-V4's attention (`deepseek_v4`): shared-KV multi-query attention over a sliding
+//! window, beside which a layer may attend to *compressed* entries, each summarising a window
+//! of `rate` positions.
+//!
+//! - **Queries.** `q = rms(q_b_proj(rms(q_a_proj x) · q_a_norm))` per head, the RMS norm
+//!   unweighted; the last `rope.dim` dimensions of each head rotated (adjacent pairs).
+//! - **One key that is also the value.** `k = v = rms(kv_proj x) · kv_norm`, its last
+//!   dimensions rotated. A query at `p` sees the keys of `p − window < j ≤ p` and a learned
+//!   sink logit per head joins each softmax (`sinks`). The output's rotated part is rotated
+//!   back by the query's own angle (`−sin`), so each value contributes by relative position.
+//! - **Grouped output projection.** The heads are taken in `o_groups` groups; each group's
+//!   `heads / o_groups × head_dim` outputs go through its own `o_lora_rank` rows of `o_a_proj`,
+//!   and `o_b_proj` mixes the groups' outputs to the hidden size.
+//! - **Compressed entries** ([`Compressor`]). The compressor projects every position to
+//!   `kv` and gate logits (`compressor.kv_proj`, `compressor.gate_proj`); window `w` (positions
+//!   `w·rate .. (w+1)·rate`) gives entry `w` when it is complete: per channel the
+//!   softmax-weighted sum of its positions' `kv` by `gate + position_bias[j − w·rate]`, then
+//!   `kv_norm`, the rotated part at position `w·rate`. With `overlap` (compressed-sparse layers,
+//!   `rate` 4) each position projects two series `[Ca | Cb]`, and entry `w` weighs window
+//!   `w − 1`'s `Ca` with window `w`'s `Cb` (window 0: `Cb` only). A query at `p` sees the
+//!   entries `w < (p + 1) / rate`: heavily compressed layers all of them, compressed-sparse
+//!   layers the `top_k` of them a lightning indexer ranks highest ([`Indexer`]).
+//! - **The indexer** runs its own overlapping compressor at `index_head_dim` (its
+//!   `compressor.indexer.*`), queries `q_b_proj(q latent)` rotated at the query's position, and
+//!   scores each visible entry `Σ_h w_h · relu(q_h · k / √index_head_dim)` with
+//!   `w = weights_proj(x) / √index_heads`; the best `top_k` are kept (ties to the earlier).
+//!
+//! Compressed layers rotate by the model's compress table (YaRN, `compress_rope_theta`), sliding
+//! layers by the main one ([`CompressedConfig::local_rope`]). The cache holds, per position, the
+//! key and the compressors' projections (so it can be cut back to any position), and the
+//! entries of the complete windows.
+
+use sluice_store::Blob;
+
+use super::{Ctx, rmsnorm_rows};
+use crate::ModelError;
+use crate::rope::Rope;
+use crate::weights::{MatSpec, PartBuilder, VecSpec};
+
+/// The shape of a DeepSeek-V4 attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompressedConfig {
+    /// Query heads (`num_attention_heads`).
+    pub heads: usize,
+    /// Width of every head and of the shared key (`head_dim`).
+    pub head_dim: usize,
+    /// The query latent (`q_lora_rank`).
+    pub q_lora_rank: usize,
+    /// Keys a query sees: `p − window < j ≤ p` (`sliding_window`).
+    pub window: usize,
+    /// Output groups (`o_groups`).
+    pub o_groups: usize,
+    /// Each group's intermediate width (`o_lora_rank`).
+    pub o_rank: usize,
+    /// Rotated by the model's second table (the main one: sliding layers).
+    pub local_rope: bool,
+    /// Compressed entries beside the window.
+    pub compressor: Option<Compressor>,
+    /// Softmax scale (`head_dim^-0.5`).
+    pub softmax_scale: f32,
+}
+
+/// A layer's compressor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Compressor {
+    /// Positions per entry (`compress_rates`).
+    pub rate: usize,
+    /// Entries weigh the previous window's first series with their own second (compressed
+    /// sparse attention) rather than their own window only (heavily compressed attention).
+    pub overlap: bool,
+    /// The indexer choosing each query's entries; `None`: every visible entry.
+    pub indexer: Option<Indexer>,
+}
+
+/// A compressed-sparse layer's lightning indexer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Indexer {
+    /// Heads (`index_n_heads`).
+    pub heads: usize,
+    /// Head width (`index_head_dim`).
+    pub head_dim: usize,
+    /// Entries each query keeps (`index_topk`).
+    pub top_k: usize,
+}
+
+/// A compressor's weights: `kv_proj`, `gate_proj` (`[series × width, hidden]`), the
+/// `position_bias` (`[rate, series × width]`) and `kv_norm`.
+#[derive(Clone, Copy, Debug)]
+pub struct CompressorWeights {
+    /// `kv_proj`.
+    pub kv: MatSpec,
+    /// `gate_proj`.
+    pub gate: MatSpec,
+    /// `position_bias`.
+    pub bias: VecSpec,
+    /// `kv_norm`.
+    pub norm: VecSpec,
+}
+
+/// The weights of a DeepSeek-V4 attention layer.
+#[derive(Clone, Debug)]
+pub struct CompressedWeights {
+    /// `q_a_proj`.
+    pub q_a: MatSpec,
+    /// `q_a_norm`.
+    pub q_a_norm: VecSpec,
+    /// `q_b_proj`.
+    pub q_b: MatSpec,
+    /// `kv_proj`.
+    pub kv: MatSpec,
+    /// `kv_norm`.
+    pub kv_norm: VecSpec,
+    /// `o_a_proj` `[groups × rank, heads × head_dim / groups]`.
+    pub o_a: MatSpec,
+    /// `o_b_proj`.
+    pub o_b: MatSpec,
+    /// `sinks`.
+    pub sinks: VecSpec,
+    /// `compressor.*`.
+    pub compressor: Option<CompressorWeights>,
+    /// `compressor.indexer.*`: its compressor, `q_b_proj` and `scorer.weights_proj`.
+    pub indexer: Option<(CompressorWeights, MatSpec, MatSpec)>,
+}
+
+/// One compressor's state in a sequence's cache: every position's projections (`kv` then gate
+/// logits, `2 × series × width` floats) and the entries of the complete windows.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Series {
+    proj: Vec<f32>,
+    entries: Vec<f32>,
+}
+
+impl Series {
+    fn truncate(&mut self, pos: usize, per: usize, rate: usize, width: usize) {
+        self.proj.truncate(pos * per);
+        self.entries.truncate(pos / rate * width);
+    }
+}
+
+/// The cache of one layer: the shared key of every position, and the compressors' state.
+#[derive(Clone, Debug)]
+pub(crate) struct Cache {
+    kv: Vec<f32>,
+    comp: Series,
+    index: Series,
+    shape: Shape,
+}
+
+/// What the cache's buffers hold per position and per entry.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    head_dim: usize,
+    rate: usize,
+    /// Floats of the compressor's projections per position (0: none).
+    comp_per: usize,
+    /// The same for the indexer's.
+    index_per: usize,
+    index_dim: usize,
+}
+
+impl Cache {
+    fn buffers(&self) -> [&Vec<f32>; 5] {
+        [
+            &self.kv,
+            &self.comp.proj,
+            &self.comp.entries,
+            &self.index.proj,
+            &self.index.entries,
+        ]
+    }
+
+    /// Its buffers, for saving.
+    pub(crate) fn parts(&self) -> Vec<&[f32]> {
+        self.buffers().into_iter().map(Vec::as_slice).collect()
+    }
+
+    /// Takes saved buffers of `pos` positions (as [`Cache::parts`] gave them).
+    pub(crate) fn restore(&mut self, parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
+        let s = self.shape;
+        let entries = |per: usize, w: usize| if per == 0 { 0 } else { pos / s.rate * w };
+        let want = [
+            pos * s.head_dim,
+            pos * s.comp_per,
+            entries(s.comp_per, s.head_dim),
+            pos * s.index_per,
+            entries(s.index_per, s.index_dim),
+        ];
+        if parts.len() != want.len() {
+            return Err(format!("{} buffers, expected {}", parts.len(), want.len()));
+        }
+        if parts.iter().zip(want).any(|(p, w)| p.len() != w) {
+            return Err(format!(
+                "compressed-attention buffers are not {pos} positions long"
+            ));
+        }
+        let mut it = parts.into_iter();
+        let mut next = || it.next().unwrap_or_default();
+        self.kv = next();
+        self.comp = Series {
+            proj: next(),
+            entries: next(),
+        };
+        self.index = Series {
+            proj: next(),
+            entries: next(),
+        };
+        Ok(())
+    }
+
+    pub(crate) fn truncate(&mut self, pos: usize) {
+        let s = self.shape;
+        self.kv.truncate(pos * s.head_dim);
+        if s.rate > 0 {
+            self.comp.truncate(pos, s.comp_per, s.rate, s.head_dim);
+            self.index.truncate(pos, s.index_per, s.rate, s.index_dim);
+        }
+    }
+
+    /// A copy of the first `pos` positions, with no spare room.
+    pub(crate) fn prefix(&self, pos: usize) -> Cache {
+        let mut c = Cache {
+            kv: self.kv.clone(),
+            comp: self.comp.clone(),
+            index: self.index.clone(),
+            shape: self.shape,
+        };
+        c.truncate(pos);
+        for v in [
+            &mut c.kv,
+            &mut c.comp.proj,
+            &mut c.comp.entries,
+            &mut c.index.proj,
+            &mut c.index.entries,
+        ] {
+            v.shrink_to_fit();
+        }
+        c
+    }
+
+    pub(crate) fn reserve(&mut self, positions: usize) {
+        let s = self.shape;
+        let entries = positions.checked_div(s.rate).unwrap_or(0);
+        super::room(&mut self.kv, positions * s.head_dim);
+        super::room(&mut self.comp.proj, positions * s.comp_per);
+        super::room(&mut self.index.proj, positions * s.index_per);
+        if s.comp_per > 0 {
+            super::room(&mut self.comp.entries, entries * s.head_dim);
+        }
+        if s.index_per > 0 {
+            super::room(&mut self.index.entries, entries * s.index_dim);
+        }
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.buffers().iter().map(|v| v.len() * 4).sum()
+    }
+}
+
+/// Series a compressor projects per position.
+fn series(overlap: bool) -> usize {
+    if overlap { 2 } else { 1 }
+}
+
+impl CompressedConfig {
+    fn shape(&self) -> Shape {
+        let (rate, comp_per, index_per, index_dim) = match &self.compressor {
+            None => (0, 0, 0, 0),
+            Some(c) => {
+                let comp = 2 * series(c.overlap) * self.head_dim;
+                match c.indexer {
+                    Some(i) => (c.rate, comp, 4 * i.head_dim, i.head_dim),
+                    None => (c.rate, comp, 0, 0),
+                }
+            }
+        };
+        Shape {
+            head_dim: self.head_dim,
+            rate,
+            comp_per,
+            index_per,
+            index_dim,
+        }
+    }
+
+    /// Floats cached per position: the key, the compressors' projections and their entries'
+    /// share (rounded up).
+    pub fn kv_floats(&self) -> usize {
+        let s = self.shape();
+        let entries = |w: usize| w.div_ceil(s.rate.max(1));
+        let mut f = s.head_dim + s.comp_per + s.index_per;
+        if s.comp_per > 0 {
+            f += entries(s.head_dim);
+        }
+        if s.index_per > 0 {
+            f += entries(s.index_dim);
+        }
+        f
+    }
+
+    /// Floats of scratch per token of a pass.
+    pub fn scratch_floats(&self) -> usize {
+        let s = self.shape();
+        let q = self.heads * self.head_dim;
+        let index = self
+            .compressor
+            .as_ref()
+            .and_then(|c| c.indexer)
+            .map_or(0, |i| i.heads * (i.head_dim + 1));
+        3 * q + self.q_lora_rank + self.o_groups * self.o_rank + s.comp_per + s.index_per + index
+    }
+
+    /// The product the arithmetic multiplies out, and the field that names it.
+    pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
+        (
+            self.heads,
+            self.head_dim,
+            "num_attention_heads",
+            "num_attention_heads × head_dim",
+        )
+    }
+
+    pub(crate) fn new_cache(&self) -> Cache {
+        Cache {
+            kv: Vec::new(),
+            comp: Series::default(),
+            index: Series::default(),
+            shape: self.shape(),
+        }
+    }
+
+    /// Finds and checks the layer's tensors; `a` names a tensor of the attention module.
+    pub(crate) fn load(
+        &self,
+        p: &mut PartBuilder<'_, '_>,
+        a: &dyn Fn(&str) -> String,
+        h: usize,
+    ) -> Result<CompressedWeights, ModelError> {
+        let (hd, q) = (self.head_dim, self.heads * self.head_dim);
+        let groups = self.o_groups * self.o_rank;
+        let compressor = |p: &mut PartBuilder<'_, '_>,
+                          m: &str,
+                          width: usize,
+                          overlap: bool,
+                          rate: usize|
+         -> Result<CompressorWeights, ModelError> {
+            let w = series(overlap) * width;
+            Ok(CompressorWeights {
+                kv: p.linear(&a(&format!("{m}.kv_proj")), w, h)?,
+                gate: p.linear(&a(&format!("{m}.gate_proj")), w, h)?,
+                bias: p.vector_any(&a(&format!("{m}.position_bias")), &[rate, w])?,
+                norm: p.vector(&a(&format!("{m}.kv_norm.weight")), width)?,
+            })
+        };
+        let (comp, index) = match &self.compressor {
+            None => (None, None),
+            Some(c) => {
+                let comp = compressor(p, "compressor", hd, c.overlap, c.rate)?;
+                let index = match c.indexer {
+                    None => None,
+                    Some(i) => Some((
+                        compressor(p, "compressor.indexer", i.head_dim, true, c.rate)?,
+                        p.linear(
+                            &a("compressor.indexer.q_b_proj"),
+                            i.heads * i.head_dim,
+                            self.q_lora_rank,
+                        )?,
+                        p.linear(&a("compressor.indexer.scorer.weights_proj"), i.heads, h)?,
+                    )),
+                };
+                (Some(comp), index)
+            }
+        };
+        Ok(CompressedWeights {
+            q_a: p.linear(&a("q_a_proj"), self.q_lora_rank, h)?,
+            q_a_norm: p.vector(&a("q_a_norm.weight"), self.q_lora_rank)?,
+            q_b: p.linear(&a("q_b_proj"), q, self.q_lora_rank)?,
+            kv: p.linear(&a("kv_proj"), hd, h)?,
+            kv_norm: p.vector(&a("kv_norm.weight"), hd)?,
+            o_a: p.linear(&a("o_a_proj"), groups, q / self.o_groups)?,
+            o_b: p.linear(&a("o_b_proj"), h, groups)?,
+            sinks: p.vector(&a("sinks"), self.heads)?,
+            compressor: comp,
+            indexer: index,
+        })
+    }
+
+    /// The layer over `x` `[t, hidden]` at positions `pos0..pos0 + t`, appending to `cache`.
+    pub(crate) fn forward(
+        &self,
+        cx: &Ctx<'_>,
+        w: &CompressedWeights,
+        blob: &Blob,
+        cache: &mut Cache,
+        pos0: usize,
+        x: &[f32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let exec = cx.exec;
+        let k = exec.kernels();
+        let h = cx.hidden;
+        let t = x.len() / h;
+        let (heads, hd) = (self.heads, self.head_dim);
+        let (rope, angles) = match (self.local_rope, cx.local) {
+            (true, Some(local)) => local,
+            (true, None) => {
+                return Err(ModelError::Internal(
+                    "a layer asks for the second rotary table, which the model lacks".into(),
+                ));
+            }
+            (false, _) => (cx.rope, cx.angles),
+        };
+        let rot = 2 * rope.pairs();
+        if rot > hd {
+            return Err(ModelError::Internal(
+                "rotated part wider than a head".into(),
+            ));
+        }
+
+        // Queries: the normalised latent (the indexer reads it too), then unweighted RMS per head.
+        let mut q_res = vec![0f32; t * self.q_lora_rank];
+        exec.matmul(&w.q_a.view(blob)?, x, &mut q_res);
+        rmsnorm_rows(exec, &mut q_res, &w.q_a_norm.to_f32(blob), cx.eps);
+        let mut qs = vec![0f32; t * heads * hd];
+        exec.matmul(&w.q_b.view(blob)?, &q_res, &mut qs);
+        let ones = vec![1f32; hd];
+        rmsnorm_rows(exec, &mut qs, &ones, cx.eps);
+        let mut kv = vec![0f32; t * hd];
+        exec.matmul(&w.kv.view(blob)?, x, &mut kv);
+        rmsnorm_rows(exec, &mut kv, &w.kv_norm.to_f32(blob), cx.eps);
+        for i in 0..t {
+            let (cos, sin) = angles.get(i);
+            for head in qs[i * heads * hd..(i + 1) * heads * hd].chunks_exact_mut(hd) {
+                rope.apply(&mut head[hd - rot..], cos, sin);
+            }
+            rope.apply(&mut kv[i * hd + hd - rot..(i + 1) * hd], cos, sin);
+        }
+        cache.kv.extend_from_slice(&kv);
+        let end = pos0 + t;
+
+        // The compressors: this pass's projections, then the entries of the windows completed.
+        let mut scores_of: Option<Vec<f32>> = None;
+        let mut visible = 0usize;
+        if let (Some(c), Some(cw)) = (&self.compressor, &w.compressor) {
+            compress(
+                cx,
+                rope,
+                cw,
+                blob,
+                x,
+                &mut cache.comp,
+                c.rate,
+                hd,
+                c.overlap,
+                end,
+            )?;
+            if let (Some(ix), Some((iw, iq, iwp))) = (c.indexer, &w.indexer) {
+                compress(
+                    cx,
+                    rope,
+                    iw,
+                    blob,
+                    x,
+                    &mut cache.index,
+                    c.rate,
+                    ix.head_dim,
+                    true,
+                    end,
+                )?;
+                scores_of = Some(index_scores(
+                    cx,
+                    rope,
+                    angles,
+                    ix,
+                    iq,
+                    iwp,
+                    blob,
+                    x,
+                    &q_res,
+                    &cache.index.entries,
+                )?);
+            }
+            visible = c.rate;
+        }
+
+        let sinks = w.sinks.to_f32(blob);
+        let (kc, entries) = (&cache.kv, &cache.comp.entries);
+        let scale = self.softmax_scale;
+        let window = self.window;
+        let top_k = self
+            .compressor
+            .as_ref()
+            .and_then(|c| c.indexer)
+            .map(|i| i.top_k);
+        let qs = &qs;
+        let scores_of = scores_of.as_deref();
+        let outs = exec.map(t, |i| {
+            let p = pos0 + i;
+            let lo = (p + 1).saturating_sub(window);
+            // The entries this query sees, in order.
+            let n_vis = (p + 1).checked_div(visible).unwrap_or(0);
+            let chosen: Vec<usize> = match (top_k, scores_of) {
+                (Some(kk), Some(sc)) if n_vis > kk => {
+                    let n_all = sc.len() / t;
+                    let row = &sc[i * n_all..i * n_all + n_vis];
+                    let mut ids: Vec<usize> = sluice_kernels::scalar::top_k(row, kk)
+                        .into_iter()
+                        .map(|p| p.0)
+                        .collect();
+                    ids.sort_unstable();
+                    ids
+                }
+                _ => (0..n_vis).collect(),
+            };
+            let key = |j: usize| -> &[f32] {
+                if j < p + 1 - lo {
+                    &kc[(lo + j) * hd..(lo + j + 1) * hd]
+                } else {
+                    let e = chosen[j - (p + 1 - lo)];
+                    &entries[e * hd..(e + 1) * hd]
+                }
+            };
+            let nk = p + 1 - lo + chosen.len();
+            let mut out = vec![0f32; heads * hd];
+            let mut row = Vec::with_capacity(nk + 1);
+            for head in 0..heads {
+                let qh = &qs[(i * heads + head) * hd..(i * heads + head + 1) * hd];
+                row.clear();
+                row.extend((0..nk).map(|j| k.dot(qh, key(j)) * scale));
+                row.push(sinks[head]);
+                k.softmax(&mut row);
+                let o = &mut out[head * hd..(head + 1) * hd];
+                for (j, &pj) in row[..nk].iter().enumerate() {
+                    for (a, &v) in o.iter_mut().zip(key(j)) {
+                        *a += pj * v;
+                    }
+                }
+            }
+            out
+        });
+        // Each head's rotated part rotated back by its query's angle.
+        let mut att = Vec::with_capacity(t * heads * hd);
+        for (i, mut o) in outs.into_iter().enumerate() {
+            let (cos, sin) = angles.get(i);
+            let neg: Vec<f32> = sin.iter().map(|s| -s).collect();
+            for head in o.chunks_exact_mut(hd) {
+                rope.apply(&mut head[hd - rot..], cos, &neg);
+            }
+            att.extend_from_slice(&o);
+        }
+
+        // The grouped output projection: group g's inputs through o_a's rows of group g.
+        let (g, r) = (self.o_groups, self.o_rank);
+        let per = heads * hd / g;
+        let oa = w.o_a.view(blob)?;
+        let parts = exec.map(g, |gi| {
+            let mut xg = Vec::with_capacity(t * per);
+            for row in att.chunks_exact(heads * hd) {
+                xg.extend_from_slice(&row[gi * per..(gi + 1) * per]);
+            }
+            let mut y = vec![0f32; t * r];
+            k.matmul(&oa, &xg, &mut y, gi * r..(gi + 1) * r);
+            y
+        });
+        let mut mid = vec![0f32; t * g * r];
+        for (gi, y) in parts.iter().enumerate() {
+            for i in 0..t {
+                mid[(i * g + gi) * r..(i * g + gi + 1) * r].copy_from_slice(&y[i * r..(i + 1) * r]);
+            }
+        }
+        let mut y = vec![0f32; t * h];
+        exec.matmul(&w.o_b.view(blob)?, &mid, &mut y);
+        Ok(y)
+    }
+}
+
+/// Appends this pass's projections of `x` to `s` and computes the entries of every window
+/// complete by position `end` (see the module documentation).
+#[allow(clippy::too_many_arguments)]
+fn compress(
+    cx: &Ctx<'_>,
+    rope: &Rope,
+    w: &CompressorWeights,
+    blob: &Blob,
+    x: &[f32],
+    s: &mut Series,
+    rate: usize,
+    width: usize,
+    overlap: bool,
+    end: usize,
+) -> Result<(), ModelError> {
+    let exec = cx.exec;
+    let t = x.len() / cx.hidden;
+    let sw = series(overlap) * width;
+    let mut kv = vec![0f32; t * sw];
+    let mut gate = vec![0f32; t * sw];
+    exec.matmul(&w.kv.view(blob)?, x, &mut kv);
+    exec.matmul(&w.gate.view(blob)?, x, &mut gate);
+    for (a, b) in kv.chunks_exact(sw).zip(gate.chunks_exact(sw)) {
+        s.proj.extend_from_slice(a);
+        s.proj.extend_from_slice(b);
+    }
+    let bias = w.bias.to_f32(blob);
+    let norm = w.norm.to_f32(blob);
+    let per = 2 * sw;
+    let rot = 2 * rope.pairs();
+    let (mut cos, mut sin) = (vec![0f32; rope.pairs()], vec![0f32; rope.pairs()]);
+    let mut tmp = vec![0f32; width];
+    // Slots of an entry: (position, series) pairs.
+    let mut slots: Vec<(usize, usize)> = Vec::with_capacity(2 * rate);
+    let mut logits = Vec::with_capacity(2 * rate);
+    while (s.entries.len() / width + 1) * rate <= end {
+        let e = s.entries.len() / width;
+        slots.clear();
+        if overlap && e > 0 {
+            slots.extend(((e - 1) * rate..e * rate).map(|j| (j, 0)));
+        }
+        let second = usize::from(overlap);
+        slots.extend((e * rate..(e + 1) * rate).map(|j| (j, second)));
+        let mut entry = vec![0f32; width];
+        for (d, out) in entry.iter_mut().enumerate() {
+            logits.clear();
+            logits.extend(slots.iter().map(|&(j, sr)| {
+                s.proj[j * per + sw + sr * width + d] + bias[(j % rate) * sw + sr * width + d]
+            }));
+            sluice_kernels::scalar::softmax(&mut logits);
+            let mut acc = 0f32;
+            for (&(j, sr), &pj) in slots.iter().zip(&logits) {
+                acc += s.proj[j * per + sr * width + d] * pj;
+            }
+            *out = acc;
+        }
+        exec.kernels().rmsnorm(&entry, &norm, cx.eps, &mut tmp);
+        rope.angles(e * rate, &mut cos, &mut sin);
+        rope.apply(&mut tmp[width - rot..], &cos, &sin);
+        s.entries.extend_from_slice(&tmp);
+    }
+    Ok(())
+}
+
+/// The indexer's score of every entry for each row, `[t, entries]` (entries a row does not see
+/// are scored too and ignored).
+#[allow(clippy::too_many_arguments)]
+fn index_scores(
+    cx: &Ctx<'_>,
+    rope: &Rope,
+    angles: &crate::rope::Angles,
+    ix: Indexer,
+    q_b: &MatSpec,
+    weights: &MatSpec,
+    blob: &Blob,
+    x: &[f32],
+    q_res: &[f32],
+    entries: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    let exec = cx.exec;
+    let t = x.len() / cx.hidden;
+    let (nh, d) = (ix.heads, ix.head_dim);
+    let rot = 2 * rope.pairs();
+    let mut q = vec![0f32; t * nh * d];
+    exec.matmul(&q_b.view(blob)?, q_res, &mut q);
+    for i in 0..t {
+        let (cos, sin) = angles.get(i);
+        for head in q[i * nh * d..(i + 1) * nh * d].chunks_exact_mut(d) {
+            rope.apply(&mut head[d - rot..], cos, sin);
+        }
+    }
+    let mut wts = vec![0f32; t * nh];
+    exec.matmul(&weights.view(blob)?, x, &mut wts);
+    let wscale = (nh as f32).powf(-0.5);
+    let sscale = (d as f32).powf(-0.5);
+    let n = entries.len() / d;
+    let k = exec.kernels();
+    let rows = exec.map(t, |i| {
+        (0..n)
+            .map(|e| {
+                let key = &entries[e * d..(e + 1) * d];
+                let mut s = 0f32;
+                for hh in 0..nh {
+                    let qh = &q[(i * nh + hh) * d..(i * nh + hh + 1) * d];
+                    let sc = k.dot(qh, key).max(0.0) * sscale;
+                    s += sc * (wts[i * nh + hh] * wscale);
+                }
+                s
+            })
+            .collect::<Vec<f32>>()
+    });
+    Ok(rows.concat())
+}

@@ -1204,3 +1204,37 @@ fn inspect_explains_compressed_attention_and_hash_routing() {
     assert!(demo["compressed_attention"].is_null());
     assert_eq!(demo["hash_routed_layers"].as_u64(), Some(0));
 }
+
+/// DeepSeek-V4's hash-routed layers (0 and 1 in the fixture) are prefetched from the tokens
+/// alone, so every expert they route to was predicted; the ids are those of an unlimited run.
+#[test]
+fn hash_routed_layers_are_prefetched_exactly() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32");
+    let go = |memory: &str| {
+        json(&run(&[
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3,4,5,6,7,8,9,10,11,12",
+            "--max-tokens",
+            "16",
+            "--prefetch",
+            "all",
+            "--memory",
+            memory,
+            "--json",
+        ]))
+    };
+    let (cold, free) = (go("4MiB"), go("unlimited"));
+    assert_eq!(cold["ids"], free["ids"]);
+    let s = &cold["stats"];
+    assert_eq!(s["prefetch_recall_hash_routed"].as_f64(), Some(1.0), "{s}");
+    let by_layer = s["prefetch_recall_by_layer"].as_array().unwrap();
+    assert_eq!(by_layer[0].as_f64(), Some(1.0), "{s}");
+    assert_eq!(by_layer[1].as_f64(), Some(1.0), "{s}");
+    // Learned layers are predicted, not known.
+    assert!(s["prefetch_recall"].as_f64().unwrap() < 1.0, "{s}");
+    // With every expert in memory nothing is prefetched, so nothing is checked.
+    assert!(free["stats"]["prefetch_recall_hash_routed"].is_null());
+}

@@ -161,6 +161,14 @@ impl Model {
         if opts.new_step {
             self.experts().begin_step();
         }
+        // A hash-routed first layer's experts are known from the tokens: read them now.
+        if self.prefetch()
+            && cfg.is_hash_routed(0)
+            && let Some((l, ids)) = self.predict(0, &[], &tokens)?
+        {
+            self.experts().prefetch(l, &ids);
+        }
+
         let hs = self.embed_rows(&tokens)?;
         record(&pass, segs, || ("embeddings".into(), hs.clone()));
         let mut stream = Stream::new(cfg.residual, hs, cfg.hidden);
@@ -342,7 +350,9 @@ impl Model {
         // predicted union adds the mispredicted experts of every token to what the chunk
         // reads (measured 7-11% more bytes than the experts it touched at 64 tokens) and
         // brought no measurable speed.
-        let next = if self.prefetch() && pass.single_token_steps {
+        // A hash-routed layer's experts are known exactly from the tokens, so they are read
+        // ahead in a prefill too.
+        let next = if self.prefetch() && (pass.single_token_steps || cfg.is_hash_routed(l + 1)) {
             self.predict(l + 1, src, &pass.tokens)?
         } else {
             None

@@ -78,6 +78,10 @@ pub struct GenerationStats {
     /// [`Self::prefetch_recall`] per layer (`null` for a layer with no prediction checked:
     /// dense layers, the first MoE layer, layers not resident when predicted).
     pub prefetch_recall_by_layer: Vec<Option<f64>>,
+    /// [`Self::prefetch_recall`] over the hash-routed layers alone (DeepSeek-V4's, whose
+    /// experts are known from the tokens: 1 by construction when any was checked; `null`
+    /// otherwise). [`Self::prefetch_recall`] counts them too.
+    pub prefetch_recall_hash_routed: Option<f64>,
     /// Experts read by lookahead prefetch.
     pub prefetch_reads: u64,
     /// Requests served by an expert a prefetch read during the same step.
@@ -180,6 +184,16 @@ pub(crate) fn stats_since(
             (c > c0).then(|| (p - p0) as f64 / (c - c0) as f64)
         })
         .collect();
+    let cfg = engine.model().config();
+    let (mut hc, mut hp) = (0u64, 0u64);
+    for (l, &(c, p)) in now.prefetch_by_layer.iter().enumerate() {
+        if cfg.is_hash_routed(l) {
+            let (c0, p0) = expert0.prefetch_by_layer.get(l).copied().unwrap_or((0, 0));
+            hc += c - c0;
+            hp += p - p0;
+        }
+    }
+    s.prefetch_recall_hash_routed = (hc > 0).then(|| hp as f64 / hc as f64);
     s.peak_rss_bytes = peak_rss_bytes();
     s
 }

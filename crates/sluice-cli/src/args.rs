@@ -196,6 +196,10 @@ pub struct SynthArgs {
     /// or mxfp4 (compressed-tensors mxfp4-pack-quantized).
     #[arg(long, default_value = "bf16")]
     pub experts_format: String,
+    /// The architecture: deepseek_v3 (the first layer dense) or deepseek_v4 (compressed
+    /// attention, hyper-connections, hash-routed first layers; BF16 experts).
+    #[arg(long, default_value = "deepseek_v3")]
+    pub arch: String,
 }
 
 /// Where the model is and how it runs (shared by `run` and `chat`).

@@ -309,7 +309,26 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
             "synth: packed experts need --hidden and --moe-inter divisible by 32",
         ));
     }
+    let arch = sluice::tools::synth::SynthArch::from_name(&a.arch).ok_or_else(|| {
+        usage(format!(
+            "--arch `{}`: expected deepseek_v3 or deepseek_v4",
+            a.arch
+        ))
+    })?;
+    let v4 = arch == sluice::tools::synth::SynthArch::DeepseekV4;
+    if v4 && experts_format != sluice::tools::synth::ExpertFormat::Bf16 {
+        return Err(usage(
+            "synth: --arch deepseek_v4 writes BF16 experts only (--experts-format bf16)",
+        ));
+    }
     let head = a.hidden / a.heads;
+    // DeepSeek-V4 rotates a quarter of each head (an exact `partial_rotary_factor`).
+    let (nope, rope) = if v4 {
+        let r = (head / 4).max(8) & !1;
+        (3 * r, r)
+    } else {
+        (head, (head / 2).max(2) & !1)
+    };
     let spec = sluice::tools::synth::SynthSpec {
         vocab: a.vocab,
         hidden: a.hidden,
@@ -323,13 +342,14 @@ fn synth(a: args::SynthArgs) -> Result<(), Failure> {
         heads: a.heads,
         q_lora: a.hidden / 2,
         kv_lora: a.hidden / 4,
-        nope: head,
-        rope: (head / 2).max(2) & !1,
+        nope,
+        rope,
         v_head: head,
         layers_per_shard: a.layers_per_shard,
         skew: a.skew,
         seed: a.seed,
         experts_format,
+        arch,
     };
     let t0 = std::time::Instant::now();
     spec.write(&a.out).map_err(|e| Failure {

@@ -342,6 +342,18 @@ fn synth_rejects_an_unknown_or_unpackable_experts_format() {
             ],
             "--hidden",
         ),
+        (vec!["synth", out, "--arch", "deepseek_v5"], "--arch"),
+        (
+            vec![
+                "synth",
+                out,
+                "--arch",
+                "deepseek_v4",
+                "--experts-format",
+                "int4",
+            ],
+            "--experts-format",
+        ),
     ] {
         let e = one_line_error(&args);
         assert!(e.contains(flag), "{args:?}: {e}");

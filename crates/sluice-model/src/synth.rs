@@ -1,6 +1,6 @@
-//! Synthetic checkpoints: DeepSeek-V3-shaped models of any size written straight to disk in
-//! Hugging Face layout (sharded like real releases), with router weights that make some experts
-//! hotter than others. For tests and benchmarks; no Python needed.
+//! Synthetic checkpoints: DeepSeek-V3- or DeepSeek-V4-shaped models of any size written straight
+//! to disk in Hugging Face layout (sharded like real releases), with router weights that make
+//! some experts hotter than others. For tests and benchmarks; no Python needed.
 
 use std::path::Path;
 
@@ -49,7 +49,43 @@ pub struct SynthSpec {
     pub seed: u64,
     /// How the routed experts are stored.
     pub experts_format: ExpertFormat,
+    /// Which architecture.
+    pub arch: SynthArch,
 }
+
+/// The architecture of a synthetic model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SynthArch {
+    /// DeepSeek-V3: MLA, sigmoid group routing, the first `first_dense` layers dense.
+    #[default]
+    DeepseekV3,
+    /// DeepSeek-V4 under DeepSeek's tensor names: shared-KV attention with heads of
+    /// `nope + rope` (the last `rope` rotated) over a window of 128, transformers' default
+    /// layer types (two heavily compressed layers, then compressed-sparse and heavily
+    /// compressed alternating; windows of 4 and 128, an indexer keeping 64 entries), the grouped
+    /// output projection (2 groups of `kv_lora`), 4 hyper-connection streams, √softplus routing
+    /// with the first three layers hash-routed, every layer MoE; BF16 experts only.
+    DeepseekV4,
+}
+
+impl SynthArch {
+    /// By name: `deepseek_v3` or `deepseek_v4`.
+    pub fn from_name(s: &str) -> Option<SynthArch> {
+        match s {
+            "deepseek_v3" => Some(SynthArch::DeepseekV3),
+            "deepseek_v4" => Some(SynthArch::DeepseekV4),
+            _ => None,
+        }
+    }
+}
+
+/// DeepSeek-V4's synthetic shape beyond [`SynthSpec`]'s fields.
+const V4_WINDOW: usize = 128;
+const V4_SPARSE_RATE: usize = 4;
+const V4_HEAVY_RATE: usize = 128;
+const V4_INDEX_TOP_K: usize = 64;
+const V4_STREAMS: usize = 4;
+const V4_HASH_LAYERS: usize = 3;
 
 /// How a synthetic model stores its routed experts (everything else is BF16).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +136,7 @@ impl Default for SynthSpec {
             skew: 0.5,
             seed: 1,
             experts_format: ExpertFormat::Bf16,
+            arch: SynthArch::DeepseekV3,
         }
     }
 }
@@ -128,6 +165,9 @@ enum Fill {
     Const8(u8),
     /// A `weight_shape` tensor: two int64.
     Shape(u32, u32),
+    /// A token-to-experts table (`tid2eid`), int64: each row the given number of distinct
+    /// experts of `0..experts`.
+    Hash(u32),
 }
 
 /// A fast deterministic generator (splitmix64).
@@ -152,6 +192,9 @@ fn name_seed(seed: u64, name: &str) -> u64 {
 impl SynthSpec {
     /// The model's `config.json`.
     pub fn config(&self) -> Value {
+        if self.arch == SynthArch::DeepseekV4 {
+            return self.config_v4();
+        }
         let mut c = json!({
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "deepseek_v3",
@@ -223,7 +266,232 @@ impl SynthSpec {
         c
     }
 
+    /// DeepSeek-V4's layer types: transformers' default.
+    fn v4_heavy(l: usize) -> bool {
+        l < 2 || l.is_multiple_of(2)
+    }
+
+    /// DeepSeek-V4's head width, indexer head width and output groups.
+    fn v4_dims(&self) -> (usize, usize, usize) {
+        let groups = if self.heads.is_multiple_of(2) { 2 } else { 1 };
+        (self.nope + self.rope, (2 * self.rope).max(16), groups)
+    }
+
+    fn config_v4(&self) -> Value {
+        let (hd, ihd, groups) = self.v4_dims();
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|l| {
+                if Self::v4_heavy(l) {
+                    "heavily_compressed_attention"
+                } else {
+                    "compressed_sparse_attention"
+                }
+            })
+            .collect();
+        let mlp_types: Vec<&str> = (0..self.layers)
+            .map(|l| {
+                if l < V4_HASH_LAYERS {
+                    "hash_moe"
+                } else {
+                    "moe"
+                }
+            })
+            .collect();
+        let partial = self.rope as f64 / hd as f64;
+        json!({
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "vocab_size": self.vocab,
+            "hidden_size": self.hidden,
+            "moe_intermediate_size": self.moe_inter,
+            "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": 1,
+            "head_dim": hd,
+            "q_lora_rank": self.q_lora.max(1),
+            "partial_rotary_factor": partial,
+            "n_shared_experts": self.shared,
+            "n_routed_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "norm_topk_prob": true,
+            "routed_scaling_factor": 1.5,
+            "scoring_func": "sqrtsoftplus",
+            "swiglu_limit": 10.0,
+            "sliding_window": V4_WINDOW,
+            "o_groups": groups,
+            "o_lora_rank": self.kv_lora,
+            "index_n_heads": self.heads,
+            "index_head_dim": ihd,
+            "index_topk": V4_INDEX_TOP_K,
+            "compress_rates": {
+                "compressed_sparse_attention": V4_SPARSE_RATE,
+                "heavily_compressed_attention": V4_HEAVY_RATE
+            },
+            "layer_types": layer_types,
+            "mlp_layer_types": mlp_types,
+            "hc_mult": V4_STREAMS,
+            "hc_sinkhorn_iters": 20,
+            "hc_eps": 1e-6,
+            "rope_parameters": {
+                "main": {"rope_type": "default", "rope_theta": 10000.0,
+                         "partial_rotary_factor": partial},
+                "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
+                             "original_max_position_embeddings": 65536, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "attention_factor": 1.0,
+                             "partial_rotary_factor": partial}
+            },
+            "hidden_act": "silu",
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": false,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "num_nextn_predict_layers": 0,
+            "dtype": "bfloat16"
+        })
+    }
+
+    /// DeepSeek-V4's tensors, under DeepSeek's names, one group per layer.
+    fn plan_v4(&self) -> Vec<Vec<Planned>> {
+        let h = self.hidden;
+        let (hd, ihd, groups) = self.v4_dims();
+        let q_lora = self.q_lora.max(1);
+        let n = V4_STREAMS;
+        let u = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
+        let t = |name: String, shape: Vec<usize>, fill: Fill| Planned {
+            name,
+            dtype: match fill {
+                Fill::Bias(_) => Dtype::F32,
+                Fill::Hash(_) => Dtype::I64,
+                _ => Dtype::BF16,
+            },
+            shape,
+            fill,
+        };
+        let mut out = Vec::new();
+        for l in 0..self.layers {
+            let p = |s: &str| format!("layers.{l}.{s}");
+            let mut g = Vec::new();
+            if l == 0 {
+                g.push(t(
+                    "embed.weight".into(),
+                    vec![self.vocab, h],
+                    Fill::Uniform(1.0),
+                ));
+            }
+            g.push(t(p("attn_norm.weight"), vec![h], Fill::Ones));
+            g.push(t(p("ffn_norm.weight"), vec![h], Fill::Ones));
+            for hc in ["attn", "ffn"] {
+                let gates = (2 + n) * n;
+                g.push(t(p(&format!("hc_{hc}_fn")), vec![gates, n * h], u(n * h)));
+                g.push(t(
+                    p(&format!("hc_{hc}_base")),
+                    vec![gates],
+                    Fill::Uniform(0.1),
+                ));
+                g.push(t(p(&format!("hc_{hc}_scale")), vec![3], Fill::Ones));
+            }
+            let qd = self.heads * hd;
+            for (name, shape, fill) in [
+                ("attn.wq_a.weight", vec![q_lora, h], u(h)),
+                ("attn.q_norm.weight", vec![q_lora], Fill::Ones),
+                ("attn.wq_b.weight", vec![qd, q_lora], u(q_lora)),
+                ("attn.wkv.weight", vec![hd, h], u(h)),
+                ("attn.norm.weight", vec![hd], Fill::Ones),
+                (
+                    "attn.wo_a.weight",
+                    vec![groups * self.kv_lora, qd / groups],
+                    u(qd / groups),
+                ),
+                (
+                    "attn.wo_b.weight",
+                    vec![h, groups * self.kv_lora],
+                    u(groups * self.kv_lora),
+                ),
+                ("attn.attn_sink", vec![self.heads], Fill::Uniform(1.0)),
+            ] {
+                g.push(t(p(name), shape, fill));
+            }
+            let heavy = Self::v4_heavy(l);
+            let (rate, series) = if heavy {
+                (V4_HEAVY_RATE, 1)
+            } else {
+                (V4_SPARSE_RATE, 2)
+            };
+            let mut compressor = |m: &str, width: usize, series: usize| {
+                let w = series * width;
+                g.push(t(p(&format!("{m}.wkv.weight")), vec![w, h], u(h)));
+                g.push(t(p(&format!("{m}.wgate.weight")), vec![w, h], u(h)));
+                g.push(t(p(&format!("{m}.ape")), vec![rate, w], Fill::Uniform(0.1)));
+                g.push(t(p(&format!("{m}.norm.weight")), vec![width], Fill::Ones));
+            };
+            compressor("attn.compressor", hd, series);
+            if !heavy {
+                compressor("attn.indexer.compressor", ihd, 2);
+                g.push(t(
+                    p("attn.indexer.wq_b.weight"),
+                    vec![self.heads * ihd, q_lora],
+                    u(q_lora),
+                ));
+                g.push(t(
+                    p("attn.indexer.weights_proj.weight"),
+                    vec![self.heads, h],
+                    u(h),
+                ));
+            }
+            g.push(t(p("ffn.gate.weight"), vec![self.experts, h], u(h)));
+            if l < V4_HASH_LAYERS {
+                g.push(t(
+                    p("ffn.gate.tid2eid"),
+                    vec![self.vocab, self.top_k],
+                    Fill::Hash(self.experts as u32),
+                ));
+            } else {
+                g.push(t(
+                    p("ffn.gate.bias"),
+                    vec![self.experts],
+                    Fill::Bias(self.skew),
+                ));
+            }
+            let si = self.moe_inter * self.shared;
+            if si > 0 {
+                for (w, s) in [
+                    ("w1", vec![si, h]),
+                    ("w2", vec![h, si]),
+                    ("w3", vec![si, h]),
+                ] {
+                    let fan = s[1];
+                    g.push(t(p(&format!("ffn.shared_experts.{w}.weight")), s, u(fan)));
+                }
+            }
+            let mut ids: Vec<usize> = (0..self.experts).collect();
+            ids.sort_by_key(|e| e.to_string());
+            for e in ids {
+                for (w, s) in [
+                    ("w1", vec![self.moe_inter, h]),
+                    ("w2", vec![h, self.moe_inter]),
+                    ("w3", vec![self.moe_inter, h]),
+                ] {
+                    let fan = s[1];
+                    g.push(t(p(&format!("ffn.experts.{e}.{w}.weight")), s, u(fan)));
+                }
+            }
+            if l + 1 == self.layers {
+                g.push(t("norm.weight".into(), vec![h], Fill::Ones));
+                g.push(t("head.weight".into(), vec![self.vocab, h], u(h)));
+                g.push(t("hc_head_fn".into(), vec![n, n * h], u(n * h)));
+                g.push(t("hc_head_base".into(), vec![n], Fill::Uniform(0.1)));
+                g.push(t("hc_head_scale".into(), vec![1], Fill::Ones));
+            }
+            out.push(g);
+        }
+        out
+    }
+
     fn plan(&self) -> Vec<Vec<Planned>> {
+        if self.arch == SynthArch::DeepseekV4 {
+            return self.plan_v4();
+        }
         let h = self.hidden;
         let u = |fan_in: usize| Fill::Uniform((3.0 / fan_in as f32).sqrt());
         let t = |name: String, shape: Vec<usize>, fill: Fill| Planned {
@@ -443,7 +711,7 @@ impl SynthSpec {
             f.write_all_at(&head, 0)?;
             for (t, &o) in tensors.iter().zip(&offsets) {
                 let n: usize = t.shape.iter().product();
-                let step = if matches!(t.fill, Fill::Bias(_) | Fill::Shape(..)) {
+                let step = if matches!(t.fill, Fill::Bias(_) | Fill::Shape(..) | Fill::Hash(_)) {
                     n.max(1)
                 } else {
                     PIECE
@@ -529,6 +797,23 @@ impl SynthSpec {
             Fill::Const8(v) => buf.resize(n, v),
             Fill::Shape(r, c) => {
                 for v in [r as i64, c as i64].iter().skip(first).take(n) {
+                    buf.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            Fill::Hash(experts) => {
+                // Per row, a partial Fisher-Yates draw of distinct experts.
+                let k = t.shape.get(1).copied().unwrap_or(1).max(1);
+                let mut rng = Rng(name_seed(self.seed, &t.name));
+                let mut all = Vec::with_capacity(total);
+                let mut pool: Vec<u32> = (0..experts).collect();
+                for _ in 0..total / k {
+                    for i in 0..k.min(pool.len()) {
+                        let j = i + (rng.next() % (pool.len() - i) as u64) as usize;
+                        pool.swap(i, j);
+                        all.push(pool[i] as i64);
+                    }
+                }
+                for v in &all[first..first + n] {
                     buf.extend_from_slice(&v.to_le_bytes());
                 }
             }
@@ -714,5 +999,65 @@ mod tests {
                 std::fs::read(d2.path().join(&s.name)).unwrap()
             );
         }
+    }
+
+    #[test]
+    fn writes_a_deepseek_v4_shaped_checkpoint_that_runs() {
+        let d = tempfile::tempdir().unwrap();
+        let spec = SynthSpec {
+            hidden: 64,
+            layers: 5,
+            experts: 8,
+            top_k: 2,
+            moe_inter: 32,
+            vocab: 300,
+            heads: 4,
+            q_lora: 32,
+            kv_lora: 16,
+            nope: 24,
+            rope: 8,
+            arch: SynthArch::DeepseekV4,
+            ..Default::default()
+        };
+        spec.write(d.path()).unwrap();
+        let ck = sluice_format::Checkpoint::open(d.path()).unwrap();
+        let total: u64 = ck.tensors().iter().map(|t| t.len).sum();
+        assert_eq!(total, spec.bytes());
+        // DeepSeek's names, as released.
+        for name in [
+            "embed.weight",
+            "head.weight",
+            "hc_head_fn",
+            "layers.0.attn.compressor.ape",
+            "layers.3.attn.indexer.compressor.wkv.weight",
+            "layers.0.ffn.gate.tid2eid",
+            "layers.3.ffn.gate.bias",
+            "layers.4.ffn.experts.7.w2.weight",
+        ] {
+            assert!(ck.get(name).is_some(), "{name}");
+        }
+        let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
+        let cfg = m.config();
+        assert_eq!(cfg.family, "deepseek_v4");
+        let kinds: Vec<&str> = cfg.layer_plan.iter().map(|p| p.attention.kind()).collect();
+        assert_eq!(kinds, ["hca", "hca", "hca", "csa", "hca"]);
+        assert_eq!(cfg.hash_routed, [true, true, true, false, false]);
+        // Every hash row names distinct experts below the count.
+        let t = ck.get("layers.2.ffn.gate.tid2eid").unwrap();
+        let bytes = std::fs::read(&ck.shards()[t.shard].path).unwrap();
+        let ids: Vec<i64> = bytes[t.offset as usize..(t.offset + t.len) as usize]
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for row in ids.chunks_exact(2) {
+            assert!(
+                row[0] != row[1] && row.iter().all(|&e| (0..8).contains(&e)),
+                "{row:?}"
+            );
+        }
+        let mut st = m.new_state();
+        let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();
+        let l = m.forward(&mut st, &prompt, crate::Logits::Last).unwrap();
+        assert!(l.iter().all(|x| x.is_finite()));
     }
 }

@@ -6,7 +6,8 @@ use serde_json::Value;
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, GluActivation, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig,
-    QkNorm, Residual, RopeConfig, RouterKind, TensorNames, check_widths, read_rope,
+    QkNorm, Residual, RopeConfig, RouterKind, SharedExpert, TensorNames, check_widths, read_rope,
+    shared_width,
 };
 use crate::quant::{self, Quantization};
 
@@ -414,4 +415,31 @@ pub(super) fn layer_list(c: &Cfg<'_>, field: &str) -> Result<Vec<usize>, ModelEr
             .collect(),
         Some(_) => Err(c.err(field, "expected a list of layer indices")),
     }
+}
+
+/// `n` ungated shared experts of `intermediate` each, as one MLP (none for 0).
+pub(super) fn shared_experts(
+    c: &Cfg<'_>,
+    n: usize,
+    intermediate: usize,
+) -> Result<Option<SharedExpert>, ModelError> {
+    Ok((n > 0)
+        .then(|| shared_width(c, "n_shared_experts", n, intermediate))
+        .transpose()?
+        .map(|intermediate| SharedExpert {
+            intermediate,
+            gated: false,
+        }))
+}
+
+/// `swiglu_limit`, the bound on SwiGLU's inputs (transformers' default 10), positive and finite.
+pub(super) fn swiglu_limit(c: &Cfg<'_>) -> Result<f32, ModelError> {
+    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
+    if limit <= 0.0 || !limit.is_finite() {
+        return Err(c.err(
+            "swiglu_limit",
+            format!("{limit} is not supported (SwiGLU's inputs are clamped at it; positive only)"),
+        ));
+    }
+    Ok(limit)
 }

@@ -7,7 +7,7 @@ use super::common::{Base, check_groups, mla_softmax_scale, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    RouterKind, SharedExpert, TensorNames, read_rope, shared_width,
+    RouterKind, TensorNames, read_rope,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -93,13 +93,7 @@ pub(super) fn read_with(
         routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
     };
     let n_shared = c.usize("n_shared_experts")?;
-    let shared = (n_shared > 0)
-        .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
-        .transpose()?
-        .map(|intermediate| SharedExpert {
-            intermediate,
-            gated: false,
-        });
+    let shared = super::common::shared_experts(c, n_shared, intermediate)?;
     let first_dense = match first_dense {
         Some(d) => c.opt_usize("first_k_dense_replace")?.unwrap_or(d),
         None => c.usize("first_k_dense_replace")?,

@@ -31,7 +31,7 @@ use crate::attention::{CompressedConfig, Compressor, Indexer};
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, HyperConfig, LayerPlan,
     MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RopeScaling, RouterKind,
-    SharedExpert, TensorNames, read_rope_object, shared_width,
+    TensorNames, read_rope_object,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -355,20 +355,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         ));
     }
     let n_shared = c.usize("n_shared_experts")?;
-    let shared = (n_shared > 0)
-        .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
-        .transpose()?
-        .map(|intermediate| SharedExpert {
-            intermediate,
-            gated: false,
-        });
-    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
-    if limit <= 0.0 || !limit.is_finite() {
-        return Err(c.err(
-            "swiglu_limit",
-            format!("{limit} is not supported (positive only)"),
-        ));
-    }
+    let shared = super::common::shared_experts(c, n_shared, intermediate)?;
+    let limit = super::common::swiglu_limit(c)?;
     let moe = MoeConfig {
         experts,
         top_k,

@@ -10,7 +10,7 @@ use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, QkNorm, RouterKind,
-    SharedExpert, TensorNames, shared_width,
+    TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -53,13 +53,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         routed_scaling_factor: scaling,
     };
     let n_shared = c.opt_usize("n_shared_experts")?.unwrap_or(1);
-    let shared = (n_shared > 0)
-        .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
-        .transpose()?
-        .map(|intermediate| SharedExpert {
-            intermediate,
-            gated: false,
-        });
+    let shared = super::common::shared_experts(c, n_shared, intermediate)?;
     let first_dense = c.opt_usize("first_k_dense_replace")?.unwrap_or(1);
     let dense = if first_dense > 0 {
         c.pos_usize("intermediate_size")?

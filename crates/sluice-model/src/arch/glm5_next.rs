@@ -36,7 +36,7 @@ use crate::attention::{DsaConfig, IndexerQuery, KeyPool, MlaConfig};
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, GluActivation, HyperConfig, KdaConfig, KdaGate,
     LayerPlan, MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RouterKind,
-    SharedExpert, TensorNames, shared_width,
+    TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -165,10 +165,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let topk_group = c.opt_usize("topk_group")?.unwrap_or(1);
     check_groups(c, experts, k, n_group, topk_group)?;
     let n_shared = c.opt_usize("n_shared_experts")?.unwrap_or(1);
-    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
-    if limit <= 0.0 || !limit.is_finite() {
-        return Err(c.err("swiglu_limit", format!("{limit}: positive only")));
-    }
+    let limit = super::common::swiglu_limit(c)?;
     let moe = MoeConfig {
         experts,
         top_k: k,
@@ -179,13 +176,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
             routed_scaling_factor: c.opt_f32("routed_scaling_factor")?.unwrap_or(2.5),
         },
-        shared: (n_shared > 0)
-            .then(|| shared_width(c, "n_shared_experts", n_shared, intermediate))
-            .transpose()?
-            .map(|intermediate| SharedExpert {
-                intermediate,
-                gated: false,
-            }),
+        shared: super::common::shared_experts(c, n_shared, intermediate)?,
         activation: ExpertActivation::SwiGluInputsClamped { limit },
         latent: None,
         weight_on_input: false,

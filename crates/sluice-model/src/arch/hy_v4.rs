@@ -52,13 +52,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         sinkhorn: None,
         mean_head: false,
     });
-    let limit = c.opt_f32("swiglu_limit")?.unwrap_or(10.0);
-    if limit <= 0.0 || !limit.is_finite() {
-        return Err(c.err(
-            "swiglu_limit",
-            format!("{limit} is not supported (transformers' experts clamp at it; positive only)"),
-        ));
-    }
+    let limit = super::common::swiglu_limit(c)?;
     cfg.moe.activation = ExpertActivation::SwiGluInputsClamped { limit };
     cfg.names.rename = Some(Rename {
         dialect: "tencent",

@@ -438,7 +438,8 @@ impl CompressedConfig {
 
         // The compressors: this pass's projections, then the entries of the windows completed.
         let mut scores_of: Option<Vec<f32>> = None;
-        let mut visible = 0usize;
+        // Positions per entry (0: no compressor).
+        let mut rate = 0usize;
         if let (Some(c), Some(cw)) = (&self.compressor, &w.compressor) {
             compress(
                 cx,
@@ -478,7 +479,7 @@ impl CompressedConfig {
                     &cache.index.entries,
                 )?);
             }
-            visible = c.rate;
+            rate = c.rate;
         }
 
         let sinks = w.sinks.to_f32(blob);
@@ -496,7 +497,7 @@ impl CompressedConfig {
             let p = pos0 + i;
             let lo = (p + 1).saturating_sub(window);
             // The entries this query sees, in order.
-            let n_vis = (p + 1).checked_div(visible).unwrap_or(0);
+            let n_vis = (p + 1).checked_div(rate).unwrap_or(0);
             let chosen: Vec<usize> = match (top_k, scores_of) {
                 (Some(kk), Some(sc)) if n_vis > kk => {
                     let n_all = sc.len() / t;

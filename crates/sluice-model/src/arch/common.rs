@@ -443,3 +443,19 @@ pub(super) fn swiglu_limit(c: &Cfg<'_>) -> Result<f32, ModelError> {
     }
     Ok(limit)
 }
+
+/// The most hyper-connection streams a config may declare (released models have 4).
+pub(super) const MAX_STREAMS: usize = 64;
+
+/// `hc_mult`, the hyper-connection streams (transformers' default 4): positive, at most
+/// [`MAX_STREAMS`] (each token's residual is `streams × hidden` floats).
+pub(super) fn hc_streams(c: &Cfg<'_>) -> Result<usize, ModelError> {
+    let n = c.opt_usize("hc_mult")?.unwrap_or(4);
+    if n == 0 || n > MAX_STREAMS {
+        return Err(c.err(
+            "hc_mult",
+            format!("{n} is not supported (1 to {MAX_STREAMS} streams)"),
+        ));
+    }
+    Ok(n)
+}

@@ -30,8 +30,8 @@ use crate::ModelError;
 use crate::attention::{CompressedConfig, Compressor, Indexer};
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, HyperConfig, LayerPlan,
-    MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RopeScaling, RouterKind,
-    TensorNames, read_rope_object,
+    MAX_SIZE, MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RopeScaling,
+    RouterKind, TensorNames, read_rope_object,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -256,14 +256,18 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let rate_of = |key: &str, default: usize| -> Result<usize, ModelError> {
         let r = match c.get("compress_rates") {
             Some(Value::Object(o)) => match o.get(key) {
+                // A compressor's position bias is `rate × 2·head_dim` floats.
                 Some(v) => v
                     .as_u64()
                     .map(|v| v as usize)
-                    .filter(|&v| v > 0)
+                    .filter(|&v| v > 0 && v.saturating_mul(2 * head_dim) <= MAX_SIZE)
                     .ok_or_else(|| {
                         c.err(
                             &format!("compress_rates.{key}"),
-                            "expected a positive integer",
+                            format!(
+                                "expected a positive integer with rate × 2 × head_dim at most \
+                                 {MAX_SIZE}"
+                            ),
                         )
                     })?,
                 None => default,
@@ -382,10 +386,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         }),
         ..TensorNames::standard()
     };
-    let streams = c.opt_usize("hc_mult")?.unwrap_or(4);
-    if streams == 0 {
-        return Err(c.err("hc_mult", "must be positive"));
-    }
+    let streams = super::common::hc_streams(c)?;
     let iters = c.opt_usize("hc_sinkhorn_iters")?.unwrap_or(20);
     let hash_routed = hash_layers(c, n)?;
     let eps = c.opt_f32("hc_eps")?.unwrap_or(1e-6);

@@ -213,10 +213,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     };
     let rope = RopeConfig::none();
     let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
-    let streams = c.opt_usize("hc_mult")?.unwrap_or(4);
-    if streams == 0 {
-        return Err(c.err("hc_mult", "must be positive"));
-    }
+    let streams = super::common::hc_streams(c)?;
     cfg.residual = Residual::Hyper(HyperConfig {
         streams,
         gain: 2.0,

@@ -41,10 +41,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let layers = cfg.layers;
     cfg.rope.interleaved = false;
 
-    let streams = c.opt_usize("hc_mult")?.unwrap_or(4);
-    if streams == 0 {
-        return Err(c.err("hc_mult", "must be positive"));
-    }
+    let streams = super::common::hc_streams(c)?;
     cfg.residual = Residual::Hyper(HyperConfig {
         streams,
         gain: c.opt_f32("hc_magnitude")?.unwrap_or(2.0),

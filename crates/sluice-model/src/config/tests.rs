@@ -1309,6 +1309,12 @@ fn deepseek_v4_reads_its_layer_kinds_tables_and_hash_layers() {
         ("compress_rates.compressed_sparse_attention", json!(0)),
         ("rope_parameters.compress.rope_theta", json!(-1.0)),
         ("index_head_dim", json!(4)),
+        (
+            "compress_rates.heavily_compressed_attention",
+            json!(1u64 << 40),
+        ),
+        ("hc_mult", json!(1000)),
+        ("hc_mult", json!(0)),
     ] {
         let mut v = dsv4();
         let mut at = &mut v;

@@ -169,8 +169,8 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
     if let Some(c) = &i.compressed_attention {
         println!(
             "  compressed attn   a window of {} positions; {} layers window only, {} also every \
-             entry of {} positions, {} an indexer's best {} entries of {} (each position's key \
-             and compressor projections are cached)",
+             entry of {} positions, {} an indexer's best {} entries of {} (the window's keys and \
+             the open windows' projections are a fixed state; the entries grow with the context)",
             c.window,
             c.sliding_layers,
             c.heavy_layers,

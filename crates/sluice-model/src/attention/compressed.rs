@@ -26,9 +26,11 @@
 //!   `w = weights_proj(x) / √index_heads`; the best `top_k` are kept (ties to the earlier).
 //!
 //! Compressed layers rotate by the model's compress table (YaRN, `compress_rope_theta`), sliding
-//! layers by the main one ([`CompressedConfig::local_rope`]). The cache holds, per position, the
-//! key and the compressors' projections (so it can be cut back to any position), and the
-//! entries of the complete windows.
+//! layers by the main one ([`CompressedConfig::local_rope`]). The cache is bounded like a
+//! recurrent state ([`Cache`]): the last `window − 1` keys, the projections of the open window
+//! (and of the one before it, overlapping), and every entry so far, which is all that grows
+//! with the context (`1 / rate` of a key a position). Like Kimi Delta Attention's state it can
+//! go back only to the start or to a snapshot taken where the latest pass began.
 
 use sluice_store::Blob;
 
@@ -122,40 +124,89 @@ pub struct CompressedWeights {
     pub indexer: Option<(CompressorWeights, MatSpec, MatSpec)>,
 }
 
-/// One compressor's state in a sequence's cache: every position's projections (`kv` then gate
-/// logits, `2 × series × width` floats) and the entries of the complete windows.
+/// One compressor's state in a sequence's cache: the projections (`kv` then gate logits,
+/// `2 × series × width` floats a position) of the positions from [`Shape::proj_from`] on, and
+/// the entries of every complete window.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Series {
     proj: Vec<f32>,
     entries: Vec<f32>,
 }
 
-impl Series {
-    fn truncate(&mut self, pos: usize, per: usize, rate: usize, width: usize) {
-        self.proj.truncate(pos * per);
-        self.entries.truncate(pos / rate * width);
-    }
-}
-
-/// The cache of one layer: the shared key of every position, and the compressors' state.
+/// The cache of one layer, bounded like a recurrent state: the keys of the last `window − 1`
+/// positions, the compressors' projections of the open window and the one before it (what the
+/// next entries need), and every entry so far (`1 / rate` of a key a position). It can go back
+/// to the start, or to where it was before the latest pass (a snapshot taken then, as Kimi
+/// Delta Attention keeps one).
 #[derive(Clone, Debug)]
 pub(crate) struct Cache {
+    /// Positions held.
+    pos: usize,
     kv: Vec<f32>,
     comp: Series,
     index: Series,
+    /// The state before the latest pass: its position, keys and projections (the entries
+    /// only grow: going back cuts them).
+    undo: Option<Box<Undo>>,
     shape: Shape,
+}
+
+/// [`Cache`]'s snapshot.
+#[derive(Clone, Debug)]
+struct Undo {
+    pos: usize,
+    kv: Vec<f32>,
+    comp: Vec<f32>,
+    index: Vec<f32>,
 }
 
 /// What the cache's buffers hold per position and per entry.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
     head_dim: usize,
+    window: usize,
     rate: usize,
+    /// Entries weigh the previous window too (so its projections are kept).
+    overlap: bool,
     /// Floats of the compressor's projections per position (0: none).
     comp_per: usize,
     /// The same for the indexer's.
     index_per: usize,
     index_dim: usize,
+}
+
+impl Shape {
+    /// The first position whose key is kept at `pos` positions.
+    fn kv_from(&self, pos: usize) -> usize {
+        (pos + 1).saturating_sub(self.window)
+    }
+
+    /// The first position whose projections are kept at `pos` positions: the open window's
+    /// predecessor's first.
+    fn proj_from(&self, pos: usize) -> usize {
+        match pos.checked_div(self.rate) {
+            Some(w) if self.overlap => w.saturating_sub(1) * self.rate,
+            Some(w) => w * self.rate,
+            None => pos,
+        }
+    }
+
+    /// Floats of the entries at `pos` positions, of entries `width` wide (`per` 0: none).
+    fn entries(&self, pos: usize, per: usize, width: usize) -> usize {
+        if per == 0 { 0 } else { pos / self.rate * width }
+    }
+
+    /// The lengths of the five buffers at `pos` positions.
+    fn lens(&self, pos: usize) -> [usize; 5] {
+        let proj = pos - self.proj_from(pos);
+        [
+            (pos - self.kv_from(pos)) * self.head_dim,
+            proj * self.comp_per,
+            self.entries(pos, self.comp_per, self.head_dim),
+            proj * self.index_per,
+            self.entries(pos, self.index_per, self.index_dim),
+        ]
+    }
 }
 
 impl Cache {
@@ -176,21 +227,13 @@ impl Cache {
 
     /// Takes saved buffers of `pos` positions (as [`Cache::parts`] gave them).
     pub(crate) fn restore(&mut self, parts: Vec<Vec<f32>>, pos: usize) -> Result<(), String> {
-        let s = self.shape;
-        let entries = |per: usize, w: usize| if per == 0 { 0 } else { pos / s.rate * w };
-        let want = [
-            pos * s.head_dim,
-            pos * s.comp_per,
-            entries(s.comp_per, s.head_dim),
-            pos * s.index_per,
-            entries(s.index_per, s.index_dim),
-        ];
+        let want = self.shape.lens(pos);
         if parts.len() != want.len() {
             return Err(format!("{} buffers, expected {}", parts.len(), want.len()));
         }
         if parts.iter().zip(want).any(|(p, w)| p.len() != w) {
             return Err(format!(
-                "compressed-attention buffers are not {pos} positions long"
+                "compressed-attention buffers are not those of {pos} positions"
             ));
         }
         let mut it = parts.into_iter();
@@ -204,27 +247,76 @@ impl Cache {
             proj: next(),
             entries: next(),
         };
+        self.pos = pos;
+        self.undo = None;
         Ok(())
     }
 
-    pub(crate) fn truncate(&mut self, pos: usize) {
-        let s = self.shape;
-        self.kv.truncate(pos * s.head_dim);
-        if s.rate > 0 {
-            self.comp.truncate(pos, s.comp_per, s.rate, s.head_dim);
-            self.index.truncate(pos, s.index_per, s.rate, s.index_dim);
+    /// Saves the state before a pass changes it.
+    fn save(&mut self) {
+        let u = Undo {
+            pos: self.pos,
+            kv: self.kv.clone(),
+            comp: self.comp.proj.clone(),
+            index: self.index.proj.clone(),
+        };
+        self.undo = Some(Box::new(u));
+    }
+
+    /// Whether the cache can go back to `pos`: it is there, or it was there before the latest
+    /// pass, or `pos` is the start.
+    pub(crate) fn can_back_to(&self, pos: usize) -> bool {
+        self.pos == pos || pos == 0 || self.undo.as_ref().is_some_and(|u| u.pos == pos)
+    }
+
+    /// The position besides the start the cache can go back to, if any.
+    pub(crate) fn undo_pos(&self) -> Option<usize> {
+        self.undo.as_ref().map(|u| u.pos)
+    }
+
+    /// Goes back to `pos` positions if it can (see [`Cache::can_back_to`]).
+    pub(crate) fn back_to(&mut self, pos: usize) -> bool {
+        if self.pos == pos {
+            return true;
+        }
+        if pos == 0 {
+            self.kv.clear();
+            self.comp = Series::default();
+            self.index = Series::default();
+            self.pos = 0;
+            self.undo = None;
+            return true;
+        }
+        match self.undo.take() {
+            Some(u) if u.pos == pos => {
+                let s = self.shape;
+                let u = *u;
+                self.pos = u.pos;
+                self.kv = u.kv;
+                self.comp.proj = u.comp;
+                self.index.proj = u.index;
+                self.comp
+                    .entries
+                    .truncate(s.entries(pos, s.comp_per, s.head_dim));
+                self.index
+                    .entries
+                    .truncate(s.entries(pos, s.index_per, s.index_dim));
+                true
+            }
+            other => {
+                self.undo = other;
+                false
+            }
         }
     }
 
-    /// A copy of the first `pos` positions, with no spare room.
+    /// A copy at `pos` positions (where [`Cache::can_back_to`] allows), with no spare room and
+    /// no snapshot.
     pub(crate) fn prefix(&self, pos: usize) -> Cache {
-        let mut c = Cache {
-            kv: self.kv.clone(),
-            comp: self.comp.clone(),
-            index: self.index.clone(),
-            shape: self.shape,
-        };
-        c.truncate(pos);
+        let mut c = self.clone();
+        let ok = c.back_to(pos);
+        debug_assert!(ok, "compressed attention cannot go back to {pos}");
+        c.undo = None;
         for v in [
             &mut c.kv,
             &mut c.comp.proj,
@@ -237,22 +329,35 @@ impl Cache {
         c
     }
 
+    /// Room for the entries of `positions` positions (the rest is bounded).
     pub(crate) fn reserve(&mut self, positions: usize) {
         let s = self.shape;
-        let entries = positions.checked_div(s.rate).unwrap_or(0);
-        super::room(&mut self.kv, positions * s.head_dim);
-        super::room(&mut self.comp.proj, positions * s.comp_per);
-        super::room(&mut self.index.proj, positions * s.index_per);
-        if s.comp_per > 0 {
-            super::room(&mut self.comp.entries, entries * s.head_dim);
-        }
-        if s.index_per > 0 {
-            super::room(&mut self.index.entries, entries * s.index_dim);
-        }
+        super::room(
+            &mut self.comp.entries,
+            s.entries(positions, s.comp_per, s.head_dim),
+        );
+        super::room(
+            &mut self.index.entries,
+            s.entries(positions, s.index_per, s.index_dim),
+        );
     }
 
     pub(crate) fn bytes(&self) -> usize {
-        self.buffers().iter().map(|v| v.len() * 4).sum()
+        let undo = self
+            .undo
+            .as_ref()
+            .map_or(0, |u| u.kv.len() + u.comp.len() + u.index.len());
+        (self.buffers().iter().map(|v| v.len()).sum::<usize>() + undo) * 4
+    }
+
+    /// Drops what the next positions no longer need, once the cache holds `self.pos`.
+    fn prune(&mut self, before: usize) {
+        let s = self.shape;
+        let drop_kv = s.kv_from(self.pos) - s.kv_from(before);
+        self.kv.drain(..drop_kv * s.head_dim);
+        let drop_proj = s.proj_from(self.pos) - s.proj_from(before);
+        self.comp.proj.drain(..drop_proj * s.comp_per);
+        self.index.proj.drain(..drop_proj * s.index_per);
     }
 }
 
@@ -275,6 +380,8 @@ impl CompressedConfig {
         };
         Shape {
             head_dim: self.head_dim,
+            window: self.window,
+            overlap: self.compressor.as_ref().is_some_and(|c| c.overlap),
             rate,
             comp_per,
             index_per,
@@ -282,12 +389,12 @@ impl CompressedConfig {
         }
     }
 
-    /// Floats cached per position: the key, the compressors' projections and their entries'
-    /// share (rounded up).
+    /// Floats cached per position: the entries' share (rounded up); the rest is bounded
+    /// ([`Self::recurrent_floats`]).
     pub fn kv_floats(&self) -> usize {
         let s = self.shape();
         let entries = |w: usize| w.div_ceil(s.rate.max(1));
-        let mut f = s.head_dim + s.comp_per + s.index_per;
+        let mut f = 0;
         if s.comp_per > 0 {
             f += entries(s.head_dim);
         }
@@ -295,6 +402,14 @@ impl CompressedConfig {
             f += entries(s.index_dim);
         }
         f
+    }
+
+    /// Floats of the bounded part of the cache: the last `window − 1` keys and the projections
+    /// of the open window (and, overlapping, the one before it).
+    pub fn recurrent_floats(&self) -> usize {
+        let s = self.shape();
+        let windows = if s.overlap { 2 } else { 1 };
+        (s.window.saturating_sub(1)) * s.head_dim + windows * s.rate * (s.comp_per + s.index_per)
     }
 
     /// Floats of scratch per token of a pass.
@@ -306,7 +421,14 @@ impl CompressedConfig {
             .as_ref()
             .and_then(|c| c.indexer)
             .map_or(0, |i| i.heads * (i.head_dim + 1));
-        3 * q + self.q_lora_rank + self.o_groups * self.o_rank + s.comp_per + s.index_per + index
+        // The keys and projections of a call's rows join the cache before it is pruned.
+        3 * q
+            + self.q_lora_rank
+            + self.o_groups * self.o_rank
+            + s.head_dim
+            + s.comp_per
+            + s.index_per
+            + index
     }
 
     /// The product the arithmetic multiplies out, and the field that names it.
@@ -321,9 +443,11 @@ impl CompressedConfig {
 
     pub(crate) fn new_cache(&self) -> Cache {
         Cache {
+            pos: 0,
             kv: Vec::new(),
             comp: Series::default(),
             index: Series::default(),
+            undo: None,
             shape: self.shape(),
         }
     }
@@ -433,6 +557,18 @@ impl CompressedConfig {
             }
             rope.apply(&mut kv[i * hd + hd - rot..(i + 1) * hd], cos, sin);
         }
+        if cache.pos != pos0 {
+            return Err(ModelError::Internal(format!(
+                "compressed attention holds {} positions, asked to run from {pos0}",
+                cache.pos
+            )));
+        }
+        // The state the pass started from, to go back to if it fails.
+        if pos0 == cx.pass_start {
+            cache.save();
+        }
+        let shape = cache.shape;
+        let (kv_from, proj_from) = (shape.kv_from(pos0), shape.proj_from(pos0));
         cache.kv.extend_from_slice(&kv);
         let end = pos0 + t;
 
@@ -451,7 +587,7 @@ impl CompressedConfig {
                 c.rate,
                 hd,
                 c.overlap,
-                end,
+                (proj_from, end),
             )?;
             if let (Some(ix), Some((iw, iq, iwp))) = (c.indexer, &w.indexer) {
                 compress(
@@ -464,7 +600,7 @@ impl CompressedConfig {
                     c.rate,
                     ix.head_dim,
                     true,
-                    end,
+                    (proj_from, end),
                 )?;
                 scores_of = Some(index_scores(
                     cx,
@@ -513,7 +649,7 @@ impl CompressedConfig {
             };
             let key = |j: usize| -> &[f32] {
                 if j < p + 1 - lo {
-                    &kc[(lo + j) * hd..(lo + j + 1) * hd]
+                    &kc[(lo + j - kv_from) * hd..(lo + j - kv_from + 1) * hd]
                 } else {
                     let e = chosen[j - (p + 1 - lo)];
                     &entries[e * hd..(e + 1) * hd]
@@ -537,6 +673,8 @@ impl CompressedConfig {
             }
             out
         });
+        cache.pos = end;
+        cache.prune(pos0);
         // Each head's rotated part rotated back by its query's angle.
         let mut att = Vec::with_capacity(t * heads * hd);
         for (i, mut o) in outs.into_iter().enumerate() {
@@ -573,8 +711,9 @@ impl CompressedConfig {
     }
 }
 
-/// Appends this pass's projections of `x` to `s` and computes the entries of every window
-/// complete by position `end` (see the module documentation).
+/// Appends this call's projections of `x` to `s` (which holds them from position `from`) and
+/// computes the entries of every window complete by position `end` (see the module
+/// documentation).
 #[allow(clippy::too_many_arguments)]
 fn compress(
     cx: &Ctx<'_>,
@@ -586,7 +725,7 @@ fn compress(
     rate: usize,
     width: usize,
     overlap: bool,
-    end: usize,
+    (from, end): (usize, usize),
 ) -> Result<(), ModelError> {
     let exec = cx.exec;
     let t = x.len() / cx.hidden;
@@ -620,12 +759,13 @@ fn compress(
         for (d, out) in entry.iter_mut().enumerate() {
             logits.clear();
             logits.extend(slots.iter().map(|&(j, sr)| {
-                s.proj[j * per + sw + sr * width + d] + bias[(j % rate) * sw + sr * width + d]
+                s.proj[(j - from) * per + sw + sr * width + d]
+                    + bias[(j % rate) * sw + sr * width + d]
             }));
             sluice_kernels::scalar::softmax(&mut logits);
             let mut acc = 0f32;
             for (&(j, sr), &pj) in slots.iter().zip(&logits) {
-                acc += s.proj[j * per + sr * width + d] * pj;
+                acc += s.proj[(j - from) * per + sr * width + d] * pj;
             }
             *out = acc;
         }

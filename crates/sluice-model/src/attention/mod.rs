@@ -157,6 +157,7 @@ impl AttentionConfig {
         match self {
             AttentionConfig::Kda(k) => k.state_len() + k.conv_len(),
             AttentionConfig::Gdn(g) => g.state_len() + g.conv_len(),
+            AttentionConfig::Compressed(c) => c.recurrent_floats(),
             _ => 0,
         }
     }
@@ -270,6 +271,7 @@ impl LayerCache {
     pub(crate) fn can_back_to(&self, pos: usize) -> bool {
         match self {
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.can_back_to(pos),
+            LayerCache::Compressed(c) => c.can_back_to(pos),
             _ => true,
         }
     }
@@ -278,6 +280,7 @@ impl LayerCache {
     pub(crate) fn undo_pos(&self) -> Option<usize> {
         match self {
             LayerCache::Kda(k) | LayerCache::Gdn(k) => k.undo_pos(),
+            LayerCache::Compressed(c) => c.undo_pos(),
             _ => None,
         }
     }
@@ -288,7 +291,10 @@ impl LayerCache {
             LayerCache::Gqa(c) => c.truncate(pos),
             LayerCache::Mla(c) => c.truncate(pos),
             LayerCache::Dsa(c) => c.truncate(pos),
-            LayerCache::Compressed(c) => c.truncate(pos),
+            LayerCache::Compressed(c) => {
+                let ok = c.back_to(pos);
+                debug_assert!(ok, "compressed attention cannot go back to {pos}");
+            }
             LayerCache::Kda(k) | LayerCache::Gdn(k) => {
                 let ok = k.back_to(pos);
                 debug_assert!(ok, "recurrent layer cannot go back to {pos}");

@@ -173,10 +173,15 @@ pub fn inspect_with(
     let plan = desc.plan(&shards, &opts)?;
     let (ck, cfg, layout) = (&desc.checkpoint, &desc.config, &desc.layout);
     let moe_layers = cfg.moe_layers();
+    // Layers whose whole state is a recurrent one (Kimi Delta Attention, Gated DeltaNet), not
+    // DeepSeek-V4's windowed attention, whose bounded state sits beside its compressed entries.
+    let recurrent = |a: &sluice_model::config::AttentionConfig| {
+        a.recurrent_floats() > 0 && a.window().is_none()
+    };
     // The attention kinds, those with a KV cache first.
     let mut kinds: Vec<(bool, &str)> = Vec::new();
     for p in &cfg.layer_plan {
-        let k = (p.attention.recurrent_floats() > 0, p.attention.kind());
+        let k = (recurrent(&p.attention), p.attention.kind());
         if !kinds.contains(&k) {
             kinds.push(k);
         }
@@ -185,7 +190,7 @@ pub fn inspect_with(
     let recurrent_layers = cfg
         .layer_plan
         .iter()
-        .filter(|p| p.attention.recurrent_floats() > 0)
+        .filter(|p| recurrent(&p.attention))
         .count();
     Ok(Inspection {
         dir: dir.display().to_string(),

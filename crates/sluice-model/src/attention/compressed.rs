@@ -182,7 +182,7 @@ impl Shape {
     }
 
     /// The first position whose projections are kept at `pos` positions: the open window's
-    /// predecessor's first.
+    /// first, or with overlapping windows its predecessor's.
     fn proj_from(&self, pos: usize) -> usize {
         match pos.checked_div(self.rate) {
             Some(w) if self.overlap => w.saturating_sub(1) * self.rate,

@@ -134,8 +134,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             i.layers, i.hidden, i.vocab, i.attention
         );
     } else {
+        let zero = match i.zero_experts {
+            0 => String::new(),
+            n => format!(" (+{n} zero-compute, nothing to read)"),
+        };
         println!(
-            "  {} layers ({} with experts), hidden {}, vocab {}, {} experts top-{}, {} attention",
+            "  {} layers ({} with experts), hidden {}, vocab {}, {} experts{zero} top-{}, {} attention",
             i.layers, i.moe_layers, i.hidden, i.vocab, i.experts, i.top_k, i.attention
         );
     }

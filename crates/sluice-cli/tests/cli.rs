@@ -1250,3 +1250,17 @@ fn hash_routed_layers_are_prefetched_exactly() {
     // With every expert in memory nothing is prefetched, so nothing is checked.
     assert!(free["stats"]["prefetch_recall_hash_routed"].is_null());
 }
+
+/// `sluice inspect` names LongCat-Flash's zero-compute experts beside the routed ones.
+#[test]
+fn inspect_names_zero_compute_experts() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/longcat_flash-fp32");
+    let m = m.to_str().unwrap();
+    let v = json(&run(&["inspect", m, "--json"]));
+    let zero = v["zero_experts"].as_u64().unwrap();
+    assert!(zero > 0, "{v}");
+    let text = String::from_utf8_lossy(&run(&["inspect", m]).stdout).into_owned();
+    assert!(text.contains(&format!("(+{zero} zero-compute")), "{text}");
+    let demo = json(&run(&["inspect", demo_model().to_str().unwrap(), "--json"]));
+    assert_eq!(demo["zero_experts"].as_u64(), Some(0));
+}

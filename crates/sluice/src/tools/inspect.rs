@@ -28,6 +28,9 @@ pub struct Inspection {
     pub vocab: usize,
     /// Routed experts per MoE layer.
     pub experts: usize,
+    /// Zero-compute experts beside the routed ones (LongCat-Flash's: a chosen one adds its
+    /// weight times the input and reads nothing).
+    pub zero_experts: usize,
     /// Experts per token.
     pub top_k: usize,
     /// The attention kinds of the layers joined by `+`, those with a KV cache first (`mla`,
@@ -200,6 +203,7 @@ pub fn inspect_with(
         hidden: cfg.hidden,
         vocab: cfg.vocab,
         experts: cfg.moe.experts,
+        zero_experts: cfg.moe.zero_experts,
         top_k: cfg.moe.top_k,
         attention: kinds.iter().map(|k| k.1).collect::<Vec<_>>().join("+"),
         full_attention_layers: cfg.layers - recurrent_layers,

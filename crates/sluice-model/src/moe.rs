@@ -407,7 +407,7 @@ pub(crate) fn route(cfg: &ModelConfig, logits: &mut [f32], bias: Option<&[f32]>)
         RouterKind::SqrtSoftplus {
             routed_scaling_factor,
         } => {
-            let scores: Vec<f32> = logits.iter().map(|&l| sqrt_softplus(l)).collect();
+            let scores = router_scores(&cfg.moe.router, logits).unwrap_or_default();
             let choice: Vec<f32> = match bias {
                 Some(b) => scores.iter().zip(b).map(|(s, b)| s + b).collect(),
                 None => scores.clone(),
@@ -449,28 +449,42 @@ fn weigh(scores: &[f32], ids: &[u32], scale: f32) -> Selection {
         .collect()
 }
 
+/// Per expert, the score of a router that scores experts independently (DeepSeek-V4's
+/// `√softplus`, or sigmoid), which a hash-routed layer weighs its experts by; `None` for the
+/// others.
+fn router_scores(router: &RouterKind, logits: &[f32]) -> Option<Vec<f32>> {
+    match router {
+        RouterKind::SqrtSoftplus { .. } => Some(logits.iter().map(|&l| sqrt_softplus(l)).collect()),
+        RouterKind::SigmoidGroup { .. } => {
+            Some(logits.iter().map(|&l| scalar::sigmoid(l)).collect())
+        }
+        _ => None,
+    }
+}
+
 /// Routes one token of a hash-routed layer: the experts its row of the table gives, weighed
 /// by the router's scores as [`route`] weighs its choices.
-pub(crate) fn route_hashed(cfg: &ModelConfig, logits: &[f32], ids: &[u32]) -> Selection {
-    let mut sel = match &cfg.moe.router {
+pub(crate) fn route_hashed(
+    cfg: &ModelConfig,
+    logits: &[f32],
+    ids: &[u32],
+) -> Result<Selection, ModelError> {
+    let scale = match &cfg.moe.router {
         RouterKind::SqrtSoftplus {
             routed_scaling_factor,
-        } => {
-            let scores: Vec<f32> = logits.iter().map(|&l| sqrt_softplus(l)).collect();
-            weigh(&scores, ids, *routed_scaling_factor)
         }
-        RouterKind::SigmoidGroup {
+        | RouterKind::SigmoidGroup {
             routed_scaling_factor,
             ..
-        } => {
-            let scores: Vec<f32> = logits.iter().map(|&l| scalar::sigmoid(l)).collect();
-            weigh(&scores, ids, *routed_scaling_factor)
-        }
-        // Families with other routers have no hash-routed layers (see `arch::deepseek_v4`).
-        _ => ids.iter().map(|&e| (e, 0.0)).collect(),
+        } => *routed_scaling_factor,
+        _ => 1.0,
     };
+    let scores = router_scores(&cfg.moe.router, logits).ok_or_else(|| {
+        ModelError::Internal("a hash-routed layer with a router that does not score".into())
+    })?;
+    let mut sel = weigh(&scores, ids, scale);
     sel.sort_by_key(|p| p.0);
-    sel
+    Ok(sel)
 }
 
 /// DeepSeek's group-limited top-k of `choice`: the experts in `n_group` equal groups, each group
@@ -553,7 +567,7 @@ pub(crate) fn moe(
                 .zip(tokens)
                 .map(|(l, &tok)| {
                     let ids = table.row(blob, tok as usize, cfg.moe.experts)?;
-                    Ok(route_hashed(cfg, l, &ids))
+                    route_hashed(cfg, l, &ids)
                 })
                 .collect::<Result<_, ModelError>>()?
         }

@@ -120,7 +120,7 @@ impl Model {
         }
         let pass = Pass {
             t,
-            tokens: tokens.clone(),
+            tokens,
             single_token_steps: starts.windows(2).all(|w| w[1] - w[0] <= 1),
             starts,
             pos0s: segs.iter().map(|(s, _)| s.pos).collect(),
@@ -164,12 +164,12 @@ impl Model {
         // A hash-routed first layer's experts are known from the tokens: read them now.
         if self.prefetch()
             && cfg.is_hash_routed(0)
-            && let Some((l, ids)) = self.predict(0, &[], &tokens)?
+            && let Some((l, ids)) = self.predict(0, &[], &pass.tokens)?
         {
             self.experts().prefetch(l, &ids);
         }
 
-        let hs = self.embed_rows(&tokens)?;
+        let hs = self.embed_rows(&pass.tokens)?;
         record(&pass, segs, || ("embeddings".into(), hs.clone()));
         let mut stream = Stream::new(cfg.residual, hs, cfg.hidden);
         // A shortcut MoE's routed sum, on its way to the end of the next layer.

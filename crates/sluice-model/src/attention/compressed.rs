@@ -573,7 +573,8 @@ impl CompressedConfig {
         let end = pos0 + t;
 
         // The compressors: this pass's projections, then the entries of the windows completed.
-        let mut scores_of: Option<Vec<f32>> = None;
+        // Per row, the entries the indexer chose (`None`: every visible one).
+        let mut selected: Vec<Option<Vec<usize>>> = Vec::new();
         // Positions per entry (0: no compressor).
         let mut rate = 0usize;
         if let (Some(c), Some(cw)) = (&self.compressor, &w.compressor) {
@@ -602,18 +603,18 @@ impl CompressedConfig {
                     true,
                     (proj_from, end),
                 )?;
-                scores_of = Some(index_scores(
+                selected = index_select(
                     cx,
                     rope,
                     angles,
                     ix,
-                    iq,
-                    iwp,
+                    (iq, iwp),
                     blob,
                     x,
                     &q_res,
                     &cache.index.entries,
-                )?);
+                    (pos0, c.rate),
+                )?;
             }
             rate = c.rate;
         }
@@ -622,29 +623,15 @@ impl CompressedConfig {
         let (kc, entries) = (&cache.kv, &cache.comp.entries);
         let scale = self.softmax_scale;
         let window = self.window;
-        let top_k = self
-            .compressor
-            .as_ref()
-            .and_then(|c| c.indexer)
-            .map(|i| i.top_k);
         let qs = &qs;
-        let scores_of = scores_of.as_deref();
+        let selected = &selected;
         let outs = exec.map(t, |i| {
             let p = pos0 + i;
             let lo = (p + 1).saturating_sub(window);
             // The entries this query sees, in order.
             let n_vis = (p + 1).checked_div(rate).unwrap_or(0);
-            let chosen: Vec<usize> = match (top_k, scores_of) {
-                (Some(kk), Some(sc)) if n_vis > kk => {
-                    let n_all = sc.len() / t;
-                    let row = &sc[i * n_all..i * n_all + n_vis];
-                    let mut ids: Vec<usize> = sluice_kernels::scalar::top_k(row, kk)
-                        .into_iter()
-                        .map(|p| p.0)
-                        .collect();
-                    ids.sort_unstable();
-                    ids
-                }
+            let chosen: Vec<usize> = match selected.get(i) {
+                Some(Some(ids)) => ids.clone(),
                 _ => (0..n_vis).collect(),
             };
             let key = |j: usize| -> &[f32] {
@@ -777,23 +764,28 @@ fn compress(
     Ok(())
 }
 
-/// The indexer's score of every entry for each row, `[t, entries]` (entries a row does not see
-/// are scored too and ignored).
+/// Per row (at positions `pos0..`), the indexer's `top_k` of the entries it sees, in order
+/// (ties to the earlier); `None` for a row that sees no more than `top_k`, and no work at all
+/// when no row sees more.
 #[allow(clippy::too_many_arguments)]
-fn index_scores(
+fn index_select(
     cx: &Ctx<'_>,
     rope: &Rope,
     angles: &crate::rope::Angles,
     ix: Indexer,
-    q_b: &MatSpec,
-    weights: &MatSpec,
+    (q_b, weights): (&MatSpec, &MatSpec),
     blob: &Blob,
     x: &[f32],
     q_res: &[f32],
     entries: &[f32],
-) -> Result<Vec<f32>, ModelError> {
+    (pos0, rate): (usize, usize),
+) -> Result<Vec<Option<Vec<usize>>>, ModelError> {
     let exec = cx.exec;
     let t = x.len() / cx.hidden;
+    let visible = |i: usize| (pos0 + i + 1) / rate;
+    if t == 0 || visible(t - 1) <= ix.top_k {
+        return Ok(Vec::new());
+    }
     let (nh, d) = (ix.heads, ix.head_dim);
     let rot = 2 * rope.pairs();
     let mut q = vec![0f32; t * nh * d];
@@ -808,10 +800,13 @@ fn index_scores(
     exec.matmul(&weights.view(blob)?, x, &mut wts);
     let wscale = (nh as f32).powf(-0.5);
     let sscale = (d as f32).powf(-0.5);
-    let n = entries.len() / d;
     let k = exec.kernels();
-    let rows = exec.map(t, |i| {
-        (0..n)
+    Ok(exec.map(t, |i| {
+        let n = visible(i);
+        if n <= ix.top_k {
+            return None;
+        }
+        let scores: Vec<f32> = (0..n)
             .map(|e| {
                 let key = &entries[e * d..(e + 1) * d];
                 let mut s = 0f32;
@@ -822,7 +817,12 @@ fn index_scores(
                 }
                 s
             })
-            .collect::<Vec<f32>>()
-    });
-    Ok(rows.concat())
+            .collect();
+        let mut ids: Vec<usize> = sluice_kernels::scalar::top_k(&scores, ix.top_k)
+            .into_iter()
+            .map(|p| p.0)
+            .collect();
+        ids.sort_unstable();
+        Some(ids)
+    }))
 }

@@ -151,6 +151,12 @@ pub struct TableSpec {
 impl TableSpec {
     /// Row `r`, each entry checked to be below `limit` (an error names the tensor otherwise).
     pub fn row(&self, blob: &Blob, r: usize, limit: usize) -> Result<Vec<u32>, ModelError> {
+        if r >= self.rows {
+            return Err(tensor_err(
+                &self.name,
+                format!("has {} rows, asked for row {r}", self.rows),
+            ));
+        }
         let data = blob.piece(self.piece);
         let size = if self.wide { 8 } else { 4 };
         let mut out = Vec::with_capacity(self.cols);

@@ -711,6 +711,7 @@ ARCHS = [
         name="deepseek_v4",
         base_seed=25000,
         router="deepseek_v4",
+        mtp=lambda dst, seed: add_deepseek_v4_mtp(dst, seed),
         layouts={"fp32": ("single", None), "bf16": ("hf_sharded", "100KB")},
         config=lambda: DeepseekV4Config(
             **{**COMMON, "num_hidden_layers": 5},
@@ -999,6 +1000,66 @@ def write_by_layer(src_dir: Path, dst: Path) -> None:
     for extra in ("config.json", "generation_config.json"):
         if (src_dir / extra).exists():
             shutil.copyfile(src_dir / extra, dst / extra)
+
+
+MTP_SOURCE_LAYER = 2  # deepseek_v4's sliding, learned-routed layer
+
+
+def add_deepseek_v4_mtp(dst: Path, seed: int) -> None:
+    """DeepSeek-V4 checkpoints carry a multi-token-prediction layer that transformers does not
+    instantiate (`_keys_to_ignore_on_load_unexpected = mtp.*`), so the reference is unchanged.
+    Write one under the released V4-Flash names (`mtp.0.*`: a block like the model's, its
+    attention sliding and its routing learned, plus `e_proj`, `h_proj`, `enorm`, `hnorm`, `norm`
+    and the hyper head `hc_head_{fn,base,scale}`): layer 2's block, perturbed, and a seeded
+    head. A single-file checkpoint gets them in its file; a sharded one in a shard of their
+    own, as the release has them."""
+    cfg = json.loads((dst / "config.json").read_text())
+    h, hc = cfg["hidden_size"], cfg["hc_mult"]
+    index = dst / "model.safetensors.index.json"
+    if index.exists():
+        idx = json.loads(index.read_text())
+        files = sorted(set(idx["weight_map"].values()))
+    else:
+        idx, files = None, ["model.safetensors"]
+    src = {}
+    for f in files:
+        src.update(load_file(str(dst / f)))
+    # the projections in the checkpoint's dtype, the norms in its norms' (f32 in the bf16 one)
+    dtype = src["model.layers.0.attn.wq_a.weight"].dtype
+    norm_dtype = src["model.norm.weight"].dtype
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.02, offset=0.0):
+        return (offset + scale * torch.randn(shape, generator=g)).to(dtype)
+
+    stem = f"model.layers.{MTP_SOURCE_LAYER}."
+    mtp = {}
+    for k in sorted(src):
+        if k.startswith(stem):
+            v = src[k]
+            if v.is_floating_point():
+                v = (v.float() * (1.0 + 0.1 * torch.randn(v.shape, generator=g))).to(v.dtype)
+            mtp["mtp.0." + k[len(stem):]] = v.contiguous()
+    assert any(".ffn.gate.bias" in k for k in mtp) and not any("tid2eid" in k for k in mtp)
+    assert not any("compressor" in k for k in mtp), "the MTP layer attends over the window only"
+    mtp["mtp.0.e_proj.weight"] = rnd(h, h)
+    mtp["mtp.0.h_proj.weight"] = rnd(h, h)
+    for n in ("enorm", "hnorm", "norm"):
+        mtp[f"mtp.0.{n}.weight"] = rnd(h, scale=0.1, offset=1.0).to(norm_dtype)
+    # the hyper head keeps f32, as the release's `hc_*` do
+    mtp["mtp.0.hc_head_fn"] = rnd(hc, hc * h).float()
+    mtp["mtp.0.hc_head_base"] = rnd(hc, scale=0.5).float()
+    mtp["mtp.0.hc_head_scale"] = rnd(1, scale=0.1, offset=1.0).float()
+    if idx is None:
+        src.update(mtp)
+        save_file(src, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        save_file(mtp, str(dst / "mtp.safetensors"), metadata={"format": "pt"})
+        for k, v in mtp.items():
+            idx["weight_map"][k] = "mtp.safetensors"
+            idx["metadata"]["total_size"] += v.numel() * v.element_size()
+        idx["weight_map"] = dict(sorted(idx["weight_map"].items()))
+        index.write_text(json.dumps(idx, indent=2) + "\n")
 
 
 def save_layout(model, dst: Path, layout: str, shard: str | None, hf_fp32_dir: Path) -> None:
@@ -1482,6 +1543,9 @@ def build_arch(arch, seed: int, prompts, work: Path):
             )
             save_layout(m16, dst, layout, shard, hf_fp32)
             del m16
+        if arch.get("mtp"):
+            arch["mtp"](dst, seed)
+            chmod_tree(dst)
         r = run_reference(dst, variant, arch["router"], prompts, expected)
         r["layout"] = layout if shard is None else f"{layout} (max_shard_size={shard})"
         r["dir"] = dst

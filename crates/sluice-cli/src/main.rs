@@ -144,6 +144,13 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     println!("  checkpoint        {}", b(i.checkpoint_bytes));
+    if i.mtp_layers > 0 {
+        println!(
+            "  MTP layers        {} ({}; checked, not run: neither read nor planned)",
+            i.mtp_layers,
+            b(i.mtp_bytes)
+        );
+    }
     println!("  trunk             {}", b(i.trunk_bytes));
     if i.moe_layers > 0 {
         println!(

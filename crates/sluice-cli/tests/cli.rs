@@ -1175,7 +1175,7 @@ fn inspect_shows_the_prefix_cache_share() {
 }
 
 /// `sluice inspect` explains DeepSeek-V4's state: the window, the compressed layers of each
-/// kind, and the hash-routed layers.
+/// kind, the hash-routed layers, and the MTP layer the checkpoint carries.
 #[test]
 fn inspect_explains_compressed_attention_and_hash_routing() {
     let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32");
@@ -1211,10 +1211,28 @@ fn inspect_explains_compressed_attention_and_hash_routing() {
         "{text}"
     );
     assert!(text.contains("hash routing      2 layers"), "{text}");
-    // A model without either says nothing of them.
+    assert_eq!(v["mtp_layers"].as_u64(), Some(1));
+    let mtp = v["mtp_bytes"].as_u64().unwrap();
+    let (ck, trunk, experts) = (
+        v["checkpoint_bytes"].as_u64().unwrap(),
+        v["trunk_bytes"].as_u64().unwrap(),
+        v["expert_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        ck,
+        trunk + experts + mtp,
+        "the MTP layer is the rest of the checkpoint"
+    );
+    assert!(text.contains("MTP layers        1 ("), "{text}");
+    // A model without them says nothing of them.
     let demo = json(&run(&["inspect", demo_model().to_str().unwrap(), "--json"]));
     assert!(demo["compressed_attention"].is_null());
     assert_eq!(demo["hash_routed_layers"].as_u64(), Some(0));
+    assert_eq!(demo["mtp_layers"].as_u64(), Some(0));
+    assert!(
+        !String::from_utf8_lossy(&run(&["inspect", demo_model().to_str().unwrap()]).stdout)
+            .contains("MTP")
+    );
 }
 
 /// DeepSeek-V4's hash-routed layers (0 and 1 in the fixture) are prefetched from the tokens

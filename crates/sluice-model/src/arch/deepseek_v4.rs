@@ -20,7 +20,15 @@
 //!   `hc_attn_fn`, `attn_sink`, `embed`, `head`, with or without the `model.` transformers
 //!   writes); they are renamed as transformers' conversion mapping renames them on load
 //!   ([`canonical`]), the routed experts kept one module per expert (`w1`, `w3`, `w2`).
-//!   The multi-token-prediction layers (`mtp.*`) are not read.
+//! - **Multi-token prediction.** `num_nextn_predict_layers` (1) MTP layers under `mtp.{i}.`,
+//!   which transformers does not instantiate, are found and checked when present (a checkpoint
+//!   without them reads the same) and not run: each a block like the model's (its attention from
+//!   the `layer_types` / `compress_ratios` entry past the last layer, sliding when there is
+//!   none; learned routing, `ffn.gate.bias`) with its own head, `e_proj` and `h_proj`
+//!   `[hidden, hidden]` over the embedding normed by `enorm` and the hidden state normed by
+//!   `hnorm`, the final `norm` and a hyper head `hc_head_{fn,base,scale}`. The names are those of
+//!   the released V4-Flash checkpoint (its MTP shard holds `mtp.0.*` only: 256 experts in FP4,
+//!   the rest FP8 with UE8M0 scales, `hc_*` in f32), read as `mtp.layers.{i}.` ([`canonical`]).
 
 use serde_json::Value;
 
@@ -30,8 +38,8 @@ use crate::ModelError;
 use crate::attention::{CompressedConfig, Compressor, Indexer};
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, HyperConfig, LayerPlan,
-    MAX_SIZE, MlpKind, ModelConfig, MoeConfig, Rename, Residual, RopeConfig, RopeScaling,
-    RouterKind, TensorNames, read_rope_object,
+    MAX_LAYERS, MAX_SIZE, MlpKind, ModelConfig, MoeConfig, MtpConfig, MtpHead, Rename, Residual,
+    RopeConfig, RopeScaling, RouterKind, TensorNames, read_rope_object,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -69,8 +77,10 @@ fn kind_of(c: &Cfg<'_>, field: &str, s: &str) -> Result<Kind, ModelError> {
 }
 
 /// `layer_types`, else the legacy per-layer `compress_ratios` (0, 4, 128), else transformers'
-/// default (two heavily compressed layers, then sparse and heavy alternating).
-fn layer_kinds(c: &Cfg<'_>, n: usize) -> Result<Vec<Kind>, ModelError> {
+/// default (two heavily compressed layers, then sparse and heavy alternating); then the `mtp`
+/// MTP layers' from the entries past the last layer (the released configs' `compress_ratios`
+/// end with the MTP layer's 0), sliding where the list stops.
+fn layer_kinds(c: &Cfg<'_>, n: usize, mtp: usize) -> Result<Vec<Kind>, ModelError> {
     let list = |field: &str| -> Result<Option<&Vec<Value>>, ModelError> {
         match c.get(field) {
             None => Ok(None),
@@ -82,8 +92,9 @@ fn layer_kinds(c: &Cfg<'_>, n: usize) -> Result<Vec<Kind>, ModelError> {
             Some(_) => Err(c.err(field, "expected a list")),
         }
     };
-    if let Some(a) = list("layer_types")? {
-        return a[..n]
+    let upto = |a: &Vec<Value>| a.len().min(n.saturating_add(mtp));
+    let mut kinds: Vec<Kind> = if let Some(a) = list("layer_types")? {
+        a[..upto(a)]
             .iter()
             .enumerate()
             .map(|(l, v)| {
@@ -93,10 +104,9 @@ fn layer_kinds(c: &Cfg<'_>, n: usize) -> Result<Vec<Kind>, ModelError> {
                     .ok_or_else(|| c.err(&field, "expected a string"))?;
                 kind_of(c, &field, s)
             })
-            .collect();
-    }
-    if let Some(a) = list("compress_ratios")? {
-        return a[..n]
+            .collect::<Result<_, _>>()?
+    } else if let Some(a) = list("compress_ratios")? {
+        a[..upto(a)]
             .iter()
             .enumerate()
             .map(|(l, v)| match v.as_u64() {
@@ -108,17 +118,20 @@ fn layer_kinds(c: &Cfg<'_>, n: usize) -> Result<Vec<Kind>, ModelError> {
                     format!("{v} is not 0, 4 or 128"),
                 )),
             })
-            .collect();
-    }
-    Ok((0..n)
-        .map(|l| {
-            if l < 2 || l % 2 == 0 {
-                Kind::Heavy
-            } else {
-                Kind::Sparse
-            }
-        })
-        .collect())
+            .collect::<Result<_, _>>()?
+    } else {
+        (0..n)
+            .map(|l| {
+                if l < 2 || l % 2 == 0 {
+                    Kind::Heavy
+                } else {
+                    Kind::Sparse
+                }
+            })
+            .collect()
+    };
+    kinds.resize(n + mtp, Kind::Sliding);
+    Ok(kinds)
 }
 
 /// `mlp_layer_types` (`hash_moe` or `moe`), else the first `num_hash_layers` (3) hash-routed.
@@ -293,7 +306,16 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             ),
         ));
     }
-    let kinds = layer_kinds(c, n)?;
+    // The MTP layers (`mtp.{i}.`, not instantiated by transformers): checked when present.
+    let mtp = c.opt_usize("num_nextn_predict_layers")?.unwrap_or(1);
+    if mtp > MAX_LAYERS {
+        return Err(c.err(
+            "num_nextn_predict_layers",
+            format!("{mtp} is more than {MAX_LAYERS}"),
+        ));
+    }
+    let mut kinds = layer_kinds(c, n, mtp)?;
+    let mtp_kinds = kinds.split_off(n);
     let attention = |k: Kind| {
         AttentionConfig::Compressed(CompressedConfig {
             heads,
@@ -404,6 +426,18 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     // transformers does not instantiate the MTP layers; their tensors live under `mtp.`, which
     // the layer count does not see.
     cfg.draft_layers = 0;
+    cfg.mtp = (mtp > 0).then(|| MtpConfig {
+        module: "model.mtp.",
+        layers: mtp,
+        plans: mtp_kinds
+            .iter()
+            .map(|&k| LayerPlan {
+                attention: attention(k),
+                mlp: MlpKind::Moe,
+            })
+            .collect(),
+        head: MtpHead::PerLayer,
+    });
     Ok(cfg)
 }
 
@@ -421,47 +455,71 @@ pub(crate) fn canonical(name: &str) -> Option<String> {
         "hc_head_fn" => "hc_head.hc_fn".to_owned(),
         "hc_head_base" => "hc_head.hc_base".to_owned(),
         "hc_head_scale" => "hc_head.hc_scale".to_owned(),
-        _ => {
-            let mut s = format!(".{bare}");
-            for (from, to) in [
-                (".attn.", ".self_attn."),
-                (".ffn.", ".mlp."),
-                (".indexer.compressor.", ".compressor.indexer."),
-                (".attn_norm.", ".input_layernorm."),
-                (".ffn_norm.", ".post_attention_layernorm."),
-                (".hc_attn_fn", ".attn_hc.fn"),
-                (".hc_attn_base", ".attn_hc.base"),
-                (".hc_attn_scale", ".attn_hc.scale"),
-                (".hc_ffn_fn", ".ffn_hc.fn"),
-                (".hc_ffn_base", ".ffn_hc.base"),
-                (".hc_ffn_scale", ".ffn_hc.scale"),
-                (".attn_sink", ".sinks"),
-                (
-                    ".indexer.weights_proj.",
-                    ".compressor.indexer.scorer.weights_proj.",
-                ),
-                (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
-                (".norm.", ".kv_norm."),
-                (".ape", ".position_bias"),
-                (".wq_a.", ".q_a_proj."),
-                (".self_attn.wq_b.", ".self_attn.q_b_proj."),
-                (".wkv.", ".kv_proj."),
-                (".wgate.", ".gate_proj."),
-                (".wo_a.", ".o_a_proj."),
-                (".wo_b.", ".o_b_proj."),
-                (".q_norm.", ".q_a_norm."),
-                (".gate.bias", ".gate.e_score_correction_bias"),
-                (".shared_experts.w1.", ".shared_experts.gate_proj."),
-                (".shared_experts.w2.", ".shared_experts.down_proj."),
-                (".shared_experts.w3.", ".shared_experts.up_proj."),
-            ] {
-                s = s.replace(from, to);
+        _ => match mtp_layer(bare) {
+            // The multi-token-prediction layers, `mtp.{i}.`, as `mtp.layers.{i}.` (transformers
+            // drops them; [`crate::config::MtpConfig`]): the block renamed as the model's, its
+            // own head (`e_proj`, `h_proj`, `enorm`, `hnorm`, `norm`, `hc_head_*`) kept.
+            Some((i, rest)) => {
+                let rest = match rest {
+                    "norm.weight" => rest.to_owned(),
+                    "hc_head_fn" => "hc_head.hc_fn".to_owned(),
+                    "hc_head_base" => "hc_head.hc_base".to_owned(),
+                    "hc_head_scale" => "hc_head.hc_scale".to_owned(),
+                    _ => block_name(rest),
+                };
+                format!("mtp.layers.{i}.{rest}")
             }
-            s[1..].to_owned()
-        }
+            None => block_name(bare),
+        },
     };
     let full = format!("model.{renamed}");
     (full != name).then_some(full)
+}
+
+/// `mtp.{i}.{rest}` as `(i, rest)`.
+fn mtp_layer(bare: &str) -> Option<(usize, &str)> {
+    let (i, rest) = bare.strip_prefix("mtp.")?.split_once('.')?;
+    Some((i.parse().ok()?, rest))
+}
+
+/// A layer's tensor (or a name within one) under transformers' names.
+fn block_name(name: &str) -> String {
+    let mut s = format!(".{name}");
+    for (from, to) in [
+        (".attn.", ".self_attn."),
+        (".ffn.", ".mlp."),
+        (".indexer.compressor.", ".compressor.indexer."),
+        (".attn_norm.", ".input_layernorm."),
+        (".ffn_norm.", ".post_attention_layernorm."),
+        (".hc_attn_fn", ".attn_hc.fn"),
+        (".hc_attn_base", ".attn_hc.base"),
+        (".hc_attn_scale", ".attn_hc.scale"),
+        (".hc_ffn_fn", ".ffn_hc.fn"),
+        (".hc_ffn_base", ".ffn_hc.base"),
+        (".hc_ffn_scale", ".ffn_hc.scale"),
+        (".attn_sink", ".sinks"),
+        (
+            ".indexer.weights_proj.",
+            ".compressor.indexer.scorer.weights_proj.",
+        ),
+        (".indexer.wq_b.", ".compressor.indexer.q_b_proj."),
+        (".norm.", ".kv_norm."),
+        (".ape", ".position_bias"),
+        (".wq_a.", ".q_a_proj."),
+        (".self_attn.wq_b.", ".self_attn.q_b_proj."),
+        (".wkv.", ".kv_proj."),
+        (".wgate.", ".gate_proj."),
+        (".wo_a.", ".o_a_proj."),
+        (".wo_b.", ".o_b_proj."),
+        (".q_norm.", ".q_a_norm."),
+        (".gate.bias", ".gate.e_score_correction_bias"),
+        (".shared_experts.w1.", ".shared_experts.gate_proj."),
+        (".shared_experts.w2.", ".shared_experts.down_proj."),
+        (".shared_experts.w3.", ".shared_experts.up_proj."),
+    ] {
+        s = s.replace(from, to);
+    }
+    s[1..].to_owned()
 }
 
 #[cfg(test)]
@@ -533,6 +591,31 @@ mod tests {
                 "layers.3.ffn.shared_experts.w3.weight",
                 "model.layers.3.mlp.shared_experts.up_proj.weight",
             ),
+            // The MTP layers' block, and their own head.
+            (
+                "mtp.0.attn.wq_a.weight",
+                "model.mtp.layers.0.self_attn.q_a_proj.weight",
+            ),
+            (
+                "mtp.0.attn.norm.weight",
+                "model.mtp.layers.0.self_attn.kv_norm.weight",
+            ),
+            ("mtp.1.attn.attn_sink", "model.mtp.layers.1.self_attn.sinks"),
+            ("mtp.0.hc_ffn_base", "model.mtp.layers.0.ffn_hc.base"),
+            (
+                "mtp.0.ffn.experts.7.w2.weight",
+                "model.mtp.layers.0.mlp.experts.7.w2.weight",
+            ),
+            (
+                "mtp.0.ffn.gate.bias",
+                "model.mtp.layers.0.mlp.gate.e_score_correction_bias",
+            ),
+            ("mtp.0.e_proj.weight", "model.mtp.layers.0.e_proj.weight"),
+            ("mtp.0.h_proj.scale", "model.mtp.layers.0.h_proj.scale"),
+            ("mtp.0.enorm.weight", "model.mtp.layers.0.enorm.weight"),
+            ("mtp.0.norm.weight", "model.mtp.layers.0.norm.weight"),
+            ("mtp.0.hc_head_fn", "model.mtp.layers.0.hc_head.hc_fn"),
+            ("mtp.0.hc_head_scale", "model.mtp.layers.0.hc_head.hc_scale"),
         ] {
             assert_eq!(canonical(stored).as_deref(), Some(want), "{stored}");
         }

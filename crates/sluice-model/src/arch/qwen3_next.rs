@@ -19,7 +19,7 @@ use crate::ModelError;
 use crate::attention::GdnConfig;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, MtpConfig,
-    QkNorm, SharedExpert, TensorNames,
+    MtpHead, QkNorm, SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -148,7 +148,8 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     cfg.mtp = (mtp_layers > 0).then_some(MtpConfig {
         module: "mtp.",
         layers: mtp_layers,
-        plan: mtp_plan,
+        plans: vec![mtp_plan; mtp_layers],
+        head: MtpHead::Concat,
     });
     Ok(cfg)
 }

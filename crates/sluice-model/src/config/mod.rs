@@ -638,20 +638,35 @@ pub struct ModelConfig {
 }
 
 /// Multi-token-prediction layers a checkpoint may carry beside the model (Qwen3-Next's and
-/// Qwen3.5's `mtp.*`). When the checkpoint has them they are found and checked like every other
-/// weight, by role, shape and dtype (a damaged one refuses the model, naming the tensor), and
-/// they are not run; a checkpoint without them (many re-uploads strip them) reads the same.
+/// Qwen3.5's `mtp.*`, DeepSeek-V4's `mtp.{i}.*`). When the checkpoint has them they are found
+/// and checked like every other weight, by role, shape and dtype (a damaged one refuses the
+/// model, naming the tensor), and they are not run; a checkpoint without them (many re-uploads
+/// strip them) reads the same.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MtpConfig {
-    /// The module holding them, from the checkpoint's root (`mtp.`): the layers are
-    /// `{module}layers.{i}`, beside `{module}fc` (`[hidden, 2 × hidden]`, the embedding and
-    /// the hidden state concatenated), `{module}pre_fc_norm_embedding`,
-    /// `{module}pre_fc_norm_hidden` and `{module}norm`.
+    /// The module holding them, as tensors are found (after the family's renaming): the layers
+    /// are `{module}layers.{i}`, layer `i` of `plans[i]` (never hash-routed).
     pub module: &'static str,
     /// How many layers.
     pub layers: usize,
-    /// What each layer is.
-    pub plan: LayerPlan,
+    /// What each layer is, `layers` of them.
+    pub plans: Vec<LayerPlan>,
+    /// How the embedding and the hidden state enter them, and how they end.
+    pub head: MtpHead,
+}
+
+/// The input side and the end of the multi-token-prediction layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpHead {
+    /// One for all layers (Qwen3-Next): `{module}fc` `[hidden, 2 × hidden]` over the embedding
+    /// and the hidden state, each normed first (`{module}pre_fc_norm_embedding`,
+    /// `{module}pre_fc_norm_hidden`), concatenated; `{module}norm` at the end.
+    Concat,
+    /// Each layer its own (DeepSeek): `e_proj` and `h_proj` `[hidden, hidden]` over the normed
+    /// embedding (`enorm`) and hidden state (`hnorm`), summed; `norm` at the end and, with
+    /// hyper-connections, the layer's own hyper head (`hc_head`), all under
+    /// `{module}layers.{i}.`.
+    PerLayer,
 }
 
 /// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any

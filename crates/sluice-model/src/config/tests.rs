@@ -477,15 +477,16 @@ fn qwen3_next_hybrid_plan_and_checks() {
     // One MTP layer by default (checked when the checkpoint has it): full attention, MoE.
     let m = c.mtp.as_ref().unwrap();
     assert_eq!(
-        (m.module, m.layers, &m.plan.mlp),
-        ("mtp.", 1, &MlpKind::Moe)
+        (m.module, m.layers, m.plans.len(), &m.plans[0].mlp, m.head),
+        ("mtp.", 1, 1, &MlpKind::Moe, MtpHead::Concat)
     );
-    assert_eq!(m.plan.attention.kind(), "gqa");
+    assert_eq!(m.plans[0].attention.kind(), "gqa");
     let mut w = v.clone();
     w["mtp_num_hidden_layers"] = json!(0);
     assert!(parse(&w).unwrap().mtp.is_none());
     w["mtp_num_hidden_layers"] = json!(2);
-    assert_eq!(parse(&w).unwrap().mtp.unwrap().layers, 2);
+    let m = parse(&w).unwrap().mtp.unwrap();
+    assert_eq!((m.layers, m.plans.len()), (2, 2));
 }
 
 #[test]

@@ -24,7 +24,7 @@ pub(crate) use builder::{PartBuilder, tensor_err, vector_codes};
 
 use crate::ModelError;
 pub use crate::attention::AttnSpec;
-use crate::config::{ExpertNames, MlpKind, ModelConfig, Residual};
+use crate::config::{ExpertNames, MlpKind, ModelConfig, MtpHead, Residual};
 
 /// Group scales of a packed matrix: another piece of the same blob.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,23 +422,51 @@ pub struct MtpLayout {
     pub experts: Vec<Vec<Vec<Piece>>>,
     /// Per layer, per routed expert: specs.
     pub expert_specs: Vec<Vec<ExpertSpec>>,
-    /// The part holding the input projection and the norms.
-    pub head: PartLayout,
-    /// The input projection and the norms.
-    pub head_spec: MtpHeadSpec,
+    /// The parts holding the input projections and the norms: one for all layers
+    /// ([`MtpHead::Concat`](crate::config::MtpHead)), or one per layer.
+    pub heads: Vec<PartLayout>,
+    /// The input projections and the norms, as `heads`.
+    pub head_specs: Vec<MtpHeadSpec>,
+}
+
+impl MtpLayout {
+    /// Bytes of everything they hold, routed experts included.
+    pub fn bytes(&self) -> u64 {
+        let parts = self.layers.iter().chain(&self.heads).map(PartLayout::bytes);
+        let experts = self.experts.iter().flatten().flatten().map(|p| p.len);
+        parts.sum::<u64>() + experts.sum::<u64>()
+    }
 }
 
 /// The input side and the final norm of the multi-token-prediction layers.
-#[derive(Clone, Copy, Debug)]
-pub struct MtpHeadSpec {
-    /// `fc` `[hidden, 2 × hidden]`: the normed embedding and hidden state, concatenated.
-    pub fc: MatSpec,
-    /// `pre_fc_norm_embedding`.
-    pub norm_embedding: VecSpec,
-    /// `pre_fc_norm_hidden`.
-    pub norm_hidden: VecSpec,
-    /// `norm`, before the model's lm_head.
-    pub norm: VecSpec,
+#[derive(Clone, Debug)]
+pub enum MtpHeadSpec {
+    /// [`MtpHead::Concat`](crate::config::MtpHead).
+    Concat {
+        /// `fc` `[hidden, 2 × hidden]`: the normed embedding and hidden state, concatenated.
+        fc: MatSpec,
+        /// `pre_fc_norm_embedding`.
+        norm_embedding: VecSpec,
+        /// `pre_fc_norm_hidden`.
+        norm_hidden: VecSpec,
+        /// `norm`, before the model's lm_head.
+        norm: VecSpec,
+    },
+    /// [`MtpHead::PerLayer`](crate::config::MtpHead).
+    PerLayer {
+        /// `e_proj` `[hidden, hidden]`, over the normed embedding.
+        e_proj: MatSpec,
+        /// `h_proj` `[hidden, hidden]`, over the normed hidden state.
+        h_proj: MatSpec,
+        /// `enorm`.
+        enorm: VecSpec,
+        /// `hnorm`.
+        hnorm: VecSpec,
+        /// `norm`, before the model's lm_head.
+        norm: VecSpec,
+        /// With hyper-connections, the layer's hyper head (`hc_head`).
+        mix: Option<HyperWeights>,
+    },
 }
 
 /// The config's `num_hidden_layers` against the layers the checkpoint has tensors for, before
@@ -517,7 +545,7 @@ impl WeightLayout {
         }
         let (head, head_spec) = build_part(&ctx, |p| head(p, cfg, &embed_name))?;
         let mtp = match &cfg.mtp {
-            Some(m) if ck.tensors().iter().any(|t| t.name.starts_with(m.module)) => {
+            Some(m) if ck.names().any(|n| n.starts_with(m.module)) => {
                 Some(mtp_layout(&ctx, cfg, m)?)
             }
             _ => None,
@@ -785,7 +813,7 @@ fn routed_experts(
     Ok((pieces, specs))
 }
 
-/// The checkpoint's multi-token-prediction layers: each a layer of `m.plan` under
+/// The checkpoint's multi-token-prediction layers: each a layer of its `m.plans` under
 /// `{m.module}layers.{i}` (found by the same code as the model's own layers), its routed
 /// experts, and the input projection and norms.
 fn mtp_layout(
@@ -798,28 +826,59 @@ fn mtp_layout(
     mc.names.model = m.module;
     mc.names.sublayers = 1;
     mc.layers = m.layers;
-    mc.layer_plan = vec![m.plan.clone(); m.layers];
+    mc.layer_plan = m.plans.clone();
     mc.glu_limits = Vec::new();
+    mc.hash_routed = Vec::new();
     mc.draft_layers = 0;
     let h = cfg.hidden;
     let zc = cfg.zero_centred_norms;
-    let at = |rest: &str| format!("{}{rest}", m.module);
-    let (head, head_spec) = build_part(ctx, |p| {
-        Ok(MtpHeadSpec {
-            fc: p.linear(&at("fc"), h, 2 * h)?,
-            norm_embedding: p.vector(&at("pre_fc_norm_embedding.weight"), h)?.norm(zc),
-            norm_hidden: p.vector(&at("pre_fc_norm_hidden.weight"), h)?.norm(zc),
-            norm: p.vector(&at("norm.weight"), h)?.norm(zc),
-        })
-    })?;
     let mut out = MtpLayout {
         layers: Vec::with_capacity(m.layers),
         layer_specs: Vec::with_capacity(m.layers),
         experts: Vec::with_capacity(m.layers),
         expert_specs: Vec::with_capacity(m.layers),
-        head,
-        head_spec,
+        heads: Vec::new(),
+        head_specs: Vec::new(),
     };
+    let heads: Vec<String> = match m.head {
+        MtpHead::Concat => vec![m.module.to_owned()],
+        MtpHead::PerLayer => (0..m.layers)
+            .map(|l| format!("{}layers.{l}.", m.module))
+            .collect(),
+    };
+    for module in heads {
+        let at = |rest: &str| format!("{module}{rest}");
+        let (part, spec) = build_part(ctx, |p| {
+            Ok(match m.head {
+                MtpHead::Concat => MtpHeadSpec::Concat {
+                    fc: p.linear(&at("fc"), h, 2 * h)?,
+                    norm_embedding: p.vector(&at("pre_fc_norm_embedding.weight"), h)?.norm(zc),
+                    norm_hidden: p.vector(&at("pre_fc_norm_hidden.weight"), h)?.norm(zc),
+                    norm: p.vector(&at("norm.weight"), h)?.norm(zc),
+                },
+                MtpHead::PerLayer => MtpHeadSpec::PerLayer {
+                    e_proj: p.linear(&at("e_proj"), h, h)?,
+                    h_proj: p.linear(&at("h_proj"), h, h)?,
+                    enorm: p.vector(&at("enorm.weight"), h)?.norm(zc),
+                    hnorm: p.vector(&at("hnorm.weight"), h)?.norm(zc),
+                    norm: p.vector(&at("norm.weight"), h)?.norm(zc),
+                    mix: match cfg.residual {
+                        Residual::Hyper(hc) if !hc.mean_head => Some(hyper(
+                            p,
+                            &at("hc_head"),
+                            "hc_",
+                            hc.streams,
+                            1,
+                            hc.streams * h,
+                        )?),
+                        _ => None,
+                    },
+                },
+            })
+        })?;
+        out.heads.push(part);
+        out.head_specs.push(spec);
+    }
     for l in 0..m.layers {
         let (part, spec) = build_part(ctx, |p| layer(p, &mc, l))?;
         let (ep, es) = if mc.is_moe(l) {

@@ -52,6 +52,10 @@ pub struct Inspection {
     pub hash_routed_layers: usize,
     /// DeepSeek-V4's compressed attention, when the model has it.
     pub compressed_attention: Option<CompressedSummary>,
+    /// Multi-token-prediction layers in the checkpoint (found and checked, not run).
+    pub mtp_layers: usize,
+    /// Their bytes on disk, routed experts included (in `checkpoint_bytes`, in no other figure).
+    pub mtp_bytes: u64,
     /// Shards.
     pub shards: usize,
     /// Bytes of all tensors on disk.
@@ -223,6 +227,8 @@ pub fn inspect_with(
         },
         hash_routed_layers: (0..cfg.layers).filter(|&l| cfg.is_hash_routed(l)).count(),
         compressed_attention: compressed_summary(cfg),
+        mtp_layers: layout.mtp.as_ref().map_or(0, |m| m.layers.len()),
+        mtp_bytes: layout.mtp.as_ref().map_or(0, |m| m.bytes()),
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
         trunk_bytes: layout.trunk_bytes(),

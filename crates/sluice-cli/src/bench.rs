@@ -35,7 +35,10 @@ struct Rung {
 #[derive(Clone, Debug, Serialize)]
 struct Row {
     io: String,
+    /// The rung's label, `(warm)` after it for a warmed-up run.
     rung: String,
+    /// The generation ran once first, unmeasured, with the prefix cache off.
+    warm: bool,
     budget_bytes: u64,
     trunk: &'static str,
     cache_experts: u64,
@@ -45,6 +48,9 @@ struct Row {
     prefill_tokens_per_s: f64,
     decode_tokens: u64,
     decode_s_per_token: f64,
+    /// Where a decode step's seconds went (the run's `decode_*_seconds` per step): attention,
+    /// routed experts, the head, the rest of the pass, choosing the token.
+    decode_phases_s_per_token: Phases,
     decode_tokens_per_s: f64,
     hit_rate: f64,
     resident_hit_rate: f64,
@@ -59,9 +65,9 @@ struct Row {
     io_floor_s_per_token: f64,
     /// Decode seconds per token ÷ the floor (None when nothing was read).
     decode_over_floor: Option<f64>,
-    /// With every weight in memory: the memory-bandwidth ceiling's seconds per token
-    /// (`decode_touched_bytes_per_token` ÷ `memory_gbps`) ÷ decode seconds per token — the
-    /// fraction of the ceiling reached (None at budgets where weights stream from disk).
+    /// In a warm run with every weight in memory: the memory-bandwidth ceiling's seconds per
+    /// token (`decode_touched_bytes_per_token` ÷ `memory_gbps`) ÷ decode seconds per token —
+    /// the fraction of the ceiling reached (None in cold runs and where weights stream).
     ram_ceiling_fraction: Option<f64>,
     /// Prefill passes (spans) the prompt took.
     prefill_spans: usize,
@@ -71,6 +77,16 @@ struct Row {
     peak_rss_bytes: u64,
     io_mode_ran: String,
     ids: Vec<u64>,
+}
+
+/// Seconds per decode step by phase (see `sluice run --json`'s `decode_*_seconds`).
+#[derive(Clone, Debug, Serialize)]
+struct Phases {
+    attention: f64,
+    experts: f64,
+    head: f64,
+    other: f64,
+    sampling: f64,
 }
 
 /// The whole report.
@@ -237,35 +253,46 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
                         if r.all_fit && (pi > 0 || fi > 0) {
                             continue; // every expert fits: policy and prefetch change nothing
                         }
-                        let trace = tmp.join("trace.txt");
-                        sluice::tools::doctor::drop_page_cache(&shards);
-                        let row = run_one(&RunSpec {
-                            exe: &exe,
-                            model: &model,
-                            ids: &ids_arg,
-                            a: &a,
-                            context,
-                            io,
-                            rung: r,
-                            policy: policy.name(),
-                            prefetch: pf,
-                            trace: &trace,
-                            threads,
-                            disk_gbps: *gbps,
-                            ram_ceiling: ceiling,
-                        })?;
-                        if !a.json {
-                            eprintln!(
-                                "  {io} {} {policy} prefetch {}: decode {:.3} s/token, hits {:.1}% (Belady {:.1}%), peak RSS {}",
-                                r.label,
-                                pf,
-                                row.decode_s_per_token,
-                                100.0 * row.hit_rate,
-                                100.0 * row.belady_hit_rate,
-                                fmt_bytes(row.peak_rss_bytes)
-                            );
+                        // Where every weight fits, a warm run too: the RAM ceiling is about
+                        // decoding from memory, not the first reads of experts the prompt
+                        // did not touch.
+                        let warms: &[bool] = if r.all_fit && !r.tiered {
+                            &[false, true]
+                        } else {
+                            &[false]
+                        };
+                        for &warm in warms {
+                            let trace = tmp.join("trace.txt");
+                            sluice::tools::doctor::drop_page_cache(&shards);
+                            let row = run_one(&RunSpec {
+                                warm,
+                                exe: &exe,
+                                model: &model,
+                                ids: &ids_arg,
+                                a: &a,
+                                context,
+                                io,
+                                rung: r,
+                                policy: policy.name(),
+                                prefetch: pf,
+                                trace: &trace,
+                                threads,
+                                disk_gbps: *gbps,
+                                ram_ceiling: ceiling,
+                            })?;
+                            if !a.json {
+                                eprintln!(
+                                    "  {io} {} {policy} prefetch {}: decode {:.3} s/token, hits {:.1}% (Belady {:.1}%), peak RSS {}",
+                                    r.label,
+                                    pf,
+                                    row.decode_s_per_token,
+                                    100.0 * row.hit_rate,
+                                    100.0 * row.belady_hit_rate,
+                                    fmt_bytes(row.peak_rss_bytes)
+                                );
+                            }
+                            rows.push(row);
                         }
-                        rows.push(row);
                     }
                 }
             }
@@ -322,6 +349,9 @@ struct RunSpec<'a> {
     disk_gbps: f64,
     /// Seconds per token at the memory-bandwidth ceiling.
     ram_ceiling: f64,
+    /// The same generation runs first, unmeasured (`--warmup`; no prefix cache, so the
+    /// measured prompt is computed again from warm weights).
+    warm: bool,
 }
 
 fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
@@ -349,6 +379,9 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         .arg("--trace")
         .arg(s.trace)
         .arg("--json");
+    if s.warm {
+        cmd.args(["--warmup", "--prefix-cache", "off"]);
+    }
     let out = cmd
         .output()
         .map_err(|e| fail(format!("cannot run {}: {e}", s.exe.display())))?;
@@ -387,7 +420,12 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
     let req = u(st, "expert_requests") as f64;
     Ok(Row {
         io: s.io.to_owned(),
-        rung: s.rung.label.clone(),
+        rung: if s.warm {
+            format!("{} (warm)", s.rung.label)
+        } else {
+            s.rung.label.clone()
+        },
+        warm: s.warm,
         budget_bytes: s.rung.budget.unwrap_or(0),
         trunk: if s.rung.tiered { "tiered" } else { "resident" },
         cache_experts: s.rung.cache_experts,
@@ -397,6 +435,13 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         prefill_tokens_per_s: ratio(f(st, "prefill_tokens"), f(st, "prefill_seconds")),
         decode_tokens: dtok,
         decode_s_per_token: spt,
+        decode_phases_s_per_token: Phases {
+            attention: f(st, "decode_attention_seconds") / passes,
+            experts: f(st, "decode_expert_seconds") / passes,
+            head: f(st, "decode_head_seconds") / passes,
+            other: f(st, "decode_other_seconds") / passes,
+            sampling: f(st, "decode_sampling_seconds") / passes,
+        },
         decode_tokens_per_s: ratio(1.0, spt),
         hit_rate: ratio(f(st, "expert_hits"), req),
         resident_hit_rate: ratio(f(st, "expert_resident_hits"), req),
@@ -408,9 +453,9 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
         achieved_gbps: ratio((dexp + dtrunk) as f64, dsec) / 1e9,
         io_floor_s_per_token: floor,
         decode_over_floor: (bpt > 0.0).then(|| ratio(spt, floor)),
-        // Only where every weight fits in memory (the first reads of experts the prompt did
-        // not touch still count against it).
-        ram_ceiling_fraction: (s.rung.all_fit && !s.rung.tiered).then(|| ratio(s.ram_ceiling, spt)),
+        // Only decoding from memory: every weight fits and the run was warmed up (a cold run
+        // still reads the experts the prompt did not touch).
+        ram_ceiling_fraction: s.warm.then(|| ratio(s.ram_ceiling, spt)),
         prefill_spans: spans,
         prefill_read_over_touched: (pread > 0.0).then(|| ratio(pread, touched)),
         peak_rss_bytes: u(st, "peak_rss_bytes"),

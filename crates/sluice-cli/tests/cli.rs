@@ -118,7 +118,13 @@ fn json_has_the_documented_keys() {
         "prefill_expert_touched_bytes",
         "prefill_attention_seconds",
         "prefill_expert_seconds",
+        "prefill_head_seconds",
         "prefill_other_seconds",
+        "decode_attention_seconds",
+        "decode_expert_seconds",
+        "decode_head_seconds",
+        "decode_other_seconds",
+        "decode_sampling_seconds",
         "prefill_chunk",
         "draft_proposed",
         "draft_accepted",
@@ -131,6 +137,18 @@ fn json_has_the_documented_keys() {
         );
     }
     assert_eq!(v["stats"]["decode_tokens"], 5);
+    // The decode phases are parts of the decode time: each was spent (the fixture's four
+    // decode passes have attention, experts and a head, and five tokens were chosen), and
+    // together they are no more than the whole they are measured inside.
+    let s = &v["stats"];
+    let phases = ["attention", "expert", "head", "other", "sampling"]
+        .map(|p| s[format!("decode_{p}_seconds")].as_f64().unwrap());
+    assert!(phases.iter().all(|&x| x > 0.0), "{phases:?}");
+    let total = s["decode_seconds"].as_f64().unwrap();
+    assert!(
+        phases.iter().sum::<f64>() <= total * (1.0 + 1e-9),
+        "{phases:?} within {total}"
+    );
     // One pass over the 3-token prompt.
     assert_eq!(
         v["stats"]["prefill_spans"][0]["tokens"], 3,
@@ -837,7 +855,8 @@ fn bench_runs_a_ladder_in_child_processes_with_identical_output() {
     ]));
     assert_eq!(v["identical_output"], true, "{v}");
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2, "{v}");
+    // The unlimited rung runs cold and warm.
+    assert_eq!(runs.len(), 3, "{v}");
     assert_eq!(runs[0]["trunk"], "tiered");
     for r in runs {
         assert_eq!(r["ids"].as_array().unwrap().len(), 3);
@@ -845,10 +864,14 @@ fn bench_runs_a_ladder_in_child_processes_with_identical_output() {
         let b = r["belady_hit_rate"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&b));
         // One layer-major pass over the whole prompt (6 tokens, calls of 4 rows): every expert
-        // it routed to is read once.
+        // it routed to is read once (a warm run reads none).
         assert_eq!(r["prefill_spans"], 1, "{r}");
-        let ratio = r["prefill_read_over_touched"].as_f64().unwrap();
-        assert!((0.5..=1.10).contains(&ratio), "{r}");
+        if r["warm"] == false {
+            let ratio = r["prefill_read_over_touched"].as_f64().unwrap();
+            assert!((0.5..=1.10).contains(&ratio), "{r}");
+        } else {
+            assert!(r["prefill_read_over_touched"].is_null(), "{r}");
+        }
     }
     // Under the tiered budget every trunk layer streams each token.
     assert!(runs[0]["decode_trunk_bytes_per_token"].as_f64().unwrap() > 0.0);
@@ -894,12 +917,21 @@ fn bench_states_the_ram_ceiling() {
     let ceiling = v["ram_ceiling_s_per_token"].as_f64().unwrap();
     assert!((ceiling - touched as f64 / (gbps * 1e9)).abs() <= 1e-12 + ceiling * 1e-9);
     let runs = v["runs"].as_array().unwrap();
-    assert_eq!(runs.len(), 2, "{v}");
+    // Unlimited cold and warm, then the streaming rung.
+    let labels: Vec<&str> = runs.iter().map(|r| r["rung"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["unlimited", "unlimited (warm)", "14MiB"], "{v}");
+    // Only the warm run decodes from memory alone: it reads no expert, and it alone is set
+    // against the ceiling.
     for r in runs {
-        let streamed = r["rung"] != "unlimited";
-        assert_eq!(r["ram_ceiling_fraction"].is_null(), streamed, "{r}");
+        let warm = r["warm"].as_bool().unwrap();
+        assert_eq!(r["ram_ceiling_fraction"].is_null(), !warm, "{r}");
+        let phases = &r["decode_phases_s_per_token"];
+        for p in ["attention", "experts", "head", "other", "sampling"] {
+            assert!(phases[p].as_f64().unwrap() > 0.0, "{p}: {r}");
+        }
     }
-    assert!(runs[0]["ram_ceiling_fraction"].as_f64().unwrap() > 0.0);
+    assert_eq!(runs[1]["decode_expert_bytes_per_token"].as_f64(), Some(0.0));
+    assert!(runs[1]["ram_ceiling_fraction"].as_f64().unwrap() > 0.0);
 }
 
 #[test]

@@ -732,12 +732,18 @@ impl Model {
         // every expert fitting, the experts are also gathered (see `moe`): a pass has landed
         // every read it started before it enters a parallel call, so another pass never waits
         // on a read whose landing is stuck below it.
+        let times0 = *times;
         let r = if self.in_pool {
             self.exec
                 .install(|| self.forward_inner(segs, want, opts, times))
         } else {
             self.forward_inner(segs, want, opts, times)
         };
+        // Each sequence is charged its share of the pass, as a batch's decode seconds are.
+        let share = (*times - times0).scaled(1.0 / segs.len().max(1) as f64);
+        for (state, _) in segs.iter_mut() {
+            state.times += share;
+        }
         if r.is_err() {
             for ((state, _), (pos0, routes0)) in segs.iter_mut().zip(before) {
                 state.rollback(pos0);

@@ -77,16 +77,49 @@ pub struct PassTimes {
     /// Routed experts: waiting for their reads and their products (in a prefill, where the
     /// shared expert runs as a task beside them, its product too).
     pub experts: f64,
-    /// Everything else (embeddings, norms, routers, dense blocks, the head, and the shared
-    /// expert of a decode step).
+    /// The final norm and the lm_head over the rows whose logits are wanted (with a
+    /// hyper-connection model, its hyper head too).
+    pub head: f64,
+    /// Everything else (embeddings, norms, routers, dense blocks, and the shared expert of a
+    /// decode step).
     pub other: f64,
+}
+
+impl PassTimes {
+    /// Every phase's seconds × `f` (a batched pass's share of one of its sequences).
+    pub fn scaled(self, f: f64) -> PassTimes {
+        PassTimes {
+            attention: self.attention * f,
+            experts: self.experts * f,
+            head: self.head * f,
+            other: self.other * f,
+        }
+    }
+
+    /// The seconds of all phases.
+    pub fn total(&self) -> f64 {
+        self.attention + self.experts + self.head + self.other
+    }
 }
 
 impl std::ops::AddAssign for PassTimes {
     fn add_assign(&mut self, o: PassTimes) {
         self.attention += o.attention;
         self.experts += o.experts;
+        self.head += o.head;
         self.other += o.other;
+    }
+}
+
+impl std::ops::Sub for PassTimes {
+    type Output = PassTimes;
+    fn sub(self, o: PassTimes) -> PassTimes {
+        PassTimes {
+            attention: self.attention - o.attention,
+            experts: self.experts - o.experts,
+            head: self.head - o.head,
+            other: self.other - o.other,
+        }
     }
 }
 
@@ -186,12 +219,15 @@ impl Model {
         for (state, toks) in segs.iter_mut() {
             state.pos += toks.len();
         }
+        let t_head = Instant::now();
         let logits = self.head(&pass, segs, &stream, want)?;
+        let head = t_head.elapsed().as_secs_f64();
         let (attention, experts) = (pass.attention_seconds.get(), pass.expert_seconds.get());
         *times += PassTimes {
             attention,
             experts,
-            other: (t_start.elapsed().as_secs_f64() - attention - experts).max(0.0),
+            head,
+            other: (t_start.elapsed().as_secs_f64() - attention - experts - head).max(0.0),
         };
         Ok(logits)
     }

@@ -51,6 +51,9 @@ pub struct State {
     /// the final norm) for the rows whose logits are computed. For localising errors against
     /// a reference, not for production.
     pub debug: Option<Vec<(String, Vec<f32>)>>,
+    /// Where the forward passes this state took part in spent their time, summed (its share
+    /// of a batched pass: the pass's time ÷ its sequences).
+    pub(crate) times: crate::pass::PassTimes,
 }
 
 impl State {
@@ -67,7 +70,15 @@ impl State {
             kv: KvLease::default(),
             routes: None,
             debug: None,
+            times: Default::default(),
         }
+    }
+
+    /// Where the forward passes this state took part in spent their time, summed over its
+    /// life (a batched pass counts its time ÷ its sequences). Phase times of a span of a
+    /// generation are differences of two readings.
+    pub fn pass_times(&self) -> crate::pass::PassTimes {
+        self.times
     }
 
     /// Tokens processed so far.
@@ -115,6 +126,7 @@ impl State {
             kv: KvLease::default(),
             routes: None,
             debug: None,
+            times: Default::default(),
         })
     }
 

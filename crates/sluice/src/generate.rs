@@ -241,6 +241,8 @@ pub(crate) struct Seq {
     stats: GenerationStats,
     expert0: ExpertStats,
     trunk0: u64,
+    /// The state's pass times when the generation's decoding began.
+    times0: sluice_model::PassTimes,
     /// Whether the engine's totals have this generation.
     counted: bool,
     /// Alternatives per token to report, when log-probabilities are asked for.
@@ -374,9 +376,7 @@ pub(crate) fn prefill(
             }
             let more = model.prefill(state, rest, want, pre_opts, &mut on)?;
             out.spans.extend(more.spans);
-            out.times.attention += more.times.attention;
-            out.times.experts += more.times.experts;
-            out.times.other += more.times.other;
+            out.times += more.times;
             out.logits = more.logits;
             let last = last_row(&out.logits);
             engine.prefix().store(model, history, state, Some(&last));
@@ -393,6 +393,7 @@ pub(crate) fn prefill(
         prefill_trunk_bytes_read: model.trunk_bytes_read() - trunk0,
         prefill_attention_seconds: out.times.attention,
         prefill_expert_seconds: out.times.experts,
+        prefill_head_seconds: out.times.head,
         prefill_other_seconds: out.times.other,
         prefill_chunk: chunk,
         prefill_spans: span_stats,
@@ -410,6 +411,7 @@ pub(crate) fn prefill(
             stats,
             expert0,
             trunk0,
+            times0: state.pass_times(),
             counted: false,
             logprobs: opts.logprobs,
         },
@@ -431,7 +433,9 @@ impl Seq {
     ) -> Result<Step, Error> {
         let t0 = Instant::now();
         let r = self.pick(engine, logits, history, pos);
-        self.stats.decode_seconds += t0.elapsed().as_secs_f64();
+        let secs = t0.elapsed().as_secs_f64();
+        self.stats.decode_seconds += secs;
+        self.stats.decode_sampling_seconds += secs;
         r
     }
 
@@ -508,7 +512,13 @@ impl Seq {
 
     /// Figures so far.
     pub(crate) fn stats(&self, engine: &Engine, state: &State) -> GenerationStats {
-        stats_since(engine, &self.stats, &self.expert0, self.trunk0, state)
+        let mut s = stats_since(engine, &self.stats, &self.expert0, self.trunk0, state);
+        let t = state.pass_times() - self.times0;
+        s.decode_attention_seconds = t.attention;
+        s.decode_expert_seconds = t.experts;
+        s.decode_head_seconds = t.head;
+        s.decode_other_seconds = t.other;
+        s
     }
 
     /// Adds the finished generation to the engine's totals, once.

@@ -33,6 +33,22 @@ pub struct GenerationStats {
     pub decode_tokens: usize,
     /// Seconds spent generating.
     pub decode_seconds: f64,
+    /// Of `decode_seconds`, the forward passes' attention (projections, the cache, scores).
+    /// A batched pass counts for each of its sequences its time ÷ their number, like
+    /// `decode_seconds`.
+    pub decode_attention_seconds: f64,
+    /// Of `decode_seconds`, the passes' routed experts: waiting for their reads and their
+    /// products.
+    pub decode_expert_seconds: f64,
+    /// Of `decode_seconds`, the passes' final norm and lm_head.
+    pub decode_head_seconds: f64,
+    /// Of `decode_seconds`, the rest of the passes: embeddings, norms, routers, shared experts,
+    /// dense blocks, the residual streams.
+    pub decode_other_seconds: f64,
+    /// Of `decode_seconds`, choosing each token from its logits: penalties, grammar masks,
+    /// sampling, log-probabilities, detokenizing and stop strings. What is left of
+    /// `decode_seconds` after the five phases is the engine's bookkeeping between passes.
+    pub decode_sampling_seconds: f64,
     /// Draft tokens proposed for checking (speculative decoding, [`crate::Draft`]).
     pub draft_proposed: usize,
     /// Of those, kept: tokens that came without a forward pass of their own.
@@ -64,8 +80,11 @@ pub struct GenerationStats {
     /// Seconds of the prefill in routed experts (waiting for reads, and their products, with
     /// the shared expert's, which runs beside them).
     pub prefill_expert_seconds: f64,
-    /// Seconds of the prefill in everything else (embeddings, norms, routers, dense blocks,
-    /// the head, bookkeeping).
+    /// Seconds of the prefill in the final norm and the lm_head (the last span's last row,
+    /// or every row when the prompt's logits are kept).
+    pub prefill_head_seconds: f64,
+    /// Seconds of the prefill's passes in everything else (embeddings, norms, routers, dense
+    /// blocks, bookkeeping).
     pub prefill_other_seconds: f64,
     /// Rows each call inside a layer took at most during the prefill.
     pub prefill_chunk: usize,

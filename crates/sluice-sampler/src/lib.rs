@@ -293,87 +293,107 @@ impl Sampler {
     /// [`Sampler::candidates`], and whether a draw takes a number from the random stream (not
     /// for greedy, a vocabulary of one or no finite logit).
     fn choices(&self, l: &[f64]) -> (Vec<Candidate>, bool) {
+        let mut k = match self.kept(l) {
+            Kept::Only(id) => return (vec![Candidate { id, prob: 1.0 }], false),
+            Kept::Some(k) => k,
+        };
+        k.rank(k.cand.len());
+        let p: Vec<f64> = k.cand.iter().map(|c| c.e / k.total).collect();
+        let mass: f64 = p.iter().sum();
+        let kept = k
+            .cand
+            .iter()
+            .zip(&p)
+            .map(|(c, &x)| Candidate {
+                id: c.id,
+                prob: x / mass,
+            })
+            .collect();
+        (kept, true)
+    }
+
+    /// Steps 3–7 of [`Sampler::candidates`]: the tokens kept, the most likely ones in rank
+    /// order as far as top-p needed to look, the rest in id order (see [`Kept`]).
+    fn kept(&self, l: &[f64]) -> Kept {
         let o = &self.opts;
-        let only = |id| (vec![Candidate { id, prob: 1.0 }], false);
         if o.is_greedy() || l.len() <= 1 {
-            return only(argmax64(l));
+            return Kept::Only(argmax64(l));
         }
         let t = o.temperature as f64;
-        let mut cand: Vec<(u32, f64)> = l
+        let mut cand: Vec<Ranked> = l
             .iter()
             .enumerate()
-            .map(|(i, &x)| (i as u32, x / t))
-            .filter(|c| c.1 > f64::NEG_INFINITY) // NaN and -inf
+            .map(|(i, &x)| Ranked {
+                id: i as u32,
+                s: x / t,
+                e: 0.0,
+            })
+            .filter(|c| c.s > f64::NEG_INFINITY) // NaN and -inf
             .collect();
-        if cand.is_empty() || cand.iter().any(|c| c.1 == f64::INFINITY) {
-            return only(argmax64(l));
+        if cand.is_empty() || cand.iter().any(|c| c.s == f64::INFINITY) {
+            return Kept::Only(argmax64(l));
         }
-        let by_rank = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         // `cand` is in id order, or after top-k in rank order: either way an order that no sort
         // algorithm's handling of equal keys can change, so neither can the softmax sum.
+        let mut ranked = 0;
         if o.top_k > 0 && o.top_k < cand.len() {
             cand.select_nth_unstable_by(o.top_k - 1, by_rank);
-            let kth = cand[o.top_k - 1].1;
+            let kth = cand[o.top_k - 1].s;
             // Ties with the k-th stay, as in transformers (only `scores < kth` are removed).
             let mut n = o.top_k;
             for i in o.top_k..cand.len() {
-                if cand[i].1 >= kth {
+                if cand[i].s >= kth {
                     cand.swap(n, i);
                     n += 1;
                 }
             }
             cand.truncate(n);
             cand.sort_unstable_by(by_rank);
+            ranked = n;
         }
-        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.1));
-        let total: f64 = cand.iter().map(|c| libm::exp(c.1 - max)).sum();
+        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.s));
+        // Each candidate's exp(s − max), taken once: the softmax sum, min-p, top-p and the
+        // probabilities all use these values.
+        for c in &mut cand {
+            c.e = libm::exp(c.s - max);
+        }
+        let total: f64 = cand.iter().map(|c| c.e).sum();
         if o.min_p > 0.0 {
             // p ≥ min_p × p_max ⟺ exp(s − max) ≥ min_p. The kept set is a prefix of the rank
             // order, as top-p's is, so taking it first changes nothing but the work.
             let floor = o.min_p as f64;
-            cand.retain(|c| libm::exp(c.1 - max) >= floor);
+            cand.retain(|c| c.e >= floor);
+            ranked = ranked.min(cand.len());
         }
-        // Rank order (most likely first, ties to the lower id), only as far as top-p needs.
-        let mut m = if o.top_p < 1.0 {
-            cand.len().min(256)
-        } else {
-            cand.len()
+        // A probability that underflows to 0 (an `s` more than ~745 below the top) is no
+        // candidate; the rest keep their order.
+        cand.retain(|c| c.e / total > 0.0);
+        ranked = ranked.min(cand.len());
+        let mut k = KeptSet {
+            cand,
+            ranked,
+            total,
         };
-        let keep = loop {
-            if m < cand.len() {
-                cand.select_nth_unstable_by(m - 1, by_rank);
-            }
-            cand[..m].sort_unstable_by(by_rank);
-            if o.top_p >= 1.0 {
-                break m;
-            }
-            let mut acc = 0.0;
-            let reached = cand[..m].iter().position(|c| {
-                acc += libm::exp(c.1 - max) / total;
-                acc >= o.top_p as f64
-            });
-            match reached {
-                Some(i) => break i + 1,
-                None if m == cand.len() => break m,
-                None => m = (m * 4).min(cand.len()),
-            }
-        };
-        let p: Vec<f64> = cand[..keep]
-            .iter()
-            .map(|c| libm::exp(c.1 - max) / total)
-            .collect();
-        let mass: f64 = p.iter().sum();
-        // A probability that underflows to 0 (an `s` more than ~745 below the top) is no candidate.
-        let kept = cand[..keep]
-            .iter()
-            .zip(&p)
-            .filter(|(_, x)| **x > 0.0)
-            .map(|(c, &x)| Candidate {
-                id: c.0,
-                prob: x / mass,
-            })
-            .collect();
-        (kept, true)
+        if o.top_p < 1.0 {
+            // The rank order only as far as top-p needs.
+            let mut m = k.cand.len().min(256);
+            let keep = loop {
+                k.rank(m);
+                let mut acc = 0.0;
+                let reached = k.cand[..m].iter().position(|c| {
+                    acc += c.e / total;
+                    acc >= o.top_p as f64
+                });
+                match reached {
+                    Some(i) => break i + 1,
+                    None if m == k.cand.len() => break m,
+                    None => m = (m * 4).min(k.cand.len()),
+                }
+            };
+            k.cand.truncate(keep);
+            k.ranked = keep;
+        }
+        Kept::Some(k)
     }
 
     /// Draws the next token. `logits` get the penalties applied in place; `history` is every
@@ -390,21 +410,32 @@ impl Sampler {
         if self.has_penalties() {
             write_back(logits, &l);
         }
-        let (cand, random) = self.choices(&l);
+        let kept = self.kept(&l);
         self.drawn += 1;
-        if !random {
-            return cand[0].id;
-        }
-        let mass: f64 = cand.iter().map(|c| c.prob).sum();
+        let mut k = match kept {
+            Kept::Only(id) => return id,
+            Kept::Some(k) => k,
+        };
+        // The first candidate, most likely first, whose cumulative probability exceeds u (as
+        // a share of the candidates' mass): the rank order is found only as far as the walk
+        // goes, which on a trained model's row is a few tokens.
+        let total = k.total;
+        let p = |c: &Ranked| c.e / total;
+        let mass: f64 = k.cand.iter().map(p).sum();
         let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * mass;
         let mut acc = 0.0;
-        for c in &cand {
-            acc += c.prob;
-            if u < acc {
-                return c.id;
+        let mut i = 0;
+        while i < k.cand.len() {
+            if i == k.ranked {
+                k.rank((4 * i).max(64));
             }
+            acc += p(&k.cand[i]);
+            if u < acc {
+                return k.cand[i].id;
+            }
+            i += 1;
         }
-        cand[cand.len() - 1].id
+        k.cand[k.cand.len() - 1].id
     }
 
     /// Draws the next token (see [`Sampler::sample_with`]), taking the generated tokens to be the
@@ -414,6 +445,58 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let generated = self.drawn.min(history.len());
         self.sample_with(logits, history, generated)
+    }
+}
+
+/// A candidate: its id, scaled logit `s` and `exp(s − max)`.
+#[derive(Clone, Copy, Debug)]
+struct Ranked {
+    id: u32,
+    s: f64,
+    e: f64,
+}
+
+/// Most likely first, ties to the lower id: the rank order.
+fn by_rank(a: &Ranked, b: &Ranked) -> std::cmp::Ordering {
+    b.s.total_cmp(&a.s).then(a.id.cmp(&b.id))
+}
+
+/// What steps 3–7 leave.
+enum Kept {
+    /// One token, taken without a draw (greedy, a vocabulary of one, an infinite logit or none
+    /// finite).
+    Only(u32),
+    /// Candidates to draw from.
+    Some(KeptSet),
+}
+
+/// The candidates kept: `cand[..ranked]` in rank order (scaled logit descending, ties to the
+/// lower id) and every one of them more likely than the rest, `cand[ranked..]` in id order
+/// until a selection reorders them; `total` the softmax's sum.
+struct KeptSet {
+    cand: Vec<Ranked>,
+    ranked: usize,
+    total: f64,
+}
+
+impl KeptSet {
+    /// Puts the `m` most likely candidates in rank order in `cand[..m]` (at most all of them);
+    /// the rest are left in an order of the selection's making. The rank order is total (ids
+    /// differ), so which candidates come first, and in what order, does not depend on how
+    /// they are found; nothing is summed over the rest after a selection (see `kept` and
+    /// `sample_with`).
+    fn rank(&mut self, m: usize) {
+        let m = m.min(self.cand.len());
+        if m <= self.ranked {
+            return;
+        }
+        let rest = &mut self.cand[self.ranked..];
+        let want = m - self.ranked;
+        if want < rest.len() {
+            rest.select_nth_unstable_by(want - 1, by_rank);
+        }
+        rest[..want].sort_unstable_by(by_rank);
+        self.ranked = m;
     }
 }
 
@@ -823,6 +906,63 @@ mod tests {
         p.retain(|x| x.1 >= o.min_p as f64 * top);
         let mass: f64 = p.iter().map(|x| x.1).sum();
         p.iter().map(|x| (x.0, x.1 / mass)).collect()
+    }
+
+    /// The draw finds the rank order only as far as it walks; it picks what a walk over every
+    /// candidate, fully ranked, picks with the same random number — on flat rows (where the
+    /// walk goes deep and the order is found in several steps), peaked ones, rows with ties,
+    /// and under every cut.
+    #[test]
+    fn the_lazy_draw_picks_what_a_walk_over_all_candidates_picks() {
+        let n = 5000u64;
+        let flat: Vec<f32> = (0..n)
+            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
+            .collect();
+        let peaked: Vec<f32> = flat
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| if i % 97 == 0 { l + 9.0 } else { l * 0.3 })
+            .collect();
+        let ties: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.25).collect();
+        let mut deep = 0;
+        for row in [&flat, &peaked, &ties] {
+            for (t, k, p, m) in [
+                (1.0, 0, 1.0, 0.0),
+                (2.0, 0, 1.0, 0.0),
+                (0.7, 0, 0.9, 0.0),
+                (1.0, 50, 1.0, 0.0),
+                (1.0, 0, 1.0, 0.05),
+            ] {
+                for seed in 0..40 {
+                    let o = SamplingOptions {
+                        temperature: t,
+                        top_k: k,
+                        top_p: p,
+                        min_p: m,
+                        seed,
+                        ..Default::default()
+                    };
+                    let mut s = Sampler::new(o.clone()).unwrap();
+                    let cand = s.candidates(row, &[], 0);
+                    let mut rng = s.rng.clone();
+                    let mass: f64 = cand.iter().map(|c| c.prob).sum();
+                    let u = (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * mass;
+                    let mut acc = 0.0;
+                    let at = cand
+                        .iter()
+                        .position(|c| {
+                            acc += c.prob;
+                            u < acc
+                        })
+                        .unwrap_or(cand.len() - 1);
+                    deep += usize::from(at >= 64);
+                    let got = s.sample(&mut row.clone(), &[]);
+                    assert_eq!(got, cand[at].id, "{o:?}");
+                }
+            }
+        }
+        // Some walks went past the first ranking step.
+        assert!(deep > 100, "{deep}");
     }
 
     /// Large vocabularies, where top-p's prefix is found 256, 1024, 4096 … tokens at a time.

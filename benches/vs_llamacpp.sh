@@ -121,15 +121,18 @@ print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")'
 }
 # sluice: prefill and decode tokens/s, peak RSS and prefill expert bytes read / bytes of the
 # distinct experts the prompt touched (after a warm-up generation, as llama-bench warms up),
-# as "pp tg rss read_over_touched".
+# as "pp tg rss read_over_touched". The prefix cache is off: the warm-up's prompt would
+# otherwise serve the measured one, leaving no prefill to time.
 sluice() {
     local prompt=$1 gen=$2 memory=$3; shift 3
     drop "$model"/*.safetensors
     "$@" "$SLUICE" run --model "$model" --prompt-ids "$(prompt_ids "$prompt")" --max-tokens $((gen + 1)) \
-        --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --json |
+        --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --prefix-cache off --json |
         "$PYTHON" -c '
 import json, sys
 s = json.load(sys.stdin)["stats"]
+if s["prefill_tokens"] == 0 or s["prefill_seconds"] <= 0:
+    sys.exit("sluice computed no prompt tokens (prefix cache?): nothing to time")
 # max_tokens = gen + 1: the first token comes from the prompt pass, then gen decode passes.
 passes = max(s["decode_tokens"] - 1, 1)
 pp = s["prefill_tokens"] / s["prefill_seconds"]

@@ -298,12 +298,13 @@ impl Sampler {
             Kept::Some(k) => k,
         };
         k.rank(k.cand.len());
-        let p: Vec<f64> = k.cand.iter().map(|c| c.e / k.total).collect();
+        let p: Vec<f64> = k.cand.iter().map(|c| c.v / k.total).collect();
         let mass: f64 = p.iter().sum();
         let kept = k
             .cand
             .iter()
             .zip(&p)
+            .filter(|(_, x)| **x > 0.0)
             .map(|(c, &x)| Candidate {
                 id: c.id,
                 prob: x / mass,
@@ -325,12 +326,11 @@ impl Sampler {
             .enumerate()
             .map(|(i, &x)| Ranked {
                 id: i as u32,
-                s: x / t,
-                e: 0.0,
+                v: x / t,
             })
-            .filter(|c| c.s > f64::NEG_INFINITY) // NaN and -inf
+            .filter(|c| c.v > f64::NEG_INFINITY) // NaN and -inf
             .collect();
-        if cand.is_empty() || cand.iter().any(|c| c.s == f64::INFINITY) {
+        if cand.is_empty() || cand.iter().any(|c| c.v == f64::INFINITY) {
             return Kept::Only(argmax64(l));
         }
         // `cand` is in id order, or after top-k in rank order: either way an order that no sort
@@ -338,11 +338,11 @@ impl Sampler {
         let mut ranked = 0;
         if o.top_k > 0 && o.top_k < cand.len() {
             cand.select_nth_unstable_by(o.top_k - 1, by_rank);
-            let kth = cand[o.top_k - 1].s;
+            let kth = cand[o.top_k - 1].v;
             // Ties with the k-th stay, as in transformers (only `scores < kth` are removed).
             let mut n = o.top_k;
             for i in o.top_k..cand.len() {
-                if cand[i].s >= kth {
+                if cand[i].v >= kth {
                     cand.swap(n, i);
                     n += 1;
                 }
@@ -351,24 +351,22 @@ impl Sampler {
             cand.sort_unstable_by(by_rank);
             ranked = n;
         }
-        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.s));
-        // Each candidate's exp(s − max), taken once: the softmax sum, min-p, top-p and the
-        // probabilities all use these values.
+        let max = cand.iter().fold(f64::NEG_INFINITY, |m, c| m.max(c.v));
+        // From here on each candidate holds exp(s − max), taken once: the softmax sum, min-p,
+        // top-p, the rank order (that of p) and the probabilities all use it.
         for c in &mut cand {
-            c.e = libm::exp(c.s - max);
+            c.v = libm::exp(c.v - max);
         }
-        let total: f64 = cand.iter().map(|c| c.e).sum();
+        let total: f64 = cand.iter().map(|c| c.v).sum();
         if o.min_p > 0.0 {
             // p ≥ min_p × p_max ⟺ exp(s − max) ≥ min_p. The kept set is a prefix of the rank
             // order, as top-p's is, so taking it first changes nothing but the work.
             let floor = o.min_p as f64;
-            cand.retain(|c| c.e >= floor);
+            cand.retain(|c| c.v >= floor);
             ranked = ranked.min(cand.len());
         }
-        // A probability that underflows to 0 (an `s` more than ~745 below the top) is no
-        // candidate; the rest keep their order.
-        cand.retain(|c| c.e / total > 0.0);
-        ranked = ranked.min(cand.len());
+        // A probability that underflows to 0 (an `s` more than ~745 below the top) adds nothing
+        // to a sum or a walk; it is dropped where candidates are listed or a walk ends.
         let mut k = KeptSet {
             cand,
             ranked,
@@ -381,7 +379,7 @@ impl Sampler {
                 k.rank(m);
                 let mut acc = 0.0;
                 let reached = k.cand[..m].iter().position(|c| {
-                    acc += c.e / total;
+                    acc += c.v / total;
                     acc >= o.top_p as f64
                 });
                 match reached {
@@ -420,7 +418,7 @@ impl Sampler {
         // a share of the candidates' mass): the rank order is found only as far as the walk
         // goes, which on a trained model's row is a few tokens.
         let total = k.total;
-        let p = |c: &Ranked| c.e / total;
+        let p = |c: &Ranked| c.v / total;
         let mass: f64 = k.cand.iter().map(p).sum();
         let u = (self.rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64) * mass;
         let mut acc = 0.0;
@@ -435,7 +433,12 @@ impl Sampler {
             }
             i += 1;
         }
-        k.cand[k.cand.len() - 1].id
+        // Rounding left u at the very end: the least likely candidate with a probability.
+        k.cand
+            .iter()
+            .rev()
+            .find(|c| p(c) > 0.0)
+            .map_or(k.cand[0].id, |c| c.id)
     }
 
     /// Draws the next token (see [`Sampler::sample_with`]), taking the generated tokens to be the
@@ -448,17 +451,17 @@ impl Sampler {
     }
 }
 
-/// A candidate: its id, scaled logit `s` and `exp(s − max)`.
+/// A candidate: its id and `v`, its scaled logit `s` through top-k, then `exp(s − max)`.
 #[derive(Clone, Copy, Debug)]
 struct Ranked {
     id: u32,
-    s: f64,
-    e: f64,
+    v: f64,
 }
 
-/// Most likely first, ties to the lower id: the rank order.
+/// Most likely first, ties to the lower id: the rank order (by scaled logit for top-k, by
+/// probability after it, the same order but where rounding ties two probabilities).
 fn by_rank(a: &Ranked, b: &Ranked) -> std::cmp::Ordering {
-    b.s.total_cmp(&a.s).then(a.id.cmp(&b.id))
+    b.v.total_cmp(&a.v).then(a.id.cmp(&b.id))
 }
 
 /// What steps 3–7 leave.

@@ -95,11 +95,6 @@ impl PassTimes {
             other: self.other * f,
         }
     }
-
-    /// The seconds of all phases.
-    pub fn total(&self) -> f64 {
-        self.attention + self.experts + self.head + self.other
-    }
 }
 
 impl std::ops::AddAssign for PassTimes {

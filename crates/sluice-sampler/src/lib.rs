@@ -473,9 +473,9 @@ enum Kept {
     Some(KeptSet),
 }
 
-/// The candidates kept: `cand[..ranked]` in rank order (scaled logit descending, ties to the
-/// lower id) and every one of them more likely than the rest, `cand[ranked..]` in id order
-/// until a selection reorders them; `total` the softmax's sum.
+/// The candidates kept, each holding exp(s − max): `cand[..ranked]` in rank order ([`by_rank`])
+/// and every one of them at least as likely as the rest, `cand[ranked..]` in id order until a
+/// selection reorders them; `total` the softmax's sum.
 struct KeptSet {
     cand: Vec<Ranked>,
     ranked: usize,

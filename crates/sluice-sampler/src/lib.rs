@@ -911,6 +911,13 @@ mod tests {
         p.iter().map(|x| (x.0, x.1 / mass)).collect()
     }
 
+    /// `n` logits spread over [0, 5) in a scrambled order, with repeats.
+    fn spread(n: u64) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
+            .collect()
+    }
+
     /// The draw finds the rank order only as far as it walks; it picks what a walk over every
     /// candidate, fully ranked, picks with the same random number — on flat rows (where the
     /// walk goes deep and the order is found in several steps), peaked ones, rows with ties,
@@ -918,9 +925,7 @@ mod tests {
     #[test]
     fn the_lazy_draw_picks_what_a_walk_over_all_candidates_picks() {
         let n = 5000u64;
-        let flat: Vec<f32> = (0..n)
-            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
-            .collect();
+        let flat = spread(n);
         let peaked: Vec<f32> = flat
             .iter()
             .enumerate()
@@ -972,9 +977,7 @@ mod tests {
     #[test]
     fn large_vocabularies_agree_with_a_plain_full_sort() {
         let n = 20_000u64;
-        let logits: Vec<f32> = (0..n)
-            .map(|i| ((i * 2_654_435_761) % 10_007) as f32 / 2000.0)
-            .collect();
+        let logits = spread(n);
         for (t, k, p, m) in [
             (1.0, 0, 0.999, 0.0),
             (2.0, 0, 0.5, 0.0),

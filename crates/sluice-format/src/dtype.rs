@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::gguf::GgmlType;
+
 /// The element type of a stored tensor, as named in a safetensors header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
@@ -37,6 +39,9 @@ pub enum Dtype {
     I64,
     /// Unsigned 64-bit integer.
     U64,
+    /// A ggml type of a GGUF file (a block format such as Q4_K, or F32/F16/BF16 as GGUF
+    /// stores them): never in a safetensors header.
+    Ggml(GgmlType),
 }
 
 impl Dtype {
@@ -82,10 +87,20 @@ impl Dtype {
             Dtype::U32 => "U32",
             Dtype::I64 => "I64",
             Dtype::U64 => "U64",
+            Dtype::Ggml(t) => t.name(),
         }
     }
 
-    /// Bytes per element.
+    /// The ggml type, for a tensor of a GGUF file.
+    pub fn ggml(self) -> Option<GgmlType> {
+        match self {
+            Dtype::Ggml(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// Bytes per element; for a ggml block type ([`Dtype::Ggml`]), bytes per block of
+    /// `GgmlType::block_size` elements.
     pub fn size(self) -> usize {
         match self {
             Dtype::Bool | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0 | Dtype::I8 | Dtype::U8 => {
@@ -94,6 +109,7 @@ impl Dtype {
             Dtype::F16 | Dtype::BF16 | Dtype::I16 | Dtype::U16 => 2,
             Dtype::F32 | Dtype::I32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::I64 | Dtype::U64 => 8,
+            Dtype::Ggml(t) => t.type_size() as usize,
         }
     }
 }

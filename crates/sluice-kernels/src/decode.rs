@@ -115,6 +115,18 @@ pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
             .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
         // E4M3 has no infinity; S.1111.111 is its NaN.
         crate::Codes::E4M3 => bytes.iter().position(|&b| b & 0x7f == 0x7f),
+        // A block's scales can be NaN or infinite (an f16 scale of 0x7c00): decoded, per block.
+        crate::Codes::Block(f) => {
+            let (bs, ts) = (f.block_size(), f.type_size());
+            let mut out = [0f32; crate::gguf::MAX_BLOCK];
+            bytes.chunks_exact(ts).enumerate().find_map(|(b, blk)| {
+                crate::gguf::dequantize_block(f, blk, &mut out[..bs]);
+                out[..bs]
+                    .iter()
+                    .position(|v| !v.is_finite())
+                    .map(|j| b * bs + j)
+            })
+        }
         _ => None,
     }
 }

@@ -262,6 +262,9 @@ impl Kernels {
             // No arithmetic: defer to the specification for what is written.
             return scalar::matmul(m, x, y, rows);
         }
+        if let Codes::Block(f) = m.codes() {
+            return gguf::matmul(self, f, m, x, y, rows);
+        }
         dispatch!(self, matmul(m, x, y, rows))
     }
 
@@ -280,6 +283,9 @@ impl Kernels {
             out.len(),
             cols.len()
         );
+        if let Codes::Block(_) = m.codes() {
+            return scalar::decode_row(m, r, cols, out);
+        }
         dispatch!(self, decode_row(m, r, cols, out))
     }
 
@@ -308,6 +314,9 @@ impl Kernels {
             m.cols(),
             cols.len()
         );
+        if let Codes::Block(_) = m.codes() {
+            return scalar::matmul_xw(m, x, y, cols);
+        }
         dispatch!(self, matmul_xw(m, x, y, cols))
     }
 
@@ -331,6 +340,9 @@ impl Kernels {
             out.len(),
             m.cols()
         );
+        if let Codes::Block(_) = m.codes() {
+            return scalar::absorb(m, rows, x, out);
+        }
         dispatch!(self, absorb(m, rows, x, out))
     }
 

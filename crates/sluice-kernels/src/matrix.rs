@@ -3,6 +3,7 @@
 use sluice_format::Dtype;
 
 use crate::KernelError;
+use crate::gguf::BlockFormat;
 
 /// How the elements of a weight matrix are coded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,12 +24,19 @@ pub enum Codes {
     E2M1,
     /// Signed 8-bit integers; needs scales.
     I8,
+    /// GGUF blocks (Q4_K, IQ2_XS, ...): each block carries its own scales, so the matrix takes
+    /// none. A row's values are those `gguf::dequantize_row` gives, and a product dots them by
+    /// the contract's 16 lanes — the bits of the dense F32 matrix of the dequantized values.
+    Block(BlockFormat),
 }
 
 impl Codes {
     /// Whether this coding carries per-group scales.
     pub fn is_quantized(self) -> bool {
-        !matches!(self, Codes::F32 | Codes::BF16 | Codes::F16)
+        !matches!(
+            self,
+            Codes::F32 | Codes::BF16 | Codes::F16 | Codes::Block(_)
+        )
     }
 
     /// The coding of a tensor stored as `dtype`, where the dtype alone decides it: F32, BF16
@@ -43,6 +51,13 @@ impl Codes {
             Dtype::F16 => Codes::F16,
             Dtype::F8E4M3 => Codes::E4M3,
             Dtype::I8 => Codes::I8,
+            Dtype::Ggml(t) => match BlockFormat::from_ggml_id(t.id())? {
+                // GGUF's plain floats are the dense codings, for the SIMD products.
+                BlockFormat::F32 => Codes::F32,
+                BlockFormat::F16 => Codes::F16,
+                BlockFormat::BF16 => Codes::BF16,
+                f => Codes::Block(f),
+            },
             _ => return None,
         })
     }
@@ -59,6 +74,7 @@ impl Codes {
             Codes::I8 => Dtype::I8,
             Codes::Int4 => Dtype::I32,
             Codes::E2M1 => Dtype::U8,
+            Codes::Block(f) => Dtype::Ggml(f.ggml_type()),
         }
     }
 
@@ -69,6 +85,7 @@ impl Codes {
             Codes::BF16 | Codes::F16 => cols.checked_mul(2),
             Codes::E4M3 | Codes::I8 => Some(cols),
             Codes::Int4 | Codes::E2M1 => cols.is_multiple_of(2).then_some(cols / 2),
+            Codes::Block(f) => f.row_bytes(cols),
         }
     }
 }
@@ -133,6 +150,8 @@ pub struct Matrix<'a> {
     codes: Codes,
     data: &'a [u8],
     scales: Option<Scales<'a>>,
+    /// The head dimension of rows stored in llama.cpp's rotary order (0: rows as stored).
+    rope_rows: usize,
 }
 
 impl<'a> Matrix<'a> {
@@ -210,7 +229,45 @@ impl<'a> Matrix<'a> {
             codes,
             data,
             scales,
+            rope_rows: 0,
         })
+    }
+
+    /// The same matrix read with its rows in Hugging Face's rotary order when they are stored
+    /// in llama.cpp's: its converter permutes the query and key projections of Llama-family
+    /// models so that each head's rotary pairs are adjacent (stored row `h·d + 2i + j` holds
+    /// row `h·d + j·d/2 + i`, `d = head_dim`). Row `r` of the result is that stored row, so
+    /// every product gives the bits of the unpermuted matrix. Only for [`Codes::Block`]
+    /// matrices (whose products go row by row); `head_dim` must be even and divide the rows.
+    pub fn with_rope_rows(self, head_dim: usize) -> Result<Self, KernelError> {
+        if !matches!(self.codes, Codes::Block(_)) {
+            return Err(KernelError::Layout(format!(
+                "{:?}: only GGUF block matrices take a rotary row order",
+                self.codes
+            )));
+        }
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || !self.rows.is_multiple_of(head_dim) {
+            return Err(KernelError::Layout(format!(
+                "a rotary row order of head dimension {head_dim} for {} rows",
+                self.rows
+            )));
+        }
+        Ok(Matrix {
+            rope_rows: head_dim,
+            ..self
+        })
+    }
+
+    /// The stored row holding row `r` (see [`Matrix::with_rope_rows`]).
+    #[inline]
+    pub fn stored_row(&self, r: usize) -> usize {
+        let d = self.rope_rows;
+        if d == 0 {
+            return r;
+        }
+        let (h, l) = (r / d, r % d);
+        let half = d / 2;
+        h * d + 2 * (l % half) + l / half
     }
 
     /// Output features.
@@ -247,6 +304,7 @@ impl<'a> Matrix<'a> {
     /// The stored bytes of row `r`.
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.row_bytes();
+        let r = self.stored_row(r);
         &self.data[r * rb..(r + 1) * rb]
     }
 

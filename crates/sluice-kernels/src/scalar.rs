@@ -59,6 +59,14 @@ pub fn code(codes: Codes, row: &[u8], j: usize) -> f32 {
         Codes::Int4 => INT4_TABLE[((row[j / 2] >> (4 * (j & 1))) & 15) as usize],
         Codes::E2M1 => E2M1_TABLE[((row[j / 2] >> (4 * (j & 1))) & 15) as usize],
         Codes::I8 => row[j] as i8 as f32,
+        Codes::Block(f) => {
+            // One element of a block format: its block decoded (products go row by row).
+            let (bs, ts) = (f.block_size(), f.type_size());
+            let mut out = [0f32; crate::gguf::MAX_BLOCK];
+            let b = j / bs;
+            crate::gguf::dequantize_block(f, &row[b * ts..(b + 1) * ts], &mut out[..bs]);
+            out[j % bs]
+        }
     }
 }
 
@@ -91,6 +99,10 @@ fn accumulate(
 /// Row `r` of `m` dotted with `x` (length `m.cols()`), by the contract.
 pub fn dot_row(m: &Matrix<'_>, r: usize, x: &[f32]) -> f32 {
     let row = m.row(r);
+    if let Codes::Block(f) = m.codes() {
+        // Lengths were checked when the matrix was made.
+        return crate::gguf::dot_row(f, row, x).unwrap_or(f32::NAN);
+    }
     let n = m.cols();
     let mut acc = [0f32; LANES];
     match m.scales() {
@@ -132,6 +144,9 @@ pub fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Range<usize>) {
 /// rounding, so any correct decoder gives these bits.
 pub fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32]) {
     let bytes = m.row(r);
+    if let Codes::Block(f) = m.codes() {
+        return crate::gguf::decode_cols(f, bytes, cols, out);
+    }
     match m.scales() {
         // The dense codings, one match per row rather than per element: the same exact
         // conversions as `code`, in loops the compiler vectorises.
@@ -178,7 +193,18 @@ pub fn decode_row(m: &Matrix<'_>, r: usize, cols: Range<usize>, out: &mut [f32])
 /// acc)` from `+0.0` ([`axpy`] of each row decoded by [`decode_row`]). A value depends only on
 /// its column, so splitting the columns (across threads) or the batch cannot change a bit.
 pub fn matmul_xw(m: &Matrix<'_>, x: &[f32], y: &mut [f32], cols: Range<usize>) {
-    let n_in = m.rows();
+    xw_rows(m, 0..m.rows(), x, y, cols)
+}
+
+/// [`matmul_xw`] over the input rows `rows` of `m` only: `x` is `[b, rows.len()]`.
+pub(crate) fn xw_rows(
+    m: &Matrix<'_>,
+    rows: Range<usize>,
+    x: &[f32],
+    y: &mut [f32],
+    cols: Range<usize>,
+) {
+    let n_in = rows.len();
     let w = cols.len();
     y.fill(0.0);
     if w == 0 {
@@ -186,8 +212,8 @@ pub fn matmul_xw(m: &Matrix<'_>, x: &[f32], y: &mut [f32], cols: Range<usize>) {
     }
     let batch = y.len() / w;
     let mut row = vec![0f32; w];
-    for i in 0..n_in {
-        decode_row(m, i, cols.clone(), &mut row);
+    for (i, r) in rows.enumerate() {
+        decode_row(m, r, cols.clone(), &mut row);
         for b in 0..batch {
             axpy(x[b * n_in + i], &row, &mut y[b * w..(b + 1) * w]);
         }

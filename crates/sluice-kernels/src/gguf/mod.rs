@@ -141,6 +141,39 @@ impl BlockFormat {
         self.row().1
     }
 
+    /// The ggml type, as the GGUF reader names it.
+    pub fn ggml_type(self) -> sluice_format::gguf::GgmlType {
+        use sluice_format::gguf::GgmlType as G;
+        match self {
+            BlockFormat::F32 => G::F32,
+            BlockFormat::F16 => G::F16,
+            BlockFormat::BF16 => G::BF16,
+            BlockFormat::Q8_0 => G::Q8_0,
+            BlockFormat::Q4_0 => G::Q4_0,
+            BlockFormat::Q4_1 => G::Q4_1,
+            BlockFormat::Q5_0 => G::Q5_0,
+            BlockFormat::Q5_1 => G::Q5_1,
+            BlockFormat::Q2_K => G::Q2_K,
+            BlockFormat::Q3_K => G::Q3_K,
+            BlockFormat::Q4_K => G::Q4_K,
+            BlockFormat::Q5_K => G::Q5_K,
+            BlockFormat::Q6_K => G::Q6_K,
+            BlockFormat::IQ4_NL => G::IQ4_NL,
+            BlockFormat::IQ4_XS => G::IQ4_XS,
+            BlockFormat::MXFP4 => G::MXFP4,
+            BlockFormat::IQ2_XXS => G::IQ2_XXS,
+            BlockFormat::IQ2_XS => G::IQ2_XS,
+            BlockFormat::IQ2_S => G::IQ2_S,
+            BlockFormat::IQ3_XXS => G::IQ3_XXS,
+            BlockFormat::IQ3_S => G::IQ3_S,
+            BlockFormat::IQ1_S => G::IQ1_S,
+            BlockFormat::IQ1_M => G::IQ1_M,
+            BlockFormat::TQ1_0 => G::TQ1_0,
+            BlockFormat::TQ2_0 => G::TQ2_0,
+            BlockFormat::NVFP4 => G::NVFP4,
+        }
+    }
+
     /// Elements per block.
     pub fn block_size(self) -> usize {
         self.row().2
@@ -509,6 +542,68 @@ fn check_row(f: BlockFormat, row: &[u8], cols: usize) -> Result<(), KernelError>
             f.block_size()
         ))),
     }
+}
+
+/// Columns `cols` of a stored row, dequantized into `out` (`cols.len()` values): only the
+/// blocks the range touches are decoded.
+///
+/// # Panics
+/// When `row` holds fewer blocks than `cols` reaches or `out.len() != cols.len()`.
+pub fn decode_cols(f: BlockFormat, row: &[u8], cols: std::ops::Range<usize>, out: &mut [f32]) {
+    assert_eq!(
+        out.len(),
+        cols.len(),
+        "decode_cols: output of {}",
+        out.len()
+    );
+    let (bs, ts) = (f.block_size(), f.type_size());
+    let mut buf = [0f32; MAX_BLOCK];
+    let mut j = cols.start;
+    while j < cols.end {
+        let b = j / bs;
+        dequantize_block(f, &row[b * ts..(b + 1) * ts], &mut buf[..bs]);
+        let end = ((b + 1) * bs).min(cols.end);
+        out[j - cols.start..end - cols.start].copy_from_slice(&buf[j - b * bs..end - b * bs]);
+        j = end;
+    }
+}
+
+thread_local! {
+    /// One dequantized row per thread, reused by every product ([`matmul`]).
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`crate::Kernels::matmul`] of a [`crate::Codes::Block`] matrix: each row (in the matrix's
+/// row order, see [`crate::Matrix::with_rope_rows`]) is dequantized once into a per-thread
+/// scratch row and dotted with every activation row by `k.dot`, which keeps the contract on
+/// every ISA — the bits of [`crate::scalar::matmul`], with the decoding shared by the batch.
+pub(crate) fn matmul(
+    k: &crate::Kernels,
+    f: BlockFormat,
+    m: &crate::Matrix<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    let (nr, cols) = (rows.len(), m.cols());
+    if nr == 0 || cols == 0 {
+        return crate::scalar::matmul(m, x, y, rows);
+    }
+    ROW.with_borrow_mut(|w| {
+        w.resize(cols, 0.0);
+        for (i, r) in rows.enumerate() {
+            for (b, o) in m
+                .row(r)
+                .chunks_exact(f.type_size())
+                .zip(w.chunks_exact_mut(f.block_size()))
+            {
+                dequantize_block(f, b, o);
+            }
+            for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
+                yb[i] = k.dot(w, xb);
+            }
+        }
+    });
 }
 
 /// Dequantizes a row: `out.len()` elements (a multiple of the block size) from `row`.

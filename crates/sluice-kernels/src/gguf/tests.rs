@@ -273,3 +273,87 @@ fn real_gguf_file_reads_and_dequantizes_as_gguf_py() {
     }
     assert!(checked > 0);
 }
+
+#[test]
+fn gguf_block_codes_give_the_bits_of_the_dequantized_f32_matrix_on_every_isa() {
+    use crate::{Codes, Matrix};
+    for (fmt, name, rows, cols, blocks, vals) in fixtures() {
+        let m = Matrix::dense(Codes::Block(fmt), &blocks, rows, cols).unwrap();
+        let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let dense = Matrix::dense(Codes::F32, &f32_bytes, rows, cols).unwrap();
+        let x = xs(3 * cols, 9);
+        let mut want = vec![0f32; 3 * rows];
+        crate::scalar::matmul(&dense, &x, &mut want, 0..rows);
+        let mut spec = vec![0f32; 3 * rows];
+        crate::scalar::matmul(&m, &x, &mut spec, 0..rows);
+        for (i, (g, w)) in spec.iter().zip(&want).enumerate() {
+            assert!(same(*g, *w), "{name} scalar: output {i}: {g} vs {w}");
+        }
+        for isa in crate::Isa::available() {
+            let k = crate::Kernels::new(isa).unwrap();
+            let mut got = vec![0f32; 3 * rows];
+            k.matmul(&m, &x, &mut got, 0..rows);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(same(*g, *w), "{name} on {isa}: output {i}: {g} vs {w}");
+            }
+            // Decoded rows (embedding lookups) are gguf-py's values, any column range.
+            let mut row = vec![0f32; cols - 3];
+            k.decode_row(&m, rows - 1, 1..cols - 2, &mut row);
+            for (j, v) in row.iter().enumerate() {
+                let w = vals[(rows - 1) * cols + 1 + j];
+                assert!(same(*v, w), "{name} on {isa}: decoded column {}", j + 1);
+            }
+            // The transposed products decode the same rows.
+            let xt = xs(rows, 4);
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            k.matmul_xw(&m, &xt, &mut a, 0..cols);
+            k.matmul_xw(&dense, &xt, &mut b, 0..cols);
+            assert!(a.iter().zip(&b).all(|(p, q)| same(*p, *q)), "{name} xw");
+        }
+        assert_eq!(
+            crate::decode::first_non_finite(Codes::Block(fmt), &blocks),
+            vals.iter().position(|v| !v.is_finite()),
+            "{name}: non-finite values found as decoded"
+        );
+    }
+}
+
+#[test]
+fn gguf_rope_rows_undo_the_llama_cpp_permutation() {
+    use crate::{Codes, Matrix};
+    // Two heads of dimension 8, Q8_0 rows of 32: stored row h·8 + 2i + j holds row
+    // h·8 + j·4 + i.
+    let (heads, d, cols) = (2usize, 8usize, 32usize);
+    let rows = heads * d;
+    let mut blocks = Vec::new();
+    for stored in 0..rows {
+        let (h, l) = (stored / d, stored % d);
+        let logical = h * d + (l % 2) * (d / 2) + l / 2;
+        blocks.extend_from_slice(&0x3c00u16.to_le_bytes());
+        blocks.extend((0..32).map(|c| (logical as i8 + c as i8) as u8));
+    }
+    let m = Matrix::dense(Codes::Block(BlockFormat::Q8_0), &blocks, rows, cols)
+        .unwrap()
+        .with_rope_rows(d)
+        .unwrap();
+    let k = crate::Kernels::best();
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        k.decode_row(&m, r, 0..cols, &mut row);
+        assert_eq!(
+            row[0],
+            r as f32,
+            "row {r} reads stored row {}",
+            m.stored_row(r)
+        );
+    }
+    let x = vec![1f32; cols];
+    let mut y = vec![0f32; rows];
+    k.matmul(&m, &x, &mut y, 0..rows);
+    for (r, v) in y.iter().enumerate() {
+        assert_eq!(*v, (0..32).map(|c| (r + c) as f32).sum::<f32>(), "row {r}");
+    }
+    assert!(m.with_rope_rows(3).is_err() && m.with_rope_rows(0).is_err());
+    let dense = Matrix::dense(Codes::F32, &[0u8; 64], 2, 8).unwrap();
+    assert!(dense.with_rope_rows(2).is_err(), "only block matrices");
+}

@@ -384,6 +384,8 @@ pub(crate) unsafe fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Rang
             Codes::Int4 => generic::matmul::<V512, Int4, R1, RS, RB, RQ, BB>(m, x, y, rows),
             Codes::E2M1 => generic::matmul::<V512, E2m1, R1, RS, RB, RQ, BB>(m, x, y, rows),
             Codes::I8 => generic::matmul::<V512, I8, R1, RS, RB, RQ, BB>(m, x, y, rows),
+            // Block matrices go row by row (`gguf::matmul`); the specification otherwise.
+            Codes::Block(_) => crate::scalar::matmul(m, x, y, rows),
         }
     }
 }

@@ -15,7 +15,7 @@
 /// Evaluates `$body` with the type `$C` standing for the decoder (in the invoking ISA module)
 /// of the coding `$codes`.
 macro_rules! per_codes {
-    ($codes:expr, |$C:ident| $body:expr) => {
+    ($codes:expr, |$C:ident| $body:expr, else $fallback:expr) => {
         match $codes {
             Codes::F32 => {
                 type $C = F32;
@@ -45,6 +45,9 @@ macro_rules! per_codes {
                 type $C = I8;
                 $body
             }
+            // GGUF blocks have no 16-column decoder: `crate::Kernels` sends them to the
+            // specification before dispatching, which this repeats.
+            Codes::Block(_) => $fallback,
         }
     };
 }
@@ -67,7 +70,13 @@ macro_rules! xw_ops {
         ) {
             // SAFETY: the ISA is available and the shapes are checked (this function's
             // contract); each arm decodes the coding it matches.
-            unsafe { per_codes!(m.codes(), |C| generic::decode_row::<$v, C>(m, r, cols, out)) }
+            unsafe {
+                per_codes!(
+                    m.codes(),
+                    |C| generic::decode_row::<$v, C>(m, r, cols, out),
+                    else crate::scalar::decode_row(m, r, cols, out)
+                )
+            }
         }
 
         /// `y[b, o − cols.start] = Σ_i x[b, i] · m[rows.start + i, o]` (see [`generic::xw()`]).
@@ -83,7 +92,13 @@ macro_rules! xw_ops {
             cols: Range<usize>,
         ) {
             // SAFETY: as in `decode_row`.
-            unsafe { per_codes!(m.codes(), |C| generic::xw::<$v, C, $r>(m, rows, x, y, cols)) }
+            unsafe {
+                per_codes!(
+                    m.codes(),
+                    |C| generic::xw::<$v, C, $r>(m, rows, x, y, cols),
+                    else crate::scalar::xw_rows(m, rows, x, y, cols)
+                )
+            }
         }
 
         /// [`crate::scalar::matmul_xw`].

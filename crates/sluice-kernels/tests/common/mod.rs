@@ -168,6 +168,7 @@ pub fn element_bytes(rng: &mut Rng, codes: Codes, n: usize, mode: Mode) -> Vec<u
             }
             out.push(b)
         }),
+        Codes::Block(f) => panic!("{f:?}: GGUF blocks are tested on gguf-py's fixtures"),
     }
     out
 }

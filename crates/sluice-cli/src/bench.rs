@@ -142,9 +142,9 @@ fn ratio(a: f64, b: f64) -> f64 {
 
 pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
     let model = a.model.clone();
-    if !model.is_dir() {
+    if !sluice::is_model_path(&model) {
         return Err(usage(format!(
-            "--model {}: not a model directory",
+            "--model {}: not a model directory or a .gguf file",
             model.display()
         )));
     }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::gguf::GgufSet;
 use crate::packed::{MANIFEST, Manifest};
 use crate::safetensors::read_header;
 use crate::{Dtype, FormatError};
@@ -81,6 +82,11 @@ pub struct Checkpoint {
     packed: Option<Manifest>,
     /// [`Checkpoint::rename`] renamed its tensors.
     renamed: bool,
+    /// The GGUF model this checkpoint reads, when it is one (see [`Checkpoint::open`]).
+    gguf: Option<Box<GgufSet>>,
+    /// Tensors whose rows are stored in llama.cpp's rotary order, with their head dimension
+    /// (see [`Checkpoint::set_gguf_layout`]).
+    rope_rows: HashMap<String, usize>,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FormatError + '_ {
@@ -103,12 +109,117 @@ impl Checkpoint {
     /// Opens and validates the checkpoint in `dir`: a Hugging Face directory, or a pack
     /// directory written by `sluice pack` (its manifest names the source; the trunk's tensors
     /// then come from the packed trunk file, routed experts from the source's shards).
+    ///
+    /// A GGUF model is opened too: a `.gguf` file (any part of a split set
+    /// `NAME-0000N-of-0000M.gguf`), or a directory without `config.json` holding one GGUF
+    /// model. Its tensors are listed under their GGUF names with [`Dtype::Ggml`] types and an
+    /// empty config; whoever maps GGUF onto a model gives them their names and the config
+    /// ([`Checkpoint::set_gguf_layout`]).
     pub fn open(dir: impl AsRef<Path>) -> Result<Checkpoint, FormatError> {
         let dir = dir.as_ref();
+        if let Some(g) = gguf_in(dir)? {
+            return Checkpoint::open_gguf(&g);
+        }
         if crate::file::present(&dir.join(MANIFEST)) {
             return Checkpoint::open_packed(dir);
         }
         Checkpoint::open_hf(dir)
+    }
+
+    fn open_gguf(path: &Path) -> Result<Checkpoint, FormatError> {
+        let set = GgufSet::open(path)?;
+        let mut shards = Vec::with_capacity(set.parts.len());
+        let mut tensors = Vec::new();
+        let mut by_name = HashMap::new();
+        for (si, part) in set.parts.iter().enumerate() {
+            let h = &part.header;
+            let file = crate::file::open_regular(&h.path)?;
+            let len = file.metadata().map_err(io_err(&h.path))?.len();
+            for t in &h.tensors {
+                let shape = t
+                    .shape()
+                    .into_iter()
+                    .map(|d| usize::try_from(d).ok())
+                    .collect::<Option<Vec<usize>>>()
+                    .ok_or_else(|| FormatError::GgufTensor {
+                        path: h.path.clone(),
+                        tensor: t.name.clone(),
+                        msg: "a dimension does not fit in memory".into(),
+                    })?;
+                by_name.insert(t.name.clone(), tensors.len());
+                tensors.push(TensorInfo {
+                    name: t.name.clone(),
+                    dtype: Dtype::Ggml(t.ty),
+                    shape,
+                    shard: si,
+                    offset: t.offset,
+                    len: t.len,
+                });
+            }
+            shards.push(Shard {
+                path: h.path.clone(),
+                name: h
+                    .path
+                    .file_name()
+                    .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+                len,
+                metadata: BTreeMap::new(),
+                file,
+            });
+        }
+        Ok(Checkpoint {
+            dir: set.header().path.clone(),
+            config: Value::Object(Default::default()),
+            generation_config: None,
+            shards,
+            tensors,
+            by_name,
+            packed: None,
+            renamed: false,
+            gguf: Some(Box::new(set)),
+            rope_rows: HashMap::new(),
+        })
+    }
+
+    /// The GGUF model, when this checkpoint is one.
+    pub fn gguf(&self) -> Option<&GgufSet> {
+        self.gguf.as_deref()
+    }
+
+    /// Gives a GGUF checkpoint the model's view of it: `config` (a `config.json` as Hugging
+    /// Face writes it for the model), the tensors as the model reads them (`tensors`: each a
+    /// byte range of the GGUF files under a Hugging Face name, e.g. one expert's slab of a
+    /// stacked `ffn_up_exps`), and the tensors whose rows llama.cpp's converter stored in its
+    /// rotary order with their head dimension (`rope_rows`). Two tensors of one name are
+    /// refused, naming both.
+    pub fn set_gguf_layout(
+        &mut self,
+        config: Value,
+        tensors: Vec<TensorInfo>,
+        rope_rows: HashMap<String, usize>,
+    ) -> Result<(), FormatError> {
+        let mut by_name = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if let Some(prev) = by_name.insert(t.name.clone(), i) {
+                return Err(FormatError::SameName {
+                    dir: self.dir.clone(),
+                    name: t.name.clone(),
+                    first: tensors[prev].name.clone(),
+                    second: t.name.clone(),
+                });
+            }
+        }
+        self.config = config;
+        self.tensors = tensors;
+        self.by_name = by_name;
+        self.rope_rows = rope_rows;
+        Ok(())
+    }
+
+    /// The head dimension of a tensor whose rows are stored in llama.cpp's rotary order (the
+    /// query and key projections of a Llama-family GGUF), if it is one.
+    pub fn rope_rows(&self, name: &str) -> Option<usize> {
+        self.rope_rows.get(name).copied()
     }
 
     fn open_packed(dir: &Path) -> Result<Checkpoint, FormatError> {
@@ -311,10 +422,12 @@ impl Checkpoint {
             by_name,
             renamed: false,
             packed: None,
+            gguf: None,
+            rope_rows: HashMap::new(),
         })
     }
 
-    /// The directory.
+    /// The directory (for a GGUF model, the path of its first file).
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -416,6 +529,53 @@ impl Checkpoint {
     pub fn read_named(&self, name: &str) -> Result<(&TensorInfo, Vec<u8>), FormatError> {
         let t = self.tensor(name)?;
         Ok((t, self.read(t)?))
+    }
+}
+
+/// The GGUF file to open for `path`: `path` itself when it is a `.gguf` file; in a directory
+/// without `config.json`, its one `.gguf` file or the first part of its one split set (more
+/// than one model there is refused, naming them). `None` otherwise.
+fn gguf_in(path: &Path) -> Result<Option<PathBuf>, FormatError> {
+    let is_gguf = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => return Ok(is_gguf(path).then(|| path.to_path_buf())),
+        Ok(m) if m.is_dir() => {}
+        _ => return Ok(None),
+    }
+    if crate::file::present(&path.join("config.json")) {
+        return Ok(None);
+    }
+    let Ok(rd) = std::fs::read_dir(path) else {
+        return Ok(None);
+    };
+    let mut models: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && is_gguf(p))
+        .filter(|p| {
+            // One entry per split set: its first part.
+            let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            crate::gguf::split_name(n).is_none_or(|(_, no, _)| no == 1)
+        })
+        .collect();
+    models.sort();
+    match models.len() {
+        0 => Ok(None),
+        1 => Ok(models.pop()),
+        _ => Err(FormatError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(format!(
+                "holds {} GGUF models ({}); name the file to run",
+                models.len(),
+                models
+                    .iter()
+                    .filter_map(|p| p.file_name()?.to_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }),
     }
 }
 

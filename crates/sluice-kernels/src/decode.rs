@@ -137,6 +137,11 @@ pub fn first_non_finite(dtype: crate::Codes, bytes: &[u8]) -> Option<usize> {
 /// # Panics
 /// When `bytes` holds fewer than `len` values.
 pub fn decode_vec(codes: crate::Codes, bytes: &[u8], len: usize) -> Vec<f32> {
+    if let crate::Codes::Block(f) = codes {
+        let mut out = vec![0f32; len];
+        crate::gguf::decode_cols(f, bytes, 0..len, &mut out);
+        return out;
+    }
     (0..len)
         .map(|j| crate::scalar::code(codes, bytes, j))
         .collect()

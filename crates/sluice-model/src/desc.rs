@@ -32,8 +32,14 @@ impl Description {
     /// checked (INT4 `weight_shape`, Kimi K3's zero-padded `A_log`).
     pub fn open(dir: impl AsRef<Path>) -> Result<Description, ModelError> {
         let mut checkpoint = Checkpoint::open(dir.as_ref())?;
-        let config =
-            ModelConfig::from_json(checkpoint.config(), &checkpoint.dir().join("config.json"))?;
+        // A GGUF model's config is made from its metadata: errors name the file.
+        let config_path = if checkpoint.gguf().is_some() {
+            crate::gguf::to_hf(&mut checkpoint)?;
+            checkpoint.dir().to_path_buf()
+        } else {
+            checkpoint.dir().join("config.json")
+        };
+        let config = ModelConfig::from_json(checkpoint.config(), &config_path)?;
         if let Some(r) = config.names.rename {
             checkpoint.rename(r.canonical)?;
         }

@@ -27,6 +27,7 @@ pub mod attention;
 pub mod config;
 mod desc;
 mod exec;
+pub mod gguf;
 mod model;
 mod moe;
 mod options;

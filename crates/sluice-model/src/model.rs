@@ -430,7 +430,8 @@ impl Model {
             }
             None => {
                 let base = self.layout.embed.pieces[0];
-                let rb = (spec.cols * spec.codes.row_bytes(1).unwrap_or(4)) as u64;
+                // Checked when the layout was made.
+                let rb = spec.codes.row_bytes(spec.cols).unwrap_or(0) as u64;
                 let pieces: Vec<Piece> = tokens
                     .iter()
                     .map(|&id| Piece {

@@ -204,9 +204,9 @@ impl EngineBuilder {
         let dir = self
             .model
             .ok_or(Error::Usage("no model directory given".into()))?;
-        if !dir.is_dir() {
+        if !crate::is_model_path(&dir) {
             return Err(Error::Usage(format!(
-                "model directory {} does not exist",
+                "model {} does not exist (a model directory or a .gguf file)",
                 dir.display()
             )));
         }
@@ -234,8 +234,7 @@ impl EngineBuilder {
         }
         let memory = resolve_memory(self.memory)?;
         let desc = Description::open(&dir)?;
-        let tokenizer = Tokenizer::from_dir(&dir)?;
-        let template = ChatTemplate::from_dir(&dir)?;
+        let (tokenizer, template) = crate::load_text(&desc)?;
         let text_memory = text_memory(
             tokenizer.as_ref(),
             self.context.min(desc.config.max_positions),

@@ -57,6 +57,31 @@ pub use sluice_store::{
 pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
 pub use stats::{EngineStats, GenerationStats, PrefillSpanStats, peak_rss_bytes};
 
+/// Whether `path` can name a model: a directory (Hugging Face, a pack, or one holding a GGUF
+/// model) or a `.gguf` file.
+pub fn is_model_path(path: &std::path::Path) -> bool {
+    path.is_dir()
+        || (path.is_file()
+            && path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
+}
+
+/// The tokenizer and chat template of a described model: from a GGUF model's metadata, else
+/// from the files of its directory.
+pub(crate) fn load_text(
+    desc: &Description,
+) -> Result<(Option<Tokenizer>, Option<ChatTemplate>), Error> {
+    let ck = &desc.checkpoint;
+    if let Some(_set) = ck.gguf() {
+        return Ok((None, None));
+    }
+    Ok((
+        Tokenizer::from_dir(ck.dir())?,
+        ChatTemplate::from_dir(ck.dir())?,
+    ))
+}
+
 use std::path::PathBuf;
 
 /// Everything that can go wrong, by layer.

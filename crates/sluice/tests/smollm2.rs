@@ -197,3 +197,49 @@ fn smollm2_matches_transformers() {
     assert!(la.iter().zip(&lb).all(|(x, y)| x.to_bits() == y.to_bits()));
     assert!(stats.trunk_bytes_read > 0, "{stats:?}");
 }
+
+/// The GGUF itself (`SLUICE_SMOLLM2_GGUF`, the file `tools/reference/smollm2.py` converted):
+/// its Q4_1 and Q8_0 blocks multiplied in place give the bits of the dequantized checkpoint at
+/// every prompt position, resident and with the layers streamed from the file.
+#[test]
+#[ignore = "needs the SmolLM2 GGUF and its converted checkpoint: see the file's doc"]
+fn smollm2_gguf_gives_the_bits_of_its_dequantized_checkpoint() {
+    let dir = dir();
+    let gguf = PathBuf::from(std::env::var_os("SLUICE_SMOLLM2_GGUF").expect(
+        "set SLUICE_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf (see this file's doc)",
+    ));
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+            .unwrap();
+    let f32_engine = Engine::builder().model(&dir).threads(2).build().unwrap();
+    let whole = std::fs::metadata(&gguf).unwrap().len();
+    for memory in [Memory::Unlimited, Memory::Bytes(whole * 3 / 5)] {
+        let engine = Engine::builder()
+            .model(&gguf)
+            .memory(memory)
+            .threads(2)
+            .build()
+            .unwrap();
+        let vocab = engine.model().config().vocab;
+        assert_eq!(vocab, f32_engine.model().config().vocab);
+        for (i, p) in summary["prompts"].as_array().unwrap().iter().enumerate() {
+            let ids = u32s(&p["ids"]);
+            let mut a = engine.model().new_state();
+            let got = engine.model().forward(&mut a, &ids, Logits::All).unwrap();
+            let mut b = f32_engine.model().new_state();
+            let want = f32_engine
+                .model()
+                .forward(&mut b, &ids, Logits::All)
+                .unwrap();
+            assert_eq!(got.len(), ids.len() * vocab);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same,
+                "prompt {i} under {memory:?}: the GGUF's logits differ"
+            );
+        }
+    }
+}

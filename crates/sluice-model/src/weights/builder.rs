@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use sluice_format::{Checkpoint, Dtype, TensorInfo};
+use sluice_kernels::gguf::BlockFormat;
 use sluice_kernels::{Codes, ScaleType};
 
 use super::linear::Linear;
@@ -287,7 +288,51 @@ pub(super) fn mat(
 ) -> Result<MatSpec, ModelError> {
     let t = ck.tensor(name)?;
     check_shape(t, &[rows, cols], "")?;
-    Ok(MatSpec::dense(part.piece(name), codes_of(t)?, rows, cols))
+    let mut spec = MatSpec::dense(part.piece(name), matrix_codes(t)?, rows, cols);
+    if let Some(d) = ck.rope_rows(name) {
+        // Rows read in another order go row by row: as GGUF blocks, whatever the type.
+        let f = match spec.codes {
+            Codes::F32 => BlockFormat::F32,
+            Codes::F16 => BlockFormat::F16,
+            Codes::BF16 => BlockFormat::BF16,
+            Codes::Block(f) => f,
+            c => return Err(tensor_err(name, format!("{c:?} rows cannot be reordered"))),
+        };
+        if d == 0 || !d.is_multiple_of(2) || !rows.is_multiple_of(d) {
+            return Err(tensor_err(
+                name,
+                format!("{rows} rows are not whole heads of an even dimension {d}"),
+            ));
+        }
+        spec.codes = Codes::Block(f);
+        spec.rope_rows = d;
+    }
+    Ok(spec)
+}
+
+/// The coding of a weight matrix stored as it is used: F32, BF16, F16, or a GGUF block type.
+fn matrix_codes(t: &TensorInfo) -> Result<Codes, ModelError> {
+    match t.dtype {
+        Dtype::Ggml(g) => Codes::for_dtype(t.dtype).ok_or_else(|| {
+            tensor_err(
+                &t.name,
+                format!(
+                    "GGUF type {g} is not supported (sluice decodes {})",
+                    gguf_types()
+                ),
+            )
+        }),
+        _ => codes_of(t),
+    }
+}
+
+/// The GGUF types the kernels decode, for messages.
+fn gguf_types() -> String {
+    BlockFormat::ALL
+        .iter()
+        .map(|f| f.ggml_type().name())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Checks a vector tensor's shape and dtype and records its spec.

@@ -161,6 +161,7 @@ pub(super) fn xw_experts(
         ]);
         let xw = |name: &str, codes, rows, cols| MatSpec {
             transposed: true,
+            rope_rows: 0,
             ..MatSpec::dense(part.piece(name), codes, rows, cols)
         };
         specs.push(ExpertSpec::GateUp(GateUpSpec {
@@ -289,6 +290,7 @@ pub(super) fn fused_experts(
                     group_cols: 32,
                 }),
                 transposed: f.scales.is_none(),
+                rope_rows: 0,
             };
             let b = VecSpec {
                 piece: part.piece(&format!("{}.bias", f.stem)),

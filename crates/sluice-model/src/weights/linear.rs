@@ -214,6 +214,7 @@ impl<'a> Ctx<'a> {
                         group_cols: *bc,
                     }),
                     transposed: false,
+                    rope_rows: 0,
                 })
             }
             Linear::Int4 {
@@ -261,6 +262,7 @@ impl<'a> Ctx<'a> {
                         group_cols: *group,
                     }),
                     transposed: false,
+                    rope_rows: 0,
                 })
             }
             Linear::Mxfp4 { packed, scale }
@@ -303,6 +305,7 @@ impl<'a> Ctx<'a> {
                         group_cols: 32,
                     }),
                     transposed: false,
+                    rope_rows: 0,
                 })
             }
         }

@@ -55,6 +55,10 @@ pub struct MatSpec {
     /// Stored `[cols, rows]` (the `x @ W` layout of GPT-OSS's fused BF16 experts) rather than
     /// `[rows, cols]`.
     pub transposed: bool,
+    /// The head dimension of a GGUF query or key projection whose rows llama.cpp's converter
+    /// stored in its rotary order (read back in Hugging Face's, see
+    /// [`sluice_kernels::Matrix::with_rope_rows`]); 0 for rows as stored.
+    pub rope_rows: usize,
 }
 
 impl MatSpec {
@@ -67,6 +71,7 @@ impl MatSpec {
             cols,
             scales: None,
             transposed: false,
+            rope_rows: 0,
         }
     }
 
@@ -79,6 +84,9 @@ impl MatSpec {
         };
         let data = blob.piece(self.piece);
         Ok(match self.scales {
+            None if self.rope_rows > 0 => {
+                Matrix::dense(self.codes, data, r, c)?.with_rope_rows(self.rope_rows)?
+            }
             None => Matrix::dense(self.codes, data, r, c)?,
             Some(s) => Matrix::quantized(
                 self.codes,

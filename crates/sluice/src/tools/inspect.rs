@@ -8,7 +8,6 @@ use sluice_model::plan::{kv_bytes_per_position, recurrent_bytes};
 use sluice_model::{Description, ModelOptions};
 
 use crate::Error;
-use crate::Tokenizer;
 use crate::engine::{Memory, resolve_memory, text_memory};
 
 /// A model's figures and the plan a budget gives it.
@@ -155,16 +154,16 @@ pub fn inspect_with(
     chunk: usize,
     prefix_cache: Option<u64>,
 ) -> Result<Inspection, Error> {
-    if !dir.is_dir() {
+    if !crate::is_model_path(dir) {
         return Err(Error::Usage(format!(
-            "model directory {} does not exist",
+            "model {} does not exist (a model directory or a .gguf file)",
             dir.display()
         )));
     }
     let desc = Description::open(dir)?;
     let shards = desc.shards(true)?;
     let budget = resolve_memory(memory)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
+    let (tokenizer, _) = crate::load_text(&desc)?;
     let opts = ModelOptions {
         memory: budget,
         context,

@@ -1,0 +1,515 @@
+//! GGUF models read as the Hugging Face checkpoints llama.cpp's converter made them from.
+//!
+//! A GGUF file describes its model in `<arch>.*` metadata and names its tensors as llama.cpp
+//! does (`blk.3.attn_q.weight`, a stacked `blk.3.ffn_up_exps.weight` holding every expert).
+//! This module maps both onto what the families read from a Hugging Face directory — a
+//! `config.json` written as transformers would write it for the model, and tensors under
+//! their transformers names, each one expert's slab of a stacked tensor a byte range of its
+//! own — so that the families, the loader and the stores work on GGUF unchanged: routed
+//! experts stay in the file and are read in place, in their packed size.
+//!
+//! The map follows transformers' GGUF loader (`integrations/ggml.py`,
+//! `modeling_gguf_pytorch_utils.py`) and llama.cpp's converter: the query and key projections
+//! of the `llama` architecture (Llama, Mistral, Mixtral) were permuted by the converter so that
+//! each head's rotary pairs are adjacent; their rows are read back in Hugging Face's order
+//! ([`Checkpoint::rope_rows`]). Architectures: `llama` (dense, or Mixtral when it has
+//! experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`. Anything else, a tensor this map does
+//! not place, or a feature it does not carry (Llama 3's `rope_freqs`, permuted attention
+//! biases) is refused with one line naming the key or tensor.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value as Json, json};
+use sluice_format::gguf::{GgmlType, Gguf, GgufSet, Value};
+use sluice_format::{Checkpoint, Dtype, TensorInfo};
+
+use crate::ModelError;
+
+/// How one GGUF architecture maps onto a transformers model.
+struct Arch {
+    /// `general.architecture`.
+    name: &'static str,
+    /// The converter permuted `attn_q` and `attn_k` for the rotary layout.
+    permuted_qk: bool,
+}
+
+/// The architectures read, with the transformers model types they become.
+const ARCHES: [Arch; 5] = [
+    Arch {
+        name: "llama",
+        permuted_qk: true,
+    },
+    Arch {
+        name: "qwen2",
+        permuted_qk: false,
+    },
+    Arch {
+        name: "qwen3",
+        permuted_qk: false,
+    },
+    Arch {
+        name: "qwen2moe",
+        permuted_qk: false,
+    },
+    Arch {
+        name: "qwen3moe",
+        permuted_qk: false,
+    },
+];
+
+/// The GGUF architectures sluice reads.
+pub fn architectures() -> Vec<&'static str> {
+    ARCHES.iter().map(|a| a.name).collect()
+}
+
+fn key_err(h: &Gguf, key: &str, msg: impl std::fmt::Display) -> ModelError {
+    ModelError::Format(sluice_format::FormatError::GgufKey {
+        path: h.path.clone(),
+        key: key.to_owned(),
+        msg: msg.to_string(),
+    })
+}
+
+fn tensor_err(h: &Gguf, tensor: &str, msg: impl std::fmt::Display) -> ModelError {
+    ModelError::Format(sluice_format::FormatError::GgufTensor {
+        path: h.path.clone(),
+        tensor: tensor.to_owned(),
+        msg: msg.to_string(),
+    })
+}
+
+/// Reads `key` as a positive integer.
+fn pos(h: &Gguf, key: &str) -> Result<u64, ModelError> {
+    match h.get_uint(key)? {
+        0 => Err(key_err(h, key, "must be positive")),
+        n => Ok(n),
+    }
+}
+
+/// Reads an optional integer key.
+fn opt_uint(h: &Gguf, key: &str) -> Result<Option<u64>, ModelError> {
+    match h.value(key) {
+        None => Ok(None),
+        Some(_) => Ok(Some(h.get_uint(key)?)),
+    }
+}
+
+/// Reads an optional float key (f32 or f64 as writers store them), as the f64 of its value.
+fn opt_float(h: &Gguf, key: &str) -> Result<Option<f64>, ModelError> {
+    match h.value(key) {
+        None => Ok(None),
+        Some(Value::F32(v)) => Ok(Some(f64::from(*v))),
+        Some(Value::F64(v)) => Ok(Some(*v)),
+        Some(v) => Err(key_err(
+            h,
+            key,
+            format!("is {:?}, not a float", v.value_type()),
+        )),
+    }
+}
+
+/// Gives a GGUF checkpoint its Hugging Face view: the config and the tensors under their
+/// transformers names (see the module documentation).
+pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
+    let Some(set) = ck.gguf() else {
+        return Ok(());
+    };
+    let h = set.header();
+    let arch_name = h.get_str("general.architecture")?;
+    let Some(arch) = ARCHES.iter().find(|a| a.name == arch_name) else {
+        return Err(key_err(
+            h,
+            "general.architecture",
+            format!(
+                "`{arch_name}` is not supported (supported: {})",
+                architectures().join(", ")
+            ),
+        ));
+    };
+    let config = config(set, arch)?;
+    let (tensors, rope_rows) = tensors(ck, set, arch, &config)?;
+    ck.set_gguf_layout(config, tensors, rope_rows)?;
+    Ok(())
+}
+
+/// The `config.json` transformers would write for the model.
+fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
+    let h = set.header();
+    let a = arch.name;
+    let k = |s: &str| format!("{a}.{s}");
+    let experts = opt_uint(h, &k("expert_count"))?.unwrap_or(0);
+    let model_type = match a {
+        "llama" if experts > 0 => "mixtral",
+        "llama" => "llama",
+        "qwen2moe" => "qwen2_moe",
+        "qwen3moe" => "qwen3_moe",
+        other => other,
+    };
+    let hidden = pos(h, &k("embedding_length"))?;
+    let heads = pos(h, &k("attention.head_count"))?;
+    let kv_heads = opt_uint(h, &k("attention.head_count_kv"))?.unwrap_or(heads);
+    let head_dim = match opt_uint(h, &k("attention.key_length"))? {
+        Some(d) => d,
+        None => hidden / heads,
+    };
+    if let Some(v) = opt_uint(h, &k("attention.value_length"))?
+        && v != head_dim
+    {
+        return Err(key_err(
+            h,
+            &k("attention.value_length"),
+            format!("{v} differs from the key length {head_dim}: not supported"),
+        ));
+    }
+    if let Some(r) = opt_uint(h, &k("rope.dimension_count"))?
+        && r != head_dim
+    {
+        return Err(key_err(
+            h,
+            &k("rope.dimension_count"),
+            format!("{r}: partial rotary embeddings (head dimension {head_dim}) are not supported"),
+        ));
+    }
+    let vocab = match opt_uint(h, &k("vocab_size"))? {
+        Some(v) => v,
+        None => {
+            let Some((_, t)) = set.tensor("token_embd.weight") else {
+                return Err(tensor_err(h, "token_embd.weight", "missing"));
+            };
+            t.matrix_dims().0
+        }
+    };
+    let eps = opt_float(h, &k("attention.layer_norm_rms_epsilon"))?
+        .ok_or_else(|| key_err(h, &k("attention.layer_norm_rms_epsilon"), "missing"))?;
+    let mut c = Map::new();
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("architectures".into(), json!([architecture(model_type)]));
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert(
+        "num_hidden_layers".into(),
+        json!(pos(h, &k("block_count"))?),
+    );
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(kv_heads));
+    c.insert("head_dim".into(), json!(head_dim));
+    c.insert("rms_norm_eps".into(), json!(eps));
+    c.insert(
+        "max_position_embeddings".into(),
+        json!(pos(h, &k("context_length"))?),
+    );
+    c.insert(
+        "rope_theta".into(),
+        json!(opt_float(h, &k("rope.freq_base"))?.unwrap_or(10_000.0)),
+    );
+    if let Some(s) = rope_scaling(h, a)? {
+        c.insert("rope_scaling".into(), s);
+    }
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(set.tensor("output.weight").is_none()),
+    );
+    let ff = opt_uint(h, &k("feed_forward_length"))?;
+    let need_ff = || ff.ok_or_else(|| key_err(h, &k("feed_forward_length"), "missing"));
+    match model_type {
+        "llama" => {
+            c.insert("intermediate_size".into(), json!(need_ff()?));
+            let bias = set.tensor("blk.0.attn_q.bias").is_some();
+            c.insert("attention_bias".into(), json!(bias));
+        }
+        "mixtral" => {
+            c.insert("intermediate_size".into(), json!(need_ff()?));
+            c.insert("num_local_experts".into(), json!(experts));
+            c.insert(
+                "num_experts_per_tok".into(),
+                json!(pos(h, &k("expert_used_count"))?),
+            );
+        }
+        "qwen2" | "qwen3" => {
+            c.insert("intermediate_size".into(), json!(need_ff()?));
+        }
+        "qwen2_moe" | "qwen3_moe" => {
+            c.insert("num_experts".into(), json!(pos(h, &k("expert_count"))?));
+            c.insert(
+                "num_experts_per_tok".into(),
+                json!(pos(h, &k("expert_used_count"))?),
+            );
+            c.insert(
+                "moe_intermediate_size".into(),
+                json!(pos(h, &k("expert_feed_forward_length"))?),
+            );
+            // llama.cpp normalises the chosen weights for Qwen3's MoE and not for Qwen2's.
+            c.insert("norm_topk_prob".into(), json!(model_type == "qwen3_moe"));
+            if let Some(ff) = ff {
+                c.insert("intermediate_size".into(), json!(ff));
+            }
+            if model_type == "qwen2_moe" {
+                let shared = opt_uint(h, &k("expert_shared_feed_forward_length"))?.unwrap_or(0);
+                if shared == 0 && set.tensor("blk.0.ffn_up_shexp.weight").is_some() {
+                    return Err(key_err(
+                        h,
+                        &k("expert_shared_feed_forward_length"),
+                        "missing, but the layers have a shared expert",
+                    ));
+                }
+                c.insert("shared_expert_intermediate_size".into(), json!(shared));
+            }
+        }
+        _ => {}
+    }
+    let token = |key: &str| opt_uint(h, &format!("tokenizer.ggml.{key}"));
+    if let Some(b) = token("bos_token_id")? {
+        c.insert("bos_token_id".into(), json!(b));
+    }
+    // The end of a turn stops generation as the end of the text does.
+    let mut eos: Vec<u64> = Vec::new();
+    for key in ["eos_token_id", "eot_token_id", "eom_token_id"] {
+        if let Some(id) = token(key)?
+            && !eos.contains(&id)
+        {
+            eos.push(id);
+        }
+    }
+    match eos.len() {
+        0 => {}
+        1 => {
+            c.insert("eos_token_id".into(), json!(eos[0]));
+        }
+        _ => {
+            c.insert("eos_token_id".into(), json!(eos));
+        }
+    }
+    Ok(Json::Object(c))
+}
+
+/// The transformers class a model type is saved as.
+fn architecture(model_type: &str) -> &'static str {
+    match model_type {
+        "mixtral" => "MixtralForCausalLM",
+        "qwen2" => "Qwen2ForCausalLM",
+        "qwen3" => "Qwen3ForCausalLM",
+        "qwen2_moe" => "Qwen2MoeForCausalLM",
+        "qwen3_moe" => "Qwen3MoeForCausalLM",
+        _ => "LlamaForCausalLM",
+    }
+}
+
+/// `rope_scaling` from `<arch>.rope.scaling.*`: none, linear or YaRN.
+fn rope_scaling(h: &Gguf, a: &str) -> Result<Option<Json>, ModelError> {
+    let key = format!("{a}.rope.scaling.type");
+    let ty = match h.value(&key) {
+        None => return Ok(None),
+        Some(_) => h.get_str(&key)?,
+    };
+    let factor_key = format!("{a}.rope.scaling.factor");
+    let factor = || opt_float(h, &factor_key)?.ok_or_else(|| key_err(h, &factor_key, "missing"));
+    Ok(match ty {
+        "none" => None,
+        "linear" => Some(json!({"rope_type": "linear", "factor": factor()?})),
+        "yarn" => {
+            let orig = format!("{a}.rope.scaling.original_context_length");
+            Some(json!({
+                "rope_type": "yarn",
+                "factor": factor()?,
+                "original_max_position_embeddings": pos(h, &orig)?,
+            }))
+        }
+        other => {
+            return Err(key_err(
+                h,
+                &key,
+                format!("`{other}` is not supported (none, linear, yarn)"),
+            ));
+        }
+    })
+}
+
+/// The dtype a GGUF tensor is read as: the plain floats as themselves, block types as GGUF's.
+fn dtype(t: GgmlType) -> Dtype {
+    match t {
+        GgmlType::F32 => Dtype::F32,
+        GgmlType::F16 => Dtype::F16,
+        GgmlType::BF16 => Dtype::BF16,
+        t => Dtype::Ggml(t),
+    }
+}
+
+/// Where a layer's tensor goes: the Hugging Face name of `blk.{l}.{base}` (with its
+/// `.weight` or `.bias`), or a stacked expert tensor to split.
+enum Place {
+    One(String),
+    /// `{prefix}{e}.{proj}.weight` for every expert `e`.
+    Experts {
+        prefix: String,
+        proj: &'static str,
+    },
+}
+
+/// The Hugging Face place of layer `l`'s tensor `base` (`attn_q`, `ffn_up_exps`, ...).
+fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
+    let layer = format!("model.layers.{l}.");
+    let mixtral = model_type == "mixtral";
+    let (moe, gate, up, down) = if mixtral {
+        ("block_sparse_moe", "w1", "w3", "w2")
+    } else {
+        ("mlp", "gate_proj", "up_proj", "down_proj")
+    };
+    let one = |s: &str| Some(Place::One(format!("{layer}{s}.{suffix}")));
+    let experts = |proj| {
+        (suffix == "weight").then(|| Place::Experts {
+            prefix: format!("{layer}{moe}.experts."),
+            proj,
+        })
+    };
+    match base {
+        "attn_norm" => one("input_layernorm"),
+        "ffn_norm" => one("post_attention_layernorm"),
+        "attn_q" => one("self_attn.q_proj"),
+        "attn_k" => one("self_attn.k_proj"),
+        "attn_v" => one("self_attn.v_proj"),
+        "attn_output" => one("self_attn.o_proj"),
+        "attn_q_norm" => one("self_attn.q_norm"),
+        "attn_k_norm" => one("self_attn.k_norm"),
+        "ffn_gate" => one("mlp.gate_proj"),
+        "ffn_up" => one("mlp.up_proj"),
+        "ffn_down" => one("mlp.down_proj"),
+        "ffn_gate_inp" => one(&format!("{moe}.gate")),
+        "ffn_gate_exps" => experts(gate),
+        "ffn_up_exps" => experts(up),
+        "ffn_down_exps" => experts(down),
+        "ffn_gate_shexp" => one("mlp.shared_expert.gate_proj"),
+        "ffn_up_shexp" => one("mlp.shared_expert.up_proj"),
+        "ffn_down_shexp" => one("mlp.shared_expert.down_proj"),
+        "ffn_gate_inp_shexp" => one("mlp.shared_expert_gate"),
+        _ if mixtral => {
+            // Older Mixtral files: one tensor per expert, `ffn_{gate,up,down}.{e}`.
+            let (proj, e) = base.split_once('.')?;
+            e.parse::<u32>().ok()?;
+            let w = match proj {
+                "ffn_gate" => gate,
+                "ffn_up" => up,
+                "ffn_down" => down,
+                _ => return None,
+            };
+            one(&format!("{moe}.experts.{e}.{w}"))
+        }
+        _ => None,
+    }
+}
+
+/// The tensors under their Hugging Face names, and the rows stored in llama.cpp's rotary order.
+#[allow(clippy::type_complexity)]
+fn tensors(
+    ck: &Checkpoint,
+    set: &GgufSet,
+    arch: &Arch,
+    config: &Json,
+) -> Result<(Vec<TensorInfo>, HashMap<String, usize>), ModelError> {
+    let h = set.header();
+    let model_type = config["model_type"].as_str().unwrap_or_default();
+    let head_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
+    let mut out = Vec::with_capacity(ck.tensors().len());
+    let mut rope_rows = HashMap::new();
+    for t in ck.tensors() {
+        let info = |name: String, shape: Vec<usize>, offset: u64, len: u64| TensorInfo {
+            name,
+            dtype: match t.dtype {
+                Dtype::Ggml(g) => dtype(g),
+                d => d,
+            },
+            shape,
+            shard: t.shard,
+            offset,
+            len,
+        };
+        let name = t.name.as_str();
+        let top = match name {
+            "token_embd.weight" => Some("model.embed_tokens.weight"),
+            "output_norm.weight" => Some("model.norm.weight"),
+            "output.weight" => Some("lm_head.weight"),
+            _ => None,
+        };
+        if let Some(hf) = top {
+            out.push(info(hf.to_owned(), t.shape.clone(), t.offset, t.len));
+            continue;
+        }
+        if name == "rope_freqs.weight" {
+            return Err(tensor_err(
+                h,
+                name,
+                "Llama 3's rope frequency factors are not supported yet",
+            ));
+        }
+        let placed = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(l, rest)| {
+                let (base, suffix) = rest.rsplit_once('.')?;
+                l.parse::<u32>().ok()?;
+                matches!(suffix, "weight" | "bias")
+                    .then(|| place(model_type, l, base, suffix))
+                    .flatten()
+            });
+        let Some(p) = placed else {
+            return Err(tensor_err(
+                h,
+                name,
+                format!(
+                    "not a tensor of GGUF architecture `{}` sluice places",
+                    arch.name
+                ),
+            ));
+        };
+        match p {
+            Place::One(hf) => {
+                let mut shape = t.shape.clone();
+                if hf.ends_with("shared_expert_gate.weight") && shape.len() == 1 {
+                    // GGUF keeps the shared expert's gate as a vector; transformers' is [1, h].
+                    shape.insert(0, 1);
+                }
+                let qk = hf.ends_with("self_attn.q_proj.weight")
+                    || hf.ends_with("self_attn.k_proj.weight");
+                if arch.permuted_qk && (hf.ends_with("q_proj.bias") || hf.ends_with("k_proj.bias"))
+                {
+                    return Err(tensor_err(
+                        h,
+                        name,
+                        "query and key biases in llama.cpp's rotary order are not supported",
+                    ));
+                }
+                if arch.permuted_qk && qk {
+                    rope_rows.insert(hf.clone(), head_dim);
+                }
+                out.push(info(hf, shape, t.offset, t.len));
+            }
+            Place::Experts { prefix, proj } => {
+                let Some((_, g)) = set.tensor(name) else {
+                    return Err(tensor_err(h, name, "not found in the set"));
+                };
+                if t.shape.len() != 3 {
+                    return Err(tensor_err(
+                        h,
+                        name,
+                        format!(
+                            "shape {:?}: stacked experts are [experts, rows, cols]",
+                            t.shape
+                        ),
+                    ));
+                }
+                for e in 0..t.shape[0] as u64 {
+                    let (offset, len) = g
+                        .slab(e)
+                        .ok_or_else(|| tensor_err(h, name, format!("no slab for expert {e}")))?;
+                    out.push(info(
+                        format!("{prefix}{e}.{proj}.weight"),
+                        t.shape[1..].to_vec(),
+                        offset,
+                        len,
+                    ));
+                }
+            }
+        }
+    }
+    Ok((out, rope_rows))
+}

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use sluice_kernels::decode::f32_to_bf16;
+use sluice_kernels::gguf::BlockFormat;
 use sluice_kernels::{Codes, Isa, Kernels, Matrix, ScaleType, Scales};
 
 /// Bytes cycled through: weights never stay in a cache between calls.
@@ -39,7 +40,7 @@ struct Format {
     scales: Option<(ScaleType, usize, usize)>,
 }
 
-const FORMATS: [Format; 8] = [
+const FORMATS: [Format; 11] = [
     Format {
         name: "f32",
         codes: Codes::F32,
@@ -79,6 +80,22 @@ const FORMATS: [Format; 8] = [
         name: "int8-g128",
         codes: Codes::I8,
         scales: Some((ScaleType::BF16, 128, 1)),
+    },
+    // GGUF blocks, multiplied in place (each row decoded once per call).
+    Format {
+        name: "gguf-q8_0",
+        codes: Codes::Block(BlockFormat::Q8_0),
+        scales: None,
+    },
+    Format {
+        name: "gguf-q4_k",
+        codes: Codes::Block(BlockFormat::Q4_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-q6_k",
+        codes: Codes::Block(BlockFormat::Q6_K),
+        scales: None,
     },
 ];
 

@@ -37,6 +37,7 @@
 //! | TQ1_0 / TQ2_0 | 256 | `d × (t − 1)`, t a base-3 / 2-bit digit |
 //! | NVFP4 | 64 | `ue4m3_half(s) × 2·e2m1[q]` per 16 |
 
+mod fast;
 mod grids;
 
 use crate::KernelError;
@@ -592,13 +593,7 @@ pub(crate) fn matmul(
     ROW.with_borrow_mut(|w| {
         w.resize(cols, 0.0);
         for (i, r) in rows.enumerate() {
-            for (b, o) in m
-                .row(r)
-                .chunks_exact(f.type_size())
-                .zip(w.chunks_exact_mut(f.block_size()))
-            {
-                dequantize_block(f, b, o);
-            }
+            fast::decode_blocks(f, m.row(r), w);
             for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
                 yb[i] = k.dot(w, xb);
             }
@@ -609,12 +604,7 @@ pub(crate) fn matmul(
 /// Dequantizes a row: `out.len()` elements (a multiple of the block size) from `row`.
 pub fn dequantize_row(f: BlockFormat, row: &[u8], out: &mut [f32]) -> Result<(), KernelError> {
     check_row(f, row, out.len())?;
-    for (b, o) in row
-        .chunks_exact(f.type_size())
-        .zip(out.chunks_exact_mut(f.block_size()))
-    {
-        dequantize_block(f, b, o);
-    }
+    fast::decode_blocks(f, row, out);
     Ok(())
 }
 

@@ -357,3 +357,30 @@ fn gguf_rope_rows_undo_the_llama_cpp_permutation() {
     let dense = Matrix::dense(Codes::F32, &[0u8; 64], 2, 8).unwrap();
     assert!(dense.with_rope_rows(2).is_err(), "only block matrices");
 }
+
+#[test]
+fn gguf_row_decoders_give_the_specification_bits_on_random_blocks() {
+    // Random bytes: every bit pattern of codes and scales, NaN and infinite f16 scales too.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut byte = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 24) as u8
+    };
+    for f in BlockFormat::ALL {
+        let (bs, ts) = (f.block_size(), f.type_size());
+        let blocks = (4 * MAX_BLOCK / bs).max(4);
+        let row: Vec<u8> = (0..blocks * ts).map(|_| byte()).collect();
+        let mut got = vec![0f32; blocks * bs];
+        fast::decode_blocks(f, &row, &mut got);
+        let mut want = vec![0f32; bs];
+        for (b, blk) in row.chunks_exact(ts).enumerate() {
+            dequantize_block(f, blk, &mut want);
+            for (j, w) in want.iter().enumerate() {
+                let g = got[b * bs + j];
+                assert!(same(g, *w), "{f:?} block {b} element {j}: {g} vs {w}");
+            }
+        }
+    }
+}

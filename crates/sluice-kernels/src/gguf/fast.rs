@@ -1,0 +1,175 @@
+//! Row decoders for the block formats models are mostly shipped in (Q8_0, Q4_0, Q4_1, Q5_0,
+//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the same float operations in the same order as the
+//! specification ([`super::dequantize_block`]), so the same bits, but organised per sub-block —
+//! scales decoded once, the elements in straight loops over fixed-size arrays that the
+//! compiler turns into vector code. The other formats decode block by block through the
+//! specification.
+
+use super::{BlockFormat, IQ4_KVALUES, dequantize_block, h, scale_min_k4, u16_at, u32_at};
+
+/// Dequantizes whole blocks: `row` holds `n` blocks of `f` and `out` their `n × block_size`
+/// values, bit for bit what [`dequantize_block`] gives each.
+///
+/// # Panics
+/// When the lengths disagree.
+pub(crate) fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) {
+    let (bs, ts) = (f.block_size(), f.type_size());
+    assert!(
+        row.len().is_multiple_of(ts) && out.len() == row.len() / ts * bs,
+        "{f:?}: {} bytes into {} values",
+        row.len(),
+        out.len()
+    );
+    let blocks = row.chunks_exact(ts).zip(out.chunks_exact_mut(bs));
+    use BlockFormat::*;
+    match f {
+        Q8_0 => blocks.for_each(|(b, o)| q8_0(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q4_0 => blocks.for_each(|(b, o)| q4_0(b.try_into().unwrap(), o.try_into().unwrap())),
+        IQ4_NL => blocks.for_each(|(b, o)| iq4_nl(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q4_1 => blocks.for_each(|(b, o)| q4_1(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q5_0 => blocks.for_each(|(b, o)| q5_0(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q4_K => blocks.for_each(|(b, o)| q4_k(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q5_K => blocks.for_each(|(b, o)| q5_k(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q6_K => blocks.for_each(|(b, o)| q6_k(b.try_into().unwrap(), o.try_into().unwrap())),
+        IQ4_XS => blocks.for_each(|(b, o)| iq4_xs(b.try_into().unwrap(), o.try_into().unwrap())),
+        _ => blocks.for_each(|(b, o)| dequantize_block(f, b, o)),
+    }
+}
+
+#[inline(always)]
+fn q8_0(b: &[u8; 34], o: &mut [f32; 32]) {
+    let d = h(b, 0);
+    for j in 0..32 {
+        o[j] = (b[2 + j] as i8 as f32) * d;
+    }
+}
+
+#[inline(always)]
+fn q4_0(b: &[u8; 18], o: &mut [f32; 32]) {
+    let d = h(b, 0);
+    for j in 0..16 {
+        o[j] = d * (((b[2 + j] & 15) as i32 - 8) as f32);
+        o[16 + j] = d * (((b[2 + j] >> 4) as i32 - 8) as f32);
+    }
+}
+
+#[inline(always)]
+fn iq4_nl(b: &[u8; 18], o: &mut [f32; 32]) {
+    let d = h(b, 0);
+    for j in 0..16 {
+        o[j] = d * (IQ4_KVALUES[(b[2 + j] & 15) as usize] as f32);
+        o[16 + j] = d * (IQ4_KVALUES[(b[2 + j] >> 4) as usize] as f32);
+    }
+}
+
+#[inline(always)]
+fn q4_1(b: &[u8; 20], o: &mut [f32; 32]) {
+    let (d, m) = (h(b, 0), h(b, 2));
+    for j in 0..16 {
+        o[j] = d * ((b[4 + j] & 15) as f32) + m;
+        o[16 + j] = d * ((b[4 + j] >> 4) as f32) + m;
+    }
+}
+
+#[inline(always)]
+fn q5_0(b: &[u8; 22], o: &mut [f32; 32]) {
+    let d = h(b, 0);
+    let qh = u32_at(b, 2);
+    for j in 0..16 {
+        let lo = (b[6 + j] & 15) as u32 | (((qh >> j) & 1) << 4);
+        let hi = (b[6 + j] >> 4) as u32 | (((qh >> (16 + j)) & 1) << 4);
+        o[j] = d * ((lo as i32 - 16) as f32);
+        o[16 + j] = d * ((hi as i32 - 16) as f32);
+    }
+}
+
+/// One 32-element sub-block of Q4_K / Q5_K: `dl × q − dm`.
+#[inline(always)]
+fn k_sub(o: &mut [f32], q: impl Fn(usize) -> u8, dl: f32, dm: f32) {
+    for (l, v) in o[..32].iter_mut().enumerate() {
+        *v = dl * (q(l) as f32) - dm;
+    }
+}
+
+#[inline(always)]
+fn q4_k(b: &[u8; 144], o: &mut [f32; 256]) {
+    let (d, dmin) = (h(b, 0), h(b, 2));
+    let s = &b[4..16];
+    let qs = &b[16..144];
+    for c in 0..4 {
+        let (s1, m1) = scale_min_k4(s, 2 * c);
+        let (s2, m2) = scale_min_k4(s, 2 * c + 1);
+        let q = &qs[32 * c..32 * c + 32];
+        let (lo, hi) = o[64 * c..64 * c + 64].split_at_mut(32);
+        k_sub(lo, |l| q[l] & 15, d * (s1 as f32), dmin * (m1 as f32));
+        k_sub(hi, |l| q[l] >> 4, d * (s2 as f32), dmin * (m2 as f32));
+    }
+}
+
+#[inline(always)]
+fn q5_k(b: &[u8; 176], o: &mut [f32; 256]) {
+    let (d, dmin) = (h(b, 0), h(b, 2));
+    let s = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for c in 0..4 {
+        let (s1, m1) = scale_min_k4(s, 2 * c);
+        let (s2, m2) = scale_min_k4(s, 2 * c + 1);
+        let q = &qs[32 * c..32 * c + 32];
+        let (b1, b2) = (2 * c, 2 * c + 1);
+        let (lo, hi) = o[64 * c..64 * c + 64].split_at_mut(32);
+        k_sub(
+            lo,
+            |l| (q[l] & 15) | (((qh[l] >> b1) & 1) << 4),
+            d * (s1 as f32),
+            dmin * (m1 as f32),
+        );
+        k_sub(
+            hi,
+            |l| (q[l] >> 4) | (((qh[l] >> b2) & 1) << 4),
+            d * (s2 as f32),
+            dmin * (m2 as f32),
+        );
+    }
+}
+
+#[inline(always)]
+fn q6_k(b: &[u8; 210], o: &mut [f32; 256]) {
+    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = h(b, 208);
+    for half in 0..2 {
+        let ql = &ql[64 * half..64 * half + 64];
+        let qh = &qh[32 * half..32 * half + 32];
+        let o = &mut o[128 * half..128 * half + 128];
+        // Quarter `k` of the half: elements 32k..32k+32.
+        for k in 0..4 {
+            let (lo_at, lo_shift) = ((k % 2) * 32, 4 * (k / 2));
+            for g in 0..2 {
+                let dl = d * (sc[8 * half + 2 * k + g] as i8 as f32);
+                for l in 16 * g..16 * g + 16 {
+                    let lo = (ql[lo_at + l] >> lo_shift) & 15;
+                    let hi = (qh[l] >> (2 * k)) & 3;
+                    let q = (lo | (hi << 4)) as i32 - 32;
+                    o[32 * k + l] = dl * (q as f32);
+                }
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn iq4_xs(b: &[u8; 136], o: &mut [f32; 256]) {
+    let d = h(b, 0);
+    let sh = u16_at(b, 2);
+    let (sl, qs) = (&b[4..8], &b[8..136]);
+    for i in 0..8 {
+        let lo = (sl[i / 2] >> (4 * (i % 2))) & 15;
+        let hi = ((sh >> (2 * i)) & 3) as u8;
+        let dl = d * (((lo | (hi << 4)) as i32 - 32) as f32);
+        let q = &qs[16 * i..16 * i + 16];
+        for k in 0..16 {
+            o[32 * i + k] = dl * (IQ4_KVALUES[(q[k] & 15) as usize] as f32);
+            o[32 * i + 16 + k] = dl * (IQ4_KVALUES[(q[k] >> 4) as usize] as f32);
+        }
+    }
+}

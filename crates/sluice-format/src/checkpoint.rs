@@ -187,32 +187,34 @@ impl Checkpoint {
     }
 
     /// Gives a GGUF checkpoint the model's view of it: `config` (a `config.json` as Hugging
-    /// Face writes it for the model), the tensors as the model reads them (`tensors`: each a
-    /// byte range of the GGUF files under a Hugging Face name, e.g. one expert's slab of a
-    /// stacked `ffn_up_exps`), and the tensors whose rows llama.cpp's converter stored in its
-    /// rotary order with their head dimension (`rope_rows`). Two tensors of one name are
-    /// refused, naming both.
+    /// Face writes it for the model), the tensors as the model reads them (`tensors`: the name
+    /// the model asks for, e.g. a Hugging Face name, and a byte range of the GGUF files, such
+    /// as one expert's slab of a stacked `ffn_up_exps`, whose [`TensorInfo::name`] is what
+    /// errors show: the GGUF name), and the tensors whose rows llama.cpp's converter stored in
+    /// its rotary order with their head dimension (`rope_rows`, by the names asked for). Two
+    /// tensors of one name are refused, naming both.
     pub fn set_gguf_layout(
         &mut self,
         config: Value,
-        tensors: Vec<TensorInfo>,
+        tensors: Vec<(String, TensorInfo)>,
         rope_rows: HashMap<String, usize>,
     ) -> Result<(), FormatError> {
         let mut by_name = HashMap::with_capacity(tensors.len());
-        for (i, t) in tensors.iter().enumerate() {
-            if let Some(prev) = by_name.insert(t.name.clone(), i) {
+        for (i, (name, t)) in tensors.iter().enumerate() {
+            if let Some(prev) = by_name.insert(name.clone(), i) {
                 return Err(FormatError::SameName {
                     dir: self.dir.clone(),
-                    name: t.name.clone(),
-                    first: tensors[prev].name.clone(),
+                    name: name.clone(),
+                    first: tensors[prev].1.name.clone(),
                     second: t.name.clone(),
                 });
             }
         }
         self.config = config;
-        self.tensors = tensors;
+        self.tensors = tensors.into_iter().map(|(_, t)| t).collect();
         self.by_name = by_name;
         self.rope_rows = rope_rows;
+        self.renamed = true;
         Ok(())
     }
 

@@ -43,7 +43,14 @@ impl Description {
         if let Some(r) = config.names.rename {
             checkpoint.rename(r.canonical)?;
         }
-        let layout = WeightLayout::new(&checkpoint, &config)?;
+        let layout =
+            WeightLayout::new(&checkpoint, &config).map_err(|e| match (checkpoint.gguf(), e) {
+                (Some(_), e @ ModelError::Tensor { .. }) => ModelError::InFile {
+                    path: checkpoint.dir().to_path_buf(),
+                    source: Box::new(e),
+                },
+                (_, e) => e,
+            })?;
         Ok(Description {
             checkpoint,
             config,

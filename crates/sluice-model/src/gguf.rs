@@ -405,23 +405,26 @@ fn tensors(
     set: &GgufSet,
     arch: &Arch,
     config: &Json,
-) -> Result<(Vec<TensorInfo>, HashMap<String, usize>), ModelError> {
+) -> Result<(Vec<(String, TensorInfo)>, HashMap<String, usize>), ModelError> {
     let h = set.header();
     let model_type = config["model_type"].as_str().unwrap_or_default();
     let head_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
     let mut out = Vec::with_capacity(ck.tensors().len());
     let mut rope_rows = HashMap::new();
     for t in ck.tensors() {
-        let info = |name: String, shape: Vec<usize>, offset: u64, len: u64| TensorInfo {
-            name,
-            dtype: match t.dtype {
-                Dtype::Ggml(g) => dtype(g),
-                d => d,
-            },
-            shape,
-            shard: t.shard,
-            offset,
-            len,
+        let info = |hf: String, stored: String, shape: Vec<usize>, offset: u64, len: u64| {
+            let t = TensorInfo {
+                name: stored,
+                dtype: match t.dtype {
+                    Dtype::Ggml(g) => dtype(g),
+                    d => d,
+                },
+                shape,
+                shard: t.shard,
+                offset,
+                len,
+            };
+            (hf, t)
         };
         let name = t.name.as_str();
         let top = match name {
@@ -431,7 +434,13 @@ fn tensors(
             _ => None,
         };
         if let Some(hf) = top {
-            out.push(info(hf.to_owned(), t.shape.clone(), t.offset, t.len));
+            out.push(info(
+                hf.to_owned(),
+                t.name.clone(),
+                t.shape.clone(),
+                t.offset,
+                t.len,
+            ));
             continue;
         }
         if name == "rope_freqs.weight" {
@@ -481,7 +490,7 @@ fn tensors(
                 if arch.permuted_qk && qk {
                     rope_rows.insert(hf.clone(), head_dim);
                 }
-                out.push(info(hf, shape, t.offset, t.len));
+                out.push(info(hf, t.name.clone(), shape, t.offset, t.len));
             }
             Place::Experts { prefix, proj } => {
                 let Some((_, g)) = set.tensor(name) else {
@@ -503,6 +512,7 @@ fn tensors(
                         .ok_or_else(|| tensor_err(h, name, format!("no slab for expert {e}")))?;
                     out.push(info(
                         format!("{prefix}{e}.{proj}.weight"),
+                        format!("{name}[{e}]"),
                         t.shape[1..].to_vec(),
                         offset,
                         len,

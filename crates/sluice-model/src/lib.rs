@@ -130,6 +130,15 @@ pub enum ModelError {
     /// A checkpoint error.
     #[error(transparent)]
     Format(#[from] sluice_format::FormatError),
+    /// An error about a tensor of a file, with the file (a GGUF model, whose tensor errors
+    /// would not otherwise say where).
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The error.
+        source: Box<ModelError>,
+    },
     /// An expert-store error.
     #[error(transparent)]
     Store(#[from] sluice_store::StoreError),

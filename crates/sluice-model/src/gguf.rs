@@ -34,7 +34,7 @@ struct Arch {
 }
 
 /// The architectures read, with the transformers model types they become.
-const ARCHES: [Arch; 5] = [
+const ARCHES: [Arch; 6] = [
     Arch {
         name: "llama",
         permuted_qk: true,
@@ -53,6 +53,10 @@ const ARCHES: [Arch; 5] = [
     },
     Arch {
         name: "qwen3moe",
+        permuted_qk: false,
+    },
+    Arch {
+        name: "deepseek2",
         permuted_qk: false,
     },
 ];
@@ -126,7 +130,11 @@ pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
             ),
         ));
     };
-    let config = config(set, arch)?;
+    let config = if arch.name == "deepseek2" {
+        deepseek2(set)?
+    } else {
+        config(set, arch)?
+    };
     let (tensors, rope_rows) = tensors(ck, set, arch, &config)?;
     ck.set_gguf_layout(config, tensors, rope_rows)?;
     Ok(())
@@ -258,11 +266,17 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
         }
         _ => {}
     }
+    token_ids(h, &mut c)?;
+    Ok(Json::Object(c))
+}
+
+/// `bos_token_id` and `eos_token_id` from the tokenizer's metadata: the end of a turn (`eot`,
+/// `eom`) stops generation as the end of the text does.
+fn token_ids(h: &Gguf, c: &mut Map<String, Json>) -> Result<(), ModelError> {
     let token = |key: &str| opt_uint(h, &format!("tokenizer.ggml.{key}"));
     if let Some(b) = token("bos_token_id")? {
         c.insert("bos_token_id".into(), json!(b));
     }
-    // The end of a turn stops generation as the end of the text does.
     let mut eos: Vec<u64> = Vec::new();
     for key in ["eos_token_id", "eot_token_id", "eom_token_id"] {
         if let Some(id) = token(key)?
@@ -280,6 +294,137 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
             c.insert("eos_token_id".into(), json!(eos));
         }
     }
+    Ok(())
+}
+
+/// DeepSeek-V3's `config.json` from a `deepseek2` file (DeepSeek-V3/R1, Kimi K2: sigmoid
+/// group routing). The converter stores MLA as multi-query attention over the latent
+/// (`key_length` = rank + rope), so the head sizes come from the `*_mla` keys.
+fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
+    let h = set.header();
+    let k = |s: &str| format!("deepseek2.{s}");
+    match opt_uint(h, &k("expert_gating_func"))? {
+        Some(2) => {}
+        g => {
+            return Err(key_err(
+                h,
+                &k("expert_gating_func"),
+                format!(
+                    "{}: only sigmoid routing (2, DeepSeek-V3 and later) is supported",
+                    g.map_or("absent (softmax, DeepSeek-V2)".to_owned(), |g| g
+                        .to_string())
+                ),
+            ));
+        }
+    }
+    let rope = pos(h, &k("rope.dimension_count"))?;
+    let key_mla = pos(h, &k("attention.key_length_mla"))?;
+    if key_mla <= rope {
+        return Err(key_err(
+            h,
+            &k("attention.key_length_mla"),
+            format!("{key_mla} leaves no room for the rotary part of {rope}"),
+        ));
+    }
+    let heads = pos(h, &k("attention.head_count"))?;
+    let vocab = match opt_uint(h, &k("vocab_size"))? {
+        Some(v) => v,
+        None => set
+            .tensor("token_embd.weight")
+            .map(|(_, t)| t.matrix_dims().0)
+            .ok_or_else(|| tensor_err(h, "token_embd.weight", "missing"))?,
+    };
+    let eps = opt_float(h, &k("attention.layer_norm_rms_epsilon"))?
+        .ok_or_else(|| key_err(h, &k("attention.layer_norm_rms_epsilon"), "missing"))?;
+    let mut c = Map::new();
+    let mut put = |key: &str, v: Json| {
+        c.insert(key.into(), v);
+    };
+    put("model_type", json!("deepseek_v3"));
+    put("architectures", json!(["DeepseekV3ForCausalLM"]));
+    put("hidden_act", json!("silu"));
+    put("vocab_size", json!(vocab));
+    put("hidden_size", json!(pos(h, &k("embedding_length"))?));
+    put("num_hidden_layers", json!(pos(h, &k("block_count"))?));
+    put("num_attention_heads", json!(heads));
+    put("num_key_value_heads", json!(heads));
+    put("rms_norm_eps", json!(eps));
+    put(
+        "max_position_embeddings",
+        json!(pos(h, &k("context_length"))?),
+    );
+    put(
+        "rope_theta",
+        json!(opt_float(h, &k("rope.freq_base"))?.unwrap_or(10_000.0)),
+    );
+    put(
+        "tie_word_embeddings",
+        json!(set.tensor("output.weight").is_none()),
+    );
+    if let Some(q) = opt_uint(h, &k("attention.q_lora_rank"))? {
+        put("q_lora_rank", json!(q));
+    } else {
+        put("q_lora_rank", Json::Null);
+    }
+    put("kv_lora_rank", json!(pos(h, &k("attention.kv_lora_rank"))?));
+    put("qk_rope_head_dim", json!(rope));
+    put("qk_nope_head_dim", json!(key_mla - rope));
+    put(
+        "v_head_dim",
+        json!(pos(h, &k("attention.value_length_mla"))?),
+    );
+    put("n_routed_experts", json!(pos(h, &k("expert_count"))?));
+    put(
+        "num_experts_per_tok",
+        json!(pos(h, &k("expert_used_count"))?),
+    );
+    put(
+        "n_group",
+        json!(opt_uint(h, &k("expert_group_count"))?.unwrap_or(1)),
+    );
+    put(
+        "topk_group",
+        json!(opt_uint(h, &k("expert_group_used_count"))?.unwrap_or(1)),
+    );
+    put(
+        "n_shared_experts",
+        json!(opt_uint(h, &k("expert_shared_count"))?.unwrap_or(0)),
+    );
+    put(
+        "first_k_dense_replace",
+        json!(opt_uint(h, &k("leading_dense_block_count"))?.unwrap_or(0)),
+    );
+    put(
+        "moe_intermediate_size",
+        json!(pos(h, &k("expert_feed_forward_length"))?),
+    );
+    put(
+        "intermediate_size",
+        json!(pos(h, &k("feed_forward_length"))?),
+    );
+    // The converter writes these only when set: absent means 1 and false.
+    put(
+        "routed_scaling_factor",
+        json!(opt_float(h, &k("expert_weights_scale"))?.unwrap_or(1.0)),
+    );
+    let norm = match h.value(&k("expert_weights_norm")) {
+        None => false,
+        Some(_) => h.get_bool(&k("expert_weights_norm"))?,
+    };
+    put("norm_topk_prob", json!(norm));
+    put("scoring_func", json!("sigmoid"));
+    put("topk_method", json!("noaux_tc"));
+    if let Some(mut s) = rope_scaling(h, "deepseek2")? {
+        // `yarn_log_multiplier` is 0.1 × `mscale_all_dim` (the converter's DeepSeek rule);
+        // the releases have `mscale` equal to it.
+        if let Some(m) = opt_float(h, &k("rope.scaling.yarn_log_multiplier"))? {
+            let all = (m * 10.0 * 1e6).round() / 1e6;
+            s["mscale_all_dim"] = json!(all);
+            s["mscale"] = json!(all);
+        }
+        put("rope_scaling", s);
+    }
+    token_ids(h, &mut c)?;
     Ok(Json::Object(c))
 }
 
@@ -309,11 +454,20 @@ fn rope_scaling(h: &Gguf, a: &str) -> Result<Option<Json>, ModelError> {
         "linear" => Some(json!({"rope_type": "linear", "factor": factor()?})),
         "yarn" => {
             let orig = format!("{a}.rope.scaling.original_context_length");
-            Some(json!({
+            let mut s = json!({
                 "rope_type": "yarn",
                 "factor": factor()?,
                 "original_max_position_embeddings": pos(h, &orig)?,
-            }))
+            });
+            for (key, hf) in [
+                ("yarn_beta_fast", "beta_fast"),
+                ("yarn_beta_slow", "beta_slow"),
+            ] {
+                if let Some(v) = opt_float(h, &format!("{a}.rope.scaling.{key}"))? {
+                    s[hf] = json!(v);
+                }
+            }
+            Some(s)
         }
         other => {
             return Err(key_err(
@@ -350,6 +504,11 @@ enum Place {
 fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
     let layer = format!("model.layers.{l}.");
     let mixtral = model_type == "mixtral";
+    let shared = if model_type == "deepseek_v3" {
+        "shared_experts"
+    } else {
+        "shared_expert"
+    };
     let (moe, gate, up, down) = if mixtral {
         ("block_sparse_moe", "w1", "w3", "w2")
     } else {
@@ -370,6 +529,18 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
         "attn_v" => one("self_attn.v_proj"),
         "attn_output" => one("self_attn.o_proj"),
         "attn_q_norm" => one("self_attn.q_norm"),
+        "attn_q_a" => one("self_attn.q_a_proj"),
+        "attn_q_a_norm" => one("self_attn.q_a_layernorm"),
+        "attn_q_b" => one("self_attn.q_b_proj"),
+        "attn_kv_a_mqa" => one("self_attn.kv_a_proj_with_mqa"),
+        "attn_kv_a_norm" => one("self_attn.kv_a_layernorm"),
+        "attn_kv_b" => one("self_attn.kv_b_proj"),
+        // llama.cpp's split of `kv_b_proj` (see `attention::mla::KvB::Split`).
+        "attn_k_b" => one("self_attn.k_b_proj"),
+        "attn_v_b" => one("self_attn.v_b_proj"),
+        "exp_probs_b" if suffix == "bias" => Some(Place::One(format!(
+            "{layer}mlp.gate.e_score_correction_bias"
+        ))),
         "attn_k_norm" => one("self_attn.k_norm"),
         "ffn_gate" => one("mlp.gate_proj"),
         "ffn_up" => one("mlp.up_proj"),
@@ -378,9 +549,9 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
         "ffn_gate_exps" => experts(gate),
         "ffn_up_exps" => experts(up),
         "ffn_down_exps" => experts(down),
-        "ffn_gate_shexp" => one("mlp.shared_expert.gate_proj"),
-        "ffn_up_shexp" => one("mlp.shared_expert.up_proj"),
-        "ffn_down_shexp" => one("mlp.shared_expert.down_proj"),
+        "ffn_gate_shexp" => one(&format!("mlp.{shared}.gate_proj")),
+        "ffn_up_shexp" => one(&format!("mlp.{shared}.up_proj")),
+        "ffn_down_shexp" => one(&format!("mlp.{shared}.down_proj")),
         "ffn_gate_inp_shexp" => one("mlp.shared_expert_gate"),
         _ if mixtral => {
             // Older Mixtral files: one tensor per expert, `ffn_{gate,up,down}.{e}`.
@@ -476,6 +647,12 @@ fn tensors(
                 if hf.ends_with("shared_expert_gate.weight") && shape.len() == 1 {
                     // GGUF keeps the shared expert's gate as a vector; transformers' is [1, h].
                     shape.insert(0, 1);
+                }
+                if (hf.ends_with("k_b_proj.weight") || hf.ends_with("v_b_proj.weight"))
+                    && shape.len() == 3
+                {
+                    // Per head [rows, cols], stacked: one matrix of every head's rows.
+                    shape = vec![shape[0] * shape[1], shape[2]];
                 }
                 let qk = hf.ends_with("self_attn.q_proj.weight")
                     || hf.ends_with("self_attn.k_proj.weight");

@@ -63,6 +63,24 @@ pub struct MlaConfig {
     pub kv_source: Option<usize>,
 }
 
+/// The up-projection of the latent: keys' `W_uk` and values' `W_uv`, per head.
+#[derive(Clone, Copy, Debug)]
+pub enum KvB {
+    /// `kv_b_proj` `[heads · (nope + v), rank]`: each head's `nope` rows of `W_uk`, then its
+    /// `v` rows of `W_uv`. A query's latent is `W_ukᵀ q_nope`, the transposed product over
+    /// the head's rows (`absorb`).
+    Joint(MatSpec),
+    /// llama.cpp's layout of DeepSeek's GGUF files: `k_b_proj` `[heads · rank, nope]` holds
+    /// each head's `W_ukᵀ` (so a query's latent is a plain product, in the contract's lane
+    /// order rather than row by row) and `v_b_proj` `[heads · v, rank]` each head's `W_uv`.
+    Split {
+        /// `W_ukᵀ` per head.
+        k_b: MatSpec,
+        /// `W_uv` per head.
+        v_b: MatSpec,
+    },
+}
+
 /// The weights of a multi-head latent attention layer.
 #[derive(Clone, Debug)]
 pub struct MlaWeights {
@@ -72,8 +90,8 @@ pub struct MlaWeights {
     pub q_b: MatSpec,
     /// `kv_a_proj_with_mqa` and `kv_a_layernorm`, unless the layer reads another's latents.
     pub kv_a: Option<(MatSpec, VecSpec)>,
-    /// `kv_b_proj`.
-    pub kv_b: MatSpec,
+    /// `kv_b_proj`, or the halves llama.cpp's converter splits it into.
+    pub kv_b: KvB,
     /// `o_proj`.
     pub o: MatSpec,
     /// Biases of `q_a_proj`, `kv_a_proj_with_mqa`, `o_proj` when `attention_bias`.
@@ -226,11 +244,21 @@ impl MlaConfig {
         } else {
             None
         };
-        let kv_b = p.linear(
-            &a("kv_b_proj"),
-            heads * (self.qk_nope_head_dim + self.v_head_dim),
-            r,
-        )?;
+        let ck = p.checkpoint();
+        let kv_b = if ck.get(&a("kv_b_proj.weight")).is_none()
+            && ck.get(&a("k_b_proj.weight")).is_some()
+        {
+            KvB::Split {
+                k_b: p.linear(&a("k_b_proj"), heads * r, self.qk_nope_head_dim)?,
+                v_b: p.linear(&a("v_b_proj"), heads * self.v_head_dim, r)?,
+            }
+        } else {
+            KvB::Joint(p.linear(
+                &a("kv_b_proj"),
+                heads * (self.qk_nope_head_dim + self.v_head_dim),
+                r,
+            )?)
+        };
         let o = p.linear(&a("o_proj"), h, heads * self.v_head_dim)?;
         let gate = match self.output_gate {
             Some(name) => Some(p.linear(&a(name), heads * self.v_head_dim, h)?),
@@ -384,14 +412,29 @@ impl MlaConfig {
                 ));
             }
         };
-        let kvb = w.kv_b.view(blob)?;
+        // The keys' and the values' matrices, and where head `h`'s rows start in each:
+        // `h · k_stride` and `h · v_stride + v_off`.
+        let (kb, vb, k_stride, v_stride, v_off) = match &w.kv_b {
+            KvB::Joint(m) => {
+                let m = m.view(blob)?;
+                (m, m, nope + vd, nope + vd, nope)
+            }
+            KvB::Split { k_b, v_b } => (k_b.view(blob)?, v_b.view(blob)?, r, vd, 0),
+        };
+        let (k_at, v_at) = (|h: usize| h * k_stride, |h: usize| h * v_stride + v_off);
+        let split = matches!(w.kv_b, KvB::Split { .. });
         // Per query and head, `[q_lat, q_rope]` with q_lat = W_ukᵀ q_nope (W_uk absorbed).
         let mut qa = vec![0f32; t * heads * cw];
         exec.for_each_chunk(&mut qa, cw, |idx, q| {
             let qh = &qs[idx * qk..(idx + 1) * qk];
-            let base = (idx % heads) * (nope + vd);
-            exec.kernels()
-                .absorb(&kvb, base..base + nope, &qh[..nope], &mut q[..r]);
+            let base = k_at(idx % heads);
+            if split {
+                exec.kernels()
+                    .matmul(&kb, &qh[..nope], &mut q[..r], base..base + r);
+            } else {
+                exec.kernels()
+                    .absorb(&kb, base..base + nope, &qh[..nope], &mut q[..r]);
+            }
             q[r..].copy_from_slice(&qh[nope..]);
         });
         let scale = self.softmax_scale;
@@ -458,9 +501,8 @@ impl MlaConfig {
                 .zip(o.chunks_exact_mut(vd))
                 .enumerate()
             {
-                let base = ((b0 + k) % heads) * (nope + vd);
-                exec.kernels()
-                    .matmul(&kvb, ol, ob, base + nope..base + nope + vd);
+                let base = v_at((b0 + k) % heads);
+                exec.kernels().matmul(&vb, ol, ob, base..base + vd);
             }
         });
         if let Some(g) = &w.gate {

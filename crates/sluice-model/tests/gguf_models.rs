@@ -1,0 +1,165 @@
+//! GGUF files made by llama.cpp's own converter and `llama-quantize` against transformers
+//! (`testdata/gguf/models/`, see testdata/README.md): the logits of every prompt position
+//! within 1e-4 × max|logit|, the routed experts and 32 greedy ids equal; the file's blocks
+//! multiplied in place give the bits of the dequantized checkpoint transformers loads from it;
+//! and a budget that streams the experts from the file changes no bit.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+use common::{Reference, argmax, compare};
+use sluice_model::{Logits, Model, ModelOptions};
+
+const REL_TOL: f32 = 1e-4;
+
+fn testdata() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
+}
+
+fn opts(memory: Option<u64>) -> ModelOptions {
+    ModelOptions {
+        threads: 2,
+        memory,
+        ..Default::default()
+    }
+}
+
+fn open(path: &Path, memory: Option<u64>) -> Model {
+    Model::open(path, opts(memory)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The GGUF of a fixture, its reference, and the checkpoint of the same values (when the
+/// fixture has one).
+fn fixture(name: &str) -> (PathBuf, Reference, Option<PathBuf>) {
+    let d = testdata().join("gguf/models").join(name);
+    if name == "deepseek_v3-f32" {
+        // Converted from the transformers fixture, whose reference it shares
+        // (tools/reference/make_gguf_deepseek2.py).
+        let src = testdata().join("models/deepseek_v3-fp32");
+        let r = Reference::open(&src.join("reference.safetensors"));
+        let gguf = testdata().join("gguf_converted/deepseek_v3-f32.gguf");
+        return (gguf, r, Some(src));
+    }
+    let r = Reference::open(&d.join("reference.safetensors"));
+    (d.join("model.gguf"), r, Some(d.join("dequant")))
+}
+
+fn check(name: &str, bitwise: bool) {
+    let (gguf, r, dequant) = fixture(name);
+    let model = open(&gguf, None);
+    let vocab = model.config().vocab;
+    let mut worst_ratio = 0f32;
+    for t in [1, 7, 33] {
+        let ids = r.ids(&format!("prompt{t}.ids"));
+        let mut st = model.new_state();
+        st.routes = Some(Vec::new());
+        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
+        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
+        worst_ratio = worst_ratio.max(worst / scale);
+        assert!(
+            worst <= REL_TOL * scale,
+            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
+        );
+        let routes = st.routes.take().unwrap();
+        let mut checked = 0;
+        for l in 0..model.config().layers {
+            let key = format!("prompt{t}.layer{l}.experts");
+            if !r.has(&key) {
+                continue;
+            }
+            let want = r.ids(&key);
+            let k = want.len() / t;
+            for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
+                assert_eq!(route.experts, want[i * k..(i + 1) * k], "{name} layer {l}");
+                checked += 1;
+            }
+        }
+        assert_eq!(
+            checked > 0,
+            model.config().moe_layers() > 0,
+            "{name}: routes compared on a MoE model only"
+        );
+    }
+    // Greedy, teacher-forced on the reference's tokens.
+    let prompt = r.ids("greedy.prompt_ids");
+    let want = r.ids("greedy.ids");
+    let want_logits = r.f32("greedy.step_logits");
+    let mut st = model.new_state();
+    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
+    let mut got = Vec::new();
+    for (step, &w) in want.iter().enumerate() {
+        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
+        worst_ratio = worst_ratio.max(worst / scale);
+        assert!(worst <= REL_TOL * scale, "{name} step {step}: {worst}");
+        got.push(argmax(&logits));
+        logits = model.forward(&mut st, &[w], Logits::Last).unwrap();
+    }
+    assert_eq!(got, want, "{name}: greedy ids differ");
+    println!("{name}: worst logit error ratio {worst_ratio:.2e}");
+
+    let ids = r.ids("prompt33.ids");
+    let run = |m: &Model| {
+        let mut st = m.new_state();
+        m.forward(&mut st, &ids, Logits::All).unwrap()
+    };
+    let base = run(&model);
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    if let (true, Some(d)) = (bitwise, dequant) {
+        assert!(
+            same(&base, &run(&open(&d, None))),
+            "{name}: the GGUF's bits differ from its dequantized checkpoint's"
+        );
+    }
+    // The smallest budget the model takes streams its experts (and layers) from the file.
+    let min = sluice_model::Description::open(&gguf)
+        .unwrap()
+        .plan(
+            &sluice_store::ShardSet::open(&[gguf.clone()], false).unwrap(),
+            &opts(Some(u64::MAX / 4)),
+        )
+        .unwrap()
+        .minimum;
+    // (Planned without a budget, the minimum leaves out a few KiB a budget adds: a margin.)
+    let budget = min + min / 16;
+    let small = open(&gguf, Some(budget));
+    assert!(
+        same(&base, &run(&small)),
+        "{name}: a budget of {budget} changes bits"
+    );
+    assert!(
+        small.trunk_bytes_read() > 0,
+        "{name}: under {budget} bytes nothing streamed from the file"
+    );
+}
+
+#[test]
+fn llama_q4_k_m() {
+    check("llama-q4_k_m", true);
+}
+
+#[test]
+fn llama_q8_0() {
+    check("llama-q8_0", true);
+}
+
+#[test]
+fn qwen3_moe_q5_k_m() {
+    check("qwen3_moe-q5_k_m", true);
+}
+
+#[test]
+fn qwen2_moe_q6_k() {
+    check("qwen2_moe-q6_k", true);
+}
+
+#[test]
+fn qwen3_iq4_xs() {
+    check("qwen3-iq4_xs", true);
+}
+
+/// DeepSeek-V3 as `deepseek2`: the split `kv_b_proj` runs its keys' half as a plain product
+/// (not row by row), so its bits differ from the checkpoint's within the tolerance.
+#[test]
+fn deepseek_v3_f32() {
+    check("deepseek_v3-f32", false);
+}

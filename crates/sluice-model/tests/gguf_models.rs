@@ -114,7 +114,7 @@ fn check(name: &str, bitwise: bool) {
     let min = sluice_model::Description::open(&gguf)
         .unwrap()
         .plan(
-            &sluice_store::ShardSet::open(&[gguf.clone()], false).unwrap(),
+            &sluice_store::ShardSet::open(std::slice::from_ref(&gguf), false).unwrap(),
             &opts(Some(u64::MAX / 4)),
         )
         .unwrap()

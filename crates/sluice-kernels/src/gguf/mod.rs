@@ -231,7 +231,7 @@ pub fn ue4m3_to_f32_half(x: u8) -> f32 {
 }
 
 #[inline(always)]
-fn h(b: &[u8], at: usize) -> f32 {
+pub(crate) fn h(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
@@ -241,7 +241,7 @@ fn u16_at(b: &[u8], at: usize) -> u16 {
 }
 
 #[inline(always)]
-fn u32_at(b: &[u8], at: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
@@ -252,7 +252,7 @@ fn sign(bits: u8, k: usize) -> f32 {
 
 /// Q4_K / Q5_K: the 6-bit scale and min of sub-block `i` (0..8) from the 12 packed bytes.
 #[inline(always)]
-fn scale_min_k4(s: &[u8], i: usize) -> (u8, u8) {
+pub(crate) fn scale_min_k4(s: &[u8], i: usize) -> (u8, u8) {
     if i < 4 {
         (s[i] & 63, s[4 + i] & 63)
     } else {
@@ -569,6 +569,29 @@ pub fn decode_cols(f: BlockFormat, row: &[u8], cols: std::ops::Range<usize>, out
     }
 }
 
+/// [`fast::decode_blocks`] on `k`'s ISA: the AVX2 decoders where `k` has AVX2 and the format
+/// has one, the same bits either way.
+pub(crate) fn decode_blocks_with(k: &crate::Kernels, f: BlockFormat, row: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() != crate::Isa::Scalar {
+        let (bs, ts) = (f.block_size(), f.type_size());
+        assert!(
+            row.len().is_multiple_of(ts) && out.len() == row.len() / ts * bs,
+            "{f:?}: {} bytes into {} values",
+            row.len(),
+            out.len()
+        );
+        // SAFETY: a `Kernels` of an x86 ISA other than scalar proves AVX2 (AVX-512 machines
+        // have it too); the lengths are checked above.
+        if unsafe { crate::x86::gguf::decode_blocks(f, row, out) } {
+            return;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = k;
+    fast::decode_blocks(f, row, out)
+}
+
 thread_local! {
     /// One dequantized row per thread, reused by every product ([`matmul`]).
     static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -593,7 +616,7 @@ pub(crate) fn matmul(
     ROW.with_borrow_mut(|w| {
         w.resize(cols, 0.0);
         for (i, r) in rows.enumerate() {
-            fast::decode_blocks(f, m.row(r), w);
+            decode_blocks_with(k, f, m.row(r), w);
             for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
                 yb[i] = k.dot(w, xb);
             }

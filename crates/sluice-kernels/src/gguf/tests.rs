@@ -372,14 +372,26 @@ fn gguf_row_decoders_give_the_specification_bits_on_random_blocks() {
         let (bs, ts) = (f.block_size(), f.type_size());
         let blocks = (4 * MAX_BLOCK / bs).max(4);
         let row: Vec<u8> = (0..blocks * ts).map(|_| byte()).collect();
-        let mut got = vec![0f32; blocks * bs];
-        fast::decode_blocks(f, &row, &mut got);
+        let mut fast_out = vec![0f32; blocks * bs];
+        fast::decode_blocks(f, &row, &mut fast_out);
+        let mut isa_outs = vec![("fast".to_owned(), fast_out)];
+        for isa in crate::Isa::available() {
+            let k = crate::Kernels::new(isa).unwrap();
+            let mut o = vec![0f32; blocks * bs];
+            decode_blocks_with(&k, f, &row, &mut o);
+            isa_outs.push((isa.to_string(), o));
+        }
         let mut want = vec![0f32; bs];
         for (b, blk) in row.chunks_exact(ts).enumerate() {
             dequantize_block(f, blk, &mut want);
-            for (j, w) in want.iter().enumerate() {
-                let g = got[b * bs + j];
-                assert!(same(g, *w), "{f:?} block {b} element {j}: {g} vs {w}");
+            for (name, got) in &isa_outs {
+                for (j, w) in want.iter().enumerate() {
+                    let g = got[b * bs + j];
+                    assert!(
+                        same(g, *w),
+                        "{f:?} {name} block {b} element {j}: {g} vs {w}"
+                    );
+                }
             }
         }
     }

@@ -155,3 +155,4 @@ macro_rules! xw_ops {
 pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod generic;
+pub(crate) mod gguf;

@@ -22,6 +22,14 @@
 #   GEN        generated tokens (in RAM / under the cap)                  [32 / 16]
 #   REPS       alternating pairs per setting                              [3]
 #   MOE_INTER  expert intermediate size of the synthetic model            [768]
+#   GGUF_QUANT a llama-quantize type (Q4_K_M, Q8_0, ...): both engines then read the same
+#              quantized GGUF ($WORK/model-<type>.gguf, made from the BF16 one), sluice
+#              multiplying its blocks in place; unset, llama.cpp reads the BF16 GGUF and sluice
+#              the safetensors checkpoint                                      [unset]
+#
+# llama.cpp's CPU weight repacking (llama-bench --repack 1, its default) aborts on the quantized
+# GGUF of this DeepSeek-V3-shaped model in the build used here (GGML_ASSERT(*cur_backend_id !=
+# -1) in ggml-backend.cpp; the BF16 file runs), so the quantized mode runs it with --repack 0.
 #
 # llama.cpp is built, for example, from the source distribution of llama-cpp-python:
 #   pip download llama-cpp-python --no-binary llama-cpp-python --no-deps
@@ -45,6 +53,7 @@ GEN_RAM=${GEN:-32}
 GEN_CAP=${GEN:-16}
 MOE_INTER=${MOE_INTER:-768}
 
+GGUF_QUANT=${GGUF_QUANT:-}
 for f in "$SLUICE" "$LLAMA_BIN/llama-bench" "$LLAMA_DIR/convert_hf_to_gguf.py"; do
     [ -e "$f" ] || { echo "missing: $f (see the header of $0)" >&2; exit 2; }
 done
@@ -61,7 +70,23 @@ if [ ! -f "$gguf" ]; then
     "$PYTHON" "$here/gguf_convert.py" "$LLAMA_DIR" "$model" "$gguf.tmp" --outtype bf16 >&2
     mv "$gguf.tmp" "$gguf"
 fi
-model_bytes=$(du -b --apparent-size -c "$model"/*.safetensors | tail -1 | cut -f1)
+# What sluice reads: the checkpoint, or in the quantized mode the file llama.cpp reads.
+sluice_model=$model
+sluice_files=("$model"/*.safetensors)
+llama_extra=()
+if [ -n "$GGUF_QUANT" ]; then
+    q=$WORK/model-$(echo "$GGUF_QUANT" | tr 'A-Z' 'a-z').gguf
+    if [ ! -f "$q" ]; then
+        echo "== quantizing the GGUF to $GGUF_QUANT with llama-quantize" >&2
+        "$LLAMA_BIN/llama-quantize" "$gguf" "$q.tmp" "$GGUF_QUANT" "$THREADS" >&2
+        mv "$q.tmp" "$q"
+    fi
+    gguf=$q
+    sluice_model=$q
+    sluice_files=("$q")
+    llama_extra=(--repack 0)
+fi
+model_bytes=$(du -b --apparent-size -c "${sluice_files[@]}" | tail -1 | cut -f1)
 gguf_bytes=$(stat -c %s "$gguf")
 cap_bytes=$((CAP * 1024 * 1024))
 if [ $((model_bytes)) -lt $((4 * cap_bytes)) ]; then
@@ -111,7 +136,7 @@ in_cg() { sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@
 llama() {
     local prompt=$1 gen=$2; shift 2
     drop "$gguf"
-    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$prompt" -n "$gen" -t "$THREADS" -r 1 -o json 2>/dev/null |
+    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$prompt" -n "$gen" -t "$THREADS" -r 1 "${llama_extra[@]}" -o json 2>/dev/null |
         "$PYTHON" -c '
 import json, sys
 rows = json.load(sys.stdin)
@@ -125,8 +150,8 @@ print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")'
 # otherwise serve the measured one, leaving no prefill to time.
 sluice() {
     local prompt=$1 gen=$2 memory=$3; shift 3
-    drop "$model"/*.safetensors
-    "$@" "$SLUICE" run --model "$model" --prompt-ids "$(prompt_ids "$prompt")" --max-tokens $((gen + 1)) \
+    drop "${sluice_files[@]}"
+    "$@" "$SLUICE" run --model "$sluice_model" --prompt-ids "$(prompt_ids "$prompt")" --max-tokens $((gen + 1)) \
         --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --prefix-cache off --json |
         "$PYTHON" -c '
 import json, sys
@@ -183,7 +208,7 @@ cleanup
 cg=""
 
 echo
-echo "model: $model ($((model_bytes / 1048576)) MiB safetensors, $((gguf_bytes / 1048576)) MiB GGUF), $THREADS threads, medians of $REPS alternating pairs"
+echo "model: $sluice_model ($((model_bytes / 1048576)) MiB read by sluice, $((gguf_bytes / 1048576)) MiB GGUF read by llama.cpp${GGUF_QUANT:+: both the same $GGUF_QUANT file}), $THREADS threads, medians of $REPS alternating pairs"
 echo
 echo "| setting | engine | prompt | prefill tok/s median (min / max) | prefill vs llama.cpp | decode tok/s median (min / max) | decode vs llama.cpp |"
 echo "|---|---|---:|---:|---:|---:|---:|"

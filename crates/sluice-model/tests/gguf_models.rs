@@ -32,12 +32,12 @@ fn open(path: &Path, memory: Option<u64>) -> Model {
 /// fixture has one).
 fn fixture(name: &str) -> (PathBuf, Reference, Option<PathBuf>) {
     let d = testdata().join("gguf/models").join(name);
-    if name == "deepseek_v3-f32" {
+    if let Some(family) = name.strip_suffix("-f32") {
         // Converted from the transformers fixture, whose reference it shares
-        // (tools/reference/make_gguf_deepseek2.py).
-        let src = testdata().join("models/deepseek_v3-fp32");
+        // (tools/reference/make_gguf_converted.py).
+        let src = testdata().join(format!("models/{family}-fp32"));
         let r = Reference::open(&src.join("reference.safetensors"));
-        let gguf = testdata().join("gguf_converted/deepseek_v3-f32.gguf");
+        let gguf = testdata().join(format!("gguf_converted/{name}.gguf"));
         return (gguf, r, Some(src));
     }
     let r = Reference::open(&d.join("reference.safetensors"));
@@ -155,6 +155,13 @@ fn qwen2_moe_q6_k() {
 #[test]
 fn qwen3_iq4_xs() {
     check("qwen3-iq4_xs", true);
+}
+
+/// Mixtral as llama.cpp writes it (`llama` with experts, Q/K rows permuted): F32 rows read
+/// back in Hugging Face's order give the checkpoint's bits.
+#[test]
+fn mixtral_f32() {
+    check("mixtral-f32", true);
 }
 
 /// DeepSeek-V3 as `deepseek2`: the split `kv_b_proj` runs its keys' half as a plain product

@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Transformers fixtures as llama.cpp's converter writes them: testdata/gguf_converted/*.gguf.
+
+    /work/venv/ref/bin/python tools/reference/make_gguf_converted.py [LLAMA_CPP_DIR]
+
+(LLAMA_CPP_DIR defaults to /work/llama/src; run from anywhere; the extras of
+testdata/README.md's GGUF section on PYTHONPATH.) For each fixture below it copies
+testdata/models/<fixture>, adds the byte tokenizer of testdata/byte-tokenizer (the converter
+needs one; benches/gguf_convert.py names its pre-tokenizer `gpt-2`, changing nothing about the
+tensors) and converts it with `--outtype f32`:
+
+- `deepseek_v3-f32.gguf` from `deepseek_v3-fp32`: architecture `deepseek2`, MLA's `kv_b_proj`
+  split into `attn_k_b` (transposed per head) and `attn_v_b`, the experts stacked, YaRN in
+  `rope.scaling.*`. The released config's `scoring_func: sigmoid` is added first: transformers 5
+  does not write it back, and without it the converter writes no `expert_gating_func` (llama.cpp
+  then reads the file as DeepSeek-V2's softmax routing).
+- `mixtral-f32.gguf` from `mixtral-fp32`: architecture `llama` with `expert_count`, the query
+  and key rows permuted for llama.cpp's rotary layout, the experts stacked.
+
+Their weights are the fixtures' own, so each fixture's transformers reference
+(testdata/models/<fixture>/reference.safetensors) is theirs; `crates/sluice-model/tests/
+gguf_models.rs` reads it from there. The converter is deterministic: the same sources give the
+same bytes (the script prints each sha256).
+"""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+repo = Path(__file__).resolve().parents[2]
+llama = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/llama/src")
+out_dir = repo / "testdata/gguf_converted"
+
+FIXTURES = [
+    ("deepseek_v3-fp32", "deepseek_v3-f32.gguf", {"scoring_func": "sigmoid"}),
+    ("mixtral-fp32", "mixtral-f32.gguf", {}),
+]
+
+out_dir.mkdir(parents=True, exist_ok=True)
+for fixture, name, extra in FIXTURES:
+    with tempfile.TemporaryDirectory() as t:
+        src = Path(t) / "src"
+        shutil.copytree(repo / "testdata/models" / fixture, src)
+        (src / "reference.safetensors").unlink()
+        cfg = json.loads((src / "config.json").read_text())
+        cfg.update(extra)
+        (src / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        shutil.copy(repo / "testdata/byte-tokenizer/tokenizer.json", src / "tokenizer.json")
+        (src / "tokenizer_config.json").write_text(
+            '{"tokenizer_class": "PreTrainedTokenizerFast"}\n'
+        )
+        out = Path(t) / name
+        subprocess.run(
+            [sys.executable, str(repo / "benches/gguf_convert.py"), str(llama), str(src),
+             str(out), "--outtype", "f32"],
+            check=True,
+        )
+        shutil.copy(out, out_dir / name)
+    dst = out_dir / name
+    print(dst, hashlib.sha256(dst.read_bytes()).hexdigest())

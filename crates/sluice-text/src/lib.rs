@@ -2,9 +2,9 @@
 //!
 //! - [`Tokenizer`]: a model directory's `tokenizer.json` (through the `tokenizers` crate) or
 //!   Kimi's `tiktoken.model` (through [`tiktoken`]), giving the ids their Python reference
-//!   gives;
+//!   gives, or the vocabulary of a GGUF file's metadata ([`gguf`]);
 //! - [`StreamDecoder`]: token ids to text deltas that are always whole UTF-8 characters;
-//! - [`ChatTemplate`]: the Jinja chat template of a model directory, rendered as
+//! - [`ChatTemplate`]: the Jinja chat template of a model directory or a GGUF file, rendered as
 //!   transformers' `apply_chat_template` renders it (see [`chat`] for what that takes).
 //!
 //! The `sluice` facade re-exports these; its `Error` takes this crate's [`Error`] apart into
@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chat;
+pub mod gguf;
 pub mod tiktoken;
 mod tokenizer;
 mod vocab;

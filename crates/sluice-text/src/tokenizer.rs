@@ -1,5 +1,6 @@
 //! Tokenizers: `tokenizer.json` through the `tokenizers` crate, Kimi's `tiktoken.model` through
-//! [`crate::tiktoken`], and streaming decode that never emits broken UTF-8.
+//! [`crate::tiktoken`], a GGUF file's vocabulary through [`crate::gguf`], and streaming decode
+//! that never emits broken UTF-8.
 //!
 //! Both paths give the ids their Python reference gives (the `tokenizers` package for
 //! `tokenizer.json`; `tiktoken` driven as Kimi's `TikTokenTokenizer` drives it for
@@ -20,7 +21,8 @@ pub struct Tokenizer {
     /// The longest token written out, in bytes (at least 1): no token stands for more bytes
     /// of text, so a text longer than `n × max_token_bytes` needs more than `n` tokens.
     max_token_bytes: usize,
-    /// Bytes of the file it was read from.
+    /// Bytes of the file it was read from (for a GGUF vocabulary, of the `tokenizer.json` that
+    /// would hold it: see [`crate::gguf`]).
     source_bytes: u64,
 }
 
@@ -107,6 +109,20 @@ impl Tokenizer {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
+        Ok(Tokenizer::from_hf(t, path, bytes.len() as u64))
+    }
+
+    /// Builds the tokenizer a GGUF file's `tokenizer.ggml.*` metadata describes (see
+    /// [`crate::gguf`] for what is supported, what is refused, and where it differs from
+    /// transformers' GGUF loader). `path` is the file, for messages and [`Tokenizer::path`].
+    pub fn from_gguf(meta: &sluice_format::gguf::Gguf, path: &Path) -> Result<Tokenizer, Error> {
+        let (t, source_bytes) = crate::gguf::build(meta, path)?;
+        Ok(Tokenizer::from_hf(t, path, source_bytes))
+    }
+
+    /// A `tokenizers` tokenizer with what the stream decoder and the memory plan need to know
+    /// of it; `source_bytes` is the size of its `tokenizer.json`, or an estimate of it.
+    fn from_hf(t: tokenizers::Tokenizer, path: &Path, source_bytes: u64) -> Tokenizer {
         let byte_fallback = if t.get_decoder().is_some_and(has_byte_fallback) {
             t.get_vocab(true)
                 .into_iter()
@@ -125,13 +141,13 @@ impl Tokenizer {
             .max()
             .unwrap_or(1)
             .max(1);
-        Ok(Tokenizer {
+        Tokenizer {
             inner: Inner::Hf(Box::new(t)),
             path: path.to_path_buf(),
             byte_fallback,
             max_token_bytes,
-            source_bytes: bytes.len() as u64,
-        })
+            source_bytes,
+        }
     }
 
     /// The longest prompt, in bytes, that [`Tokenizer::check_fits`] lets through for `context`

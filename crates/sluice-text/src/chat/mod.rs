@@ -159,6 +159,55 @@ impl ChatTemplate {
         ChatTemplate::with_special_tokens(&source, special_tokens, path).map(Some)
     }
 
+    /// Reads the chat template of a GGUF file, `tokenizer.chat_template`, with the special
+    /// tokens transformers gives it for such a file: `bos_token`, `eos_token`, `unk_token` and
+    /// `pad_token`, each the token string at the id `tokenizer.ggml.{bos,eos,unknown,padding}_token_id`
+    /// names (a name without an id stays undefined). Named templates
+    /// (`tokenizer.chat_template.<name>`, such as Command-R's `tool_use` and `rag`) are not
+    /// read, as transformers does not read them: `Ok(None)` when the file has no template at
+    /// all, an error naming the key when it has only named ones (as a `tokenizer_config.json`
+    /// with a list of templates but no `default` is refused). A special-token id past the token
+    /// list is refused, naming its key.
+    pub fn from_gguf(
+        meta: &sluice_format::gguf::Gguf,
+        path: &Path,
+    ) -> Result<Option<ChatTemplate>, Error> {
+        use sluice_format::gguf::Value;
+        const KEY: &str = "tokenizer.chat_template";
+        let err = |msg: String| Error::Template {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let source = match meta.value(KEY) {
+            Some(Value::String(s)) => s,
+            Some(v) => {
+                return Err(err(format!(
+                    "GGUF key `{KEY}` is {:?}, not a string",
+                    v.value_type()
+                )));
+            }
+            None => {
+                let named: Vec<&str> = meta
+                    .metadata
+                    .iter()
+                    .filter_map(|(k, _)| k.strip_prefix("tokenizer.chat_template."))
+                    .collect();
+                if named.is_empty() {
+                    return Ok(None);
+                }
+                return Err(err(format!(
+                    "GGUF key `{KEY}`: missing, and only named templates are given ({}); sluice reads the default one only",
+                    named.join(", ")
+                )));
+            }
+        };
+        let special_tokens = crate::gguf::named_tokens(meta, path).map_err(|e| match e {
+            Error::Tokenizer { path, msg } => Error::Template { path, msg },
+            e => e,
+        })?;
+        ChatTemplate::with_special_tokens(source, special_tokens, path.to_path_buf()).map(Some)
+    }
+
     /// Compiles a template that knows `bos_token` and `eos_token` (an empty string leaves the
     /// variable undefined, as transformers leaves a token the config does not set).
     pub fn new(

@@ -73,8 +73,12 @@ pub(crate) fn load_text(
     desc: &Description,
 ) -> Result<(Option<Tokenizer>, Option<ChatTemplate>), Error> {
     let ck = &desc.checkpoint;
-    if let Some(_set) = ck.gguf() {
-        return Ok((None, None));
+    if let Some(set) = ck.gguf() {
+        let h = set.header();
+        return Ok((
+            Some(Tokenizer::from_gguf(h, &h.path)?),
+            ChatTemplate::from_gguf(h, &h.path)?,
+        ));
     }
     Ok((
         Tokenizer::from_dir(ck.dir())?,

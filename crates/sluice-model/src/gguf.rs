@@ -12,10 +12,14 @@
 //! `modeling_gguf_pytorch_utils.py`) and llama.cpp's converter: the query and key projections
 //! of the `llama` architecture (Llama, Mistral, Mixtral) were permuted by the converter so that
 //! each head's rotary pairs are adjacent; their rows are read back in Hugging Face's order
-//! ([`Checkpoint::rope_rows`]). Architectures: `llama` (dense, or Mixtral when it has
-//! experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`. Anything else, a tensor this map does
-//! not place, or a feature it does not carry (Llama 3's `rope_freqs`, permuted attention
-//! biases) is refused with one line naming the key or tensor.
+//! ([`Checkpoint::rope_rows`]). DeepSeek's `kv_b_proj` was split into `attn_k_b` (each head's
+//! `W_ukᵀ`) and `attn_v_b`, which multi-head latent attention reads as they are
+//! ([`crate::attention::mla::KvB::Split`]). Architectures: `llama` (dense, or Mixtral when it
+//! has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, and `deepseek2` with sigmoid routing
+//! (DeepSeek-V3/R1, Kimi K2). This is the one place that knows GGUF's names for the families:
+//! anything else — an architecture, a tensor this map does not place, a feature it does not
+//! carry (Llama 3's `rope_freqs`, permuted attention biases, DeepSeek-V2's softmax routing) —
+//! is refused with one line naming the file and the key or tensor.
 
 use std::collections::HashMap;
 

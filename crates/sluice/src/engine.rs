@@ -234,7 +234,11 @@ impl EngineBuilder {
         }
         let memory = resolve_memory(self.memory)?;
         let desc = Description::open(&dir)?;
-        let (tokenizer, template) = crate::load_text(&desc)?;
+        let crate::Text {
+            tokenizer,
+            template,
+            error: text_error,
+        } = crate::load_text(&desc)?;
         let text_memory = text_memory(
             tokenizer.as_ref(),
             self.context.min(desc.config.max_positions),
@@ -284,6 +288,7 @@ impl EngineBuilder {
                 model,
                 tokenizer,
                 template,
+                text_error,
                 eos,
                 sampling,
                 memory: self.memory,
@@ -314,6 +319,8 @@ struct Inner {
     model: Model,
     tokenizer: Option<Tokenizer>,
     template: Option<ChatTemplate>,
+    /// Why a GGUF model has no tokenizer, when its vocabulary could not be built.
+    text_error: Option<String>,
     eos: Vec<u32>,
     sampling: SamplingOptions,
     memory: Memory,
@@ -646,12 +653,15 @@ impl Engine {
         match prompt {
             Prompt::Ids(ids) => Ok(ids.to_vec()),
             Prompt::Text(t) => {
-                let tok = self.tokenizer().ok_or_else(|| {
-                    Error::Usage(format!(
-                        "{} has no tokenizer: give token ids",
-                        self.dir().display()
-                    ))
-                })?;
+                let tok = self
+                    .tokenizer()
+                    .ok_or_else(|| match &self.inner.text_error {
+                        Some(e) => Error::Usage(format!("no tokenizer ({e}): give token ids")),
+                        None => Error::Usage(format!(
+                            "{} has no tokenizer: give token ids",
+                            self.dir().display()
+                        )),
+                    })?;
                 tok.check_fits(t, self.model().max_positions())?;
                 // What transformers 5's tokenizer of the directory gives: the special tokens of
                 // tokenizer.json's post-processor, nothing from config.json's `bos_token_id`.

@@ -67,23 +67,40 @@ pub fn is_model_path(path: &std::path::Path) -> bool {
                 .is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
 }
 
+/// A model's text side: its tokenizer and chat template, when it has them.
+pub(crate) struct Text {
+    pub(crate) tokenizer: Option<Tokenizer>,
+    pub(crate) template: Option<ChatTemplate>,
+    /// Why a GGUF model has no tokenizer: its vocabulary could not be built.
+    pub(crate) error: Option<String>,
+}
+
 /// The tokenizer and chat template of a described model: from a GGUF model's metadata, else
-/// from the files of its directory.
-pub(crate) fn load_text(
-    desc: &Description,
-) -> Result<(Option<Tokenizer>, Option<ChatTemplate>), Error> {
+/// from the files of its directory. A GGUF vocabulary sluice cannot build (another kind, or
+/// metadata llama.cpp would refuse too) leaves the model without one — token ids still run —
+/// and [`Text::error`] says why, for the error a text prompt then gets.
+pub(crate) fn load_text(desc: &Description) -> Result<Text, Error> {
     let ck = &desc.checkpoint;
     if let Some(set) = ck.gguf() {
         let h = set.header();
-        return Ok((
-            Some(Tokenizer::from_gguf(h, &h.path)?),
-            ChatTemplate::from_gguf(h, &h.path)?,
-        ));
+        return Ok(match Tokenizer::from_gguf(h, &h.path) {
+            Ok(t) => Text {
+                tokenizer: Some(t),
+                template: ChatTemplate::from_gguf(h, &h.path)?,
+                error: None,
+            },
+            Err(e) => Text {
+                tokenizer: None,
+                template: None,
+                error: Some(e.to_string()),
+            },
+        });
     }
-    Ok((
-        Tokenizer::from_dir(ck.dir())?,
-        ChatTemplate::from_dir(ck.dir())?,
-    ))
+    Ok(Text {
+        tokenizer: Tokenizer::from_dir(ck.dir())?,
+        template: ChatTemplate::from_dir(ck.dir())?,
+        error: None,
+    })
 }
 
 use std::path::PathBuf;

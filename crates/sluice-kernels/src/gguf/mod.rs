@@ -593,14 +593,19 @@ pub(crate) fn decode_blocks_with(k: &crate::Kernels, f: BlockFormat, row: &[u8],
 }
 
 thread_local! {
-    /// One dequantized row per thread, reused by every product ([`matmul`]).
-    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Dequantized rows and their products, per thread, reused by every call ([`matmul`]).
+    static ROW: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// [`crate::Kernels::matmul`] of a [`crate::Codes::Block`] matrix: each row (in the matrix's
-/// row order, see [`crate::Matrix::with_rope_rows`]) is dequantized once into a per-thread
-/// scratch row and dotted with every activation row by `k.dot`, which keeps the contract on
-/// every ISA — the bits of [`crate::scalar::matmul`], with the decoding shared by the batch.
+/// Rows of a block matrix decoded together before they are multiplied.
+const TILE: usize = 64;
+
+/// [`crate::Kernels::matmul`] of a [`crate::Codes::Block`] matrix: [`TILE`] rows at a time (in
+/// the matrix's row order, see [`crate::Matrix::with_rope_rows`]) are dequantized once into a
+/// per-thread scratch and multiplied with every activation row as the dense F32 matrix they
+/// are, by the ISA's tiled product — the bits of [`crate::scalar::matmul`], the decoding shared
+/// by the batch.
 pub(crate) fn matmul(
     k: &crate::Kernels,
     f: BlockFormat,
@@ -613,13 +618,27 @@ pub(crate) fn matmul(
     if nr == 0 || cols == 0 {
         return crate::scalar::matmul(m, x, y, rows);
     }
-    ROW.with_borrow_mut(|w| {
-        w.resize(cols, 0.0);
-        for (i, r) in rows.enumerate() {
-            decode_blocks_with(k, f, m.row(r), w);
-            for (xb, yb) in x.chunks_exact(cols).zip(y.chunks_exact_mut(nr)) {
-                yb[i] = k.dot(w, xb);
+    let batch = x.len() / cols;
+    ROW.with_borrow_mut(|(w, t)| {
+        w.resize(TILE * cols, 0.0);
+        t.resize(TILE * batch, 0.0);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let n = TILE.min(rows.end - r0);
+            for (i, wr) in w.chunks_exact_mut(cols).take(n).enumerate() {
+                decode_blocks_with(k, f, m.row(r0 + i), wr);
             }
+            let bytes: &[u8] = bytemuck::cast_slice(&w[..n * cols]);
+            // The shapes are those of the checked call.
+            let Ok(dense) = crate::Matrix::dense(crate::Codes::F32, bytes, n, cols) else {
+                return;
+            };
+            k.matmul(&dense, x, &mut t[..batch * n], 0..n);
+            let at = r0 - rows.start;
+            for (tb, yb) in t.chunks_exact(n).zip(y.chunks_exact_mut(nr)) {
+                yb[at..at + n].copy_from_slice(tb);
+            }
+            r0 += n;
         }
     });
 }

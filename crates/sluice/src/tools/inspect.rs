@@ -163,7 +163,7 @@ pub fn inspect_with(
     let desc = Description::open(dir)?;
     let shards = desc.shards(true)?;
     let budget = resolve_memory(memory)?;
-    let (tokenizer, _) = crate::load_text(&desc)?;
+    let tokenizer = crate::load_text(&desc)?.tokenizer;
     let opts = ModelOptions {
         memory: budget,
         context,

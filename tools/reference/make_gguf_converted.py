@@ -16,6 +16,8 @@ tensors) and converts it with `--outtype f32`:
   then reads the file as DeepSeek-V2's softmax routing).
 - `mixtral-f32.gguf` from `mixtral-fp32`: architecture `llama` with `expert_count`, the query
   and key rows permuted for llama.cpp's rotary layout, the experts stacked.
+- `llama-f32.gguf` from `llama-fp32`: Llama 3's rope scaling as the `rope_freqs.weight`
+  factors, attention biases (the query and key ones permuted like their rows).
 
 Their weights are the fixtures' own, so each fixture's transformers reference
 (testdata/models/<fixture>/reference.safetensors) is theirs; `crates/sluice-model/tests/
@@ -38,6 +40,7 @@ out_dir = repo / "testdata/gguf_converted"
 FIXTURES = [
     ("deepseek_v3-fp32", "deepseek_v3-f32.gguf", {"scoring_func": "sigmoid"}),
     ("mixtral-fp32", "mixtral-f32.gguf", {}),
+    ("llama-fp32", "llama-f32.gguf", {}),
 ]
 
 out_dir.mkdir(parents=True, exist_ok=True)

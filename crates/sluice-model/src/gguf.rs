@@ -18,8 +18,9 @@
 //! has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, and `deepseek2` with sigmoid routing
 //! (DeepSeek-V3/R1, Kimi K2). This is the one place that knows GGUF's names for the families:
 //! anything else — an architecture, a tensor this map does not place, a feature it does not
-//! carry (Llama 3's `rope_freqs`, permuted attention biases, DeepSeek-V2's softmax routing) —
-//! is refused with one line naming the file and the key or tensor.
+//! carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's rope
+//! scaling) — is refused with one line naming the file and the key or tensor. Llama 3's rope
+//! scaling, which the converter stores as per-pair factors, is read back as its parameters.
 
 use std::collections::HashMap;
 
@@ -134,11 +135,15 @@ pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
             ),
         ));
     };
-    let config = if arch.name == "deepseek2" {
+    let mut config = if arch.name == "deepseek2" {
         deepseek2(set)?
     } else {
         config(set, arch)?
     };
+    if set.tensor("rope_freqs.weight").is_some() {
+        let scaling = llama3_scaling(ck, h, &config)?;
+        config["rope_scaling"] = scaling;
+    }
     let (tensors, rope_rows) = tensors(ck, set, arch, &config)?;
     ck.set_gguf_layout(config, tensors, rope_rows)?;
     Ok(())
@@ -432,6 +437,83 @@ fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
     Ok(Json::Object(c))
 }
 
+/// Llama 3's rope scaling from the frequency factors llama.cpp's converter stores in
+/// `rope_freqs.weight` (one per rotary pair: 1 for the high frequencies, `factor` for the low,
+/// a smooth blend between): the `rope_scaling` whose factors these are — `factor` their
+/// largest, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`
+/// searched over the values released models use — so the rotation is computed as
+/// transformers computes it. Factors no such parameters give are refused.
+fn llama3_scaling(ck: &Checkpoint, h: &Gguf, config: &Json) -> Result<Json, ModelError> {
+    let name = "rope_freqs.weight";
+    if config.get("rope_scaling").is_some() {
+        return Err(tensor_err(h, name, "beside rope.scaling.* metadata"));
+    }
+    let head_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
+    let info = ck
+        .get(name)
+        .ok_or_else(|| tensor_err(h, name, "not found"))?;
+    if info.dtype != Dtype::Ggml(GgmlType::F32) || info.shape != [head_dim / 2] {
+        return Err(tensor_err(
+            h,
+            name,
+            format!(
+                "{} {:?}: expected F32 [{}] (one factor per rotary pair)",
+                info.dtype,
+                info.shape,
+                head_dim / 2
+            ),
+        ));
+    }
+    let got: Vec<f64> = ck
+        .read(info)?
+        .chunks_exact(4)
+        .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect();
+    let theta = config["rope_theta"].as_f64().unwrap_or(10_000.0);
+    let factor = got.iter().copied().fold(0f64, f64::max);
+    let dim = head_dim as f64;
+    let fits = |low: f64, high: f64, orig: f64| {
+        got.iter().enumerate().all(|(i, &g)| {
+            let freq = 1.0 / theta.powf(2.0 * i as f64 / dim);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let want = if wavelen < orig / high {
+                1.0
+            } else if wavelen > orig / low {
+                factor
+            } else {
+                let smooth = (orig / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            (g - want).abs() <= 1e-4 * want
+        })
+    };
+    for (low, high) in [
+        (1.0, 4.0),
+        (1.0, 2.0),
+        (2.0, 4.0),
+        (1.0, 8.0),
+        (2.0, 8.0),
+        (4.0, 16.0),
+    ] {
+        for orig in (8..=20).map(|p| f64::from(1u32 << p)) {
+            if factor > 0.0 && fits(low, high, orig) {
+                return Ok(json!({
+                    "rope_type": "llama3",
+                    "factor": factor,
+                    "low_freq_factor": low,
+                    "high_freq_factor": high,
+                    "original_max_position_embeddings": orig as u64,
+                }));
+            }
+        }
+    }
+    Err(tensor_err(
+        h,
+        name,
+        "these frequency factors are not Llama 3's rope scaling for any parameters tried",
+    ))
+}
+
 /// The transformers class a model type is saved as.
 fn architecture(model_type: &str) -> &'static str {
     match model_type {
@@ -618,12 +700,9 @@ fn tensors(
             ));
             continue;
         }
-        if name == "rope_freqs.weight" {
-            return Err(tensor_err(
-                h,
-                name,
-                "Llama 3's rope frequency factors are not supported yet",
-            ));
+        if name == "rope_freqs.weight" && config.get("rope_scaling").is_some() {
+            // Llama 3's rope scaling, read into the config (see `llama3_scaling`).
+            continue;
         }
         let placed = name
             .strip_prefix("blk.")
@@ -658,16 +737,15 @@ fn tensors(
                     // Per head [rows, cols], stacked: one matrix of every head's rows.
                     shape = vec![shape[0] * shape[1], shape[2]];
                 }
-                let qk = hf.ends_with("self_attn.q_proj.weight")
-                    || hf.ends_with("self_attn.k_proj.weight");
-                if arch.permuted_qk && (hf.ends_with("q_proj.bias") || hf.ends_with("k_proj.bias"))
-                {
-                    return Err(tensor_err(
-                        h,
-                        name,
-                        "query and key biases in llama.cpp's rotary order are not supported",
-                    ));
-                }
+                // The converter permutes the query and key projections' rows, biases included.
+                let qk = [
+                    "q_proj.weight",
+                    "k_proj.weight",
+                    "q_proj.bias",
+                    "k_proj.bias",
+                ]
+                .iter()
+                .any(|s| hf.ends_with(&format!("self_attn.{s}")));
                 if arch.permuted_qk && qk {
                     rope_rows.insert(hf.clone(), head_dim);
                 }

@@ -164,6 +164,13 @@ fn mixtral_f32() {
     check("mixtral-f32", true);
 }
 
+/// A dense Llama with Llama 3's rope scaling (stored as `rope_freqs.weight` factors, read back
+/// as the parameters they came from) and attention biases (the query and key ones permuted).
+#[test]
+fn llama_f32() {
+    check("llama-f32", true);
+}
+
 /// DeepSeek-V3 as `deepseek2`: the split `kv_b_proj` runs its keys' half as a plain product
 /// (not row by row), so its bits differ from the checkpoint's within the tolerance.
 #[test]

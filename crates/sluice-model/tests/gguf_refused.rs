@@ -200,8 +200,15 @@ fn a_missing_or_mistyped_key_is_named() {
 fn a_tensor_nothing_reads_is_refused_naming_it() {
     let e = refused(&G::llama().tensor("blk.0.attn_rot_embd.weight", &[32], 0));
     assert!(e.contains("blk.0.attn_rot_embd.weight"), "{e}");
+    // Frequency factors that are not Llama 3's rope scaling (here all zero), or of the wrong
+    // length, are refused rather than guessed at.
     let e = refused(&G::llama().tensor("rope_freqs.weight", &[8], 0));
-    assert!(e.contains("rope_freqs.weight") && e.contains("rope"), "{e}");
+    assert!(
+        e.contains("rope_freqs.weight") && e.contains("Llama 3"),
+        "{e}"
+    );
+    let e = refused(&G::llama().tensor("rope_freqs.weight", &[4], 0));
+    assert!(e.contains("rope_freqs.weight") && e.contains("[8]"), "{e}");
 }
 
 #[test]
@@ -226,8 +233,18 @@ fn a_type_the_kernels_do_not_decode_is_refused() {
 }
 
 #[test]
-fn permuted_query_biases_are_refused() {
-    let e = refused(&G::llama().tensor("blk.0.attn_q.bias", &[32], 0));
+fn query_biases_are_read_and_checked() {
+    // Biases are read in Hugging Face's order like their rows (`tests/gguf_models.rs`
+    // checks the values); one of the wrong length is named.
+    let mut g = G::llama();
+    for l in 0..2 {
+        for p in ["attn_q", "attn_k", "attn_v", "attn_output"] {
+            g = g.tensor(&format!("blk.{l}.{p}.bias"), &[32], 0);
+        }
+    }
+    let d = open(&g).unwrap();
+    assert_eq!(d.config.layers, 2);
+    let e = refused(&g.tensor("blk.0.attn_q.bias", &[24], 0));
     assert!(e.contains("blk.0.attn_q.bias"), "{e}");
 }
 

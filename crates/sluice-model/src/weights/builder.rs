@@ -150,6 +150,7 @@ impl PartBuilder<'_, '_> {
             codes: codes_of(t)?,
             len,
             plus_one: false,
+            rope_rows: 0,
         })
     }
 
@@ -206,6 +207,7 @@ impl PartBuilder<'_, '_> {
                 codes,
                 len,
                 plus_one: false,
+                rope_rows: 0,
             },
         }
     }
@@ -217,6 +219,7 @@ fn placeholder(len: usize) -> VecSpec {
         codes: Codes::F32,
         len,
         plus_one: false,
+        rope_rows: 0,
     }
 }
 
@@ -340,10 +343,25 @@ fn vec(ck: &Checkpoint, part: &PartLayout, name: &str, len: usize) -> Result<Vec
     let t = ck.tensor(name)?;
     check_shape(t, &[len], "")?;
     check_dtype(t, &[Dtype::F32, Dtype::BF16, Dtype::F16], "a vector")?;
+    let rope_rows = match ck.rope_rows(name) {
+        Some(d)
+            if d > 0 && d.is_multiple_of(2) && len.is_multiple_of(d) && d <= u32::MAX as usize =>
+        {
+            d as u32
+        }
+        Some(d) => {
+            return Err(tensor_err(
+                name,
+                format!("{len} values are not whole heads of an even dimension {d}"),
+            ));
+        }
+        None => 0,
+    };
     Ok(VecSpec {
         piece: part.piece(name),
         codes: codes_of(t)?,
         len,
         plus_one: false,
+        rope_rows,
     })
 }

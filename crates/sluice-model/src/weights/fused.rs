@@ -297,6 +297,7 @@ pub(super) fn fused_experts(
                 codes: codes_of(f.bias)?,
                 len: f.rows,
                 plus_one: false,
+                rope_rows: 0,
             };
             Ok((m, b))
         };

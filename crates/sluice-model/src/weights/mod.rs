@@ -116,6 +116,10 @@ pub struct VecSpec {
     /// The weight of a zero-centred RMSNorm (Qwen3-Next): what is used is `1 + w`, rounded
     /// once in f32 as transformers computes `1.0 + weight.float()`.
     pub plus_one: bool,
+    /// The head dimension of a GGUF query or key bias stored in llama.cpp's rotary order
+    /// (read back in Hugging Face's, as [`MatSpec::rope_rows`]); 0 as stored. (A `u32`: the
+    /// spec stays 24 bytes.)
+    pub rope_rows: u32,
 }
 
 impl VecSpec {
@@ -123,6 +127,15 @@ impl VecSpec {
     pub fn to_f32(&self, blob: &Blob) -> Vec<f32> {
         let mut v =
             sluice_kernels::decode::decode_vec(self.codes, blob.piece(self.piece), self.len);
+        if self.rope_rows > 0 {
+            // Element h·d + j·d/2 + i is stored at h·d + 2i + j.
+            let d = self.rope_rows as usize;
+            let stored = v.clone();
+            for (r, x) in v.iter_mut().enumerate() {
+                let (h, l) = (r / d, r % d);
+                *x = stored[h * d + 2 * (l % (d / 2)) + l / (d / 2)];
+            }
+        }
         if self.plus_one {
             for x in &mut v {
                 *x += 1.0;

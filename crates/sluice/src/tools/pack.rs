@@ -144,6 +144,12 @@ pub fn pack(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackReport, Error> {
     let t0 = Instant::now();
+    if crate::is_model_path(src) && !src.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: a GGUF file is run in place (pack takes a safetensors checkpoint directory)",
+            src.display()
+        )));
+    }
     if !src.is_dir() {
         return Err(Error::Usage(format!(
             "model directory {} does not exist",

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{Reference, argmax, compare};
+use common::{Reference, argmax, check_routes, compare};
 use sluice_model::{Logits, Model, ModelOptions};
 
 const REL_TOL: f32 = 1e-4;
@@ -61,19 +61,7 @@ fn check(name: &str, bitwise: bool) {
             "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
         );
         let routes = st.routes.take().unwrap();
-        let mut checked = 0;
-        for l in 0..model.config().layers {
-            let key = format!("prompt{t}.layer{l}.experts");
-            if !r.has(&key) {
-                continue;
-            }
-            let want = r.ids(&key);
-            let k = want.len() / t;
-            for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
-                assert_eq!(route.experts, want[i * k..(i + 1) * k], "{name} layer {l}");
-                checked += 1;
-            }
-        }
+        let checked = check_routes(name, t, &r, model.config(), &routes);
         assert_eq!(
             checked > 0,
             model.config().moe_layers() > 0,

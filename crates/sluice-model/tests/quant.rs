@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 mod common;
-use common::{Reference, argmax, compare};
+use common::{Reference, argmax, check_routes, compare};
 use sluice_format::{Checkpoint, Dtype};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions, PolicyChoice};
@@ -54,34 +54,7 @@ fn check_prompts(name: &str) {
             "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
         );
         let routes = st.routes.take().unwrap();
-        let mut checked = 0;
-        for l in 0..model.config().layers {
-            let key = format!("prompt{t}.layer{l}.experts");
-            if !r.has(&key) {
-                assert!(
-                    !model.config().is_moe(l),
-                    "{name}: reference lacks routes of MoE layer {l}"
-                );
-                continue;
-            }
-            let want = r.ids(&key);
-            let want_w = r.f32(&format!("prompt{t}.layer{l}.weights"));
-            let k = want.len() / t;
-            for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
-                assert_eq!(
-                    route.experts,
-                    want[i * k..(i + 1) * k],
-                    "{name} prompt{t} layer {l} token {i}"
-                );
-                for (g, w) in route.weights.iter().zip(&want_w[i * k..(i + 1) * k]) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                        "{name} layer {l} token {i}: weight {g} vs {w}"
-                    );
-                }
-                checked += 1;
-            }
-        }
+        let checked = check_routes(name, t, &r, model.config(), &routes);
         assert!(checked > 0, "{name}: no routes compared");
     }
     println!("{name} prompts: worst logit error ratio {worst_ratio:.2e}");

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{Reference, argmax, compare};
+use common::{Reference, argmax, check_routes, compare};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelOptions};
 
@@ -53,34 +53,7 @@ fn check_prompts(name: &str) {
         );
         // Routed experts, per MoE layer and token.
         let routes = st.routes.take().unwrap();
-        let mut checked = 0;
-        for l in 0..model.config().layers {
-            let key = format!("prompt{t}.layer{l}.experts");
-            if !r.has(&key) {
-                assert!(
-                    !model.config().is_moe(l),
-                    "{name}: reference lacks routes of MoE layer {l}"
-                );
-                continue;
-            }
-            let want = r.ids(&key);
-            let want_w = r.f32(&format!("prompt{t}.layer{l}.weights"));
-            let k = want.len() / t;
-            for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
-                assert_eq!(
-                    route.experts,
-                    want[i * k..(i + 1) * k],
-                    "{name} prompt{t} layer {l} token {i}"
-                );
-                for (g, w) in route.weights.iter().zip(&want_w[i * k..(i + 1) * k]) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * w.abs().max(1.0),
-                        "{name} layer {l} token {i}: weight {g} vs {w}"
-                    );
-                }
-                checked += 1;
-            }
-        }
+        let checked = check_routes(name, t, &r, model.config(), &routes);
         if model.config().moe_layers() > 0 {
             assert!(checked > 0, "{name}: no routes compared");
         } else {

@@ -13,13 +13,8 @@ use super::{BlockFormat, IQ4_KVALUES, dequantize_block, h, scale_min_k4, u16_at,
 /// # Panics
 /// When the lengths disagree.
 pub(crate) fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) {
+    check_blocks(f, row, out);
     let (bs, ts) = (f.block_size(), f.type_size());
-    assert!(
-        row.len().is_multiple_of(ts) && out.len() == row.len() / ts * bs,
-        "{f:?}: {} bytes into {} values",
-        row.len(),
-        out.len()
-    );
     let blocks = row.chunks_exact(ts).zip(out.chunks_exact_mut(bs));
     use BlockFormat::*;
     match f {
@@ -34,6 +29,20 @@ pub(crate) fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) {
         IQ4_XS => blocks.for_each(|(b, o)| iq4_xs(b.try_into().unwrap(), o.try_into().unwrap())),
         _ => blocks.for_each(|(b, o)| dequantize_block(f, b, o)),
     }
+}
+
+/// Checks that `row` holds whole blocks of `f` and `out` their values.
+///
+/// # Panics
+/// When it does not.
+pub(crate) fn check_blocks(f: BlockFormat, row: &[u8], out: &[f32]) {
+    let (bs, ts) = (f.block_size(), f.type_size());
+    assert!(
+        row.len().is_multiple_of(ts) && out.len() == row.len() / ts * bs,
+        "{f:?}: {} bytes into {} values",
+        row.len(),
+        out.len()
+    );
 }
 
 #[inline(always)]

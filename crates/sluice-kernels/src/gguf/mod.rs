@@ -574,13 +574,7 @@ pub fn decode_cols(f: BlockFormat, row: &[u8], cols: std::ops::Range<usize>, out
 pub(crate) fn decode_blocks_with(k: &crate::Kernels, f: BlockFormat, row: &[u8], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if k.isa() != crate::Isa::Scalar {
-        let (bs, ts) = (f.block_size(), f.type_size());
-        assert!(
-            row.len().is_multiple_of(ts) && out.len() == row.len() / ts * bs,
-            "{f:?}: {} bytes into {} values",
-            row.len(),
-            out.len()
-        );
+        fast::check_blocks(f, row, out);
         // SAFETY: a `Kernels` of an x86 ISA other than scalar proves AVX2 (AVX-512 machines
         // have it too); the lengths are checked above.
         if unsafe { crate::x86::gguf::decode_blocks(f, row, out) } {

@@ -84,3 +84,44 @@ pub fn compare(got: &[f32], want: &[f32]) -> (f32, f32) {
     }
     (worst, scale)
 }
+
+/// The routed experts and their weights of every MoE layer of `routes` (one forward pass over
+/// the `t` tokens of prompt `t`) against the reference's `prompt{t}.layer{l}.*`; a MoE layer
+/// the reference lacks is an error. Returns how many (layer, token) routes were compared.
+pub fn check_routes(
+    name: &str,
+    t: usize,
+    r: &Reference,
+    cfg: &sluice_model::ModelConfig,
+    routes: &[sluice_model::Route],
+) -> usize {
+    let mut checked = 0;
+    for l in 0..cfg.layers {
+        let key = format!("prompt{t}.layer{l}.experts");
+        if !r.has(&key) {
+            assert!(
+                !cfg.is_moe(l),
+                "{name}: reference lacks routes of MoE layer {l}"
+            );
+            continue;
+        }
+        let want = r.ids(&key);
+        let want_w = r.f32(&format!("prompt{t}.layer{l}.weights"));
+        let k = want.len() / t;
+        for (i, route) in routes.iter().filter(|x| x.layer == l).enumerate() {
+            assert_eq!(
+                route.experts,
+                want[i * k..(i + 1) * k],
+                "{name} prompt{t} layer {l} token {i}"
+            );
+            for (g, w) in route.weights.iter().zip(&want_w[i * k..(i + 1) * k]) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{name} layer {l} token {i}: weight {g} vs {w}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    checked
+}

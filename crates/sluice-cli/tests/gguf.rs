@@ -108,3 +108,55 @@ fn a_text_prompt_without_a_vocabulary_names_the_key() {
     assert!(err.contains("tokenizer.ggml.merges"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
+
+/// The fixture's bytes with one thing broken, each run as `sluice run`: exit 2, one line naming
+/// the file, no panic.
+#[test]
+fn a_corrupt_file_is_one_line_and_exit_2() {
+    let good = std::fs::read(fixture().join("model.gguf")).unwrap();
+    let u64_at =
+        |b: &mut Vec<u8>, at: usize, v: u64| b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    // The first tensor's info: its name, then rank (u32), dims (u64 each), type (u32), offset.
+    let name = b"token_embd.weight";
+    let at = good
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the embedding's tensor info")
+        + name.len();
+    let rank = u32::from_le_bytes(good[at..at + 4].try_into().unwrap()) as usize;
+    let ty_at = at + 4 + 8 * rank;
+    let mut cases: Vec<(&str, &str, Vec<u8>)> = Vec::new();
+    cases.push(("truncated", "truncated", good[..good.len() / 2].to_vec()));
+    let mut b = good.clone();
+    u64_at(&mut b, 8, 1 << 40);
+    cases.push((
+        "a tensor count past what the file holds",
+        "tensors exceed",
+        b,
+    ));
+    let mut b = good.clone();
+    u64_at(&mut b, 24, 1 << 40);
+    cases.push(("an oversized string", "string of", b));
+    let mut b = good.clone();
+    b[ty_at..ty_at + 4].copy_from_slice(&99u32.to_le_bytes());
+    cases.push(("an unknown type", "unknown ggml type 99", b));
+    let mut b = good.clone();
+    let off = u64::from_le_bytes(b[ty_at + 4..ty_at + 12].try_into().unwrap());
+    u64_at(&mut b, ty_at + 4, off + 1);
+    cases.push(("a misaligned offset", "alignment", b));
+    let d = tempfile::tempdir().unwrap();
+    for (what, says, bytes) in cases {
+        let p = d.path().join("bad.gguf");
+        std::fs::write(&p, &bytes).unwrap();
+        let o = sluice(&["run", "--model", p.to_str().unwrap(), "--prompt-ids", "1,2"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{what}: {err}");
+        assert!(
+            err.contains("bad.gguf"),
+            "{what}: the file is not named: {err}"
+        );
+        assert!(err.contains(says), "{what}: `{says}` not said: {err}");
+    }
+}

@@ -40,7 +40,7 @@ struct Format {
     scales: Option<(ScaleType, usize, usize)>,
 }
 
-const FORMATS: [Format; 11] = [
+const FORMATS: [Format; 13] = [
     Format {
         name: "f32",
         codes: Codes::F32,
@@ -95,6 +95,17 @@ const FORMATS: [Format; 11] = [
     Format {
         name: "gguf-q6_k",
         codes: Codes::Block(BlockFormat::Q6_K),
+        scales: None,
+    },
+    // The low-bit formats giant models ship in (scalar decoders).
+    Format {
+        name: "gguf-q2_k",
+        codes: Codes::Block(BlockFormat::Q2_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq2_xxs",
+        codes: Codes::Block(BlockFormat::IQ2_XXS),
         scales: None,
     },
 ];

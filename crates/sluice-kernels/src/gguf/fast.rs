@@ -1,5 +1,5 @@
 //! Row decoders for the block formats models are mostly shipped in (Q8_0, Q4_0, Q4_1, Q5_0,
-//! Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the same float operations in the same order as the
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): the same float operations in the same order as the
 //! specification ([`super::dequantize_block`]), so the same bits, but organised per sub-block —
 //! scales decoded once, the elements in straight loops over fixed-size arrays that the
 //! compiler turns into vector code. The other formats decode block by block through the
@@ -27,6 +27,8 @@ pub(crate) fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) {
         Q5_K => blocks.for_each(|(b, o)| q5_k(b.try_into().unwrap(), o.try_into().unwrap())),
         Q6_K => blocks.for_each(|(b, o)| q6_k(b.try_into().unwrap(), o.try_into().unwrap())),
         IQ4_XS => blocks.for_each(|(b, o)| iq4_xs(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q2_K => blocks.for_each(|(b, o)| q2_k(b.try_into().unwrap(), o.try_into().unwrap())),
+        Q3_K => blocks.for_each(|(b, o)| q3_k(b.try_into().unwrap(), o.try_into().unwrap())),
         _ => blocks.for_each(|(b, o)| dequantize_block(f, b, o)),
     }
 }
@@ -162,6 +164,43 @@ fn q6_k(b: &[u8; 210], o: &mut [f32; 256]) {
                     o[32 * k + l] = dl * (q as f32);
                 }
             }
+        }
+    }
+}
+
+/// Q2_K: 16 groups of 16, each `dl × q − ml` with its 4-bit scale and minimum.
+#[inline(always)]
+fn q2_k(b: &[u8; 84], o: &mut [f32; 256]) {
+    let (sc, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (h(b, 80), h(b, 82));
+    for g in 0..16 {
+        let dl = d * ((sc[g] & 15) as f32);
+        let ml = dmin * ((sc[g] >> 4) as f32);
+        let q = &qs[32 * (g / 8) + 16 * (g % 2)..][..16];
+        let shift = 2 * ((g % 8) / 2);
+        for i in 0..16 {
+            o[16 * g + i] = dl * (((q[i] >> shift) & 3) as f32) - ml;
+        }
+    }
+}
+
+/// Q3_K: 16 groups of 16, each `dl × q` with its 6-bit scale; the third bit in `hmask`.
+#[inline(always)]
+fn q3_k(b: &[u8; 110], o: &mut [f32; 256]) {
+    let (hm, qs, s) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = h(b, 108);
+    for g in 0..16 {
+        let lo = (s[g % 8] >> (4 * (g / 8))) & 15;
+        let hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+        let dl = d * (((lo | (hi << 4)) as i32 - 32) as f32);
+        let at = 16 * (g % 2);
+        let q = &qs[32 * (g / 8) + at..][..16];
+        let m = &hm[at..at + 16];
+        let (shift, hb) = (2 * ((g % 8) / 2), g / 2);
+        for i in 0..16 {
+            let ql = ((q[i] >> shift) & 3) as i32;
+            let high = (m[i] >> hb) & 1;
+            o[16 * g + i] = dl * ((ql - 4 * (1 - high as i32)) as f32);
         }
     }
 }

@@ -187,46 +187,12 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
             format!("{r}: partial rotary embeddings (head dimension {head_dim}) are not supported"),
         ));
     }
-    let vocab = match opt_uint(h, &k("vocab_size"))? {
-        Some(v) => v,
-        None => {
-            let Some((_, t)) = set.tensor("token_embd.weight") else {
-                return Err(tensor_err(h, "token_embd.weight", "missing"));
-            };
-            t.matrix_dims().0
-        }
-    };
-    let eps = opt_float(h, &k("attention.layer_norm_rms_epsilon"))?
-        .ok_or_else(|| key_err(h, &k("attention.layer_norm_rms_epsilon"), "missing"))?;
-    let mut c = Map::new();
-    c.insert("model_type".into(), json!(model_type));
-    c.insert("architectures".into(), json!([architecture(model_type)]));
-    c.insert("hidden_act".into(), json!("silu"));
-    c.insert("vocab_size".into(), json!(vocab));
-    c.insert("hidden_size".into(), json!(hidden));
-    c.insert(
-        "num_hidden_layers".into(),
-        json!(pos(h, &k("block_count"))?),
-    );
-    c.insert("num_attention_heads".into(), json!(heads));
+    let mut c = shared_keys(set, a, model_type, architecture(model_type))?;
     c.insert("num_key_value_heads".into(), json!(kv_heads));
     c.insert("head_dim".into(), json!(head_dim));
-    c.insert("rms_norm_eps".into(), json!(eps));
-    c.insert(
-        "max_position_embeddings".into(),
-        json!(pos(h, &k("context_length"))?),
-    );
-    c.insert(
-        "rope_theta".into(),
-        json!(opt_float(h, &k("rope.freq_base"))?.unwrap_or(10_000.0)),
-    );
     if let Some(s) = rope_scaling(h, a)? {
         c.insert("rope_scaling".into(), s);
     }
-    c.insert(
-        "tie_word_embeddings".into(),
-        json!(set.tensor("output.weight").is_none()),
-    );
     let ff = opt_uint(h, &k("feed_forward_length"))?;
     let need_ff = || ff.ok_or_else(|| key_err(h, &k("feed_forward_length"), "missing"));
     match model_type {
@@ -335,41 +301,15 @@ fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
             format!("{key_mla} leaves no room for the rotary part of {rope}"),
         ));
     }
-    let heads = pos(h, &k("attention.head_count"))?;
-    let vocab = match opt_uint(h, &k("vocab_size"))? {
-        Some(v) => v,
-        None => set
-            .tensor("token_embd.weight")
-            .map(|(_, t)| t.matrix_dims().0)
-            .ok_or_else(|| tensor_err(h, "token_embd.weight", "missing"))?,
-    };
-    let eps = opt_float(h, &k("attention.layer_norm_rms_epsilon"))?
-        .ok_or_else(|| key_err(h, &k("attention.layer_norm_rms_epsilon"), "missing"))?;
-    let mut c = Map::new();
+    let mut c = shared_keys(set, "deepseek2", "deepseek_v3", "DeepseekV3ForCausalLM")?;
+    // MLA has one latent, which transformers counts as a key-value head per query head.
+    c.insert(
+        "num_key_value_heads".into(),
+        c["num_attention_heads"].clone(),
+    );
     let mut put = |key: &str, v: Json| {
         c.insert(key.into(), v);
     };
-    put("model_type", json!("deepseek_v3"));
-    put("architectures", json!(["DeepseekV3ForCausalLM"]));
-    put("hidden_act", json!("silu"));
-    put("vocab_size", json!(vocab));
-    put("hidden_size", json!(pos(h, &k("embedding_length"))?));
-    put("num_hidden_layers", json!(pos(h, &k("block_count"))?));
-    put("num_attention_heads", json!(heads));
-    put("num_key_value_heads", json!(heads));
-    put("rms_norm_eps", json!(eps));
-    put(
-        "max_position_embeddings",
-        json!(pos(h, &k("context_length"))?),
-    );
-    put(
-        "rope_theta",
-        json!(opt_float(h, &k("rope.freq_base"))?.unwrap_or(10_000.0)),
-    );
-    put(
-        "tie_word_embeddings",
-        json!(set.tensor("output.weight").is_none()),
-    );
     if let Some(q) = opt_uint(h, &k("attention.q_lora_rank"))? {
         put("q_lora_rank", json!(q));
     } else {
@@ -512,6 +452,56 @@ fn llama3_scaling(ck: &Checkpoint, h: &Gguf, config: &Json) -> Result<Json, Mode
         name,
         "these frequency factors are not Llama 3's rope scaling for any parameters tried",
     ))
+}
+
+/// The keys every config here has, from `<a>.*`: the model type and class, sizes, the norm's
+/// epsilon, the context length, the rotary base, and tied embeddings when the file has no
+/// `output.weight`. `vocab_size` is the key's, else the embedding's rows.
+fn shared_keys(
+    set: &GgufSet,
+    a: &str,
+    model_type: &str,
+    class: &str,
+) -> Result<Map<String, Json>, ModelError> {
+    let h = set.header();
+    let k = |s: &str| format!("{a}.{s}");
+    let vocab = match opt_uint(h, &k("vocab_size"))? {
+        Some(v) => v,
+        None => set
+            .tensor("token_embd.weight")
+            .map(|(_, t)| t.matrix_dims().0)
+            .ok_or_else(|| tensor_err(h, "token_embd.weight", "missing"))?,
+    };
+    let eps_key = k("attention.layer_norm_rms_epsilon");
+    let eps = opt_float(h, &eps_key)?.ok_or_else(|| key_err(h, &eps_key, "missing"))?;
+    let mut c = Map::new();
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("architectures".into(), json!([class]));
+    c.insert("hidden_act".into(), json!("silu"));
+    c.insert("vocab_size".into(), json!(vocab));
+    c.insert("hidden_size".into(), json!(pos(h, &k("embedding_length"))?));
+    c.insert(
+        "num_hidden_layers".into(),
+        json!(pos(h, &k("block_count"))?),
+    );
+    c.insert(
+        "num_attention_heads".into(),
+        json!(pos(h, &k("attention.head_count"))?),
+    );
+    c.insert("rms_norm_eps".into(), json!(eps));
+    c.insert(
+        "max_position_embeddings".into(),
+        json!(pos(h, &k("context_length"))?),
+    );
+    c.insert(
+        "rope_theta".into(),
+        json!(opt_float(h, &k("rope.freq_base"))?.unwrap_or(10_000.0)),
+    );
+    c.insert(
+        "tie_word_embeddings".into(),
+        json!(set.tensor("output.weight").is_none()),
+    );
+    Ok(c)
 }
 
 /// The transformers class a model type is saved as.

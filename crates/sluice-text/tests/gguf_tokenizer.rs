@@ -205,6 +205,34 @@ fn put_value(out: &mut Vec<u8>, v: &Value) {
 }
 
 /// A GGUF file (version 3, no tensors) holding `kvs`, parsed back.
+/// A byte-level (`gpt2`) vocabulary's metadata under the `deepseek2` architecture, adding no
+/// BOS to a text (as the real tokenizers these tests rebuild do).
+fn byte_level(
+    pre: &str,
+    tokens: Vec<String>,
+    types: Vec<i32>,
+    merges: Vec<String>,
+) -> Vec<(String, Value)> {
+    vec![
+        ("general.architecture".into(), s("deepseek2")),
+        ("tokenizer.ggml.model".into(), s("gpt2")),
+        ("tokenizer.ggml.pre".into(), s(pre)),
+        (
+            "tokenizer.ggml.tokens".into(),
+            Value::Array(Array::String(tokens)),
+        ),
+        (
+            "tokenizer.ggml.token_type".into(),
+            Value::Array(Array::I32(types)),
+        ),
+        (
+            "tokenizer.ggml.merges".into(),
+            Value::Array(Array::String(merges)),
+        ),
+        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
+    ]
+}
+
 fn gguf_of(kvs: &[(String, Value)]) -> Gguf {
     let mut out = Vec::new();
     out.extend(b"GGUF");
@@ -769,27 +797,10 @@ fn deepseek_v3_from_gguf_metadata_matches_its_tokenizer_json() {
         .iter()
         .position(|t| t == "<｜end▁of▁sentence｜>")
         .unwrap();
-    let meta = gguf_of(&[
-        ("general.architecture".into(), s("deepseek2")),
-        ("tokenizer.ggml.model".into(), s("gpt2")),
-        ("tokenizer.ggml.pre".into(), s("deepseek-v3")),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(Array::String(tokens)),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(Array::I32(types)),
-        ),
-        (
-            "tokenizer.ggml.merges".into(),
-            Value::Array(Array::String(merges)),
-        ),
-        ("tokenizer.ggml.bos_token_id".into(), Value::U32(bos as u32)),
-        ("tokenizer.ggml.eos_token_id".into(), Value::U32(eos as u32)),
-        // The `tokenizer.json` adds nothing itself (transformers' config adds the BOS).
-        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-    ]);
+    let mut kv = byte_level("deepseek-v3", tokens, types, merges);
+    kv.push(("tokenizer.ggml.bos_token_id".into(), Value::U32(bos as u32)));
+    kv.push(("tokenizer.ggml.eos_token_id".into(), Value::U32(eos as u32)));
+    let meta = gguf_of(&kv);
     let tok = Tokenizer::from_gguf(&meta, Path::new("deepseek-v3.gguf")).unwrap();
     assert_eq!(tok.vocab_size(), reference.vocab_size());
     assert_same_encodings("deepseek-v3", &tok, &reference, &texts());
@@ -872,25 +883,7 @@ fn kimi_k2_from_gguf_metadata_matches_its_tiktoken_model() {
         types[id as usize] = 3;
     }
     assert!(tokens.iter().all(|t| !t.is_empty()));
-    let meta = gguf_of(&[
-        ("general.architecture".into(), s("deepseek2")),
-        ("tokenizer.ggml.model".into(), s("gpt2")),
-        ("tokenizer.ggml.pre".into(), s("kimi-k2")),
-        (
-            "tokenizer.ggml.tokens".into(),
-            Value::Array(Array::String(tokens)),
-        ),
-        (
-            "tokenizer.ggml.token_type".into(),
-            Value::Array(Array::I32(types)),
-        ),
-        (
-            "tokenizer.ggml.merges".into(),
-            Value::Array(Array::String(merges)),
-        ),
-        // Kimi's tokenizer adds nothing to a text.
-        ("tokenizer.ggml.add_bos_token".into(), Value::Bool(false)),
-    ]);
+    let meta = gguf_of(&byte_level("kimi-k2", tokens, types, merges));
     let tok = Tokenizer::from_gguf(&meta, Path::new("kimi-k2.gguf")).unwrap();
     assert_eq!(tok.vocab_size(), reference.vocab_size());
     let texts: Vec<_> = texts()

@@ -18,9 +18,15 @@ tensors) and converts it with `--outtype f32`:
   and key rows permuted for llama.cpp's rotary layout, the experts stacked.
 - `llama-f32.gguf` from `llama-fp32`: Llama 3's rope scaling as the `rope_freqs.weight`
   factors, attention biases (the query and key ones permuted like their rows).
+- `gpt_oss-mxfp4.gguf` from `testdata/quant/gpt_oss-mxfp4`: architecture `gpt-oss`, the
+  experts' MXFP4 blocks repacked into GGUF's MXFP4 type (the rest widened to F32), the fused
+  `gate_up_proj` split into stacked gate (even rows) and up (odd rows) experts, the biases
+  stacked beside them, the sinks as `attn_sinks.weight`.
+- `gpt_oss-bf16-f32.gguf` from `testdata/quant/gpt_oss-bf16`: the same in F32, the experts'
+  `x @ W` matrices transposed by the converter.
 
 Their weights are the fixtures' own, so each fixture's transformers reference
-(testdata/models/<fixture>/reference.safetensors) is theirs; `crates/sluice-model/tests/
+(<fixture>/reference.safetensors) is theirs; `crates/sluice-model/tests/
 gguf_models.rs` reads it from there. The converter is deterministic: the same sources give the
 same bytes (the script prints each sha256).
 """
@@ -37,17 +43,20 @@ repo = Path(__file__).resolve().parents[2]
 llama = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/work/llama/src")
 out_dir = repo / "testdata/gguf_converted"
 
+# (fixture directory under testdata/, GGUF name, config keys added before converting)
 FIXTURES = [
-    ("deepseek_v3-fp32", "deepseek_v3-f32.gguf", {"scoring_func": "sigmoid"}),
-    ("mixtral-fp32", "mixtral-f32.gguf", {}),
-    ("llama-fp32", "llama-f32.gguf", {}),
+    ("models/deepseek_v3-fp32", "deepseek_v3-f32.gguf", {"scoring_func": "sigmoid"}),
+    ("models/mixtral-fp32", "mixtral-f32.gguf", {}),
+    ("models/llama-fp32", "llama-f32.gguf", {}),
+    ("quant/gpt_oss-mxfp4", "gpt_oss-mxfp4.gguf", {}),
+    ("quant/gpt_oss-bf16", "gpt_oss-bf16-f32.gguf", {}),
 ]
 
 out_dir.mkdir(parents=True, exist_ok=True)
 for fixture, name, extra in FIXTURES:
     with tempfile.TemporaryDirectory() as t:
         src = Path(t) / "src"
-        shutil.copytree(repo / "testdata/models" / fixture, src)
+        shutil.copytree(repo / "testdata" / fixture, src)
         (src / "reference.safetensors").unlink()
         cfg = json.loads((src / "config.json").read_text())
         cfg.update(extra)

@@ -14,9 +14,11 @@
 //! each head's rotary pairs are adjacent; their rows are read back in Hugging Face's order
 //! ([`Checkpoint::rope_rows`]). DeepSeek's `kv_b_proj` was split into `attn_k_b` (each head's
 //! `W_ukᵀ`) and `attn_v_b`, which multi-head latent attention reads as they are
-//! ([`crate::attention::mla::KvB::Split`]). Architectures: `llama` (dense, or Mixtral when it
-//! has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, and `deepseek2` with sigmoid routing
-//! (DeepSeek-V3/R1, Kimi K2). This is the one place that knows GGUF's names for the families:
+//! ([`crate::attention::mla::KvB::Split`]). GPT-OSS's fused, interleaved `gate_up_proj` was
+//! split into stacked gate and up experts with stacked biases, which become one biased expert
+//! each ([`crate::weights::ExpertSpec::Biased`]). Architectures: `llama` (dense, or Mixtral when
+//! it has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `deepseek2` with sigmoid routing
+//! (DeepSeek-V3/R1, Kimi K2) and `gpt-oss`. This is the one place that knows GGUF's names for the families:
 //! anything else — an architecture, a tensor this map does not place, a feature it does not
 //! carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's rope
 //! scaling) — is refused with one line naming the file and the key or tensor. Llama 3's rope
@@ -39,7 +41,7 @@ struct Arch {
 }
 
 /// The architectures read, with the transformers model types they become.
-const ARCHES: [Arch; 6] = [
+const ARCHES: [Arch; 7] = [
     Arch {
         name: "llama",
         permuted_qk: true,
@@ -62,6 +64,10 @@ const ARCHES: [Arch; 6] = [
     },
     Arch {
         name: "deepseek2",
+        permuted_qk: false,
+    },
+    Arch {
+        name: "gpt-oss",
         permuted_qk: false,
     },
 ];
@@ -160,6 +166,7 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
         "llama" => "llama",
         "qwen2moe" => "qwen2_moe",
         "qwen3moe" => "qwen3_moe",
+        "gpt-oss" => "gpt_oss",
         other => other,
     };
     let hidden = pos(h, &k("embedding_length"))?;
@@ -190,7 +197,12 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
     let mut c = shared_keys(set, a, model_type, architecture(model_type))?;
     c.insert("num_key_value_heads".into(), json!(kv_heads));
     c.insert("head_dim".into(), json!(head_dim));
-    if let Some(s) = rope_scaling(h, a)? {
+    if let Some(mut s) = rope_scaling(h, a)? {
+        if model_type == "gpt_oss" && s["rope_type"] == "yarn" {
+            // GPT-OSS computes YaRN's correction range without rounding it to whole
+            // dimensions (`truncate: false` in every release); the converter does not store it.
+            s["truncate"] = json!(false);
+        }
         c.insert("rope_scaling".into(), s);
     }
     let ff = opt_uint(h, &k("feed_forward_length"))?;
@@ -211,6 +223,37 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
         }
         "qwen2" | "qwen3" => {
             c.insert("intermediate_size".into(), json!(need_ff()?));
+        }
+        "gpt_oss" => {
+            c.insert(
+                "intermediate_size".into(),
+                json!(pos(h, &k("expert_feed_forward_length"))?),
+            );
+            c.insert(
+                "num_local_experts".into(),
+                json!(pos(h, &k("expert_count"))?),
+            );
+            c.insert(
+                "num_experts_per_tok".into(),
+                json!(pos(h, &k("expert_used_count"))?),
+            );
+            let bias = set.tensor("blk.0.attn_q.bias").is_some();
+            c.insert("attention_bias".into(), json!(bias));
+            // llama.cpp slides the window on even layers (its GPT-OSS `swa_pattern` of 2),
+            // as transformers does when `layer_types` is absent; written out all the same.
+            let window = pos(h, &k("attention.sliding_window"))?;
+            c.insert("sliding_window".into(), json!(window));
+            let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
+            let types: Vec<&str> = (0..layers)
+                .map(|l| {
+                    if l % 2 == 0 {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                })
+                .collect();
+            c.insert("layer_types".into(), json!(types));
         }
         "qwen2_moe" | "qwen3_moe" => {
             c.insert("num_experts".into(), json!(pos(h, &k("expert_count"))?));
@@ -512,6 +555,7 @@ fn architecture(model_type: &str) -> &'static str {
         "qwen3" => "Qwen3ForCausalLM",
         "qwen2_moe" => "Qwen2MoeForCausalLM",
         "qwen3_moe" => "Qwen3MoeForCausalLM",
+        "gpt_oss" => "GptOssForCausalLM",
         _ => "LlamaForCausalLM",
     }
 }
@@ -569,10 +613,12 @@ fn dtype(t: GgmlType) -> Dtype {
 /// `.weight` or `.bias`), or a stacked expert tensor to split.
 enum Place {
     One(String),
-    /// `{prefix}{e}.{proj}.weight` for every expert `e`.
+    /// `{prefix}{e}.{proj}.{suffix}` for every expert `e` (`weight`, or `bias` for GPT-OSS's
+    /// stacked `[experts, rows]` biases).
     Experts {
         prefix: String,
         proj: &'static str,
+        suffix: String,
     },
 }
 
@@ -580,6 +626,7 @@ enum Place {
 fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
     let layer = format!("model.layers.{l}.");
     let mixtral = model_type == "mixtral";
+    let gpt_oss = model_type == "gpt_oss";
     let shared = if model_type == "deepseek_v3" {
         "shared_experts"
     } else {
@@ -592,14 +639,22 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
     };
     let one = |s: &str| Some(Place::One(format!("{layer}{s}.{suffix}")));
     let experts = |proj| {
-        (suffix == "weight").then(|| Place::Experts {
+        (suffix == "weight" || gpt_oss).then(|| Place::Experts {
             prefix: format!("{layer}{moe}.experts."),
             proj,
+            suffix: suffix.to_owned(),
         })
     };
     match base {
         "attn_norm" => one("input_layernorm"),
         "ffn_norm" => one("post_attention_layernorm"),
+        // GPT-OSS's name for the norm before the experts.
+        "post_attention_norm" if gpt_oss => one("post_attention_layernorm"),
+        // The converter gave GPT-OSS's per-head sinks a `.weight`; transformers' have none.
+        "attn_sinks" if gpt_oss && suffix == "weight" => {
+            Some(Place::One(format!("{layer}self_attn.sinks")))
+        }
+        "ffn_gate_inp" if gpt_oss => one("mlp.router"),
         "attn_q" => one("self_attn.q_proj"),
         "attn_k" => one("self_attn.k_proj"),
         "attn_v" => one("self_attn.v_proj"),
@@ -741,18 +796,23 @@ fn tensors(
                 }
                 out.push(info(hf, t.name.clone(), shape, t.offset, t.len));
             }
-            Place::Experts { prefix, proj } => {
+            Place::Experts {
+                prefix,
+                proj,
+                suffix,
+            } => {
                 let Some((_, g)) = set.tensor(name) else {
                     return Err(tensor_err(h, name, "not found in the set"));
                 };
-                if t.shape.len() != 3 {
+                let (dims, layout) = match suffix.as_str() {
+                    "bias" => (2, "[experts, rows]"),
+                    _ => (3, "[experts, rows, cols]"),
+                };
+                if t.shape.len() != dims {
                     return Err(tensor_err(
                         h,
                         name,
-                        format!(
-                            "shape {:?}: stacked experts are [experts, rows, cols]",
-                            t.shape
-                        ),
+                        format!("shape {:?}: stacked experts are {layout}", t.shape),
                     ));
                 }
                 for e in 0..t.shape[0] as u64 {
@@ -760,7 +820,7 @@ fn tensors(
                         .slab(e)
                         .ok_or_else(|| tensor_err(h, name, format!("no slab for expert {e}")))?;
                     out.push(info(
-                        format!("{prefix}{e}.{proj}.weight"),
+                        format!("{prefix}{e}.{proj}.{suffix}"),
                         format!("{name}[{e}]"),
                         t.shape[1..].to_vec(),
                         offset,

@@ -11,7 +11,9 @@ use crate::ModelError;
 use crate::config::{ExpertActivation, GluActivation, ModelConfig, RouterKind};
 use crate::exec::Exec;
 use crate::state::Route;
-use crate::weights::{ExpertSpec, FfnSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, VecSpec};
+use crate::weights::{
+    BiasedMlpSpec, ExpertSpec, FfnSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, VecSpec,
+};
 
 /// `y = x · Wᵀ` for the matrix of `spec` in `blob` (`x` is `[t, cols]`, `y` is `[t, rows]`),
 /// whichever way it is stored.
@@ -214,15 +216,54 @@ fn clamped_expert(
     add_bias(&mut gu, &spec.gate_up_bias, blob);
     let act: Vec<f32> = gu
         .chunks_exact(2)
-        .map(|p| {
-            let g = p[0].min(limit);
-            let u = p[1].clamp(-limit, limit);
-            let glu = g * scalar::sigmoid(g * alpha);
-            (u + 1.0) * glu
-        })
+        .map(|p| clamped_glu(p[0], p[1], alpha, limit))
         .collect();
     let mut y = vec![0f32; t * spec.down.rows];
     linear(exec, &spec.down, blob, &act, &mut y)?;
+    add_bias(&mut y, &spec.down_bias, blob);
+    Ok(y)
+}
+
+/// GPT-OSS's clamped SwiGLU of one gate and up value.
+fn clamped_glu(gate: f32, up: f32, alpha: f32, limit: f32) -> f32 {
+    let g = gate.min(limit);
+    let u = up.clamp(-limit, limit);
+    let glu = g * scalar::sigmoid(g * alpha);
+    (u + 1.0) * glu
+}
+
+/// [`clamped_expert`] with the gate and up as separate biased products ([`BiasedMlpSpec`]):
+/// the same values, as each output is its own row's product.
+fn biased_expert(
+    exec: &Exec,
+    spec: &BiasedMlpSpec,
+    blob: &Blob,
+    x: &[f32],
+    t: usize,
+    alpha: f32,
+    limit: f32,
+) -> Result<Vec<f32>, ModelError> {
+    let m = &spec.mlp;
+    let inter = m.gate.rows;
+    let (mut g, mut u) = (vec![0f32; t * inter], vec![0f32; t * inter]);
+    if m.gate.transposed || m.up.transposed {
+        linear(exec, &m.gate, blob, x, &mut g)?;
+        linear(exec, &m.up, blob, x, &mut u)?;
+    } else {
+        exec.matmul_many(vec![
+            (m.gate.view(blob)?, x, &mut g[..]),
+            (m.up.view(blob)?, x, &mut u[..]),
+        ]);
+    }
+    add_bias(&mut g, &spec.gate_bias, blob);
+    add_bias(&mut u, &spec.up_bias, blob);
+    let act: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&g, &u)| clamped_glu(g, u, alpha, limit))
+        .collect();
+    let mut y = vec![0f32; t * m.down.rows];
+    linear(exec, &m.down, blob, &act, &mut y)?;
     add_bias(&mut y, &spec.down_bias, blob);
     Ok(y)
 }
@@ -296,6 +337,9 @@ pub(crate) fn expert(
         ),
         (ExpertSpec::Fused(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             clamped_expert(exec, g, blob, x, t, alpha, limit)
+        }
+        (ExpertSpec::Biased(b), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
+            biased_expert(exec, b, blob, x, t, alpha, limit)
         }
         (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGluInputsClamped { limit }) => glu(
             exec,

@@ -32,10 +32,17 @@ fn open(path: &Path, memory: Option<u64>) -> Model {
 /// fixture has one).
 fn fixture(name: &str) -> (PathBuf, Reference, Option<PathBuf>) {
     let d = testdata().join("gguf/models").join(name);
-    if let Some(family) = name.strip_suffix("-f32") {
-        // Converted from the transformers fixture, whose reference it shares
-        // (tools/reference/make_gguf_converted.py).
-        let src = testdata().join(format!("models/{family}-fp32"));
+    // Converted from a transformers fixture, whose reference it shares
+    // (tools/reference/make_gguf_converted.py).
+    let converted = match name {
+        "gpt_oss-mxfp4" => Some("quant/gpt_oss-mxfp4".to_owned()),
+        "gpt_oss-bf16-f32" => Some("quant/gpt_oss-bf16".to_owned()),
+        _ => name
+            .strip_suffix("-f32")
+            .map(|family| format!("models/{family}-fp32")),
+    };
+    if let Some(src) = converted {
+        let src = testdata().join(src);
         let r = Reference::open(&src.join("reference.safetensors"));
         let gguf = testdata().join(format!("gguf_converted/{name}.gguf"));
         return (gguf, r, Some(src));
@@ -164,4 +171,23 @@ fn llama_f32() {
 #[test]
 fn deepseek_v3_f32() {
     check("deepseek_v3-f32", false);
+}
+
+/// GPT-OSS as `gpt-oss`, its experts in GGUF's MXFP4 blocks: the fused, interleaved
+/// `gate_up_proj` split by the converter into stacked gate and up experts with stacked biases,
+/// the sinks, the sliding layers and YaRN without truncation (which the file does not store).
+/// The checkpoint's MXFP4 rows are dotted group by group and scaled per group, the GGUF's
+/// blocks decoded to their values first: the same values, other roundings, so the bits differ
+/// within the tolerance.
+#[test]
+fn gpt_oss_mxfp4() {
+    check("gpt_oss-mxfp4", false);
+}
+
+/// The same architecture from BF16 experts widened to F32: the converter transposed GPT-OSS's
+/// `x @ W` matrices to `[out, in]`, which are dotted row by row where the checkpoint's are
+/// accumulated column by column, so the bits differ within the tolerance.
+#[test]
+fn gpt_oss_bf16_f32() {
+    check("gpt_oss-bf16-f32", false);
 }

@@ -8,9 +8,10 @@ use sluice_format::{Dtype, TensorInfo};
 use sluice_kernels::{Codes, ScaleType};
 use sluice_store::Piece;
 
-use super::builder::{Ctx, check_dtype, check_shape, codes_of, scale_type, tensor_err};
+use super::builder::{Ctx, build_part, check_dtype, check_shape, codes_of, scale_type, tensor_err};
 use super::{
-    ExpertSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, PartLayout, ScaleSpec, VecSpec,
+    BiasedMlpSpec, ExpertSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, PartLayout,
+    ScaleSpec, VecSpec,
 };
 use crate::ModelError;
 use crate::config::ModelConfig;
@@ -182,6 +183,12 @@ pub(super) fn fused_experts(
 ) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
     let ck = ctx.ck;
     let (n, h, inter) = (cfg.moe.experts, cfg.hidden, cfg.moe.intermediate);
+    let fused_stored = ["gate_up_proj", "gate_up_proj_blocks"]
+        .iter()
+        .any(|s| ck.get(&format!("{base}.{s}")).is_some());
+    if !fused_stored && ck.get(&format!("{base}.0.gate_proj.weight")).is_some() {
+        return biased_experts(ctx, cfg, base);
+    }
     let mxfp4 = ctx.m.fused_mxfp4(base);
     // (tensor stem, output features, input features)
     let projs = [("gate_up_proj", 2 * inter, h), ("down_proj", h, inter)];
@@ -310,6 +317,38 @@ pub(super) fn fused_experts(
             down_bias,
         }));
         pieces.push(part.pieces);
+    }
+    Ok((pieces, specs))
+}
+
+/// The same experts stored one module per expert, `{base}.{e}.{gate_proj,up_proj,down_proj}`,
+/// each with its `.weight` `[out, in]` in any coding and its `.bias` — GPT-OSS as a GGUF file
+/// holds them once the stacked tensors are cut per expert (the converter split `gate_up_proj`
+/// into its even rows, the gate, and its odd rows, the up).
+fn biased_experts(
+    ctx: &Ctx<'_>,
+    cfg: &ModelConfig,
+    base: &str,
+) -> Result<(Vec<Vec<Piece>>, Vec<ExpertSpec>), ModelError> {
+    let (h, inter) = (cfg.hidden, cfg.moe.intermediate);
+    let mut pieces = Vec::with_capacity(cfg.moe.experts);
+    let mut specs = Vec::with_capacity(cfg.moe.experts);
+    for e in 0..cfg.moe.experts {
+        let name = |w: &str| format!("{base}.{e}.{w}");
+        let (part, spec) = build_part(ctx, |p| {
+            Ok(BiasedMlpSpec {
+                mlp: MlpSpec {
+                    gate: p.linear(&name("gate_proj"), inter, h)?,
+                    up: p.linear(&name("up_proj"), inter, h)?,
+                    down: p.linear(&name("down_proj"), h, inter)?,
+                },
+                gate_bias: p.vector(&name("gate_proj.bias"), inter)?,
+                up_bias: p.vector(&name("up_proj.bias"), inter)?,
+                down_bias: p.vector(&name("down_proj.bias"), h)?,
+            })
+        })?;
+        pieces.push(part.pieces);
+        specs.push(ExpertSpec::Biased(spec));
     }
     Ok((pieces, specs))
 }

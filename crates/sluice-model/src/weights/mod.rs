@@ -302,6 +302,21 @@ pub struct GateUpSpec {
     pub down: MatSpec,
 }
 
+/// A clamped-SwiGLU expert whose gate, up and down are separate matrices, each with a bias
+/// (GPT-OSS as llama.cpp's converter stores it: the fused `gate_up_proj`'s even rows are the
+/// gate, its odd rows the up).
+#[derive(Clone, Copy, Debug)]
+pub struct BiasedMlpSpec {
+    /// The three projections.
+    pub mlp: MlpSpec,
+    /// The gate's bias.
+    pub gate_bias: VecSpec,
+    /// The up projection's bias.
+    pub up_bias: VecSpec,
+    /// The down projection's bias.
+    pub down_bias: VecSpec,
+}
+
 /// What one routed expert holds, as specs into its blob.
 #[derive(Clone, Copy, Debug)]
 pub enum ExpertSpec {
@@ -311,6 +326,8 @@ pub enum ExpertSpec {
     GateUp(GateUpSpec),
     /// Fused gate/up and down projections with biases (GPT-OSS).
     Fused(FusedExpertSpec),
+    /// Separate gate, up and down matrices with biases (GPT-OSS from a GGUF file).
+    Biased(BiasedMlpSpec),
 }
 
 /// One attention-residual mix: `norm` RMSNorm weights and the `[1, hidden]` score projection.

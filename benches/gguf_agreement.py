@@ -3,7 +3,8 @@
 
     python benches/gguf_agreement.py MODEL.gguf TOKENIZER.json [--tokens 32]
 
-Both engines continue each prompt below greedily (sluice: `sluice run --raw --json`; llama.cpp:
+Both engines continue each prompt below greedily (sluice: `sluice run --raw --json
+--temperature 0`, as a file's `general.sampling.*` defaults would otherwise sample; llama.cpp:
 `llama-completion --temp 0 -no-cnv`) for `--tokens` tokens. llama.cpp's text is encoded back
 with TOKENIZER.json (the model's tokenizer, e.g. the one transformers writes for the GGUF) and
 compared with sluice's ids: per prompt the number of leading tokens that agree, and whether all
@@ -57,7 +58,7 @@ def main() -> None:
     for p in PROMPTS:
         out = subprocess.run(
             [sluice, "run", "--model", model, "--raw", p, "--max-tokens", str(n), "--json",
-             "--threads", threads],
+             "--temperature", "0", "--threads", threads],
             check=True, capture_output=True, text=True,
         ).stdout
         ours = json.loads(out)["ids"]

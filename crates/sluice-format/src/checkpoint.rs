@@ -218,6 +218,12 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Gives a GGUF checkpoint the `generation_config.json` its metadata describes (the
+    /// sampling defaults llama.cpp's converter copied into `general.sampling.*`).
+    pub fn set_generation_config(&mut self, g: Value) {
+        self.generation_config = Some(g);
+    }
+
     /// The head dimension of a tensor whose rows are stored in llama.cpp's rotary order (the
     /// query and key projections of a Llama-family GGUF), if it is one.
     pub fn rope_rows(&self, name: &str) -> Option<usize> {

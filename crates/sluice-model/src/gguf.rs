@@ -151,8 +151,48 @@ pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
         config["rope_scaling"] = scaling;
     }
     let (tensors, rope_rows) = tensors(ck, set, arch, &config)?;
+    let generation = generation_config(h)?;
     ck.set_gguf_layout(config, tensors, rope_rows)?;
+    if let Some(g) = generation {
+        ck.set_generation_config(g);
+    }
     Ok(())
+}
+
+/// The `generation_config.json` of the sampling defaults llama.cpp's converter copied from the
+/// model's own into `general.sampling.*` (`temp`, `top_k`, `top_p`, `min_p`,
+/// `penalty_repeat`), which llama.cpp samples with unless told otherwise. The converter keeps
+/// the values, not `do_sample`: a file that names a positive temperature samples by default,
+/// as llama.cpp does with it; one without these keys decodes greedily, as from a directory
+/// without `generation_config.json`. `None` when the file has none of them.
+fn generation_config(h: &Gguf) -> Result<Option<Json>, ModelError> {
+    let key = |s: &str| format!("general.sampling.{s}");
+    let mut g = Map::new();
+    for (gguf, hf) in [
+        ("temp", "temperature"),
+        ("top_p", "top_p"),
+        ("min_p", "min_p"),
+        ("penalty_repeat", "repetition_penalty"),
+    ] {
+        if let Some(v) = opt_float(h, &key(gguf))? {
+            if !v.is_finite() || v < 0.0 {
+                return Err(key_err(h, &key(gguf), format!("{v} is not a valid value")));
+            }
+            g.insert(hf.into(), json!(v));
+        }
+    }
+    if let Some(k) = opt_uint(h, &key("top_k"))? {
+        g.insert("top_k".into(), json!(k));
+    }
+    if g.is_empty() {
+        return Ok(None);
+    }
+    let samples = g
+        .get("temperature")
+        .and_then(Json::as_f64)
+        .is_some_and(|t| t > 0.0);
+    g.insert("do_sample".into(), json!(samples));
+    Ok(Some(Json::Object(g)))
 }
 
 /// The `config.json` transformers would write for the model.

@@ -171,6 +171,28 @@ fn the_writer_makes_a_model_sluice_opens() {
 }
 
 #[test]
+fn the_sampling_keys_become_the_generation_config() {
+    assert!(open(&G::llama()).unwrap().generation_config().is_none());
+    let g = G::llama()
+        .set("general.sampling.temp", V::F32(0.5))
+        .set("general.sampling.top_k", V::U32(40))
+        .set("general.sampling.penalty_repeat", V::F32(1.25));
+    let d = open(&g).unwrap();
+    let gc = d.generation_config().unwrap();
+    assert_eq!(gc["do_sample"], true, "{gc}");
+    assert_eq!(gc["temperature"], 0.5, "{gc}");
+    assert_eq!(gc["top_k"], 40, "{gc}");
+    assert_eq!(gc["repetition_penalty"], 1.25, "{gc}");
+    // A temperature of 0 is greedy decoding.
+    let d = open(&G::llama().set("general.sampling.temp", V::F32(0.0))).unwrap();
+    assert_eq!(d.generation_config().unwrap()["do_sample"], false);
+    let e = refused(&G::llama().set("general.sampling.top_p", V::F32(-1.0)));
+    assert!(e.contains("general.sampling.top_p"), "{e}");
+    let e = refused(&G::llama().set("general.sampling.top_k", V::Str("many")));
+    assert!(e.contains("general.sampling.top_k"), "{e}");
+}
+
+#[test]
 fn an_unknown_architecture_is_refused_naming_it() {
     let e = refused(&G::llama().set("general.architecture", V::Str("rwkv7")));
     assert!(

@@ -9,9 +9,14 @@ use common::{demo, solo};
 use serde_json::{Value, json};
 
 fn batch(input: &Path, output: &Path) -> Output {
+    batch_on(&demo(), input, output, &[])
+}
+
+fn batch_on(model: &Path, input: &Path, output: &Path, extra: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sluice"))
         .args(["batch", "--model"])
-        .arg(demo())
+        .arg(model)
+        .args(extra)
         .arg("--input")
         .arg(input)
         .arg("--output")
@@ -110,6 +115,37 @@ fn results_in_input_order_bad_lines_skipped_and_a_rerun_resumes() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(std::fs::read(&output).unwrap(), before);
+}
+
+/// A GGUF file (the demo converted by llama.cpp, Q4_K_M) under a budget that streams from it:
+/// each job's text is what a solo `run` of the file gives.
+#[test]
+fn batch_takes_a_gguf_file_streaming_from_it() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/gguf_converted/demo-q4_k_m.gguf");
+    let d = tempfile::tempdir().unwrap();
+    let input = d.path().join("in.jsonl");
+    let output = d.path().join("out.jsonl");
+    let prompts = [
+        "It is a truth",
+        "The weather",
+        "In the morning",
+        "Mr. Darcy",
+    ];
+    let jobs: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| json!({"id": i, "prompt": p, "max_tokens": 14, "temperature": 0}).to_string())
+        .collect();
+    std::fs::write(&input, jobs.join("\n")).unwrap();
+    let o = batch_on(&gguf, &input, &output, &["--memory", "16MiB"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let got = lines(&output);
+    assert_eq!(got.len(), prompts.len());
+    for (v, p) in got.iter().zip(prompts) {
+        assert_eq!(v["completion_tokens"], 14, "{v}");
+        assert_eq!(v["text"], solo(&gguf, p, 14), "{p}");
+    }
 }
 
 #[test]

@@ -160,3 +160,63 @@ fn a_corrupt_file_is_one_line_and_exit_2() {
         assert!(err.contains(says), "{what}: `{says}` not said: {err}");
     }
 }
+
+/// The bundled demo model converted by llama.cpp and quantized to Q4_K_M
+/// (tools/reference/make_gguf_converted.py): a trained model with a real vocabulary.
+fn demo_gguf() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/gguf_converted/demo-q4_k_m.gguf")
+}
+
+fn run_text(model: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "run",
+        "--model",
+        model,
+        "It is a truth universally acknowledged",
+        "--max-tokens",
+        "24",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    ok_json(&sluice(&args))
+}
+
+#[test]
+fn the_files_vocabulary_and_sampling_defaults_are_the_models() {
+    let gguf = demo_gguf();
+    let g = gguf.to_str().unwrap();
+    let demo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models/demo");
+    // The vocabulary from `tokenizer.ggml.*` encodes as the checkpoint's tokenizer.json.
+    let want_ids = run_text(demo.to_str().unwrap(), &["--temperature", "0"])["prompt_ids"].clone();
+    let greedy = run_text(g, &["--temperature", "0"]);
+    assert_eq!(greedy["prompt_ids"], want_ids);
+    assert!(!greedy["text"].as_str().unwrap().is_empty(), "{greedy}");
+    // Unset sampling options are the file's `general.sampling.*` (the demo's
+    // generation_config.json, which samples), not greedy decoding.
+    let default = run_text(g, &["--seed", "5"]);
+    let explicit = run_text(
+        g,
+        &[
+            "--seed",
+            "5",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.95",
+            "--top-k",
+            "50",
+            "--repetition-penalty",
+            "1.1",
+        ],
+    );
+    assert_eq!(default["ids"], explicit["ids"]);
+    assert_ne!(default["ids"], greedy["ids"], "the defaults did not sample");
+    // Sampled text is the same at a budget that streams the experts and layers from the file.
+    let small = run_text(g, &["--seed", "5", "--memory", "10MiB"]);
+    assert_eq!(small["ids"], default["ids"]);
+    let stats = &small["stats"];
+    assert!(
+        stats["trunk_bytes_read"].as_u64().unwrap() > 0,
+        "nothing streamed: {stats}"
+    );
+}

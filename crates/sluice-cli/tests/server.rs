@@ -333,6 +333,41 @@ fn concurrent_requests_each_get_their_solo_output() {
     assert_eq!(got, want);
 }
 
+/// `serve` on a GGUF file (the demo converted by llama.cpp, Q4_K_M), its vocabulary read from the
+/// file, under a budget that streams from it: concurrent requests each get what a solo `run` of
+/// the file gives.
+#[test]
+fn serve_takes_a_gguf_file_streaming_from_it() {
+    let gguf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/gguf_converted/demo-q4_k_m.gguf");
+    let s = start(&gguf, &["--batch-size", "3", "--memory", "16MiB"]);
+    let prompts = ["The weather", "Mr. Darcy said", "It is a truth"];
+    let want: Vec<String> = prompts.iter().map(|p| solo(&gguf, p, 20)).collect();
+    let got: Vec<String> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let s = &s;
+                sc.spawn(move || {
+                    let (st, b) = post(
+                        s,
+                        "/v1/completions",
+                        &json!({"prompt": p, "max_tokens": 20, "temperature": 0}).to_string(),
+                    );
+                    assert_eq!(st, 200, "{b}");
+                    serde_json::from_str::<Value>(&b).unwrap()["choices"][0]["text"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
+    assert!(want.iter().all(|t| !t.is_empty()), "{want:?}");
+}
+
 /// POSTs `body` with the given Content-Type (or none); returns (status, body).
 fn post_typed(s: &Server, path: &str, content_type: Option<&str>, body: &str) -> (u16, String) {
     let agent: ureq::Agent = ureq::Agent::config_builder()

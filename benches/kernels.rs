@@ -40,7 +40,7 @@ struct Format {
     scales: Option<(ScaleType, usize, usize)>,
 }
 
-const FORMATS: [Format; 13] = [
+const FORMATS: [Format; 16] = [
     Format {
         name: "f32",
         codes: Codes::F32,
@@ -97,10 +97,25 @@ const FORMATS: [Format; 13] = [
         codes: Codes::Block(BlockFormat::Q6_K),
         scales: None,
     },
-    // The low-bit formats giant models ship in (scalar decoders).
+    // The low-bit formats giant models ship in.
     Format {
         name: "gguf-q2_k",
         codes: Codes::Block(BlockFormat::Q2_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-q3_k",
+        codes: Codes::Block(BlockFormat::Q3_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq4_xs",
+        codes: Codes::Block(BlockFormat::IQ4_XS),
+        scales: None,
+    },
+    Format {
+        name: "gguf-mxfp4",
+        codes: Codes::Block(BlockFormat::MXFP4),
         scales: None,
     },
     Format {

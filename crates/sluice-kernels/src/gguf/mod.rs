@@ -236,7 +236,7 @@ pub(crate) fn h(b: &[u8], at: usize) -> f32 {
 }
 
 #[inline(always)]
-fn u16_at(b: &[u8], at: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
 

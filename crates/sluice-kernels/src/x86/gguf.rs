@@ -1,5 +1,6 @@
-//! GGUF row decoders with AVX2 (used on AVX-512 machines too): Q8_0, Q4_0, Q4_1, Q5_0, Q4_K,
-//! Q5_K and Q6_K, 8 lanes at a time. Each value is computed by the operations of the
+//! GGUF row decoders with AVX2 (used on AVX-512 machines too): Q8_0, Q4_0, Q4_1, Q5_0, Q2_K,
+//! Q3_K, Q4_K, Q5_K, Q6_K, and the table formats IQ4_NL, IQ4_XS and MXFP4 (one byte shuffle
+//! looks a block's values up), 8 lanes at a time. Each value is computed by the operations of the
 //! specification ([`crate::gguf::dequantize_block`]) in its order: the small integer code
 //! converted exactly (an offset such as `q − 8` taken in f32 is exact too), one multiply by the
 //! sub-block's scale, then for the formats with a minimum one subtraction (`a + m` is written
@@ -7,7 +8,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::gguf::{BlockFormat, h, scale_min_k4, u32_at};
+use crate::gguf::{
+    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, e8m0_to_f32_half, h, scale_min_k4, u16_at, u32_at,
+};
 
 /// `out[0..16] = (q_j − off) × mul − sub` for the 16 unsigned bytes of `q`.
 ///
@@ -25,6 +28,26 @@ unsafe fn emit16(q: __m128i, off: f32, mul: f32, sub: Option<f32>, o: *mut f32) 
                 v = _mm256_sub_ps(v, _mm256_set1_ps(s));
             }
             _mm256_storeu_ps(o.add(8 * k), v);
+        }
+    }
+}
+
+/// `out[0..16] = mul × table[q_j]` for the 16 codes (`< 16`) of `q`: a non-linear format's
+/// values (IQ4_NL, IQ4_XS, MXFP4) looked up in one byte shuffle.
+///
+/// # Safety
+/// AVX2 is available; `o` is valid for 16 writes; every byte of `q` is below 16.
+#[inline(always)]
+unsafe fn lut16(q: __m128i, table: &[i8; 16], mul: f32, o: *mut f32) {
+    // SAFETY: AVX2 is available (this function's contract); `table` holds 16 bytes and `o` is
+    // valid for 16 floats.
+    unsafe {
+        let t = _mm_loadu_si128(table.as_ptr().cast());
+        let v = _mm_shuffle_epi8(t, q);
+        let mul = _mm256_set1_ps(mul);
+        for (k, half) in [v, _mm_srli_si128::<8>(v)].into_iter().enumerate() {
+            let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(half));
+            _mm256_storeu_ps(o.add(8 * k), _mm256_mul_ps(x, mul));
         }
     }
 }
@@ -167,6 +190,71 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                                 emit16(q, 32.0, dl, None, p);
                             }
                         }
+                    }
+                }
+            }
+            IQ4_NL | MXFP4 => {
+                let (at, table) = if f == IQ4_NL {
+                    (2, &IQ4_KVALUES)
+                } else {
+                    (1, &MXFP4_KVALUES)
+                };
+                for (b, o) in blocks {
+                    let d = if f == IQ4_NL {
+                        h(b, 0)
+                    } else {
+                        e8m0_to_f32_half(b[0])
+                    };
+                    let (lo, hi) = nibbles(load16(&b[at..]));
+                    lut16(lo, table, d, o.as_mut_ptr());
+                    lut16(hi, table, d, o.as_mut_ptr().add(16));
+                }
+            }
+            IQ4_XS => {
+                for (b, o) in blocks {
+                    let d = h(b, 0);
+                    let sh = u16_at(b, 2);
+                    let (sl, qs) = (&b[4..8], &b[8..136]);
+                    for i in 0..8 {
+                        let lo = (sl[i / 2] >> (4 * (i % 2))) & 15;
+                        let hi = ((sh >> (2 * i)) & 3) as u8;
+                        let dl = d * (((lo | (hi << 4)) as i32 - 32) as f32);
+                        let (l, u) = nibbles(load16(&qs[16 * i..]));
+                        lut16(l, &IQ4_KVALUES, dl, o.as_mut_ptr().add(32 * i));
+                        lut16(u, &IQ4_KVALUES, dl, o.as_mut_ptr().add(32 * i + 16));
+                    }
+                }
+            }
+            Q2_K => {
+                for (b, o) in blocks {
+                    let (sc, qs) = (&b[0..16], &b[16..80]);
+                    let (d, dmin) = (h(b, 80), h(b, 82));
+                    let m3 = _mm_set1_epi8(3);
+                    for (g, &s) in sc.iter().enumerate() {
+                        let (dl, ml) = (d * ((s & 15) as f32), dmin * ((s >> 4) as f32));
+                        let q = load16(&qs[32 * (g / 8) + 16 * (g % 2)..]);
+                        let shift = _mm_cvtsi32_si128(2 * ((g % 8) / 2) as i32);
+                        let q = _mm_and_si128(_mm_srl_epi16(q, shift), m3);
+                        emit16(q, 0.0, dl, Some(ml), o.as_mut_ptr().add(16 * g));
+                    }
+                }
+            }
+            Q3_K => {
+                for (b, o) in blocks {
+                    let (hm, qs, s) = (&b[0..32], &b[32..96], &b[96..108]);
+                    let d = h(b, 108);
+                    let m3 = _mm_set1_epi8(3);
+                    for g in 0..16 {
+                        let lo = (s[g % 8] >> (4 * (g / 8))) & 15;
+                        let hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+                        let dl = d * (((lo | (hi << 4)) as i32 - 32) as f32);
+                        let at = 16 * (g % 2);
+                        let q = load16(&qs[32 * (g / 8) + at..]);
+                        let shift = _mm_cvtsi32_si128(2 * ((g % 8) / 2) as i32);
+                        let ql = _mm_and_si128(_mm_srl_epi16(q, shift), m3);
+                        // `ql − 4·(1 − high)` = `(ql | high << 2) − 4`, exact in f32.
+                        let q = _mm_or_si128(ql, bit(load16(&hm[at..]), (g / 2) as u32, 2));
+                        emit16(q, 4.0, dl, None, o.as_mut_ptr().add(16 * g));
                     }
                 }
             }

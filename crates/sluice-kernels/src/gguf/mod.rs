@@ -601,7 +601,8 @@ const TILE: usize = 64;
 /// the matrix's row order, see [`crate::Matrix::with_rope_rows`]) are dequantized once into a
 /// per-thread scratch and multiplied with every activation row as the dense F32 matrix they
 /// are, by the ISA's tiled product — the bits of [`crate::scalar::matmul`], the decoding shared
-/// by the batch.
+/// by the batch. One activation row of Q8_0, Q4_K or Q6_K on AVX-512 is multiplied with the
+/// weights decoded in registers instead (`x86::gguf::matvec`), with the same bits.
 pub(crate) fn matmul(
     k: &crate::Kernels,
     f: BlockFormat,
@@ -615,6 +616,13 @@ pub(crate) fn matmul(
         return crate::scalar::matmul(m, x, y, rows);
     }
     let batch = x.len() / cols;
+    #[cfg(target_arch = "x86_64")]
+    if batch == 1 && k.isa() == crate::Isa::Avx512 && crate::x86::gguf::fused(f) {
+        // SAFETY: a `Kernels` of AVX-512 proves the ISA; the shapes are those of the checked
+        // call (one activation row, `y` one value per row).
+        unsafe { crate::x86::gguf::matvec(f, m, x, y, rows) };
+        return;
+    }
     ROW.with_borrow_mut(|(w, t)| {
         w.resize(TILE * cols, 0.0);
         t.resize(TILE * batch, 0.0);

@@ -281,20 +281,34 @@ fn gguf_block_codes_give_the_bits_of_the_dequantized_f32_matrix_on_every_isa() {
         let m = Matrix::dense(Codes::Block(fmt), &blocks, rows, cols).unwrap();
         let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
         let dense = Matrix::dense(Codes::F32, &f32_bytes, rows, cols).unwrap();
-        let x = xs(3 * cols, 9);
-        let mut want = vec![0f32; 3 * rows];
-        crate::scalar::matmul(&dense, &x, &mut want, 0..rows);
-        let mut spec = vec![0f32; 3 * rows];
-        crate::scalar::matmul(&m, &x, &mut spec, 0..rows);
-        for (i, (g, w)) in spec.iter().zip(&want).enumerate() {
-            assert!(same(*g, *w), "{name} scalar: output {i}: {g} vs {w}");
+        // One activation row (the fused AVX-512 product of some formats) and three (decoded
+        // tiles through the dense kernel).
+        let products = |batch: usize| {
+            let x = xs(batch * cols, 9);
+            let mut want = vec![0f32; batch * rows];
+            crate::scalar::matmul(&dense, &x, &mut want, 0..rows);
+            (x, want)
+        };
+        for batch in [1, 3] {
+            let (x, want) = products(batch);
+            let mut spec = vec![0f32; batch * rows];
+            crate::scalar::matmul(&m, &x, &mut spec, 0..rows);
+            for (i, (g, w)) in spec.iter().zip(&want).enumerate() {
+                assert!(same(*g, *w), "{name} scalar: output {i}: {g} vs {w}");
+            }
         }
         for isa in crate::Isa::available() {
             let k = crate::Kernels::new(isa).unwrap();
-            let mut got = vec![0f32; 3 * rows];
-            k.matmul(&m, &x, &mut got, 0..rows);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(same(*g, *w), "{name} on {isa}: output {i}: {g} vs {w}");
+            for batch in [1, 3] {
+                let (x, want) = products(batch);
+                let mut got = vec![0f32; batch * rows];
+                k.matmul(&m, &x, &mut got, 0..rows);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        same(*g, *w),
+                        "{name} on {isa}, batch {batch}: output {i}: {g} vs {w}"
+                    );
+                }
             }
             // Decoded rows (embedding lookups) are gguf-py's values, any column range.
             let mut row = vec![0f32; cols - 3];
@@ -391,6 +405,56 @@ fn gguf_row_decoders_give_the_specification_bits_on_random_blocks() {
                         same(g, *w),
                         "{f:?} {name} block {b} element {j}: {g} vs {w}"
                     );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn gguf_products_of_random_blocks_are_the_dense_bits_on_every_isa() {
+    use crate::{Codes, Matrix};
+    // Random bytes (NaN and infinite f16 scales too), 7 rows of 2 × 256 columns, every row
+    // range a thread could get: the fused one-row products and the tiled ones alike.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut byte = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 24) as u8
+    };
+    let (rows, cols) = (7, 2 * MAX_BLOCK);
+    for f in BlockFormat::ALL {
+        let Some(rb) = f.row_bytes(cols) else {
+            continue;
+        };
+        let blocks: Vec<u8> = (0..rows * rb).map(|_| byte()).collect();
+        let m = Matrix::dense(Codes::Block(f), &blocks, rows, cols).unwrap();
+        let mut vals = vec![0f32; rows * cols];
+        for (r, v) in vals.chunks_exact_mut(cols).enumerate() {
+            dequantize_row(f, &blocks[r * rb..(r + 1) * rb], v).unwrap();
+        }
+        let f32_bytes: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let dense = Matrix::dense(Codes::F32, &f32_bytes, rows, cols).unwrap();
+        for batch in [1, 2] {
+            let x = xs(batch * cols, 5);
+            let mut want = vec![0f32; batch * rows];
+            crate::scalar::matmul(&dense, &x, &mut want, 0..rows);
+            for isa in crate::Isa::available() {
+                let k = crate::Kernels::new(isa).unwrap();
+                for range in [0..rows, 1..6, 3..4] {
+                    let mut got = vec![0f32; batch * range.len()];
+                    k.matmul(&m, &x, &mut got, range.clone());
+                    for (b, gb) in got.chunks_exact(range.len()).enumerate() {
+                        for (i, g) in gb.iter().enumerate() {
+                            let w = want[b * rows + range.start + i];
+                            assert!(
+                                same(*g, w),
+                                "{f:?} on {isa}, batch {batch}, rows {range:?}: row {} {g} vs {w}",
+                                range.start + i
+                            );
+                        }
+                    }
                 }
             }
         }

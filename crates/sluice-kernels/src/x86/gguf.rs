@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use crate::gguf::{
-    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, e8m0_to_f32_half, h, scale_min_k4, u16_at, u32_at,
+    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, e8m0_to_f32_half, scale_min_k4, u16_at, u32_at,
 };
 
 /// `out[0..16] = (q_j − off) × mul − sub` for the 16 unsigned bytes of `q`.
@@ -105,7 +105,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
         match f {
             Q8_0 => {
                 for (b, o) in blocks {
-                    let d = _mm256_set1_ps(h(b, 0));
+                    let d = _mm256_set1_ps(hc(b, 0));
                     for k in 0..4 {
                         let q = _mm_loadl_epi64(b[2 + 8 * k..].as_ptr().cast());
                         let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
@@ -120,16 +120,16 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     let (off, sub) = if f == Q4_0 {
                         (8.0, None)
                     } else {
-                        (0.0, Some(-h(b, 2)))
+                        (0.0, Some(-hc(b, 2)))
                     };
-                    let d = h(b, 0);
+                    let d = hc(b, 0);
                     emit16(lo, off, d, sub, o.as_mut_ptr());
                     emit16(hi, off, d, sub, o.as_mut_ptr().add(16));
                 }
             }
             Q5_0 => {
                 for (b, o) in blocks {
-                    let d = h(b, 0);
+                    let d = hc(b, 0);
                     let qh = u32_at(b, 2);
                     // The fifth bits as bytes: 16 for the low nibbles, 16 for the high.
                     let bits: [u8; 32] = std::array::from_fn(|j| (((qh >> j) & 1) << 4) as u8);
@@ -143,7 +143,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
             Q4_K | Q5_K => {
                 let (qs_at, qh_at) = if f == Q4_K { (16, 0) } else { (48, 16) };
                 for (b, o) in blocks {
-                    let (d, dmin) = (h(b, 0), h(b, 2));
+                    let (d, dmin) = (hc(b, 0), hc(b, 2));
                     let s = &b[4..16];
                     for c in 0..4 {
                         let (s1, m1) = scale_min_k4(s, 2 * c);
@@ -167,7 +167,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
             Q6_K => {
                 for (b, o) in blocks {
                     let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-                    let d = h(b, 208);
+                    let d = hc(b, 208);
                     let m15 = _mm_set1_epi8(15);
                     let m3 = _mm_set1_epi8(3);
                     for half in 0..2 {
@@ -201,7 +201,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                 };
                 for (b, o) in blocks {
                     let d = if f == IQ4_NL {
-                        h(b, 0)
+                        hc(b, 0)
                     } else {
                         e8m0_to_f32_half(b[0])
                     };
@@ -212,7 +212,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
             }
             IQ4_XS => {
                 for (b, o) in blocks {
-                    let d = h(b, 0);
+                    let d = hc(b, 0);
                     let sh = u16_at(b, 2);
                     let (sl, qs) = (&b[4..8], &b[8..136]);
                     for i in 0..8 {
@@ -228,7 +228,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
             Q2_K => {
                 for (b, o) in blocks {
                     let (sc, qs) = (&b[0..16], &b[16..80]);
-                    let (d, dmin) = (h(b, 80), h(b, 82));
+                    let (d, dmin) = (hc(b, 80), hc(b, 82));
                     let m3 = _mm_set1_epi8(3);
                     for (g, &s) in sc.iter().enumerate() {
                         let (dl, ml) = (d * ((s & 15) as f32), dmin * ((s >> 4) as f32));
@@ -242,7 +242,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
             Q3_K => {
                 for (b, o) in blocks {
                     let (hm, qs, s) = (&b[0..32], &b[32..96], &b[96..108]);
-                    let d = h(b, 108);
+                    let d = hc(b, 108);
                     let m3 = _mm_set1_epi8(3);
                     for g in 0..16 {
                         let lo = (s[g % 8] >> (4 * (g / 8))) & 15;
@@ -262,4 +262,212 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
         }
     }
     true
+}
+
+/// Rows of one batch-1 product computed together (independent accumulators for the FMA
+/// pipeline; they share the activation loads).
+const FUSED_ROWS: usize = 4;
+
+/// 16 bytes at `p` zero- or sign-extended to 16 32-bit lanes.
+///
+/// # Safety
+/// AVX-512 F is available; `p` is valid for 16 reads.
+#[inline(always)]
+unsafe fn u8x16(p: *const u8) -> __m512i {
+    // SAFETY: AVX-512F is available and `p` is valid for 16 bytes (this function's contract).
+    unsafe { _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())) }
+}
+
+/// The f16 at byte `at` of `b` as f32 by F16C (exact, as `gguf::h`; a NaN stays a NaN).
+///
+/// # Safety
+/// F16C is available.
+#[inline(always)]
+unsafe fn hc(b: &[u8], at: usize) -> f32 {
+    let v = u16::from_le_bytes([b[at], b[at + 1]]);
+    // SAFETY: F16C is available (this function's contract).
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(v)))) }
+}
+
+/// A block format the fused one-row product decodes into registers: the per-block factors as
+/// the specification computes them, and chunk `c` (columns `16c..16c + 16`) of a block by the
+/// specification's operations in its order (as the AVX2 decoders above).
+trait Fused {
+    const BS: usize;
+    const TS: usize;
+    /// The block's factors ([`Fused::chunk`] reads them).
+    ///
+    /// # Safety
+    /// F16C is available.
+    unsafe fn scales(b: &[u8]) -> [f32; 16];
+    /// # Safety
+    /// AVX-512 F is available; `b` points at a whole block; `c < BS / 16`.
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512;
+}
+
+struct FQ8_0;
+impl Fused for FQ8_0 {
+    const BS: usize = 32;
+    const TS: usize = 34;
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        // SAFETY: F16C is available (this function's contract).
+        [unsafe { hc(b, 0) }; 16]
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // SAFETY: the block's 32 codes are at bytes 2..34 (this function's contract).
+        unsafe {
+            let q = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.add(2 + 16 * c).cast()));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s[0]))
+        }
+    }
+}
+
+struct FQ4K;
+impl Fused for FQ4K {
+    const BS: usize = 256;
+    const TS: usize = 144;
+    /// `d × scale` of the 8 sub-blocks, then `dmin × min`.
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        // SAFETY: F16C is available (this function's contract).
+        let (d, dmin) = unsafe { (hc(b, 0), hc(b, 2)) };
+        let mut s = [0f32; 16];
+        for i in 0..8 {
+            let (sc, m) = scale_min_k4(&b[4..16], i);
+            s[i] = d * (sc as f32);
+            s[8 + i] = dmin * (m as f32);
+        }
+        s
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // Sub-block `sb` = c / 2: the low nibbles of pair `sb / 2` for even `sb`, the high for
+        // odd; `c % 2` the pair's first or second 16 bytes.
+        let sb = c / 2;
+        // SAFETY: the codes are bytes 16..144 of the block (this function's contract).
+        unsafe {
+            let q = u8x16(b.add(16 + 32 * (sb / 2) + 16 * (c % 2)));
+            let q = if sb.is_multiple_of(2) {
+                _mm512_and_si512(q, _mm512_set1_epi32(15))
+            } else {
+                _mm512_srli_epi32::<4>(q)
+            };
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s[sb]));
+            _mm512_sub_ps(v, _mm512_set1_ps(s[8 + sb]))
+        }
+    }
+}
+
+struct FQ6K;
+impl Fused for FQ6K {
+    const BS: usize = 256;
+    const TS: usize = 210;
+    /// `d × scale` of the 16 groups.
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        // SAFETY: F16C is available (this function's contract).
+        let d = unsafe { hc(b, 208) };
+        std::array::from_fn(|i| d * (b[192 + i] as i8 as f32))
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // c = 8·half + 2·k + g (see `fast::q6_k`).
+        let (half, k, g) = (c / 8, (c % 8) / 2, c % 2);
+        // SAFETY: `ql` is bytes 0..128 of the block, `qh` 128..192 (this function's contract).
+        unsafe {
+            let lo = u8x16(b.add(64 * half + 32 * (k % 2) + 16 * g));
+            let lo = match k / 2 {
+                0 => _mm512_and_si512(lo, _mm512_set1_epi32(15)),
+                _ => _mm512_srli_epi32::<4>(lo),
+            };
+            // The two high bits of group k, moved to bits 4 and 5.
+            let hi = u8x16(b.add(128 + 32 * half + 16 * g));
+            let hi = match k {
+                0 => _mm512_slli_epi32::<4>(hi),
+                1 => _mm512_slli_epi32::<2>(hi),
+                2 => hi,
+                _ => _mm512_srli_epi32::<2>(hi),
+            };
+            let q = _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi32(0x30)));
+            let x = _mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(32.0));
+            _mm512_mul_ps(x, _mm512_set1_ps(s[c]))
+        }
+    }
+}
+
+/// Whether [`matvec`] takes `f`.
+pub(crate) fn fused(f: BlockFormat) -> bool {
+    matches!(f, BlockFormat::Q8_0 | BlockFormat::Q4_K | BlockFormat::Q6_K)
+}
+
+/// One activation row times rows `rows` of a block matrix of a [`fused`] format, each weight
+/// decoded into a register and multiplied there: every lane accumulates its columns in order
+/// with one FMA each from `+0.0` and the 16 lanes go through the contract's tree — the bits of
+/// the dense kernel over the decoded rows, without writing them out.
+///
+/// # Safety
+/// AVX-512 F, BW, VL and DQ, AVX2, FMA and F16C are available; `m` is a block matrix of `f`
+/// (one of the [`fused`] formats) with `x.len() == m.cols()` and `y.len() == rows.len()`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(crate) unsafe fn matvec(
+    f: BlockFormat,
+    m: &crate::Matrix<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    // SAFETY: passed on (this function's contract).
+    unsafe {
+        match f {
+            BlockFormat::Q8_0 => matvec_of::<FQ8_0>(m, x, y, rows),
+            BlockFormat::Q4_K => matvec_of::<FQ4K>(m, x, y, rows),
+            BlockFormat::Q6_K => matvec_of::<FQ6K>(m, x, y, rows),
+            _ => unreachable!("{f:?} is not a fused format"),
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn matvec_of<F: Fused>(
+    m: &crate::Matrix<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    let nb = m.cols() / F::BS;
+    assert!(x.len() == nb * F::BS && y.len() == rows.len());
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let n = FUSED_ROWS.min(rows.end - r0);
+        let rs: [&[u8]; FUSED_ROWS] = std::array::from_fn(|i| m.row(r0 + i.min(n - 1)));
+        assert!(rs.iter().all(|r| r.len() == nb * F::TS));
+        // SAFETY: AVX-512 is available (this function's contract); each row holds `nb` whole
+        // blocks (checked above) and `x` holds `nb · BS` values, so every block pointer and
+        // every 16-value activation load is in bounds.
+        unsafe {
+            let mut acc = [_mm512_setzero_ps(); FUSED_ROWS];
+            for blk in 0..nb {
+                let ptr: [*const u8; FUSED_ROWS] =
+                    std::array::from_fn(|i| rs[i].as_ptr().add(blk * F::TS));
+                let sc: [[f32; 16]; FUSED_ROWS] =
+                    std::array::from_fn(|i| F::scales(&rs[i][blk * F::TS..(blk + 1) * F::TS]));
+                let xb = x.as_ptr().add(blk * F::BS);
+                for c in 0..F::BS / 16 {
+                    let xv = _mm512_loadu_ps(xb.add(16 * c));
+                    for i in 0..FUSED_ROWS {
+                        let w = F::chunk(ptr[i], c, &sc[i]);
+                        acc[i] = _mm512_fmadd_ps(w, xv, acc[i]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter().take(n).enumerate() {
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *a);
+                y[r0 - rows.start + i] = crate::scalar::tree(&lanes);
+            }
+        }
+        r0 += n;
+    }
 }

@@ -18,8 +18,8 @@
 //! split into stacked gate and up experts with stacked biases, which become one biased expert
 //! each ([`crate::weights::ExpertSpec::Biased`]). Architectures: `llama` (dense, or Mixtral when
 //! it has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `deepseek2` with sigmoid routing
-//! (DeepSeek-V3/R1, Kimi K2) and `gpt-oss`. This is the one place that knows GGUF's names for the families:
-//! anything else — an architecture, a tensor this map does not place, a feature it does not
+//! (DeepSeek-V3/R1, Kimi K2) and `gpt-oss`. This is the one place that knows GGUF's names for
+//! the families: anything else — an architecture, a tensor this map does not place, a feature it does not
 //! carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's rope
 //! scaling) — is refused with one line naming the file and the key or tensor. Llama 3's rope
 //! scaling, which the converter stores as per-pair factors, is read back as its parameters.
@@ -27,7 +27,7 @@
 use std::collections::HashMap;
 
 use serde_json::{Map, Value as Json, json};
-use sluice_format::gguf::{GgmlType, Gguf, GgufSet, Value};
+use sluice_format::gguf::{Array, GgmlType, Gguf, GgufSet, Value};
 use sluice_format::{Checkpoint, Dtype, TensorInfo};
 
 use crate::ModelError;
@@ -279,14 +279,16 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
             );
             let bias = set.tensor("blk.0.attn_q.bias").is_some();
             c.insert("attention_bias".into(), json!(bias));
-            // llama.cpp slides the window on even layers (its GPT-OSS `swa_pattern` of 2),
-            // as transformers does when `layer_types` is absent; written out all the same.
             let window = pos(h, &k("attention.sliding_window"))?;
             c.insert("sliding_window".into(), json!(window));
             let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
-            let types: Vec<&str> = (0..layers)
-                .map(|l| {
-                    if l % 2 == 0 {
+            let pattern = k("attention.sliding_window_pattern");
+            let sliding =
+                sliding_layers(h.value(&pattern), layers).map_err(|e| key_err(h, &pattern, e))?;
+            let types: Vec<&str> = sliding
+                .iter()
+                .map(|&s| {
+                    if s {
                         "sliding_attention"
                     } else {
                         "full_attention"
@@ -326,6 +328,27 @@ fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
     }
     token_ids(h, &mut c)?;
     Ok(Json::Object(c))
+}
+
+/// Which of `layers` layers slide their attention window, as llama.cpp reads it: `key` as one
+/// flag per layer, or as a period `n` (layer `l` slides when `l % n < n − 1`; 0: every layer),
+/// else GPT-OSS's period of 2 — the even layers, as transformers does when `layer_types` is
+/// absent.
+fn sliding_layers(value: Option<&Value>, layers: u64) -> Result<Vec<bool>, String> {
+    let period = |n: u64| (0..layers).map(|l| n == 0 || l % n < n - 1).collect();
+    match value {
+        None => Ok(period(2)),
+        Some(Value::Array(Array::Bool(flags))) if flags.len() as u64 == layers => Ok(flags.clone()),
+        Some(Value::Array(Array::Bool(flags))) => {
+            Err(format!("{} flags for {layers} layers", flags.len()))
+        }
+        Some(v) => v.as_uint().map(period).ok_or_else(|| {
+            format!(
+                "is {:?}, not a period or one flag per layer",
+                v.value_type()
+            )
+        }),
+    }
 }
 
 /// `bos_token_id` and `eos_token_id` from the tokenizer's metadata: the end of a turn (`eot`,
@@ -871,4 +894,33 @@ fn tensors(
         }
     }
     Ok((out, rope_rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sliding_layers_follow_llama_cpps_pattern_key() {
+        // Absent: GPT-OSS's period of 2, the even layers.
+        assert_eq!(sliding_layers(None, 4), Ok(vec![true, false, true, false]));
+        // A period of 3: two sliding layers, then a full one; 0 slides every layer.
+        let three = Value::U32(3);
+        assert_eq!(
+            sliding_layers(Some(&three), 6),
+            Ok(vec![true, true, false, true, true, false])
+        );
+        assert_eq!(
+            sliding_layers(Some(&Value::U32(0)), 2),
+            Ok(vec![true, true])
+        );
+        let flags = Value::Array(Array::Bool(vec![false, true, true]));
+        assert_eq!(sliding_layers(Some(&flags), 3), Ok(vec![false, true, true]));
+        assert!(
+            sliding_layers(Some(&flags), 4)
+                .unwrap_err()
+                .contains("3 flags for 4")
+        );
+        assert!(sliding_layers(Some(&Value::F32(2.0)), 4).is_err());
+    }
 }

@@ -299,26 +299,17 @@ fn a_disconnect_mid_stream_frees_the_slot() {
     assert_eq!(st, 200, "{b}");
 }
 
-#[test]
-fn concurrent_requests_each_get_their_solo_output() {
-    let s = start(&demo(), &["--batch-size", "4"]);
-    let prompts = [
-        "The weather",
-        "Mr. Darcy said",
-        "In the morning",
-        "It is a truth",
-    ];
-    let want: Vec<String> = prompts.iter().map(|p| solo(&demo(), p, 20)).collect();
-    let got: Vec<String> = std::thread::scope(|sc| {
+/// The greedy completions of `prompts` (`max` tokens each), all requested at once.
+fn concurrent_completions(s: &Server, prompts: &[&str], max: usize) -> Vec<String> {
+    std::thread::scope(|sc| {
         let hs: Vec<_> = prompts
             .iter()
             .map(|p| {
-                let s = &s;
                 sc.spawn(move || {
                     let (st, b) = post(
                         s,
                         "/v1/completions",
-                        &json!({"prompt": p, "max_tokens": 20, "temperature": 0}).to_string(),
+                        &json!({"prompt": p, "max_tokens": max, "temperature": 0}).to_string(),
                     );
                     assert_eq!(st, 200, "{b}");
                     serde_json::from_str::<Value>(&b).unwrap()["choices"][0]["text"]
@@ -329,7 +320,20 @@ fn concurrent_requests_each_get_their_solo_output() {
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    })
+}
+
+#[test]
+fn concurrent_requests_each_get_their_solo_output() {
+    let s = start(&demo(), &["--batch-size", "4"]);
+    let prompts = [
+        "The weather",
+        "Mr. Darcy said",
+        "In the morning",
+        "It is a truth",
+    ];
+    let want: Vec<String> = prompts.iter().map(|p| solo(&demo(), p, 20)).collect();
+    let got = concurrent_completions(&s, &prompts, 20);
     assert_eq!(got, want);
 }
 
@@ -343,27 +347,7 @@ fn serve_takes_a_gguf_file_streaming_from_it() {
     let s = start(&gguf, &["--batch-size", "3", "--memory", "16MiB"]);
     let prompts = ["The weather", "Mr. Darcy said", "It is a truth"];
     let want: Vec<String> = prompts.iter().map(|p| solo(&gguf, p, 20)).collect();
-    let got: Vec<String> = std::thread::scope(|sc| {
-        let hs: Vec<_> = prompts
-            .iter()
-            .map(|p| {
-                let s = &s;
-                sc.spawn(move || {
-                    let (st, b) = post(
-                        s,
-                        "/v1/completions",
-                        &json!({"prompt": p, "max_tokens": 20, "temperature": 0}).to_string(),
-                    );
-                    assert_eq!(st, 200, "{b}");
-                    serde_json::from_str::<Value>(&b).unwrap()["choices"][0]["text"]
-                        .as_str()
-                        .unwrap()
-                        .to_owned()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    let got = concurrent_completions(&s, &prompts, 20);
     assert_eq!(got, want);
     assert!(want.iter().all(|t| !t.is_empty()), "{want:?}");
 }

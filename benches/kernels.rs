@@ -40,7 +40,7 @@ struct Format {
     scales: Option<(ScaleType, usize, usize)>,
 }
 
-const FORMATS: [Format; 16] = [
+const FORMATS: [Format; 18] = [
     Format {
         name: "f32",
         codes: Codes::F32,
@@ -90,6 +90,16 @@ const FORMATS: [Format; 16] = [
     Format {
         name: "gguf-q4_k",
         codes: Codes::Block(BlockFormat::Q4_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-q5_k",
+        codes: Codes::Block(BlockFormat::Q5_K),
+        scales: None,
+    },
+    Format {
+        name: "gguf-q5_0",
+        codes: Codes::Block(BlockFormat::Q5_0),
         scales: None,
     },
     Format {

@@ -601,8 +601,9 @@ const TILE: usize = 64;
 /// the matrix's row order, see [`crate::Matrix::with_rope_rows`]) are dequantized once into a
 /// per-thread scratch and multiplied with every activation row as the dense F32 matrix they
 /// are, by the ISA's tiled product — the bits of [`crate::scalar::matmul`], the decoding shared
-/// by the batch. One activation row of Q8_0, Q4_K or Q6_K on AVX-512 is multiplied with the
-/// weights decoded in registers instead (`x86::gguf::matvec`), with the same bits.
+/// by the batch. One activation row of Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K or Q6_K on AVX-512
+/// is multiplied with the weights decoded in registers instead (`x86::gguf::matvec`), with the
+/// same bits.
 pub(crate) fn matmul(
     k: &crate::Kernels,
     f: BlockFormat,

@@ -397,9 +397,147 @@ impl Fused for FQ6K {
     }
 }
 
+/// The low (`c` = 0) or high (`c` = 1) nibbles of the 16 bytes at `p`, one per lane.
+///
+/// # Safety
+/// AVX-512 F is available; `p` is valid for 16 reads.
+#[inline(always)]
+unsafe fn nibble16(p: *const u8, c: usize) -> __m512i {
+    // SAFETY: passed on (this function's contract).
+    unsafe {
+        let q = u8x16(p);
+        if c == 0 {
+            _mm512_and_si512(q, _mm512_set1_epi32(15))
+        } else {
+            _mm512_srli_epi32::<4>(q)
+        }
+    }
+}
+
+/// Bits `from..from + 16` of `bits`, one per lane, moved to bit 4.
+///
+/// # Safety
+/// AVX-512 F is available.
+#[inline(always)]
+unsafe fn bit4x16(bits: u32, from: u32) -> __m512i {
+    // SAFETY: AVX-512F is available (this function's contract).
+    unsafe {
+        let at = _mm512_add_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(from as i32),
+        );
+        let b = _mm512_srlv_epi32(_mm512_set1_epi32(bits as i32), at);
+        _mm512_slli_epi32::<4>(_mm512_and_si512(b, _mm512_set1_epi32(1)))
+    }
+}
+
+struct FQ4_0;
+impl Fused for FQ4_0 {
+    const BS: usize = 32;
+    const TS: usize = 18;
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        // SAFETY: F16C is available (this function's contract).
+        [unsafe { hc(b, 0) }; 16]
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // SAFETY: the codes are bytes 2..18 of the block (this function's contract).
+        unsafe {
+            let q = _mm512_cvtepi32_ps(nibble16(b.add(2), c));
+            _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(8.0)), _mm512_set1_ps(s[0]))
+        }
+    }
+}
+
+struct FQ4_1;
+impl Fused for FQ4_1 {
+    const BS: usize = 32;
+    const TS: usize = 20;
+    /// `d`, then `m`.
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        let mut s = [0f32; 16];
+        // SAFETY: F16C is available (this function's contract).
+        (s[0], s[1]) = unsafe { (hc(b, 0), hc(b, 2)) };
+        s
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // SAFETY: the codes are bytes 4..20 of the block (this function's contract).
+        unsafe {
+            let q = _mm512_cvtepi32_ps(nibble16(b.add(4), c));
+            _mm512_add_ps(_mm512_mul_ps(q, _mm512_set1_ps(s[0])), _mm512_set1_ps(s[1]))
+        }
+    }
+}
+
+struct FQ5_0;
+impl Fused for FQ5_0 {
+    const BS: usize = 32;
+    const TS: usize = 22;
+    /// `d`, then the fifth bits (a u32's bit pattern).
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        let mut s = [0f32; 16];
+        // SAFETY: F16C is available (this function's contract).
+        s[0] = unsafe { hc(b, 0) };
+        s[1] = f32::from_bits(u32_at(b, 2));
+        s
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // SAFETY: the codes are bytes 6..22 of the block (this function's contract).
+        unsafe {
+            let q = _mm512_or_si512(
+                nibble16(b.add(6), c),
+                bit4x16(s[1].to_bits(), 16 * c as u32),
+            );
+            let q = _mm512_sub_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(16.0));
+            _mm512_mul_ps(q, _mm512_set1_ps(s[0]))
+        }
+    }
+}
+
+struct FQ5K;
+impl Fused for FQ5K {
+    const BS: usize = 256;
+    const TS: usize = 176;
+    /// As Q4_K's.
+    #[inline(always)]
+    unsafe fn scales(b: &[u8]) -> [f32; 16] {
+        // SAFETY: the same header layout as Q4_K's; F16C is available.
+        unsafe { FQ4K::scales(b) }
+    }
+    #[inline(always)]
+    unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
+        // Sub-block `sb` = c / 2 as in Q4_K, its fifth bit bit `sb` of `qh[16·(c % 2) + l]`.
+        let sb = c / 2;
+        // SAFETY: `qh` is bytes 16..48 of the block, the codes 48..176 (this function's
+        // contract).
+        unsafe {
+            let lo = u8x16(b.add(48 + 32 * (sb / 2) + 16 * (c % 2)));
+            let lo = if sb.is_multiple_of(2) {
+                _mm512_and_si512(lo, _mm512_set1_epi32(15))
+            } else {
+                _mm512_srli_epi32::<4>(lo)
+            };
+            let hb = u8x16(b.add(16 + 16 * (c % 2)));
+            let hb = _mm512_and_si512(
+                _mm512_srl_epi32(hb, _mm_cvtsi32_si128(sb as i32)),
+                _mm512_set1_epi32(1),
+            );
+            let q = _mm512_or_si512(lo, _mm512_slli_epi32::<4>(hb));
+            let v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(s[sb]));
+            _mm512_sub_ps(v, _mm512_set1_ps(s[8 + sb]))
+        }
+    }
+}
+
 /// Whether [`matvec`] takes `f`.
 pub(crate) fn fused(f: BlockFormat) -> bool {
-    matches!(f, BlockFormat::Q8_0 | BlockFormat::Q4_K | BlockFormat::Q6_K)
+    use BlockFormat::*;
+    matches!(f, Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q4_K | Q5_K | Q6_K)
 }
 
 /// One activation row times rows `rows` of a block matrix of a [`fused`] format, each weight
@@ -422,7 +560,11 @@ pub(crate) unsafe fn matvec(
     unsafe {
         match f {
             BlockFormat::Q8_0 => matvec_of::<FQ8_0>(m, x, y, rows),
+            BlockFormat::Q4_0 => matvec_of::<FQ4_0>(m, x, y, rows),
+            BlockFormat::Q4_1 => matvec_of::<FQ4_1>(m, x, y, rows),
+            BlockFormat::Q5_0 => matvec_of::<FQ5_0>(m, x, y, rows),
             BlockFormat::Q4_K => matvec_of::<FQ4K>(m, x, y, rows),
+            BlockFormat::Q5_K => matvec_of::<FQ5K>(m, x, y, rows),
             BlockFormat::Q6_K => matvec_of::<FQ6K>(m, x, y, rows),
             _ => unreachable!("{f:?} is not a fused format"),
         }

@@ -40,7 +40,7 @@ struct Format {
     scales: Option<(ScaleType, usize, usize)>,
 }
 
-const FORMATS: [Format; 18] = [
+const FORMATS: [Format; 24] = [
     Format {
         name: "f32",
         codes: Codes::F32,
@@ -131,6 +131,36 @@ const FORMATS: [Format; 18] = [
     Format {
         name: "gguf-iq2_xxs",
         codes: Codes::Block(BlockFormat::IQ2_XXS),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq2_xs",
+        codes: Codes::Block(BlockFormat::IQ2_XS),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq2_s",
+        codes: Codes::Block(BlockFormat::IQ2_S),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq3_xxs",
+        codes: Codes::Block(BlockFormat::IQ3_XXS),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq3_s",
+        codes: Codes::Block(BlockFormat::IQ3_S),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq1_s",
+        codes: Codes::Block(BlockFormat::IQ1_S),
+        scales: None,
+    },
+    Format {
+        name: "gguf-iq1_m",
+        codes: Codes::Block(BlockFormat::IQ1_M),
         scales: None,
     },
 ];

@@ -37,8 +37,8 @@
 //! | TQ1_0 / TQ2_0 | 256 | `d × (t − 1)`, t a base-3 / 2-bit digit |
 //! | NVFP4 | 64 | `ue4m3_half(s) × 2·e2m1[q]` per 16 |
 
-mod fast;
-mod grids;
+pub(crate) mod fast;
+pub(crate) mod grids;
 
 use crate::KernelError;
 use crate::decode::{bf16_to_f32, f16_to_f32};
@@ -248,7 +248,7 @@ pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
 /// `+1.0` or `−1.0` as bit `k` of `bits` is clear or set — without a branch: the signs of the
 /// IQ formats are random bits, and a branch on each mispredicts about half the time.
 #[inline(always)]
-fn sign(bits: u8, k: usize) -> f32 {
+pub(crate) fn sign(bits: u8, k: usize) -> f32 {
     f32::from_bits(0x3f80_0000 | ((((bits >> k) & 1) as u32) << 31))
 }
 

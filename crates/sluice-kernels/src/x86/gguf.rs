@@ -1,15 +1,23 @@
-//! GGUF row decoders with AVX2 (used on AVX-512 machines too): Q8_0, Q4_0, Q4_1, Q5_0, Q2_K,
-//! Q3_K, Q4_K, Q5_K, Q6_K, and the table formats IQ4_NL, IQ4_XS and MXFP4 (one byte shuffle
-//! looks a block's values up), 8 lanes at a time. Each value is computed by the operations of the
+//! GGUF row decoders with AVX2 (used on AVX-512 machines too): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ2_0, the table formats IQ4_NL, IQ4_XS, MXFP4 and NVFP4 (one
+//! byte shuffle looks a block's values up), and the grid formats IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (one grid row of 8 values, or two of 4, and one sign byte per
+//! group of 8), 8 lanes at a time. Each value is computed by the operations of the
 //! specification ([`crate::gguf::dequantize_block`]) in its order: the small integer code
 //! converted exactly (an offset such as `q − 8` taken in f32 is exact too), one multiply by the
 //! sub-block's scale, then for the formats with a minimum one subtraction (`a + m` is written
-//! `a − (−m)`, the same IEEE operation) — so the bits are the specification's.
+//! `a − (−m)`, the same IEEE operation), for the grid formats one multiply by `±1.0` (IQ1: the
+//! exact `g ± 0.125` before the scale) — so the bits are the specification's.
 
 use std::arch::x86_64::*;
 
+use crate::gguf::fast::delta;
+use crate::gguf::grids::{
+    IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
+};
 use crate::gguf::{
     BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, e8m0_to_f32_half, scale_min_k4, u16_at, u32_at,
+    ue4m3_to_f32_half,
 };
 
 /// `out[0..16] = (q_j − off) × mul − sub` for the 16 unsigned bytes of `q`.
@@ -79,6 +87,86 @@ unsafe fn bit(q: __m128i, b: u32, to: u32) -> __m128i {
         let one = _mm_set1_epi8(1);
         let x = _mm_and_si128(_mm_srl_epi16(q, _mm_cvtsi32_si128(b as i32)), one);
         _mm_sll_epi16(x, _mm_cvtsi32_si128(to as i32))
+    }
+}
+
+/// `±1.0` per lane: `−1.0` where bit `k` of `signs` is set (lane `k`, 0..8).
+///
+/// # Safety
+/// AVX2 is available.
+#[inline(always)]
+unsafe fn signs8(signs: u8) -> __m256 {
+    // SAFETY: AVX2 is available (this function's contract).
+    unsafe {
+        let at = _mm256_setr_epi32(31, 30, 29, 28, 27, 26, 25, 24);
+        let bit = _mm256_sllv_epi32(_mm256_set1_epi32(i32::from(signs)), at);
+        let neg = _mm256_and_si256(bit, _mm256_set1_epi32(i32::MIN));
+        _mm256_or_ps(_mm256_castsi256_ps(neg), _mm256_set1_ps(1.0))
+    }
+}
+
+/// 8 grid values (`i8`) in the low 8 bytes of `g` as f32.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline(always)]
+unsafe fn grid_f32(g: __m128i) -> __m256 {
+    // SAFETY: AVX2 is available (this function's contract).
+    unsafe { _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(g)) }
+}
+
+/// `o[0..8] = (db × g_k) × ±1.0` for one IQ2 / IQ3 group: the grid values in the low 8 bytes
+/// of `g`, the sign of lane `k` from bit `k` of `signs`.
+///
+/// # Safety
+/// AVX2 is available; `o` is valid for 8 writes.
+#[inline(always)]
+unsafe fn grid8(db: f32, g: __m128i, signs: u8, o: *mut f32) {
+    // SAFETY: AVX2 is available and `o` is valid for 8 floats (this function's contract).
+    unsafe {
+        let v = _mm256_mul_ps(_mm256_set1_ps(db), grid_f32(g));
+        _mm256_storeu_ps(o, _mm256_mul_ps(v, signs8(signs)));
+    }
+}
+
+/// `o[0..8] = dl × (g_k + delta)` for one IQ1 group.
+///
+/// # Safety
+/// AVX2 is available; `o` is valid for 8 writes.
+#[inline(always)]
+unsafe fn grid8_delta(dl: f32, g: &[i8; 8], delta: f32, o: *mut f32) {
+    // SAFETY: AVX2 is available, `g` holds 8 bytes and `o` is valid for 8 floats.
+    unsafe {
+        let g = grid_f32(_mm_loadl_epi64(g.as_ptr().cast()));
+        let v = _mm256_add_ps(g, _mm256_set1_ps(delta));
+        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_set1_ps(dl), v));
+    }
+}
+
+/// A grid row of 8 in the low half of a vector.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline(always)]
+unsafe fn row8(g: &[i8; 8]) -> __m128i {
+    // SAFETY: `g` holds 8 bytes; AVX2 (so SSE2) is available.
+    unsafe { _mm_loadl_epi64(g.as_ptr().cast()) }
+}
+
+/// Two grid rows of 4 (IQ3) as one of 8.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline(always)]
+unsafe fn rows4(a: &[i8; 4], b: &[i8; 4]) -> __m128i {
+    // SAFETY: AVX2 (so SSE2) is available.
+    unsafe {
+        _mm_setr_epi32(
+            i32::from_le_bytes(a.map(|v| v as u8)),
+            i32::from_le_bytes(b.map(|v| v as u8)),
+            0,
+            0,
+        )
     }
 }
 
@@ -255,6 +343,167 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                         // `ql − 4·(1 − high)` = `(ql | high << 2) − 4`, exact in f32.
                         let q = _mm_or_si128(ql, bit(load16(&hm[at..]), (g / 2) as u32, 2));
                         emit16(q, 4.0, dl, None, o.as_mut_ptr().add(16 * g));
+                    }
+                }
+            }
+            Q5_1 => {
+                for (b, o) in blocks {
+                    let (d, m) = (hc(b, 0), hc(b, 2));
+                    let qh = u32_at(b, 4);
+                    let bits: [u8; 32] = std::array::from_fn(|j| (((qh >> j) & 1) << 4) as u8);
+                    let (lo, hi) = nibbles(load16(&b[8..]));
+                    let lo = _mm_or_si128(lo, load16(&bits[..16]));
+                    let hi = _mm_or_si128(hi, load16(&bits[16..]));
+                    emit16(lo, 0.0, d, Some(-m), o.as_mut_ptr());
+                    emit16(hi, 0.0, d, Some(-m), o.as_mut_ptr().add(16));
+                }
+            }
+            TQ2_0 => {
+                for (b, o) in blocks {
+                    let d = hc(b, 64);
+                    let m3 = _mm_set1_epi8(3);
+                    for c in 0..2 {
+                        for p in 0..4 {
+                            let shift = _mm_cvtsi32_si128(2 * p as i32);
+                            for g in 0..2 {
+                                let q = load16(&b[32 * c + 16 * g..]);
+                                let q = _mm_and_si128(_mm_srl_epi16(q, shift), m3);
+                                let at = 128 * c + 32 * p + 16 * g;
+                                emit16(q, 1.0, d, None, o.as_mut_ptr().add(at));
+                            }
+                        }
+                    }
+                }
+            }
+            NVFP4 => {
+                for (b, o) in blocks {
+                    for s in 0..4 {
+                        let d = ue4m3_to_f32_half(b[s]);
+                        // The 8 code bytes of sub-block `s`: low nibbles first, then high.
+                        let q = _mm_loadl_epi64(b[4 + 8 * s..].as_ptr().cast());
+                        let (lo, hi) = nibbles(q);
+                        lut16(
+                            _mm_unpacklo_epi64(lo, hi),
+                            &MXFP4_KVALUES,
+                            d,
+                            o.as_mut_ptr().add(16 * s),
+                        );
+                    }
+                }
+            }
+            IQ2_XXS => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    for s in 0..8 {
+                        let a0 = 2 + 8 * s;
+                        let aux1 = u32_at(b, a0 + 4);
+                        let db = d * (0.5 + (aux1 >> 28) as f32) * 0.25;
+                        for l in 0..4 {
+                            let g = row8(&IQ2XXS_GRID[b[a0 + l] as usize]);
+                            let signs = KSIGNS[((aux1 >> (7 * l)) & 127) as usize];
+                            grid8(db, g, signs, o.as_mut_ptr().add(32 * s + 8 * l));
+                        }
+                    }
+                }
+            }
+            IQ2_XS => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    for i in 0..16 {
+                        let s = (b[66 + i / 2] >> (4 * (i % 2))) & 15;
+                        let db = d * (0.5 + s as f32) * 0.25;
+                        for half in 0..2 {
+                            let q = u16_at(b, 2 + 2 * (2 * i + half));
+                            let g = row8(&IQ2XS_GRID[(q & 511) as usize]);
+                            let signs = KSIGNS[(q >> 9) as usize];
+                            grid8(db, g, signs, o.as_mut_ptr().add(16 * i + 8 * half));
+                        }
+                    }
+                }
+            }
+            IQ2_S => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    let (qs, signs, qh, sc) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
+                    for i in 0..16 {
+                        let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
+                        let db = d * (0.5 + s as f32) * 0.25;
+                        for k in 2 * i..2 * i + 2 {
+                            let hi = ((qh[k / 4] >> (2 * (k % 4))) & 3) as usize;
+                            let g = row8(&IQ2S_GRID[qs[k] as usize | (hi << 8)]);
+                            grid8(db, g, signs[k], o.as_mut_ptr().add(8 * k));
+                        }
+                    }
+                }
+            }
+            IQ3_XXS => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    let qs = &b[2..66];
+                    for s in 0..8 {
+                        let aux = u32_at(b, 66 + 4 * s);
+                        let db = d * (0.5 + (aux >> 28) as f32) * 0.5;
+                        for l in 0..4 {
+                            let k = 4 * s + l;
+                            let g = rows4(
+                                &IQ3XXS_GRID[qs[2 * k] as usize],
+                                &IQ3XXS_GRID[qs[2 * k + 1] as usize],
+                            );
+                            let signs = KSIGNS[((aux >> (7 * l)) & 127) as usize];
+                            grid8(db, g, signs, o.as_mut_ptr().add(8 * k));
+                        }
+                    }
+                }
+            }
+            IQ3_S => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    let (qs, qh, signs, sc) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
+                    let idx =
+                        |k: usize| qs[k] as usize | ((((qh[k / 8] >> (k % 8)) & 1) as usize) << 8);
+                    for i in 0..8 {
+                        let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
+                        let db = d * ((1 + 2 * s) as f32);
+                        for m in 4 * i..4 * i + 4 {
+                            let g = rows4(&IQ3S_GRID[idx(2 * m)], &IQ3S_GRID[idx(2 * m + 1)]);
+                            grid8(db, g, signs[m], o.as_mut_ptr().add(8 * m));
+                        }
+                    }
+                }
+            }
+            IQ1_S => {
+                for (b, o) in blocks {
+                    let d = hc(b, 0);
+                    let qs = &b[2..34];
+                    for i in 0..8 {
+                        let qh = u16_at(b, 34 + 2 * i);
+                        let dl = d * ((2 * ((qh >> 12) & 7) + 1) as f32);
+                        let dt = delta(qh & 0x8000 != 0);
+                        for k in 4 * i..4 * i + 4 {
+                            let hi = ((qh >> (3 * (k % 4))) & 7) as usize;
+                            let g = &IQ1S_GRID[qs[k] as usize | (hi << 8)];
+                            grid8_delta(dl, g, dt, o.as_mut_ptr().add(8 * k));
+                        }
+                    }
+                }
+            }
+            IQ1_M => {
+                for (b, o) in blocks {
+                    let (qs, qh) = (&b[0..32], &b[32..48]);
+                    let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
+                    let dbits = ((sc[0] & 0xf000) >> 12)
+                        | ((sc[1] & 0xf000) >> 8)
+                        | ((sc[2] & 0xf000) >> 4)
+                        | (sc[3] & 0xf000);
+                    let d = hc(&dbits.to_le_bytes(), 0);
+                    for i in 0..16 {
+                        let s = (sc[i / 4] >> (3 * (i % 4))) & 7;
+                        let dl = d * ((2 * s + 1) as f32);
+                        for k in 2 * i..2 * i + 2 {
+                            let nib = (qh[k / 2] >> (4 * (k % 2))) & 15;
+                            let g = &IQ1S_GRID[qs[k] as usize | (((nib & 7) as usize) << 8)];
+                            grid8_delta(dl, g, delta(nib & 8 != 0), o.as_mut_ptr().add(8 * k));
+                        }
                     }
                 }
             }

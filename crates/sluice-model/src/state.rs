@@ -54,6 +54,11 @@ pub struct State {
     /// Where the forward passes this state took part in spent their time, summed (its share
     /// of a batched pass: the pass's time ÷ its sequences).
     pub(crate) times: crate::pass::PassTimes,
+    /// Lookahead's hint, kept only on single-token steps with prefetch on: per layer, this
+    /// sequence's attention output for its latest token (empty when none). Added to the
+    /// output of the layer before, it estimates that layer's router input; it never touches
+    /// an output bit.
+    pub(crate) last_attention: Vec<Vec<f32>>,
 }
 
 impl State {
@@ -71,6 +76,7 @@ impl State {
             routes: None,
             debug: None,
             times: Default::default(),
+            last_attention: vec![Vec::new(); cfg.layers],
         }
     }
 
@@ -127,6 +133,7 @@ impl State {
             routes: None,
             debug: None,
             times: Default::default(),
+            last_attention: vec![Vec::new(); self.layers.len()],
         })
     }
 

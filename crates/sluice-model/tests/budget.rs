@@ -260,6 +260,11 @@ fn small_caches_stream_and_prefetch_predicts() {
     assert!(s.misses > 0 && s.bytes_read > 0, "{s:?}");
     assert!(s.prefetch_reads > 0, "{s:?}");
     assert!(s.prefetch_checked > 0 && s.prefetch_recall() > 0.0, "{s:?}");
+    // The early guess is one of the predictions a request is compared with.
+    assert!(
+        s.prefetch_checked_early > 0 && s.prefetch_checked_early <= s.prefetch_checked,
+        "{s:?}"
+    );
     // Per layer: the totals split by layer; layer 0 has nothing before it to predict it, so
     // it is never checked, and each later MoE layer is.
     let by = &s.prefetch_by_layer;

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use sluice_store::PolicyChoice;
 use sluice_store::io::{has_direct_flag, page_cache_residency};
-use sluice_store::{ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, ShardSet, StoreError};
+use sluice_store::{
+    ExpertStore, ExpertStoreConfig, Guess, IoMode, Piece, Reader, ShardSet, StoreError,
+};
 
 const EXPERT: u64 = 3 * 40_000 + 17;
 
@@ -443,6 +445,46 @@ fn prefetch_reads_only_the_ranks_that_have_been_right() {
     let s = store.stats();
     assert_eq!(s.prefetch_hits, 8);
     assert!((s.prefetch_recall() - 1.0).abs() < 1e-12);
+}
+
+#[test]
+fn early_and_late_guesses_keep_their_own_records() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let cfg = ExpertStoreConfig {
+        readers: 0,
+        ..config(1 << 20)
+    };
+    let store = ExpertStore::new(shards, specs, cfg).unwrap();
+    // Each step the early guess is b (always wrong), the late one a, which the router picks.
+    let step = |i: u32| {
+        store.begin_step();
+        let (a, b) = (i % 8, 8 + i % 8);
+        let reads = store.stats().prefetch_reads;
+        store.prefetch_guess(Guess::Early, 0, &[b]);
+        store.prefetch_guess(Guess::Late, 0, &[a]);
+        let read = store.stats().prefetch_reads - reads;
+        store.fetch(0, &[a]).unwrap();
+        store.clear();
+        read
+    };
+    for i in 0..sluice_store::PREFETCH_WARMUP as u32 {
+        assert_eq!(step(i), 0, "step {i}");
+    }
+    // The late rank has earned its reads (above even its higher bar); the early one has not,
+    // for all that the late one's record is perfect.
+    for i in 0..8 {
+        assert_eq!(step(i), 1, "step {i}");
+    }
+    let s = store.stats();
+    assert_eq!(s.prefetch_hits, 8);
+    // Recall is the last guess's; the early one's is counted apart.
+    assert_eq!((s.prefetch_checked, s.prefetch_predicted), (24, 24));
+    assert_eq!(
+        (s.prefetch_checked_early, s.prefetch_predicted_early),
+        (24, 0)
+    );
 }
 
 #[test]

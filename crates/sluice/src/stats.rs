@@ -92,8 +92,12 @@ pub struct GenerationStats {
     pub prefill_spans: Vec<PrefillSpanStats>,
     /// Seconds spent waiting on expert reads.
     pub io_seconds: f64,
-    /// Prefetch recall: the fraction of routed experts that lookahead had predicted.
+    /// Prefetch recall: the fraction of routed experts that lookahead had predicted, by the
+    /// last prediction made before the router asked (from the output of the layer before).
     pub prefetch_recall: f64,
+    /// [`Self::prefetch_recall`] of the early predictions alone (made while the layer before
+    /// computes its experts, which leaves the reads more time).
+    pub prefetch_recall_early: f64,
     /// [`Self::prefetch_recall`] per layer (`null` for a layer with no prediction checked:
     /// dense layers, the first MoE layer, layers not resident when predicted).
     pub prefetch_recall_by_layer: Vec<Option<f64>>,
@@ -193,6 +197,12 @@ pub(crate) fn stats_since(
         0.0
     } else {
         (now.prefetch_predicted - expert0.prefetch_predicted) as f64 / checked as f64
+    };
+    let checked = now.prefetch_checked_early - expert0.prefetch_checked_early;
+    s.prefetch_recall_early = if checked == 0 {
+        0.0
+    } else {
+        (now.prefetch_predicted_early - expert0.prefetch_predicted_early) as f64 / checked as f64
     };
     s.prefetch_recall_by_layer = now
         .prefetch_by_layer

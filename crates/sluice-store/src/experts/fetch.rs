@@ -266,7 +266,7 @@ impl ExpertStore {
         for (i, &k) in keys.iter().enumerate() {
             let n = rows.get(i).copied().unwrap_or(1);
             g.tally
-                .request(step, k, n, sh.footprint(k), predicted.as_deref());
+                .request(step, k, n, sh.footprint(k), predicted.as_ref());
             g.cache.policy.request(k, n);
             match g.cache.pin(k) {
                 Some((blob, prefetched_step)) => {

@@ -23,6 +23,7 @@ mod stats;
 
 pub use arrivals::Arrivals;
 pub use handles::{Lease, Pinned};
+pub use prefetch::Guess;
 pub use stats::ExpertStats;
 
 use cache::Cache;
@@ -294,6 +295,13 @@ pub const PREFETCH_WARMUP: u64 = 16;
 
 /// Share of a rank's predictions that must have been right for prefetch to read that rank.
 pub const PREFETCH_PRECISION: f64 = 0.8;
+
+/// The same bar for a [`Guess::Late`] rank (unless prefetch reads every guess): a late read
+/// lands only the next layer's attention earlier, while a wrong one costs a whole read, so it
+/// pays only when wrong ones are rarer than that gain is to a read's time (on the 2.09 GiB
+/// synthetic model of docs/PERFORMANCE.md a read takes ~2.6 ms and the attention it may
+/// overlap a few tenths of one: the break-even is above 0.9).
+pub const PREFETCH_PRECISION_LATE: f64 = 0.95;
 
 /// Parts of at most this many bytes are what the read of one expert is split into: small enough
 /// that a layer's misses land one after another with several parts in flight, large enough that

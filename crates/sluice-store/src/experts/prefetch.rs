@@ -4,63 +4,95 @@
 use std::sync::Arc;
 
 use super::cache::take_spare;
-use super::{ExpertStore, PREFETCH_WARMUP, READ_PART, Shared};
+use super::{ExpertStore, PREFETCH_PRECISION_LATE, PREFETCH_WARMUP, READ_PART, Shared};
 use crate::StoreError;
 use crate::io::{Blob, read_blob_parts};
 use crate::policy::{FixedMap, Key};
 
+/// When a prediction of a layer's experts is made, relative to the layer before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guess {
+    /// While the layer before computes its experts, from its residual before them: the most
+    /// time for the reads, the least information.
+    Early,
+    /// From the output of the layer before, just before this layer's attention: less time,
+    /// and a router input that lacks only this layer's attention.
+    Late,
+}
+
+/// One stage's prediction for one layer: the step it was made in, the experts (most
+/// confident first) and whether the real routing has been compared with it yet.
+type Prediction = (u64, Vec<u32>, bool);
+
 /// What prefetch has learnt.
 #[derive(Default)]
 pub(super) struct Lookahead {
-    /// Per layer: the step of the last prediction, the experts predicted (most confident
-    /// first) and whether the real routing has been compared with it yet.
-    predicted: FixedMap<u32, (u64, Vec<u32>, bool)>,
-    /// Per confidence rank of a prediction: (predictions compared, predictions the router then
-    /// chose), the precision that decides how many of the ranks prefetch reads.
-    ranks: Vec<(u64, u64)>,
+    /// Per stage ([`Guess`] as index) and layer: the latest prediction.
+    predicted: [FixedMap<u32, Prediction>; 2],
+    /// Per stage and confidence rank of a prediction: (predictions compared, predictions the
+    /// router then chose), the precision that decides how many of the ranks prefetch reads.
+    /// The stages keep their own: a late guess is right more often than an early one.
+    ranks: [Vec<(u64, u64)>; 2],
+}
+
+/// The predictions a request is compared with: the last one made before it (the late one
+/// when there is one) and the early one.
+pub(super) struct Checked {
+    pub(super) last: Vec<u32>,
+    pub(super) early: Option<Vec<u32>>,
 }
 
 impl Lookahead {
     /// Remembers the prediction of `layer` made in `step`, most confident first.
-    fn predict(&mut self, layer: usize, step: u64, experts: &[u32]) {
-        self.predicted
-            .insert(layer as u32, (step, experts.to_vec(), false));
+    fn predict(&mut self, stage: Guess, layer: usize, step: u64, experts: &[u32]) {
+        self.predicted[stage as usize].insert(layer as u32, (step, experts.to_vec(), false));
     }
 
-    /// How many of the leading ranks of a prediction of `n` experts to read: those with at
-    /// least [`PREFETCH_WARMUP`] predictions compared and at least `precision` of them right
-    /// (all `n` with a precision of 0).
-    fn width(&self, precision: f64, n: usize) -> usize {
+    /// How many of the leading ranks of a `stage` prediction of `n` experts to read: those
+    /// with at least [`PREFETCH_WARMUP`] predictions compared and at least `precision` of them
+    /// right (all `n` with a precision of 0).
+    fn width(&self, stage: Guess, precision: f64, n: usize) -> usize {
         if precision <= 0.0 {
             return n;
         }
-        self.ranks
+        self.ranks[stage as usize]
             .iter()
             .take_while(|&&(n, right)| n >= PREFETCH_WARMUP && right as f64 >= precision * n as f64)
             .count()
     }
 
-    /// The experts predicted for `layer` in `step`, if any, for the request of `keys` just
-    /// admitted; the first request of a step and layer also scores each rank of the prediction
-    /// against the router. (When a layer's experts come in several calls, because the cache
-    /// cannot pin them all at once, only the first call's share is seen: prefetch then trusts
-    /// less, which suits a cache that small.)
-    pub(super) fn check(&mut self, layer: usize, step: u64, keys: &[Key]) -> Option<Vec<u32>> {
-        let (p, scored) = self
-            .predicted
-            .get_mut(&(layer as u32))
-            .filter(|p| p.0 == step)
-            .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)))?;
-        if !scored {
-            if self.ranks.len() < p.len() {
-                self.ranks.resize(p.len(), (0, 0));
+    /// The predictions made for `layer` in `step`, if any, for the request of `keys` just
+    /// admitted; the first request of a step and layer also scores each rank of each stage's
+    /// prediction against the router. (When a layer's experts come in several calls, because
+    /// the cache cannot pin them all at once, only the first call's share is seen: prefetch
+    /// then trusts less, which suits a cache that small.)
+    pub(super) fn check(&mut self, layer: usize, step: u64, keys: &[Key]) -> Option<Checked> {
+        let mut now: [Option<Vec<u32>>; 2] = [None, None];
+        for (stage, made) in self.predicted.iter_mut().enumerate() {
+            let Some((p, scored)) = made
+                .get_mut(&(layer as u32))
+                .filter(|p| p.0 == step)
+                .map(|p| (p.1.clone(), std::mem::replace(&mut p.2, true)))
+            else {
+                continue;
+            };
+            if !scored {
+                let ranks = &mut self.ranks[stage];
+                if ranks.len() < p.len() {
+                    ranks.resize(p.len(), (0, 0));
+                }
+                for (r, e) in p.iter().enumerate() {
+                    ranks[r].0 += 1;
+                    ranks[r].1 += u64::from(keys.iter().any(|k| k.expert == *e));
+                }
             }
-            for (r, e) in p.iter().enumerate() {
-                self.ranks[r].0 += 1;
-                self.ranks[r].1 += u64::from(keys.iter().any(|k| k.expert == *e));
-            }
+            now[stage] = Some(p);
         }
-        Some(p)
+        let [early, late] = now;
+        Some(Checked {
+            last: late.or_else(|| early.clone())?,
+            early,
+        })
     }
 }
 
@@ -81,14 +113,28 @@ impl ExpertStore {
     /// [`PREFETCH_PRECISION`]: super::PREFETCH_PRECISION
     /// [`Policy::displaces`]: crate::Policy::displaces
     pub fn prefetch(&self, layer: usize, experts: &[u32]) {
+        self.prefetch_guess(Guess::Early, layer, experts);
+    }
+
+    /// [`prefetch`](ExpertStore::prefetch) for a prediction made at `stage`: each stage's
+    /// ranks earn their reads on their own record (a late rank against the higher bar
+    /// [`PREFETCH_PRECISION_LATE`]), and a request is compared with the last prediction made
+    /// (recall) as well as with the early one.
+    pub fn prefetch_guess(&self, stage: Guess, layer: usize, experts: &[u32]) {
         let sh = &self.shared;
         let Ok(mut g) = sh.inner.lock() else { return };
         let step = g.step;
-        g.lookahead.predict(layer, step, experts);
+        g.lookahead.predict(stage, layer, step, experts);
         if !g.turns.is_empty() {
             return;
         }
-        let width = g.lookahead.width(sh.prefetch_precision, experts.len());
+        let precision = match stage {
+            Guess::Late if sh.prefetch_precision > 0.0 => {
+                sh.prefetch_precision.max(PREFETCH_PRECISION_LATE)
+            }
+            _ => sh.prefetch_precision,
+        };
+        let width = g.lookahead.width(stage, precision, experts.len());
         let mut jobs = Vec::new();
         let mut spare = Vec::new();
         for &e in experts.iter().take(width) {

@@ -1,6 +1,7 @@
 //! What the store counts: [`ExpertStats`], the experts touched in the current step, and the
 //! optional trace of every request for offline replay.
 
+use super::prefetch::Checked;
 use crate::policy::{FixedSet, Key};
 use crate::trace::TraceEvent;
 
@@ -25,10 +26,15 @@ pub struct ExpertStats {
     pub wait_seconds: f64,
     /// Prefetch reads issued.
     pub prefetch_reads: u64,
-    /// Experts predicted by prefetch that the real router then chose.
+    /// Experts predicted by prefetch that the real router then chose (by the last prediction
+    /// made before the request: the late one when there was one, [`crate::Guess`]).
     pub prefetch_predicted: u64,
     /// Requests made in layers where a prediction had been made (the recall denominator).
     pub prefetch_checked: u64,
+    /// [`Self::prefetch_predicted`] of the early predictions alone.
+    pub prefetch_predicted_early: u64,
+    /// Requests made in layers where an early prediction had been made.
+    pub prefetch_checked_early: u64,
     /// [`Self::prefetch_checked`] and [`Self::prefetch_predicted`] per layer (indexed by layer,
     /// as long as the deepest layer checked).
     pub prefetch_by_layer: Vec<(u64, u64)>,
@@ -51,12 +57,22 @@ impl ExpertStats {
         }
     }
 
-    /// Fraction of the real router's choices that prefetch had predicted.
+    /// Fraction of the real router's choices that prefetch had predicted (by the last
+    /// prediction made before the request).
     pub fn prefetch_recall(&self) -> f64 {
         if self.prefetch_checked == 0 {
             0.0
         } else {
             self.prefetch_predicted as f64 / self.prefetch_checked as f64
+        }
+    }
+
+    /// [`Self::prefetch_recall`] of the early predictions alone.
+    pub fn prefetch_recall_early(&self) -> f64 {
+        if self.prefetch_checked_early == 0 {
+            0.0
+        } else {
+            self.prefetch_predicted_early as f64 / self.prefetch_checked_early as f64
         }
     }
 }
@@ -96,7 +112,7 @@ impl Tally {
         k: Key,
         rows: u32,
         footprint: u64,
-        predicted: Option<&[u32]>,
+        predicted: Option<&Checked>,
     ) {
         self.stats.requests += 1;
         if self.touched.insert(k) {
@@ -112,11 +128,15 @@ impl Tally {
             });
         }
         if let Some(p) = predicted {
+            if let Some(early) = &p.early {
+                self.stats.prefetch_checked_early += 1;
+                self.stats.prefetch_predicted_early += u64::from(early.contains(&k.expert));
+            }
             let l = k.layer as usize;
             if self.stats.prefetch_by_layer.len() <= l {
                 self.stats.prefetch_by_layer.resize(l + 1, (0, 0));
             }
-            let right = p.contains(&k.expert);
+            let right = p.last.contains(&k.expert);
             self.stats.prefetch_checked += 1;
             self.stats.prefetch_by_layer[l].0 += 1;
             if right {

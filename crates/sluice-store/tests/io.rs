@@ -413,27 +413,36 @@ fn a_failed_part_fails_only_its_expert() {
     assert!(b[0].piece(1) == &expected(&path, &specs[0][2][1])[..]);
 }
 
-#[test]
-fn prefetch_reads_only_the_ranks_that_have_been_right() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (path, specs) = write_shard(dir.path());
+/// A store over a fresh shard in `dir` that reads on the calling thread.
+fn inline_store(dir: &Path) -> ExpertStore {
+    let (path, specs) = write_shard(dir);
     let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
     let cfg = ExpertStoreConfig {
         readers: 0,
         ..config(1 << 20)
     };
-    let store = ExpertStore::new(shards, specs, cfg).unwrap();
+    ExpertStore::new(shards, specs, cfg).unwrap()
+}
+
+/// One step of a prefetch test: `guess(a, b)` predicts with `a = i % 8` and `b = 8 + i % 8`,
+/// then the router picks `a`. Returns the prefetch reads the guesses started.
+fn prefetch_step(store: &ExpertStore, i: u32, guess: impl Fn(u32, u32)) -> u64 {
+    store.begin_step();
+    let (a, b) = (i % 8, 8 + i % 8);
+    let reads = store.stats().prefetch_reads;
+    guess(a, b);
+    let read = store.stats().prefetch_reads - reads;
+    store.fetch(0, &[a]).unwrap();
+    store.clear();
+    read
+}
+
+#[test]
+fn prefetch_reads_only_the_ranks_that_have_been_right() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store = inline_store(dir.path());
     // Each step predicts [a, b]; the router then picks a (rank 0 right, rank 1 wrong).
-    let step = |i: u32| {
-        store.begin_step();
-        let (a, b) = (i % 8, 8 + i % 8);
-        let reads = store.stats().prefetch_reads;
-        store.prefetch(0, &[a, b]);
-        let read = store.stats().prefetch_reads - reads;
-        store.fetch(0, &[a]).unwrap();
-        store.clear();
-        read
-    };
+    let step = |i| prefetch_step(&store, i, |a, b| store.prefetch(0, &[a, b]));
     // Untrusted ranks are not read while their record builds up.
     for i in 0..sluice_store::PREFETCH_WARMUP as u32 {
         assert_eq!(step(i), 0, "step {i}");
@@ -450,24 +459,13 @@ fn prefetch_reads_only_the_ranks_that_have_been_right() {
 #[test]
 fn early_and_late_guesses_keep_their_own_records() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (path, specs) = write_shard(dir.path());
-    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
-    let cfg = ExpertStoreConfig {
-        readers: 0,
-        ..config(1 << 20)
-    };
-    let store = ExpertStore::new(shards, specs, cfg).unwrap();
+    let store = inline_store(dir.path());
     // Each step the early guess is b (always wrong), the late one a, which the router picks.
-    let step = |i: u32| {
-        store.begin_step();
-        let (a, b) = (i % 8, 8 + i % 8);
-        let reads = store.stats().prefetch_reads;
-        store.prefetch_guess(Guess::Early, 0, &[b]);
-        store.prefetch_guess(Guess::Late, 0, &[a]);
-        let read = store.stats().prefetch_reads - reads;
-        store.fetch(0, &[a]).unwrap();
-        store.clear();
-        read
+    let step = |i| {
+        prefetch_step(&store, i, |a, b| {
+            store.prefetch_guess(Guess::Early, 0, &[b]);
+            store.prefetch_guess(Guess::Late, 0, &[a]);
+        })
     };
     for i in 0..sluice_store::PREFETCH_WARMUP as u32 {
         assert_eq!(step(i), 0, "step {i}");

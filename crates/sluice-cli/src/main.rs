@@ -219,7 +219,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             format!("a budget of {}", b(p.budget))
         }
     );
-    println!("  minimum budget    {}", b(p.minimum));
+    // The exact bytes too: the rounded figure can be just below what a budget must hold.
+    println!(
+        "  minimum budget    {} (--memory {} or more)",
+        b(p.minimum),
+        p.minimum
+    );
     println!(
         "  trunk pinned      {} ({} of {} layers, embeddings {})",
         b(p.trunk_pinned),

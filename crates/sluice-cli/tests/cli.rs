@@ -1206,6 +1206,46 @@ fn inspect_shows_the_prefix_cache_share() {
     one_line_error(&["inspect", m.to_str().unwrap(), "--prefix-cache", "lots"]);
 }
 
+/// The minimum `sluice inspect` prints is a budget that runs, to the byte: one byte less is
+/// refused (the rounded MiB figure alone was 34 KiB short on the demo model).
+#[test]
+fn inspect_prints_the_minimum_budget_to_the_byte() {
+    let m = demo_model();
+    let o = run(&["inspect", m.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("minimum budget"))
+        .unwrap_or_else(|| panic!("no minimum in {out}"));
+    let bytes: u64 = line
+        .split("--memory ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {line:?}"));
+    let at = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--memory",
+        &bytes.to_string(),
+        "--max-tokens",
+        "2",
+        "Hello",
+    ]);
+    assert!(at.status.success(), "{}", stderr(&at));
+    let e = one_line_error(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--memory",
+        &(bytes - 1).to_string(),
+        "Hello",
+    ]);
+    assert!(e.contains("too small"), "{e}");
+}
+
 /// `sluice inspect` explains DeepSeek-V4's state: the window, the compressed layers of each
 /// kind, the hash-routed layers, and the MTP layer the checkpoint carries.
 #[test]

@@ -236,6 +236,34 @@ pub(crate) mod tests {
         }
     }
 
+    /// A victim exists whenever an evictable key is resident, whatever was hit: S3-FIFO
+    /// once answered `None` when every key in its small queue had been hit and its main queue
+    /// was empty (the pass promoted them all and stopped), and a request waiting for room then
+    /// waited for a wake-up that never came.
+    #[test]
+    fn a_victim_is_found_whenever_one_is_evictable() {
+        for name in PolicyChoice::ALL {
+            for n in 1..6u32 {
+                for hits in 0..4 {
+                    let mut p = name.make(64);
+                    for e in 0..n {
+                        p.request(k(e), 1);
+                        p.insert(k(e));
+                        for _ in 0..hits {
+                            p.request(k(e), 1);
+                            p.hit(k(e));
+                        }
+                    }
+                    for target in 0..n {
+                        let v = p.victim(&mut |x| x == k(target));
+                        assert_eq!(v, Some(k(target)), "{name}, {n} keys hit {hits} times");
+                    }
+                    assert!(p.victim(&mut |_| true).is_some(), "{name}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_policy_survives_a_long_replay_and_skewed_loads_hit() {
         // A skewed stream: expert e with weight 1/(e+1).

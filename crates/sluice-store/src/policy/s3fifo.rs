@@ -124,7 +124,10 @@ impl Policy for S3Fifo {
         {
             return Some(k);
         }
+        // A pass over small may promote every key it holds to main and find nothing there:
+        // main, which now holds them, is asked once more.
         self.victim_main(evictable)
             .or_else(|| self.victim_small(evictable))
+            .or_else(|| self.victim_main(evictable))
     }
 }

@@ -485,6 +485,54 @@ fn early_and_late_guesses_keep_their_own_records() {
     );
 }
 
+/// A policy that never names a victim.
+struct Mute;
+impl sluice_store::Policy for Mute {
+    fn name(&self) -> &str {
+        "mute"
+    }
+    fn insert(&mut self, _: sluice_store::Key) {}
+    fn hit(&mut self, _: sluice_store::Key) {}
+    fn remove(&mut self, _: sluice_store::Key) {}
+    fn victim(
+        &mut self,
+        _: &mut dyn FnMut(sluice_store::Key) -> bool,
+    ) -> Option<sluice_store::Key> {
+        None
+    }
+}
+
+/// A policy that names no victim while one is evictable would leave a request waiting for
+/// room that nothing frees: the store evicts the least evictable key instead, so a full cache
+/// of unpinned experts still serves the next miss.
+#[test]
+fn a_policy_that_names_no_victim_cannot_hang_a_request() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let one = ExpertStore::new(shards.clone(), specs.clone(), config(1 << 20))
+        .unwrap()
+        .max_footprint();
+    let cfg = ExpertStoreConfig {
+        policy: PolicyChoice::custom(|_| Box::new(Mute)).make(2),
+        ..config(2 * one)
+    };
+    let store = ExpertStore::new(shards, specs.clone(), cfg).unwrap();
+    // Under a watchdog: without the store's fallback the second miss waits for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for e in [1, 2, 3, 4, 1] {
+            let b = store.fetch(0, &[e]).unwrap();
+            assert!(b[0].piece(0) == &expected(&path, &specs[0][e as usize][0])[..]);
+        }
+        tx.send(store.stats().evictions).unwrap();
+    });
+    let evictions = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a miss waited for room for a minute");
+    assert!(evictions >= 3, "{evictions}");
+}
+
 #[test]
 fn an_evicted_experts_buffer_is_read_into_again() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

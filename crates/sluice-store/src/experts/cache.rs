@@ -128,9 +128,15 @@ impl Cache {
     ) -> bool {
         while self.used + need > self.capacity {
             let entries = &self.entries;
-            let victim = self.policy.victim(&mut |k| {
+            let evictable = |k: Key| {
                 !keep.contains(&k) && matches!(entries.get(&k), Some(Entry::Ready { pins: 0, .. }))
-            });
+            };
+            // A policy that names no victim while one exists would leave a request waiting
+            // for room that nothing frees (S3-FIFO once did): the least key goes instead.
+            let victim = self
+                .policy
+                .victim(&mut |k| evictable(k))
+                .or_else(|| entries.keys().copied().filter(|&k| evictable(k)).min());
             let Some(v) = victim else { return false };
             if let Some(guess) = guess
                 && !self.policy.displaces(guess, v)

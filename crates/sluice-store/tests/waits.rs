@@ -37,11 +37,22 @@ fn shard(dir: &Path, n: u64) -> (PathBuf, Vec<Vec<Piece>>) {
 }
 
 fn store(dir: &Path, layers: usize, experts: u64, cache: u64, readers: usize) -> ExpertStore {
+    store_with(dir, layers, experts, cache, readers, PolicyChoice::Lfu)
+}
+
+fn store_with(
+    dir: &Path,
+    layers: usize,
+    experts: u64,
+    cache: u64,
+    readers: usize,
+    policy: PolicyChoice,
+) -> ExpertStore {
     let (path, pieces) = shard(dir, experts);
     let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
     let cfg = ExpertStoreConfig {
         capacity: cache * FOOTPRINT,
-        policy: PolicyChoice::Lfu.make(cache as usize),
+        policy: policy.make(cache as usize),
         readers,
         record_trace: false,
         prefetch_precision: 0.0,
@@ -234,16 +245,27 @@ impl Rng {
 }
 
 /// Many threads fetch random groups of experts of random layers (up to what the cache can pin
-/// at once), hold them for a while, prefetch guesses and clear the cache now and then, on a
-/// cache of three experts: every thread finishes, every byte is right, and the budget holds
-/// after every admission.
+/// at once), hold them for a while, prefetch early and late guesses and clear the cache now and
+/// then, on caches of one to four experts, under every shipped policy: every thread finishes,
+/// every byte is right, and the budget holds after every admission.
 #[test]
 fn randomized_pin_wait_evict_stress_never_hangs() {
     const LAYERS: usize = 3;
     const EXPERTS: u64 = 12;
-    for (readers, threads, cache) in [(0, 4, 3), (2, 6, 3), (3, 8, 2), (1, 5, 1), (2, 6, 4)] {
+    let configs = [(0, 4, 3), (2, 6, 3), (3, 8, 2), (1, 5, 1), (2, 6, 4)];
+    for ((readers, threads, cache), policy) in configs
+        .into_iter()
+        .flat_map(|c| PolicyChoice::all().map(move |p| (c, p)))
+    {
         let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-        let store = Arc::new(store(dir.path(), LAYERS, EXPERTS, cache, readers));
+        let store = Arc::new(store_with(
+            dir.path(),
+            LAYERS,
+            EXPERTS,
+            cache,
+            readers,
+            policy,
+        ));
         let (tx, rx) = mpsc::channel();
         for t in 0..threads {
             let (store, tx) = (Arc::clone(&store), tx.clone());
@@ -261,8 +283,13 @@ fn randomized_pin_wait_evict_stress_never_hangs() {
                                 ids.push(e);
                             }
                         }
-                        match rng.below(12) {
+                        match rng.below(13) {
                             0 => store.prefetch(layer, &[rng.below(EXPERTS) as u32]),
+                            12 => store.prefetch_guess(
+                                sluice_store::Guess::Late,
+                                layer,
+                                &[rng.below(EXPERTS) as u32],
+                            ),
                             1 => store.clear(),
                             // Leases of half an expert at a time, while the floor leaves room.
                             2 => {

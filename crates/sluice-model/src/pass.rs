@@ -9,6 +9,7 @@
 //! wrote, and the products of dense blocks and experts take at most `chunk` rows at a time.
 //! Every row's arithmetic is the same whatever the chunk, so the output bits are too.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::time::Instant;
 
@@ -403,11 +404,9 @@ impl Model {
         // brought no measurable speed.
         // A hash-routed layer's experts are known exactly from the tokens, so they are read
         // ahead in a prefill too.
-        let next = if pass.lookahead && src.len() == pass.t * cfg.hidden {
+        let next = if self.prefetch() && (pass.single_token_steps || cfg.is_hash_routed(l + 1)) {
             let x = lookahead_input(pass, segs, l + 1, src, cfg.hidden);
             self.predict(l + 1, &x, &pass.tokens)?
-        } else if self.prefetch() && (pass.single_token_steps || cfg.is_hash_routed(l + 1)) {
-            self.predict(l + 1, src, &pass.tokens)?
         } else {
             None
         };
@@ -530,22 +529,26 @@ fn keep_attention(pass: &Pass, segs: &mut Segs<'_, '_, '_>, l: usize, a: &[f32],
 
 /// Lookahead's estimate of layer `next`'s router input from `base` (`[t, hidden]`, the
 /// residual stream before `next`'s attention or earlier): each row plus its sequence's
-/// attention output of `next` for the token before, when kept. Attention outputs move
-/// slowly from token to token; on the trained demo model this lifts the recall of the late
-/// guess from 74% to 83% (docs/PERFORMANCE.md).
-fn lookahead_input(
+/// attention output of `next` for the token before, when kept (`base` itself when nothing
+/// is, or when it is not one row per token). Attention outputs move slowly from token to
+/// token; on the trained demo model this lifts the recall of the late guess from 74% to 83%
+/// (docs/PERFORMANCE.md).
+fn lookahead_input<'a>(
     pass: &Pass,
     segs: &Segs<'_, '_, '_>,
     next: usize,
-    base: &[f32],
+    base: &'a [f32],
     h: usize,
-) -> Vec<f32> {
-    let mut x = base.to_vec();
+) -> Cow<'a, [f32]> {
+    let mut x = Cow::Borrowed(base);
+    if base.len() != pass.t * h {
+        return x;
+    }
     for (si, (state, toks)) in segs.iter().enumerate() {
         let kept = state.last_attention.get(next).filter(|a| a.len() == h);
         if let (1, Some(a)) = (toks.len(), kept) {
             let row = pass.starts[si];
-            for (v, &d) in x[row * h..(row + 1) * h].iter_mut().zip(a) {
+            for (v, &d) in x.to_mut()[row * h..(row + 1) * h].iter_mut().zip(a) {
                 *v += d;
             }
         }

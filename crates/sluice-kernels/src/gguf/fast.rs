@@ -7,8 +7,8 @@
 
 use super::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 use super::{
-    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, dequantize_block, h, scale_min_k4, sign, u16_at,
-    u32_at, ue4m3_to_f32_half,
+    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, delta, dequantize_block, h, iq1m_d_bits, iq2_scale,
+    iq2s_index, iq3s_index, scale_min_k4, sign, u16_at, u32_at, ue4m3_to_f32_half,
 };
 
 /// Dequantizes whole blocks: `row` holds `n` blocks of `f` and `out` their `n × block_size`
@@ -270,20 +270,13 @@ fn grid8_delta(o: &mut [f32], dl: f32, g: &[i8; 8], delta: f32) {
     }
 }
 
-/// IQ1's ±0.125: `+` when the bit is clear. Built from its bits: on random codes a branch
-/// here is mispredicted half the time (IQ1_M: 10.6 ms per 4096² product with one).
-#[inline(always)]
-pub(crate) fn delta(set: bool) -> f32 {
-    f32::from_bits(0x3e00_0000 | (u32::from(set) << 31))
-}
-
 #[inline(always)]
 fn iq2_xxs(b: &[u8; 66], o: &mut [f32; 256]) {
     let d = h(b, 0);
     for s in 0..8 {
         let a0 = 2 + 8 * s;
         let aux1 = u32_at(b, a0 + 4);
-        let db = d * (0.5 + (aux1 >> 28) as f32) * 0.25;
+        let db = iq2_scale(d, aux1 >> 28);
         for l in 0..4 {
             let signs = KSIGNS[((aux1 >> (7 * l)) & 127) as usize];
             let at = 32 * s + 8 * l;
@@ -302,7 +295,7 @@ fn iq2_xs(b: &[u8; 74], o: &mut [f32; 256]) {
     let d = h(b, 0);
     for i in 0..16 {
         let s = (b[66 + i / 2] >> (4 * (i % 2))) & 15;
-        let db = d * (0.5 + s as f32) * 0.25;
+        let db = iq2_scale(d, s.into());
         for half in 0..2 {
             let q = u16_at(b, 2 + 2 * (2 * i + half));
             let at = 16 * i + 8 * half;
@@ -318,9 +311,9 @@ fn iq2_s(b: &[u8; 82], o: &mut [f32; 256]) {
     let (qs, signs, qh, sc) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
     for i in 0..16 {
         let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
-        let db = d * (0.5 + s as f32) * 0.25;
+        let db = iq2_scale(d, s.into());
         for k in 2 * i..2 * i + 2 {
-            let idx = qs[k] as usize | ((((qh[k / 4] >> (2 * (k % 4))) & 3) as usize) << 8);
+            let idx = iq2s_index(qs, qh, k);
             grid8(&mut o[8 * k..8 * k + 8], db, IQ2S_GRID[idx], signs[k]);
         }
     }
@@ -349,7 +342,7 @@ fn iq3_xxs(b: &[u8; 98], o: &mut [f32; 256]) {
 fn iq3_s(b: &[u8; 110], o: &mut [f32; 256]) {
     let d = h(b, 0);
     let (qs, qh, signs, sc) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
-    let idx = |k: usize| qs[k] as usize | ((((qh[k / 8] >> (k % 8)) & 1) as usize) << 8);
+    let idx = |k: usize| iq3s_index(qs, qh, k);
     for i in 0..8 {
         let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
         let db = d * ((1 + 2 * s) as f32);
@@ -379,11 +372,7 @@ fn iq1_s(b: &[u8; 50], o: &mut [f32; 256]) {
 fn iq1_m(b: &[u8; 56], o: &mut [f32; 256]) {
     let (qs, qh) = (&b[0..32], &b[32..48]);
     let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
-    let dbits = ((sc[0] & 0xf000) >> 12)
-        | ((sc[1] & 0xf000) >> 8)
-        | ((sc[2] & 0xf000) >> 4)
-        | (sc[3] & 0xf000);
-    let d = crate::decode::f16_to_f32(dbits);
+    let d = crate::decode::f16_to_f32(iq1m_d_bits(&sc));
     for i in 0..16 {
         let s = (sc[i / 4] >> (3 * (i % 4))) & 7;
         let dl = d * ((2 * s + 1) as f32);

@@ -11,13 +11,12 @@
 
 use std::arch::x86_64::*;
 
-use crate::gguf::fast::delta;
 use crate::gguf::grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KSIGNS,
 };
 use crate::gguf::{
-    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, e8m0_to_f32_half, scale_min_k4, u16_at, u32_at,
-    ue4m3_to_f32_half,
+    BlockFormat, IQ4_KVALUES, MXFP4_KVALUES, delta, e8m0_to_f32_half, iq1m_d_bits, iq2_scale,
+    iq2s_index, iq3s_index, scale_min_k4, u16_at, u32_at, ue4m3_to_f32_half,
 };
 
 /// `out[0..16] = (q_j − off) × mul − sub` for the 16 unsigned bytes of `q`.
@@ -170,6 +169,16 @@ unsafe fn rows4(a: &[i8; 4], b: &[i8; 4]) -> __m128i {
     }
 }
 
+/// Two grid rows of 8, `g0` in the low half.
+///
+/// # Safety
+/// AVX2 is available.
+#[inline(always)]
+unsafe fn rows16(g0: &[i8; 8], g1: &[i8; 8]) -> __m128i {
+    // SAFETY: AVX2 (so SSE2) is available (this function's contract).
+    unsafe { _mm_unpacklo_epi64(row8(g0), row8(g1)) }
+}
+
 #[inline(always)]
 unsafe fn load16(p: &[u8]) -> __m128i {
     debug_assert!(p.len() >= 16);
@@ -215,17 +224,25 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     emit16(hi, off, d, sub, o.as_mut_ptr().add(16));
                 }
             }
-            Q5_0 => {
+            Q5_0 | Q5_1 => {
+                // Q5_1 has a minimum after `d`, so its fifth bits and codes start 2 bytes later.
+                let qh_at = if f == Q5_0 { 2 } else { 4 };
                 for (b, o) in blocks {
                     let d = hc(b, 0);
-                    let qh = u32_at(b, 2);
+                    // Q5_0: `d × (q − 16)`; Q5_1: `d × q + m`, written `− (−m)`.
+                    let (off, sub) = if f == Q5_0 {
+                        (16.0, None)
+                    } else {
+                        (0.0, Some(-hc(b, 2)))
+                    };
+                    let qh = u32_at(b, qh_at);
                     // The fifth bits as bytes: 16 for the low nibbles, 16 for the high.
                     let bits: [u8; 32] = std::array::from_fn(|j| (((qh >> j) & 1) << 4) as u8);
-                    let (lo, hi) = nibbles(load16(&b[6..]));
+                    let (lo, hi) = nibbles(load16(&b[qh_at + 4..]));
                     let lo = _mm_or_si128(lo, load16(&bits[..16]));
                     let hi = _mm_or_si128(hi, load16(&bits[16..]));
-                    emit16(lo, 16.0, d, None, o.as_mut_ptr());
-                    emit16(hi, 16.0, d, None, o.as_mut_ptr().add(16));
+                    emit16(lo, off, d, sub, o.as_mut_ptr());
+                    emit16(hi, off, d, sub, o.as_mut_ptr().add(16));
                 }
             }
             Q4_K | Q5_K => {
@@ -346,18 +363,6 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     }
                 }
             }
-            Q5_1 => {
-                for (b, o) in blocks {
-                    let (d, m) = (hc(b, 0), hc(b, 2));
-                    let qh = u32_at(b, 4);
-                    let bits: [u8; 32] = std::array::from_fn(|j| (((qh >> j) & 1) << 4) as u8);
-                    let (lo, hi) = nibbles(load16(&b[8..]));
-                    let lo = _mm_or_si128(lo, load16(&bits[..16]));
-                    let hi = _mm_or_si128(hi, load16(&bits[16..]));
-                    emit16(lo, 0.0, d, Some(-m), o.as_mut_ptr());
-                    emit16(hi, 0.0, d, Some(-m), o.as_mut_ptr().add(16));
-                }
-            }
             TQ2_0 => {
                 for (b, o) in blocks {
                     let d = hc(b, 64);
@@ -397,7 +402,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     for s in 0..8 {
                         let a0 = 2 + 8 * s;
                         let aux1 = u32_at(b, a0 + 4);
-                        let db = d * (0.5 + (aux1 >> 28) as f32) * 0.25;
+                        let db = iq2_scale(d, aux1 >> 28);
                         for l in 0..4 {
                             let g = row8(&IQ2XXS_GRID[b[a0 + l] as usize]);
                             let signs = KSIGNS[((aux1 >> (7 * l)) & 127) as usize];
@@ -411,7 +416,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     let d = hc(b, 0);
                     for i in 0..16 {
                         let s = (b[66 + i / 2] >> (4 * (i % 2))) & 15;
-                        let db = d * (0.5 + s as f32) * 0.25;
+                        let db = iq2_scale(d, s.into());
                         for half in 0..2 {
                             let q = u16_at(b, 2 + 2 * (2 * i + half));
                             let g = row8(&IQ2XS_GRID[(q & 511) as usize]);
@@ -427,10 +432,9 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                     let (qs, signs, qh, sc) = (&b[2..34], &b[34..66], &b[66..74], &b[74..82]);
                     for i in 0..16 {
                         let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
-                        let db = d * (0.5 + s as f32) * 0.25;
+                        let db = iq2_scale(d, s.into());
                         for k in 2 * i..2 * i + 2 {
-                            let hi = ((qh[k / 4] >> (2 * (k % 4))) & 3) as usize;
-                            let g = row8(&IQ2S_GRID[qs[k] as usize | (hi << 8)]);
+                            let g = row8(&IQ2S_GRID[iq2s_index(qs, qh, k)]);
                             grid8(db, g, signs[k], o.as_mut_ptr().add(8 * k));
                         }
                     }
@@ -459,8 +463,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                 for (b, o) in blocks {
                     let d = hc(b, 0);
                     let (qs, qh, signs, sc) = (&b[2..66], &b[66..74], &b[74..106], &b[106..110]);
-                    let idx =
-                        |k: usize| qs[k] as usize | ((((qh[k / 8] >> (k % 8)) & 1) as usize) << 8);
+                    let idx = |k: usize| iq3s_index(qs, qh, k);
                     for i in 0..8 {
                         let s = (sc[i / 2] >> (4 * (i % 2))) & 15;
                         let db = d * ((1 + 2 * s) as f32);
@@ -491,11 +494,7 @@ pub(crate) unsafe fn decode_blocks(f: BlockFormat, row: &[u8], out: &mut [f32]) 
                 for (b, o) in blocks {
                     let (qs, qh) = (&b[0..32], &b[32..48]);
                     let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
-                    let dbits = ((sc[0] & 0xf000) >> 12)
-                        | ((sc[1] & 0xf000) >> 8)
-                        | ((sc[2] & 0xf000) >> 4)
-                        | (sc[3] & 0xf000);
-                    let d = hc(&dbits.to_le_bytes(), 0);
+                    let d = hc(&iq1m_d_bits(&sc).to_le_bytes(), 0);
                     for i in 0..16 {
                         let s = (sc[i / 4] >> (3 * (i % 4))) & 7;
                         let dl = d * ((2 * s + 1) as f32);
@@ -783,22 +782,16 @@ impl Fused for FQ5K {
     }
 }
 
-/// A grid row of 8 (`i8`) as one 64-bit lane of a vector.
-#[inline(always)]
-fn grid_row(g: &[i8; 8]) -> i64 {
-    i64::from_le_bytes(g.map(|v| v as u8))
-}
-
 /// 16 values `(d × g_k) × ±1.0` of two groups of 8 (IQ2): grid rows `g0` then `g1`,
 /// lane `k` negative where bit `k` of `signs` is set.
 ///
 /// # Safety
 /// AVX-512 F is available.
 #[inline(always)]
-unsafe fn grid16(d: f32, g0: i64, g1: i64, signs: u16) -> __m512 {
+unsafe fn grid16(d: f32, g0: &[i8; 8], g1: &[i8; 8], signs: u16) -> __m512 {
     // SAFETY: AVX-512F is available (this function's contract).
     unsafe {
-        let g = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_set_epi64x(g1, g0)));
+        let g = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(rows16(g0, g1)));
         let v = _mm512_mul_ps(_mm512_set1_ps(d), g);
         let pm = _mm512_mask_blend_ps(signs, _mm512_set1_ps(1.0), _mm512_set1_ps(-1.0));
         _mm512_mul_ps(v, pm)
@@ -811,10 +804,10 @@ unsafe fn grid16(d: f32, g0: i64, g1: i64, signs: u16) -> __m512 {
 /// # Safety
 /// AVX-512 F is available.
 #[inline(always)]
-unsafe fn grid16_delta(dl: f32, g0: i64, g1: i64, d0: f32, d1: f32) -> __m512 {
+unsafe fn grid16_delta(dl: f32, g0: &[i8; 8], g1: &[i8; 8], d0: f32, d1: f32) -> __m512 {
     // SAFETY: AVX-512F is available (this function's contract).
     unsafe {
-        let g = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_set_epi64x(g1, g0)));
+        let g = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(rows16(g0, g1)));
         let dt = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(d0), _mm512_set1_ps(d1));
         _mm512_mul_ps(_mm512_set1_ps(dl), _mm512_add_ps(g, dt))
     }
@@ -839,14 +832,14 @@ impl Fused for FIQ2XS {
     unsafe fn scales(b: &[u8]) -> [f32; 16] {
         // SAFETY: F16C is available (this function's contract).
         let d = unsafe { hc(b, 0) };
-        std::array::from_fn(|i| d * (0.5 + ((b[66 + i / 2] >> (4 * (i % 2))) & 15) as f32) * 0.25)
+        std::array::from_fn(|i| iq2_scale(d, ((b[66 + i / 2] >> (4 * (i % 2))) & 15).into()))
     }
     #[inline(always)]
     unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
         // SAFETY: `b` points at a whole block (this function's contract).
         let b = unsafe { block(b, Self::TS) };
         let (q0, q1) = (u16_at(b, 2 + 4 * c), u16_at(b, 4 + 4 * c));
-        let g = |q: u16| grid_row(&IQ2XS_GRID[(q & 511) as usize]);
+        let g = |q: u16| &IQ2XS_GRID[(q & 511) as usize];
         let sg = |q: u16| u16::from(KSIGNS[(q >> 9) as usize]);
         // SAFETY: AVX-512F is available (this function's contract).
         unsafe { grid16(s[c], g(q0), g(q1), sg(q0) | (sg(q1) << 8)) }
@@ -862,17 +855,14 @@ impl Fused for FIQ2S {
     unsafe fn scales(b: &[u8]) -> [f32; 16] {
         // SAFETY: F16C is available (this function's contract).
         let d = unsafe { hc(b, 0) };
-        std::array::from_fn(|i| d * (0.5 + ((b[74 + i / 2] >> (4 * (i % 2))) & 15) as f32) * 0.25)
+        std::array::from_fn(|i| iq2_scale(d, ((b[74 + i / 2] >> (4 * (i % 2))) & 15).into()))
     }
     #[inline(always)]
     unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
         // SAFETY: `b` points at a whole block (this function's contract).
         let b = unsafe { block(b, Self::TS) };
         let (qs, signs, qh) = (&b[2..34], &b[34..66], &b[66..74]);
-        let g = |k: usize| {
-            let hi = ((qh[k / 4] >> (2 * (k % 4))) & 3) as usize;
-            grid_row(&IQ2S_GRID[qs[k] as usize | (hi << 8)])
-        };
+        let g = |k: usize| &IQ2S_GRID[iq2s_index(qs, qh, k)];
         let k = 2 * c;
         let sg = u16::from(signs[k]) | (u16::from(signs[k + 1]) << 8);
         // SAFETY: AVX-512F is available (this function's contract).
@@ -888,12 +878,8 @@ impl Fused for FIQ1M {
     #[inline(always)]
     unsafe fn scales(b: &[u8]) -> [f32; 16] {
         let sc = [u16_at(b, 48), u16_at(b, 50), u16_at(b, 52), u16_at(b, 54)];
-        let dbits = ((sc[0] & 0xf000) >> 12)
-            | ((sc[1] & 0xf000) >> 8)
-            | ((sc[2] & 0xf000) >> 4)
-            | (sc[3] & 0xf000);
         // SAFETY: F16C is available (this function's contract).
-        let d = unsafe { hc(&dbits.to_le_bytes(), 0) };
+        let d = unsafe { hc(&iq1m_d_bits(&sc).to_le_bytes(), 0) };
         std::array::from_fn(|i| d * ((2 * ((sc[i / 4] >> (3 * (i % 4))) & 7) + 1) as f32))
     }
     #[inline(always)]
@@ -904,7 +890,7 @@ impl Fused for FIQ1M {
         let nib = [b[32 + c] & 15, b[32 + c] >> 4];
         let g = |h: usize| {
             let idx = b[2 * c + h] as usize | (((nib[h] & 7) as usize) << 8);
-            grid_row(&IQ1S_GRID[idx])
+            &IQ1S_GRID[idx]
         };
         let (d0, d1) = (delta(nib[0] & 8 != 0), delta(nib[1] & 8 != 0));
         // SAFETY: AVX-512F is available (this function's contract).
@@ -913,7 +899,7 @@ impl Fused for FIQ1M {
 }
 
 /// Whether [`matvec`] takes `f`. Of the grid formats, only those this path made faster at one
-/// thread, 4096², batch 1 (IQ2_XS 4.4 → 3.7 ms, IQ2_S 4.7 → 3.4, IQ1_M 3.7 → 2.5): written the
+/// thread, 4096², batch 1 (IQ2_XS 4.4 → 3.7 ms, IQ2_S 4.7 → 3.4, IQ1_M 3.7 → 2.6): written the
 /// same way, IQ2_XXS, IQ3_XXS, IQ3_S and IQ1_S were 8–21% slower than the decoded tiles.
 pub(crate) fn fused(f: BlockFormat) -> bool {
     use BlockFormat::*;

@@ -60,20 +60,21 @@ impl ExpertStats {
     /// Fraction of the real router's choices that prefetch had predicted (by the last
     /// prediction made before the request).
     pub fn prefetch_recall(&self) -> f64 {
-        if self.prefetch_checked == 0 {
-            0.0
-        } else {
-            self.prefetch_predicted as f64 / self.prefetch_checked as f64
-        }
+        share(self.prefetch_predicted, self.prefetch_checked)
     }
 
     /// [`Self::prefetch_recall`] of the early predictions alone.
     pub fn prefetch_recall_early(&self) -> f64 {
-        if self.prefetch_checked_early == 0 {
-            0.0
-        } else {
-            self.prefetch_predicted_early as f64 / self.prefetch_checked_early as f64
-        }
+        share(self.prefetch_predicted_early, self.prefetch_checked_early)
+    }
+}
+
+/// `part ÷ whole`, 0 when `whole` is.
+fn share(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 / whole as f64
     }
 }
 

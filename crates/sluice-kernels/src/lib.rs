@@ -320,26 +320,37 @@ impl Kernels {
         dispatch!(self, matmul_xw(m, x, y, cols))
     }
 
-    /// `out = Σ_i x[i] · m[rows.start + i, :]`: the transposed product over a range of rows
-    /// (multi-head latent attention's weight absorption), accumulated row by row from `+0.0`
-    /// with one fma per term (see [`scalar::absorb`]).
+    /// `out[b] = Σ_i x[b, i] · m[rows.start + i, :]`: the transposed product over a range of
+    /// rows (multi-head latent attention's weight absorption) for each of `b` activation rows
+    /// (`x` holds `b` rows of `rows.len()` values, `out` `b` rows of `m.cols()`), each
+    /// accumulated row by row from `+0.0` with one fma per term (see [`scalar::absorb`]). A row's
+    /// result does not depend on the others: a prefill's queries of one head go in one call,
+    /// and each weight is decoded once for all of them.
     ///
     /// # Panics
-    /// When `rows` runs past `m.rows()`, `x.len() != rows.len()` or `out.len() != m.cols()`.
+    /// When `rows` runs past `m.rows()`, or `x` and `out` are not whole rows of `rows.len()`
+    /// and `m.cols()` values, as many of each.
     pub fn absorb(&self, m: &Matrix<'_>, rows: Range<usize>, x: &[f32], out: &mut [f32]) {
         assert!(
             rows.start <= rows.end && rows.end <= m.rows(),
             "row range {rows:?} outside {} rows",
             m.rows()
         );
+        let batch = match m.cols() {
+            0 => x.len().checked_div(rows.len()).unwrap_or(0),
+            c => out.len() / c,
+        };
         assert!(
-            x.len() == rows.len() && out.len() == m.cols(),
+            out.len() == batch * m.cols() && x.len() == batch * rows.len(),
             "absorb: {} weights for {} rows into {} values for {} columns",
             x.len(),
             rows.len(),
             out.len(),
             m.cols()
         );
+        if batch == 0 {
+            return;
+        }
         if let Codes::Block(_) = m.codes() {
             return scalar::absorb(m, rows, x, out);
         }

@@ -222,13 +222,18 @@ pub(crate) fn xw_rows(
 
 /// `out = Σ_i x[i] · m[rows.start + i, :]`: the transposed product over a range of rows (the
 /// weight absorption of multi-head latent attention), accumulated row by row from `+0.0` with
-/// [`axpy`] over each row decoded by [`decode_row`] (packed rows with their scales).
+/// [`axpy`] over each row decoded by [`decode_row`] (packed rows with their scales); for each
+/// activation row of `x` (`rows.len()` values each) into the matching row of `out`
+/// (`m.cols()` values each).
 pub fn absorb(m: &Matrix<'_>, rows: Range<usize>, x: &[f32], out: &mut [f32]) {
-    out.fill(0.0);
+    let n = rows.len();
     let mut row = vec![0f32; m.cols()];
-    for (i, r) in rows.enumerate() {
-        decode_row(m, r, 0..m.cols(), &mut row);
-        axpy(x[i], &row, out);
+    for (b, o) in out.chunks_exact_mut(m.cols().max(1)).enumerate() {
+        o.fill(0.0);
+        for (i, r) in rows.clone().enumerate() {
+            decode_row(m, r, 0..m.cols(), &mut row);
+            axpy(x[b * n + i], &row, o);
+        }
     }
 }
 

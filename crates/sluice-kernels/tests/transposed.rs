@@ -253,6 +253,43 @@ fn absorb_is_the_specification_and_the_model_code() {
     }
 }
 
+/// Several activation rows in one call give each row exactly what a call of its own gives,
+/// whatever the ISA (a prefill absorbs every query of a head at once).
+#[test]
+fn absorb_over_several_rows_is_each_row_alone() {
+    let mut rng = Rng(29);
+    for case in cases(3) {
+        let m = case.matrix();
+        for rows in col_ranges(&mut rng, m.rows()) {
+            for batch in [2usize, 5, 17] {
+                let x: Vec<f32> = (0..batch * rows.len())
+                    .map(|_| value(&mut rng, Mode::Edges))
+                    .collect();
+                for k in std::iter::once(spec()).chain(all_kernels()) {
+                    let mut want = vec![0f32; batch * m.cols()];
+                    for (b, w) in want.chunks_exact_mut(m.cols().max(1)).enumerate() {
+                        let xb = &x[b * rows.len()..(b + 1) * rows.len()];
+                        k.absorb(&m, rows.clone(), xb, w);
+                    }
+                    let mut got = vec![f32::from_bits(0x7fbf_dead); batch * m.cols()];
+                    k.absorb(&m, rows.clone(), &x, &mut got);
+                    let what = format!(
+                        "{:?} absorb of {batch} rows {:?} [{}, {}] {rows:?}",
+                        k.isa(),
+                        m.codes(),
+                        m.rows(),
+                        m.cols()
+                    );
+                    assert_same(&what, &got, &want);
+                    let mut s = vec![1f32; batch * m.cols()];
+                    scalar::absorb(&m, rows.clone(), &x, &mut s);
+                    assert_same(&format!("scalar {what}"), &s, &want);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn weighted_sum_is_the_specification_and_the_model_code() {
     let mut rng = Rng(17);

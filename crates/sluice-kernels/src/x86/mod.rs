@@ -127,8 +127,7 @@ macro_rules! xw_ops {
             x: &[f32],
             out: &mut [f32],
         ) {
-            // SAFETY: this function's contract is `xw`'s for one activation row over every
-            // column.
+            // SAFETY: this function's contract is `xw`'s over every column.
             unsafe { xw(m, rows, x, out, 0..m.cols()) }
         }
 

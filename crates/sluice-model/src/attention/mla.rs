@@ -423,20 +423,30 @@ impl MlaConfig {
         };
         let (k_at, v_at) = (|h: usize| h * k_stride, |h: usize| h * v_stride + v_off);
         let split = matches!(w.kv_b, KvB::Split { .. });
-        // Per query and head, `[q_lat, q_rope]` with q_lat = W_ukᵀ q_nope (W_uk absorbed).
-        let mut qa = vec![0f32; t * heads * cw];
-        exec.for_each_chunk(&mut qa, cw, |idx, q| {
-            let qh = &qs[idx * qk..(idx + 1) * qk];
-            let base = k_at(idx % heads);
-            if split {
-                exec.kernels()
-                    .matmul(&kb, &qh[..nope], &mut q[..r], base..base + r);
-            } else {
-                exec.kernels()
-                    .absorb(&kb, base..base + nope, &qh[..nope], &mut q[..r]);
+        // Per query and head, `[q_lat, q_rope]` with q_lat = W_ukᵀ q_nope (W_uk absorbed): each
+        // head's queries of every row in one product (heads across the threads), so that its
+        // slice of the weights is decoded once per pass, not once per row.
+        let mut lat = vec![0f32; heads * t * r];
+        exec.for_each_chunk(&mut lat, t * r, |hd, y| {
+            let mut xh = Vec::with_capacity(t * nope);
+            for i in 0..t {
+                let q0 = (i * heads + hd) * qk;
+                xh.extend_from_slice(&qs[q0..q0 + nope]);
             }
-            q[r..].copy_from_slice(&qh[nope..]);
+            let base = k_at(hd);
+            if split {
+                exec.kernels().matmul(&kb, &xh, y, base..base + r);
+            } else {
+                exec.kernels().absorb(&kb, base..base + nope, &xh, y);
+            }
         });
+        let mut qa = vec![0f32; t * heads * cw];
+        for (idx, q) in qa.chunks_exact_mut(cw).enumerate() {
+            let (i, hd) = (idx / heads, idx % heads);
+            q[..r].copy_from_slice(&lat[(hd * t + i) * r..][..r]);
+            q[r..].copy_from_slice(&qs[idx * qk + nope..(idx + 1) * qk]);
+        }
+        drop(lat);
         let scale = self.softmax_scale;
         let sinks = w.sinks.map(|s| s.to_f32(blob));
         let sinks = sinks.as_deref();
@@ -495,14 +505,23 @@ impl MlaConfig {
             let mut o_lat = vec![0f32; nb * r];
             exec.kernels()
                 .matmul_xw(&cache_m, &scores, &mut o_lat, 0..r);
-            // Values: W_uv o_lat.
-            for (k, (ol, ob)) in o_lat
-                .chunks_exact(r)
-                .zip(o.chunks_exact_mut(vd))
-                .enumerate()
-            {
-                let base = v_at((b0 + k) % heads);
-                exec.kernels().matmul(&vb, ol, ob, base..base + vd);
+            // Values: W_uv o_lat, the tile's rows of one head in one product.
+            let (mut xs, mut ys) = (Vec::new(), Vec::new());
+            for hd in 0..heads {
+                let first = (hd + heads - b0 % heads) % heads;
+                if first >= nb {
+                    continue;
+                }
+                xs.clear();
+                for k in (first..nb).step_by(heads) {
+                    xs.extend_from_slice(&o_lat[k * r..(k + 1) * r]);
+                }
+                ys.resize(xs.len() / r * vd, 0.0);
+                let base = v_at(hd);
+                exec.kernels().matmul(&vb, &xs, &mut ys, base..base + vd);
+                for (j, k) in (first..nb).step_by(heads).enumerate() {
+                    o[k * vd..(k + 1) * vd].copy_from_slice(&ys[j * vd..(j + 1) * vd]);
+                }
             }
         });
         if let Some(g) = &w.gate {

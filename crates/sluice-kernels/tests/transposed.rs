@@ -253,6 +253,43 @@ fn absorb_is_the_specification_and_the_model_code() {
     }
 }
 
+/// Several activation rows over matrices larger than one decoded panel (128 input rows × 256
+/// columns), so that accumulators are parked between row panels and column panels: the
+/// specification's bits on every ISA, for every coding.
+#[test]
+fn matmul_xw_over_several_panels_is_the_specification() {
+    let mut rng = Rng(31);
+    for &codes in &ALL_CODES {
+        for (rows, cols) in [(300, 530), (129, 257), (130, 40)] {
+            let cols = if codes.row_bytes(cols).is_none() {
+                cols + 1
+            } else {
+                cols
+            };
+            let st = ALL_SCALES[rng.below(ALL_SCALES.len() as u64) as usize];
+            let case = Case::new(&mut rng, codes, rows, cols, 1, st, 32, 2, Mode::Edges);
+            let m = case.matrix();
+            for batch in [4usize, 6, 13] {
+                let x: Vec<f32> = (0..batch * m.rows())
+                    .map(|_| value(&mut rng, Mode::Edges))
+                    .collect();
+                for c in [0..m.cols(), 17..m.cols() - 3] {
+                    let want = model_matmul_xw(&spec(), &m, &x, batch, c.clone());
+                    for k in simd_kernels() {
+                        let mut got = vec![f32::from_bits(0x7fbf_dead); batch * c.len()];
+                        k.matmul_xw(&m, &x, &mut got, c.clone());
+                        let what = format!(
+                            "{:?} matmul_xw {codes:?} [{rows}, {cols}] b{batch} {c:?}",
+                            k.isa()
+                        );
+                        assert_same(&what, &got, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Several activation rows in one call give each row exactly what a call of its own gives,
 /// whatever the ISA (a prefill absorbs every query of a head at once).
 #[test]

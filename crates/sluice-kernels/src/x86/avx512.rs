@@ -390,7 +390,13 @@ pub(crate) unsafe fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Rang
     }
 }
 
-xw_ops!(V512, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c", 4);
+xw_ops!(
+    V512,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c",
+    4,
+    4,
+    4
+);
 
 /// Declares `#[target_feature]` entry points for the row ops of [`generic`].
 macro_rules! row_ops {

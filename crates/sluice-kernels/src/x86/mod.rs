@@ -54,9 +54,10 @@ macro_rules! per_codes {
 
 /// Declares the `#[target_feature]` entry points of the row decoder and the transposed
 /// products of [`generic::xw`] for one ISA: `$v` its vector, `$features` its target
-/// features, `$r` the weight rows streamed together (see [`generic::xw()`]).
+/// features, `$r` the weight rows streamed together for one activation row, `$b` × `$nb` the
+/// activation rows × blocks of columns of a tile for several (see [`generic::xw()`]).
 macro_rules! xw_ops {
-    ($v:ty, $features:literal, $r:literal) => {
+    ($v:ty, $features:literal, $r:literal, $b:literal, $nb:literal) => {
         /// [`crate::scalar::decode_row`].
         ///
         /// # Safety
@@ -95,7 +96,7 @@ macro_rules! xw_ops {
             unsafe {
                 per_codes!(
                     m.codes(),
-                    |C| generic::xw::<$v, C, $r>(m, rows, x, y, cols),
+                    |C| generic::xw::<$v, C, $r, $b, $nb>(m, rows, x, y, cols),
                     else crate::scalar::xw_rows(m, rows, x, y, cols)
                 )
             }

@@ -109,7 +109,7 @@ pub(crate) unsafe fn decode_row<V: Vector, C: Codec<V>>(
 /// inside the matrix, `x.len() == batch × rows.len()` and `y.len() == batch × cols.len()` for
 /// some `batch`.
 #[inline(always)]
-pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize>(
+pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize, const B: usize, const NB: usize>(
     m: &Matrix<'_>,
     rows: Range<usize>,
     x: &[f32],
@@ -125,6 +125,11 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize>(
     assert!(rows.end <= m.rows() && cols.end <= m.cols());
     let first = cols.start / LANES * LANES;
     let nblocks = (cols.end - first).div_ceil(LANES);
+    if batch >= MANY_ROWS {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { xw_many::<V, C, B, NB>(m, rows, x, y, cols) };
+        return;
+    }
     // Activation rows a pass over the weights takes: as many as keep their accumulators within
     // about 16 KiB (L1), at least one; more rows make more passes over the weights.
     let group = (XW_ACC_FLOATS / (nblocks * LANES)).clamp(1, batch.max(1));
@@ -159,6 +164,165 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize>(
 
 /// Accumulator floats one pass of [`xw`] keeps (16 KiB).
 const XW_ACC_FLOATS: usize = 4096;
+
+/// From this many activation rows [`xw`] takes [`xw_many`]'s path.
+const MANY_ROWS: usize = 4;
+/// Blocks of columns [`xw_many`] takes at a time.
+const PANEL_BLOCKS: usize = 16;
+/// Input rows [`xw_many`] decodes at a time (with [`PANEL_BLOCKS`]: a 128 KiB panel).
+const PANEL_ROWS: usize = 128;
+
+/// [`xw`] over several activation rows, the way a matrix product is tiled: the weights a
+/// column range and row range at a time decoded once into an f32 panel (kept in L2), and over
+/// it tiles of `B` activation rows × `NB` blocks of columns whose accumulators stay in
+/// registers through the panel's rows (parked in memory between panels, which keeps their
+/// values). Each weight vector loaded serves `B` activation rows and each broadcast
+/// activation `NB` blocks, where the single-row path loads and stores an accumulator for
+/// every `R` terms. Every output still takes its terms one fma each, in row order, from
+/// `+0.0`: the same bits.
+///
+/// # Safety
+/// As [`xw`], with `batch ≥ 1`.
+#[inline(always)]
+unsafe fn xw_many<V: Vector, C: Codec<V>, const B: usize, const NB: usize>(
+    m: &Matrix<'_>,
+    rows: Range<usize>,
+    x: &[f32],
+    y: &mut [f32],
+    cols: Range<usize>,
+) {
+    let (n_in, w) = (rows.len(), cols.len());
+    let batch = y.len() / w;
+    let first = cols.start / LANES * LANES;
+    let nblocks = (cols.end - first).div_ceil(LANES);
+    let pb = PANEL_BLOCKS.min(nblocks);
+    let mut panel = vec![0f32; PANEL_ROWS * pb * LANES];
+    // Accumulators of the column range: activation row `b`, block `k` at `(b × pb + k) × 16`.
+    let mut acc = vec![0f32; batch * pb * LANES];
+    for c0 in (0..nblocks).step_by(pb) {
+        let nc = pb.min(nblocks - c0);
+        acc.fill(0.0);
+        for i0 in (0..n_in).step_by(PANEL_ROWS) {
+            let ni = PANEL_ROWS.min(n_in - i0);
+            // The panel: row `i` of the range, block `k` at `(i × nc + k) × 16`.
+            for i in 0..ni {
+                for k in 0..nc {
+                    // SAFETY: `rows.start + i0 + i` is a row of `m`, the block starts below
+                    // `cols.end`; the store writes 16 f32s inside `panel`.
+                    unsafe {
+                        block::<V, C>(m, rows.start + i0 + i, first + (c0 + k) * LANES)
+                            .store(panel.as_mut_ptr().add((i * nc + k) * LANES));
+                    }
+                }
+            }
+            let mut b = 0;
+            // SAFETY: every index below is inside `panel`, `acc` and `x` by the loops' bounds.
+            unsafe {
+                while b + B <= batch {
+                    panel_rows::<V, B, NB>(&panel, &mut acc, x, n_in, i0, ni, b, nc, pb);
+                    b += B;
+                }
+                while b < batch {
+                    panel_rows::<V, 1, NB>(&panel, &mut acc, x, n_in, i0, ni, b, nc, pb);
+                    b += 1;
+                }
+            }
+        }
+        for (b, out) in y.chunks_exact_mut(w).enumerate() {
+            for k in 0..nc {
+                // SAFETY: `acc` holds `pb` blocks per activation row; the ISA is available.
+                unsafe {
+                    let a = V::load(acc.as_ptr().add((b * pb + k) * LANES));
+                    put::<V, C>(a, first + (c0 + k) * LANES, &cols, out);
+                }
+            }
+        }
+    }
+}
+
+/// Activation rows `b0 .. b0 + B` over the panel's `ni` rows (input rows `i0 ..`) and its
+/// `nc` blocks, `NB` blocks at a time (then one at a time).
+///
+/// # Safety
+/// The ISA of `V` is available; `panel` holds `ni × nc` blocks, `acc` `(b0 + B) × pb` blocks,
+/// `x` `b0 + B` rows of `n_in ≥ i0 + ni` values.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_rows<V: Vector, const B: usize, const NB: usize>(
+    panel: &[f32],
+    acc: &mut [f32],
+    x: &[f32],
+    n_in: usize,
+    i0: usize,
+    ni: usize,
+    b0: usize,
+    nc: usize,
+    pb: usize,
+) {
+    let mut k = 0;
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        while k + NB <= nc {
+            panel_tile::<V, B, NB>(panel, acc, x, n_in, i0, ni, b0, k, nc, pb);
+            k += NB;
+        }
+        while k < nc {
+            panel_tile::<V, B, 1>(panel, acc, x, n_in, i0, ni, b0, k, nc, pb);
+            k += 1;
+        }
+    }
+}
+
+/// One tile: activation rows `b0 .. b0 + B` × blocks `k0 .. k0 + NB` of the panel, its
+/// accumulators in registers over the panel's rows in order.
+///
+/// # Safety
+/// As [`panel_rows`], with `k0 + NB ≤ nc`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn panel_tile<V: Vector, const B: usize, const NB: usize>(
+    panel: &[f32],
+    acc: &mut [f32],
+    x: &[f32],
+    n_in: usize,
+    i0: usize,
+    ni: usize,
+    b0: usize,
+    k0: usize,
+    nc: usize,
+    pb: usize,
+) {
+    let ap = acc.as_mut_ptr();
+    let pp = panel.as_ptr();
+    let xp = x.as_ptr();
+    let at = |b: usize, n: usize| ((b0 + b) * pb + k0 + n) * LANES;
+    // SAFETY: forwarded from this function's contract.
+    unsafe {
+        let mut a = [[V::zero(); NB]; B];
+        for (b, ab) in a.iter_mut().enumerate() {
+            for (n, v) in ab.iter_mut().enumerate() {
+                *v = V::load(ap.add(at(b, n)));
+            }
+        }
+        for i in 0..ni {
+            let mut wv = [V::zero(); NB];
+            for (n, wn) in wv.iter_mut().enumerate() {
+                *wn = V::load(pp.add((i * nc + k0 + n) * LANES));
+            }
+            for (b, ab) in a.iter_mut().enumerate() {
+                let xv = V::splat(*xp.add((b0 + b) * n_in + i0 + i));
+                for (n, v) in ab.iter_mut().enumerate() {
+                    *v = xv.mul_add(wv[n], *v);
+                }
+            }
+        }
+        for (b, ab) in a.iter().enumerate() {
+            for (n, v) in ab.iter().enumerate() {
+                v.store(ap.add(at(b, n)));
+            }
+        }
+    }
+}
 
 /// Rows `i0 .. i0 + R` of [`xw`]: their terms added to every accumulator, in row order.
 ///

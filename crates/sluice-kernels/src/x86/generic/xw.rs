@@ -196,9 +196,14 @@ unsafe fn xw_many<V: Vector, C: Codec<V>, const B: usize, const NB: usize>(
     let first = cols.start / LANES * LANES;
     let nblocks = (cols.end - first).div_ceil(LANES);
     let pb = PANEL_BLOCKS.min(nblocks);
-    let mut panel = vec![0f32; PANEL_ROWS * pb * LANES];
+    // The panel and the accumulators live in this thread's scratch, kept from call to call
+    // (a decode step makes one call per layer and tile; a fresh 128 KiB would be mapped and
+    // zeroed each time). Every panel value read was written first; the accumulators are
+    // zeroed below.
+    let (mut panel, mut acc) = SCRATCH.take();
+    panel.resize(PANEL_ROWS.min(n_in) * pb * LANES, 0.0);
     // Accumulators of the column range: activation row `b`, block `k` at `(b × pb + k) × 16`.
-    let mut acc = vec![0f32; batch * pb * LANES];
+    acc.resize(batch * pb * LANES, 0.0);
     for c0 in (0..nblocks).step_by(pb) {
         let nc = pb.min(nblocks - c0);
         acc.fill(0.0);
@@ -238,6 +243,13 @@ unsafe fn xw_many<V: Vector, C: Codec<V>, const B: usize, const NB: usize>(
             }
         }
     }
+    SCRATCH.set((panel, acc));
+}
+
+thread_local! {
+    /// [`xw_many`]'s panel and accumulators, per thread.
+    static SCRATCH: std::cell::Cell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// Activation rows `b0 .. b0 + B` over the panel's `ni` rows (input rows `i0 ..`) and its

@@ -303,6 +303,7 @@ impl Model {
             && l + 1 < cfg.layers
             && !cfg.is_hash_routed(l + 1)
             && out.len() == pass.t * cfg.hidden
+            && self.experts().wants_guess(Guess::Late)
         {
             let x = lookahead_input(pass, segs, l + 1, out, cfg.hidden);
             if let Some((nl, ids)) = self.predict(l + 1, &x, &pass.tokens)? {
@@ -403,8 +404,12 @@ impl Model {
         // reads (measured 7-11% more bytes than the experts it touched at 64 tokens) and
         // brought no measurable speed.
         // A hash-routed layer's experts are known exactly from the tokens, so they are read
-        // ahead in a prefill too.
-        let next = if self.prefetch() && (pass.single_token_steps || cfg.is_hash_routed(l + 1)) {
+        // ahead in a prefill too. A learned router is guessed while the store finds it worth
+        // it (`ExpertStore::wants_guess`).
+        let next = if self.prefetch()
+            && (cfg.is_hash_routed(l + 1)
+                || (pass.single_token_steps && self.experts().wants_guess(Guess::Early)))
+        {
             let x = lookahead_input(pass, segs, l + 1, src, cfg.hidden);
             self.predict(l + 1, &x, &pass.tokens)?
         } else {

@@ -17,8 +17,8 @@ mod trunk;
 pub use aligned::AlignedBuf;
 pub use error::StoreError;
 pub use experts::{
-    Arrivals, ExpertStats, ExpertStore, ExpertStoreConfig, Guess, Lease, PREFETCH_PRECISION,
-    PREFETCH_PRECISION_LATE, PREFETCH_WARMUP, Pinned, READ_PART,
+    Arrivals, ExpertStats, ExpertStore, ExpertStoreConfig, GUESS_MARGIN, GUESS_PROBE_EVERY, Guess,
+    Lease, PREFETCH_PRECISION, PREFETCH_PRECISION_LATE, PREFETCH_WARMUP, Pinned, READ_PART,
 };
 pub use io::{Blob, IoMode, Piece, Reader, ShardFile, ShardSet, read_blob};
 pub use policy::{Key, Policy, PolicyChoice, PolicyFactory};

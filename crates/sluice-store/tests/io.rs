@@ -559,3 +559,50 @@ fn an_evicted_experts_buffer_is_read_into_again() {
     }
     assert_eq!(store.stats().evictions, 4);
 }
+
+/// A stage whose most confident rank is far below its bar is guessed only in one step of
+/// `GUESS_PROBE_EVERY`, its record still kept; a stage that may reach its bar, and every
+/// stage while each guess is read (precision 0), every step.
+#[test]
+fn a_stage_that_cannot_earn_reads_is_guessed_only_now_and_then() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let store = inline_store(dir.path());
+    let every = sluice_store::GUESS_PROBE_EVERY as usize;
+    // The early guess is b (always wrong), the late one a (always right).
+    let mut early_made = 0;
+    let steps = sluice_store::PREFETCH_WARMUP as usize + 8 * every;
+    for i in 0..steps as u32 {
+        assert!(store.wants_guess(Guess::Late), "step {i}");
+        let early = store.wants_guess(Guess::Early);
+        early_made += usize::from(early);
+        prefetch_step(&store, i, |a, b| {
+            if early {
+                store.prefetch_guess(Guess::Early, 0, &[b]);
+            }
+            store.prefetch_guess(Guess::Late, 0, &[a]);
+        });
+    }
+    // Every step until the early record was scored enough, then one in `every`.
+    let warm = sluice_store::PREFETCH_WARMUP as usize;
+    assert!(
+        early_made >= warm && early_made <= warm + 8 + 1,
+        "{early_made}"
+    );
+    // The checks of the early guess are those it made.
+    assert_eq!(store.stats().prefetch_checked_early, early_made as u64);
+
+    // Reading every guess: always worth making.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
+    let cfg = ExpertStoreConfig {
+        readers: 0,
+        prefetch_precision: 0.0,
+        ..config(1 << 20)
+    };
+    let all = ExpertStore::new(shards, specs, cfg).unwrap();
+    for i in 0..(warm + 2 * every) as u32 {
+        assert!(all.wants_guess(Guess::Early), "step {i}");
+        prefetch_step(&all, i, |_, b| all.prefetch_guess(Guess::Early, 0, &[b]));
+    }
+}

@@ -23,7 +23,7 @@ mod stats;
 
 pub use arrivals::Arrivals;
 pub use handles::{Lease, Pinned};
-pub use prefetch::Guess;
+pub use prefetch::{GUESS_MARGIN, GUESS_PROBE_EVERY, Guess};
 pub use stats::ExpertStats;
 
 use cache::Cache;
@@ -317,6 +317,16 @@ impl Shared {
             .filter(|p| !p.is_empty())
             .map(Vec::as_slice)
             .ok_or(StoreError::NoSuchExpert { layer, expert })
+    }
+
+    /// The share of a `stage` rank's guesses that must have been right for it to be read.
+    fn precision(&self, stage: Guess) -> f64 {
+        match stage {
+            Guess::Late if self.prefetch_precision > 0.0 => {
+                self.prefetch_precision.max(PREFETCH_PRECISION_LATE)
+            }
+            _ => self.prefetch_precision,
+        }
     }
 
     fn footprint(&self, k: Key) -> u64 {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::cache::take_spare;
-use super::{ExpertStore, PREFETCH_PRECISION_LATE, PREFETCH_WARMUP, READ_PART, Shared};
+use super::{ExpertStore, PREFETCH_WARMUP, READ_PART, Shared};
 use crate::StoreError;
 use crate::io::{Blob, read_blob_parts};
 use crate::policy::{FixedMap, Key};
@@ -96,7 +96,45 @@ impl Lookahead {
     }
 }
 
+impl Lookahead {
+    /// Whether a `stage` guess has a chance of earning reads at `precision`: its ranks have not
+    /// all been scored enough times yet, or its most confident rank is right at least
+    /// `precision − `[`GUESS_MARGIN`] of the time.
+    fn promising(&self, stage: Guess, precision: f64) -> bool {
+        match self.ranks[stage as usize].first() {
+            Some(&(n, right)) if n >= PREFETCH_WARMUP => {
+                right as f64 >= (precision - GUESS_MARGIN) * n as f64
+            }
+            _ => true,
+        }
+    }
+}
+
+/// How far below the bar a stage's most confident rank may be and still be guessed every
+/// step: it may yet cross it (the demo model's late ranks are right 90–93% of the time
+/// against 95%).
+pub const GUESS_MARGIN: f64 = 0.05;
+
+/// A stage whose guesses cannot earn reads is still guessed in one step of this many, so
+/// that its record follows the router and the recall figures keep a sample.
+pub const GUESS_PROBE_EVERY: u64 = 8;
+
 impl ExpertStore {
+    /// Whether a `stage` guess is worth making in this step: always when every guess is read
+    /// (a precision of 0); otherwise when the stage's record gives it a chance of reaching its
+    /// bar, and in one step of [`GUESS_PROBE_EVERY`] when it does not. A guess costs a router
+    /// product, and on routers that cannot be predicted (random weights) never reads
+    /// anything: 0.5 ms per token on the synthetic model of docs/PERFORMANCE.md.
+    pub fn wants_guess(&self, stage: Guess) -> bool {
+        let sh = &self.shared;
+        if sh.prefetch_precision <= 0.0 {
+            return true;
+        }
+        let Ok(g) = sh.inner.lock() else { return false };
+        g.step.is_multiple_of(GUESS_PROBE_EVERY)
+            || g.lookahead.promising(stage, sh.precision(stage))
+    }
+
     /// Takes a prediction of the experts `layer` will ask for in this step, most confident
     /// first, and reads in the background the leading ranks that have earned it: a rank is read
     /// once at least [`PREFETCH_WARMUP`] of its predictions were compared with the router's
@@ -118,7 +156,7 @@ impl ExpertStore {
 
     /// [`prefetch`](ExpertStore::prefetch) for a prediction made at `stage`: each stage's
     /// ranks earn their reads on their own record (a late rank against the higher bar
-    /// [`PREFETCH_PRECISION_LATE`]), and a request is compared with the last prediction made
+    /// [`PREFETCH_PRECISION_LATE`](super::PREFETCH_PRECISION_LATE)), and a request is compared with the last prediction made
     /// (recall) as well as with the early one.
     pub fn prefetch_guess(&self, stage: Guess, layer: usize, experts: &[u32]) {
         let sh = &self.shared;
@@ -128,12 +166,7 @@ impl ExpertStore {
         if !g.turns.is_empty() {
             return;
         }
-        let precision = match stage {
-            Guess::Late if sh.prefetch_precision > 0.0 => {
-                sh.prefetch_precision.max(PREFETCH_PRECISION_LATE)
-            }
-            _ => sh.prefetch_precision,
-        };
+        let precision = sh.precision(stage);
         let width = g.lookahead.width(stage, precision, experts.len());
         let mut jobs = Vec::new();
         let mut spare = Vec::new();

@@ -296,12 +296,14 @@ impl<'a> Matrix<'a> {
     }
 
     /// Bytes of one stored row.
+    #[inline]
     pub fn row_bytes(&self) -> usize {
         // Checked at construction.
         self.codes.row_bytes(self.cols).unwrap_or(0)
     }
 
     /// The stored bytes of row `r`.
+    #[inline]
     pub fn row(&self, r: usize) -> &'a [u8] {
         let rb = self.row_bytes();
         let r = self.stored_row(r);
@@ -314,6 +316,7 @@ impl<'a> Matrix<'a> {
     }
 
     /// The scale bytes for row `r` (one scale per column group).
+    #[inline]
     pub fn scale_row(&self, r: usize) -> &'a [u8] {
         match self.scales {
             None => &[],

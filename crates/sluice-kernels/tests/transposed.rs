@@ -253,9 +253,10 @@ fn absorb_is_the_specification_and_the_model_code() {
     }
 }
 
-/// Several activation rows over matrices larger than one decoded panel (128 input rows × 256
-/// columns), so that accumulators are parked between row panels and column panels: the
-/// specification's bits on every ISA, for every coding.
+/// Matrices larger than one decoded panel (128 input rows × 256 columns), so that several
+/// activation rows park their accumulators between row panels and column panels, and one or
+/// two rows take more than one register tile of columns: the specification's bits on every
+/// ISA, for every coding.
 #[test]
 fn matmul_xw_over_several_panels_is_the_specification() {
     let mut rng = Rng(31);
@@ -269,7 +270,7 @@ fn matmul_xw_over_several_panels_is_the_specification() {
             let st = ALL_SCALES[rng.below(ALL_SCALES.len() as u64) as usize];
             let case = Case::new(&mut rng, codes, rows, cols, 1, st, 32, 2, Mode::Edges);
             let m = case.matrix();
-            for batch in [4usize, 6, 13] {
+            for batch in [1usize, 2, 4, 6, 13] {
                 let x: Vec<f32> = (0..batch * m.rows())
                     .map(|_| value(&mut rng, Mode::Edges))
                     .collect();

@@ -429,7 +429,7 @@ pub(crate) unsafe fn matmul(m: &Matrix<'_>, x: &[f32], y: &mut [f32], rows: Rang
     }
 }
 
-xw_ops!(V256, "avx2,fma,f16c", 4, 2, 2);
+xw_ops!(V256, "avx2,fma,f16c", 4, 2, 2, 4);
 
 /// Declares `#[target_feature]` entry points for the row ops of [`generic`].
 macro_rules! row_ops {

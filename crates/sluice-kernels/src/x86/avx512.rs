@@ -395,7 +395,8 @@ xw_ops!(
     "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c",
     4,
     4,
-    4
+    4,
+    16
 );
 
 /// Declares `#[target_feature]` entry points for the row ops of [`generic`].

@@ -55,9 +55,10 @@ macro_rules! per_codes {
 /// Declares the `#[target_feature]` entry points of the row decoder and the transposed
 /// products of [`generic::xw`] for one ISA: `$v` its vector, `$features` its target
 /// features, `$r` the weight rows streamed together for one activation row, `$b` × `$nb` the
-/// activation rows × blocks of columns of a tile for several (see [`generic::xw()`]).
+/// activation rows × blocks of columns of a tile for several, `$one` the blocks of columns one
+/// activation row keeps in registers over a narrow range (see [`generic::xw()`]).
 macro_rules! xw_ops {
-    ($v:ty, $features:literal, $r:literal, $b:literal, $nb:literal) => {
+    ($v:ty, $features:literal, $r:literal, $b:literal, $nb:literal, $one:literal) => {
         /// [`crate::scalar::decode_row`].
         ///
         /// # Safety
@@ -96,7 +97,7 @@ macro_rules! xw_ops {
             unsafe {
                 per_codes!(
                     m.codes(),
-                    |C| generic::xw::<$v, C, $r, $b, $nb>(m, rows, x, y, cols),
+                    |C| generic::xw::<$v, C, $r, $b, $nb, $one>(m, rows, x, y, cols),
                     else crate::scalar::xw_rows(m, rows, x, y, cols)
                 )
             }

@@ -27,7 +27,17 @@ use crate::scalar::LANES;
 /// The ISA of `V` is available; `row` is a row of `m` and `jb < m.cols()`.
 #[inline(always)]
 unsafe fn block<V: Vector, C: Codec<V>>(m: &Matrix<'_>, r: usize, jb: usize) -> V {
-    let row = m.row(r);
+    // SAFETY: forwarded from this function's contract.
+    unsafe { block_of::<V, C>(m, m.row(r), r, jb) }
+}
+
+/// [`block`] with row `r`'s bytes already looked up (`row == m.row(r)`): loops over the blocks
+/// of a row look the row up once.
+///
+/// # Safety
+/// As [`block`], with `row` the bytes of row `r`.
+#[inline(always)]
+unsafe fn block_of<V: Vector, C: Codec<V>>(m: &Matrix<'_>, row: &[u8], r: usize, jb: usize) -> V {
     let off = jb / LANES * C::BLOCK_BYTES;
     // SAFETY: a full block lies inside the row (`jb + 16 ≤ cols`); a partial one is copied
     // into a 64-byte buffer (every block is at most 64 bytes); the ISA is available.
@@ -109,7 +119,14 @@ pub(crate) unsafe fn decode_row<V: Vector, C: Codec<V>>(
 /// inside the matrix, `x.len() == batch × rows.len()` and `y.len() == batch × cols.len()` for
 /// some `batch`.
 #[inline(always)]
-pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize, const B: usize, const NB: usize>(
+pub(crate) unsafe fn xw<
+    V: Vector,
+    C: Codec<V>,
+    const R: usize,
+    const B: usize,
+    const NB: usize,
+    const ONE: usize,
+>(
     m: &Matrix<'_>,
     rows: Range<usize>,
     x: &[f32],
@@ -128,6 +145,16 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize, const B: usize, 
     if batch >= MANY_ROWS {
         // SAFETY: forwarded from this function's contract.
         unsafe { xw_many::<V, C, B, NB>(m, rows, x, y, cols) };
+        return;
+    }
+    if nblocks <= ONE_ROW_BLOCKS {
+        for (xb, yb) in x.chunks_exact(n_in.max(1)).zip(y.chunks_exact_mut(w)) {
+            // SAFETY: forwarded from this function's contract, one activation row at a time.
+            unsafe { xw_one::<V, C, ONE>(m, rows.clone(), xb, yb, &cols) };
+        }
+        if n_in == 0 {
+            y.fill(0.0);
+        }
         return;
     }
     // Activation rows a pass over the weights takes: as many as keep their accumulators within
@@ -164,6 +191,50 @@ pub(crate) unsafe fn xw<V: Vector, C: Codec<V>, const R: usize, const B: usize, 
 
 /// Accumulator floats one pass of [`xw`] keeps (16 KiB).
 const XW_ACC_FLOATS: usize = 4096;
+
+/// Up to this many blocks of columns (MLA's latent, a head's values), one activation row goes
+/// through [`xw_one`].
+const ONE_ROW_BLOCKS: usize = 32;
+
+/// One activation row over a narrow range of columns, `NB1` blocks at a time with their
+/// accumulators in registers through every input row: each row adds one independent fma per
+/// block, where the general path loads and stores each block's accumulator once per `R` rows
+/// and chains those `R` fmas on it. Terms still come in row order, one fma each, from `+0.0`.
+///
+/// # Safety
+/// As [`xw`], with one activation row (`x.len() == rows.len()`, `y.len() == cols.len()`).
+#[inline(always)]
+unsafe fn xw_one<V: Vector, C: Codec<V>, const NB1: usize>(
+    m: &Matrix<'_>,
+    rows: Range<usize>,
+    x: &[f32],
+    y: &mut [f32],
+    cols: &Range<usize>,
+) {
+    let first = cols.start / LANES * LANES;
+    let nblocks = (cols.end - first).div_ceil(LANES);
+    let mut k0 = 0;
+    while k0 < nblocks {
+        let n = NB1.min(nblocks - k0);
+        // SAFETY: forwarded from this function's contract; every block starts below
+        // `cols.end`.
+        unsafe {
+            let mut a = [V::zero(); NB1];
+            for (i, r) in rows.clone().enumerate() {
+                let xv = V::splat(x[i]);
+                let row = m.row(r);
+                for (k, ak) in a.iter_mut().enumerate().take(n) {
+                    let jb = first + (k0 + k) * LANES;
+                    *ak = xv.mul_add(block_of::<V, C>(m, row, r, jb), *ak);
+                }
+            }
+            for (k, ak) in a.iter().enumerate().take(n) {
+                put::<V, C>(*ak, first + (k0 + k) * LANES, cols, y);
+            }
+        }
+        k0 += n;
+    }
+}
 
 /// From this many activation rows [`xw`] takes [`xw_many`]'s path.
 const MANY_ROWS: usize = 4;
@@ -211,11 +282,13 @@ unsafe fn xw_many<V: Vector, C: Codec<V>, const B: usize, const NB: usize>(
             let ni = PANEL_ROWS.min(n_in - i0);
             // The panel: row `i` of the range, block `k` at `(i × nc + k) × 16`.
             for i in 0..ni {
+                let r = rows.start + i0 + i;
+                let row = m.row(r);
                 for k in 0..nc {
-                    // SAFETY: `rows.start + i0 + i` is a row of `m`, the block starts below
-                    // `cols.end`; the store writes 16 f32s inside `panel`.
+                    // SAFETY: `r` is a row of `m`, the block starts below `cols.end`; the
+                    // store writes 16 f32s inside `panel`.
                     unsafe {
-                        block::<V, C>(m, rows.start + i0 + i, first + (c0 + k) * LANES)
+                        block_of::<V, C>(m, row, r, first + (c0 + k) * LANES)
                             .store(panel.as_mut_ptr().add((i * nc + k) * LANES));
                     }
                 }
@@ -354,6 +427,10 @@ unsafe fn rows_step<V: Vector, C: Codec<V>, const R: usize>(
     batch: usize,
 ) {
     let ap = acc.as_mut_ptr();
+    let mut rws: [&[u8]; R] = [&[]; R];
+    for (r, rw) in rws.iter_mut().enumerate() {
+        *rw = m.row(i0 + r);
+    }
     // SAFETY: forwarded from this function's contract.
     unsafe {
         for k in 0..nblocks {
@@ -362,7 +439,7 @@ unsafe fn rows_step<V: Vector, C: Codec<V>, const R: usize>(
             // `#[target_feature]` entry point, and the decoder must be.
             let mut wv = [V::zero(); R];
             for (r, wr) in wv.iter_mut().enumerate() {
-                *wr = block::<V, C>(m, i0 + r, jb);
+                *wr = block_of::<V, C>(m, rws[r], i0 + r, jb);
             }
             for b in 0..batch {
                 let xb = &x[b * n_in + i0 - row0..][..R];

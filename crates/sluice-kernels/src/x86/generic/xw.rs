@@ -293,15 +293,24 @@ unsafe fn xw_many<V: Vector, C: Codec<V>, const B: usize, const NB: usize>(
                     }
                 }
             }
+            let p = Panel {
+                w: &panel,
+                x,
+                n_in,
+                i0,
+                ni,
+                nc,
+                pb,
+            };
             let mut b = 0;
             // SAFETY: every index below is inside `panel`, `acc` and `x` by the loops' bounds.
             unsafe {
                 while b + B <= batch {
-                    panel_rows::<V, B, NB>(&panel, &mut acc, x, n_in, i0, ni, b, nc, pb);
+                    p.rows::<V, B, NB>(&mut acc, b);
                     b += B;
                 }
                 while b < batch {
-                    panel_rows::<V, 1, NB>(&panel, &mut acc, x, n_in, i0, ni, b, nc, pb);
+                    p.rows::<V, 1, NB>(&mut acc, b);
                     b += 1;
                 }
             }
@@ -325,85 +334,85 @@ thread_local! {
         const { std::cell::Cell::new((Vec::new(), Vec::new())) };
 }
 
-/// Activation rows `b0 .. b0 + B` over the panel's `ni` rows (input rows `i0 ..`) and its
-/// `nc` blocks, `NB` blocks at a time (then one at a time).
-///
-/// # Safety
-/// The ISA of `V` is available; `panel` holds `ni × nc` blocks, `acc` `(b0 + B) × pb` blocks,
-/// `x` `b0 + B` rows of `n_in ≥ i0 + ni` values.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn panel_rows<V: Vector, const B: usize, const NB: usize>(
-    panel: &[f32],
-    acc: &mut [f32],
-    x: &[f32],
+/// One decoded panel of [`xw_many`] and the activations it meets.
+struct Panel<'a> {
+    /// Input row `i` of the panel, block `k` at `(i × nc + k) × 16`.
+    w: &'a [f32],
+    /// The activation rows, `n_in` values each.
+    x: &'a [f32],
     n_in: usize,
+    /// The panel's first input row (within the range) and its rows.
     i0: usize,
     ni: usize,
-    b0: usize,
+    /// Blocks in the panel, and per activation row in the accumulators.
     nc: usize,
     pb: usize,
-) {
-    let mut k = 0;
-    // SAFETY: forwarded from this function's contract.
-    unsafe {
-        while k + NB <= nc {
-            panel_tile::<V, B, NB>(panel, acc, x, n_in, i0, ni, b0, k, nc, pb);
-            k += NB;
-        }
-        while k < nc {
-            panel_tile::<V, B, 1>(panel, acc, x, n_in, i0, ni, b0, k, nc, pb);
-            k += 1;
-        }
-    }
 }
 
-/// One tile: activation rows `b0 .. b0 + B` × blocks `k0 .. k0 + NB` of the panel, its
-/// accumulators in registers over the panel's rows in order.
-///
-/// # Safety
-/// As [`panel_rows`], with `k0 + NB ≤ nc`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn panel_tile<V: Vector, const B: usize, const NB: usize>(
-    panel: &[f32],
-    acc: &mut [f32],
-    x: &[f32],
-    n_in: usize,
-    i0: usize,
-    ni: usize,
-    b0: usize,
-    k0: usize,
-    nc: usize,
-    pb: usize,
-) {
-    let ap = acc.as_mut_ptr();
-    let pp = panel.as_ptr();
-    let xp = x.as_ptr();
-    let at = |b: usize, n: usize| ((b0 + b) * pb + k0 + n) * LANES;
-    // SAFETY: forwarded from this function's contract.
-    unsafe {
-        let mut a = [[V::zero(); NB]; B];
-        for (b, ab) in a.iter_mut().enumerate() {
-            for (n, v) in ab.iter_mut().enumerate() {
-                *v = V::load(ap.add(at(b, n)));
+impl Panel<'_> {
+    /// Activation rows `b0 .. b0 + B` over the panel, `NB` blocks at a time (then one at a
+    /// time).
+    ///
+    /// # Safety
+    /// The ISA of `V` is available; `acc` holds `pb` blocks per activation row and `x` holds
+    /// rows `b0 .. b0 + B`.
+    #[inline(always)]
+    unsafe fn rows<V: Vector, const B: usize, const NB: usize>(&self, acc: &mut [f32], b0: usize) {
+        let mut k = 0;
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            while k + NB <= self.nc {
+                self.tile::<V, B, NB>(acc, b0, k);
+                k += NB;
+            }
+            while k < self.nc {
+                self.tile::<V, B, 1>(acc, b0, k);
+                k += 1;
             }
         }
-        for i in 0..ni {
-            let mut wv = [V::zero(); NB];
-            for (n, wn) in wv.iter_mut().enumerate() {
-                *wn = V::load(pp.add((i * nc + k0 + n) * LANES));
-            }
+    }
+
+    /// One tile: activation rows `b0 .. b0 + B` × blocks `k0 .. k0 + NB` of the panel, its
+    /// accumulators in registers over the panel's rows in order.
+    ///
+    /// # Safety
+    /// As [`Panel::rows`], with `k0 + NB ≤ nc`.
+    #[inline(always)]
+    unsafe fn tile<V: Vector, const B: usize, const NB: usize>(
+        &self,
+        acc: &mut [f32],
+        b0: usize,
+        k0: usize,
+    ) {
+        let (n_in, i0, nc, pb) = (self.n_in, self.i0, self.nc, self.pb);
+        let ap = acc.as_mut_ptr();
+        let pp = self.w.as_ptr();
+        let xp = self.x.as_ptr();
+        let at = |b: usize, n: usize| ((b0 + b) * pb + k0 + n) * LANES;
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            let mut a = [[V::zero(); NB]; B];
             for (b, ab) in a.iter_mut().enumerate() {
-                let xv = V::splat(*xp.add((b0 + b) * n_in + i0 + i));
                 for (n, v) in ab.iter_mut().enumerate() {
-                    *v = xv.mul_add(wv[n], *v);
+                    *v = V::load(ap.add(at(b, n)));
                 }
             }
-        }
-        for (b, ab) in a.iter().enumerate() {
-            for (n, v) in ab.iter().enumerate() {
-                v.store(ap.add(at(b, n)));
+            for i in 0..self.ni {
+                let mut wv = [V::zero(); NB];
+                for (n, wn) in wv.iter_mut().enumerate() {
+                    *wn = V::load(pp.add((i * nc + k0 + n) * LANES));
+                }
+                for (b, ab) in a.iter_mut().enumerate() {
+                    let xv = V::splat(*xp.add((b0 + b) * n_in + i0 + i));
+                    for (n, v) in ab.iter_mut().enumerate() {
+                        *v = xv.mul_add(wv[n], *v);
+                    }
+                }
+            }
+            for (b, ab) in a.iter().enumerate() {
+                for (n, v) in ab.iter().enumerate() {
+                    v.store(ap.add(at(b, n)));
+                }
             }
         }
     }

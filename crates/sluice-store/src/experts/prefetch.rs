@@ -61,6 +61,18 @@ impl Lookahead {
             .count()
     }
 
+    /// Whether a `stage` guess has a chance of earning reads at `precision`: its first rank
+    /// has not been scored enough times yet, or is right at least `precision − `
+    /// [`GUESS_MARGIN`] of the time.
+    fn promising(&self, stage: Guess, precision: f64) -> bool {
+        match self.ranks[stage as usize].first() {
+            Some(&(n, right)) if n >= PREFETCH_WARMUP => {
+                right as f64 >= (precision - GUESS_MARGIN) * n as f64
+            }
+            _ => true,
+        }
+    }
+
     /// The predictions made for `layer` in `step`, if any, for the request of `keys` just
     /// admitted; the first request of a step and layer also scores each rank of each stage's
     /// prediction against the router. (When a layer's experts come in several calls, because
@@ -96,20 +108,6 @@ impl Lookahead {
     }
 }
 
-impl Lookahead {
-    /// Whether a `stage` guess has a chance of earning reads at `precision`: its ranks have not
-    /// all been scored enough times yet, or its most confident rank is right at least
-    /// `precision − `[`GUESS_MARGIN`] of the time.
-    fn promising(&self, stage: Guess, precision: f64) -> bool {
-        match self.ranks[stage as usize].first() {
-            Some(&(n, right)) if n >= PREFETCH_WARMUP => {
-                right as f64 >= (precision - GUESS_MARGIN) * n as f64
-            }
-            _ => true,
-        }
-    }
-}
-
 /// How far below the bar a stage's most confident rank may be and still be guessed every
 /// step: it may yet cross it (the demo model's late ranks are right 90–93% of the time
 /// against 95%).
@@ -123,8 +121,8 @@ impl ExpertStore {
     /// Whether a `stage` guess is worth making in this step: always when every guess is read
     /// (a precision of 0); otherwise when the stage's record gives it a chance of reaching its
     /// bar, and in one step of [`GUESS_PROBE_EVERY`] when it does not. A guess costs a router
-    /// product, and on routers that cannot be predicted (random weights) never reads
-    /// anything: 0.5 ms per token on the synthetic model of docs/PERFORMANCE.md.
+    /// product (both stages together 0.5 ms per token in the pass's other phase on the
+    /// synthetic model of docs/PERFORMANCE.md), and one that cannot earn reads reads nothing.
     pub fn wants_guess(&self, stage: Guess) -> bool {
         let sh = &self.shared;
         if sh.prefetch_precision <= 0.0 {
@@ -156,8 +154,8 @@ impl ExpertStore {
 
     /// [`prefetch`](ExpertStore::prefetch) for a prediction made at `stage`: each stage's
     /// ranks earn their reads on their own record (a late rank against the higher bar
-    /// [`PREFETCH_PRECISION_LATE`](super::PREFETCH_PRECISION_LATE)), and a request is compared with the last prediction made
-    /// (recall) as well as with the early one.
+    /// [`PREFETCH_PRECISION_LATE`](super::PREFETCH_PRECISION_LATE)), and a request is
+    /// compared with the last prediction made (recall) as well as with the early one.
     pub fn prefetch_guess(&self, stage: Guess, layer: usize, experts: &[u32]) {
         let sh = &self.shared;
         let Ok(mut g) = sh.inner.lock() else { return };

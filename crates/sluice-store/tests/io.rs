@@ -415,10 +415,16 @@ fn a_failed_part_fails_only_its_expert() {
 
 /// A store over a fresh shard in `dir` that reads on the calling thread.
 fn inline_store(dir: &Path) -> ExpertStore {
+    inline_store_reading(dir, sluice_store::PREFETCH_PRECISION)
+}
+
+/// [`inline_store`] reading a guess's ranks from `precision` right (0: every guess).
+fn inline_store_reading(dir: &Path, precision: f64) -> ExpertStore {
     let (path, specs) = write_shard(dir);
     let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
     let cfg = ExpertStoreConfig {
         readers: 0,
+        prefetch_precision: precision,
         ..config(1 << 20)
     };
     ExpertStore::new(shards, specs, cfg).unwrap()
@@ -593,14 +599,7 @@ fn a_stage_that_cannot_earn_reads_is_guessed_only_now_and_then() {
 
     // Reading every guess: always worth making.
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let (path, specs) = write_shard(dir.path());
-    let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
-    let cfg = ExpertStoreConfig {
-        readers: 0,
-        prefetch_precision: 0.0,
-        ..config(1 << 20)
-    };
-    let all = ExpertStore::new(shards, specs, cfg).unwrap();
+    let all = inline_store_reading(dir.path(), 0.0);
     for i in 0..(warm + 2 * every) as u32 {
         assert!(all.wants_guess(Guess::Early), "step {i}");
         prefetch_step(&all, i, |_, b| all.prefetch_guess(Guess::Early, 0, &[b]));

@@ -192,22 +192,16 @@ pub(crate) fn stats_since(
     s.prefetch_hits = now.prefetch_hits - expert0.prefetch_hits;
     s.expert_evictions = now.evictions - expert0.evictions;
     s.io_seconds = now.wait_seconds - expert0.wait_seconds;
-    // Right ÷ checked since the generation began (0 with nothing checked).
-    let recall = |right: u64, checked: u64| {
-        if checked == 0 {
-            0.0
-        } else {
-            right as f64 / checked as f64
-        }
+    // The predictions checked since the generation began, and their recall.
+    let since = sluice_store::ExpertStats {
+        prefetch_predicted: now.prefetch_predicted - expert0.prefetch_predicted,
+        prefetch_checked: now.prefetch_checked - expert0.prefetch_checked,
+        prefetch_predicted_early: now.prefetch_predicted_early - expert0.prefetch_predicted_early,
+        prefetch_checked_early: now.prefetch_checked_early - expert0.prefetch_checked_early,
+        ..Default::default()
     };
-    s.prefetch_recall = recall(
-        now.prefetch_predicted - expert0.prefetch_predicted,
-        now.prefetch_checked - expert0.prefetch_checked,
-    );
-    s.prefetch_recall_early = recall(
-        now.prefetch_predicted_early - expert0.prefetch_predicted_early,
-        now.prefetch_checked_early - expert0.prefetch_checked_early,
-    );
+    s.prefetch_recall = since.prefetch_recall();
+    s.prefetch_recall_early = since.prefetch_recall_early();
     s.prefetch_recall_by_layer = now
         .prefetch_by_layer
         .iter()

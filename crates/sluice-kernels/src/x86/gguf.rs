@@ -823,6 +823,12 @@ unsafe fn block<'a>(b: *const u8, n: usize) -> &'a [u8] {
     unsafe { std::slice::from_raw_parts(b, n) }
 }
 
+/// The 16 group scales of an IQ2_XS or IQ2_S block, from its scale nibbles `sc` (8 bytes).
+#[inline(always)]
+fn iq2_scales(d: f32, sc: &[u8]) -> [f32; 16] {
+    std::array::from_fn(|i| iq2_scale(d, ((sc[i / 2] >> (4 * (i % 2))) & 15).into()))
+}
+
 struct FIQ2XS;
 impl Fused for FIQ2XS {
     const BS: usize = 256;
@@ -832,7 +838,7 @@ impl Fused for FIQ2XS {
     unsafe fn scales(b: &[u8]) -> [f32; 16] {
         // SAFETY: F16C is available (this function's contract).
         let d = unsafe { hc(b, 0) };
-        std::array::from_fn(|i| iq2_scale(d, ((b[66 + i / 2] >> (4 * (i % 2))) & 15).into()))
+        iq2_scales(d, &b[66..74])
     }
     #[inline(always)]
     unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {
@@ -855,7 +861,7 @@ impl Fused for FIQ2S {
     unsafe fn scales(b: &[u8]) -> [f32; 16] {
         // SAFETY: F16C is available (this function's contract).
         let d = unsafe { hc(b, 0) };
-        std::array::from_fn(|i| iq2_scale(d, ((b[74 + i / 2] >> (4 * (i % 2))) & 15).into()))
+        iq2_scales(d, &b[74..82])
     }
     #[inline(always)]
     unsafe fn chunk(b: *const u8, c: usize, s: &[f32; 16]) -> __m512 {

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use sluice_format::Checkpoint;
 use sluice_kernels::Codes;
@@ -143,6 +143,8 @@ pub struct Model {
     in_pool: bool,
     /// Bytes prefill spans hold of the room spare beside every expert (with `in_pool`).
     span_bytes: AtomicU64,
+    /// Forward passes running now (a pass with none beside it runs inside the compute pool).
+    passes: AtomicUsize,
     /// `generation_config.json`, when the model has one.
     generation: Option<serde_json::Value>,
 }
@@ -296,6 +298,7 @@ impl Model {
             gather_experts,
             in_pool,
             span_bytes: AtomicU64::new(0),
+            passes: AtomicUsize::new(0),
             generation: None,
         })
     }
@@ -724,22 +727,30 @@ impl Model {
             }
             self.reserve_kv(state, positions)?;
         }
-        // With everything resident the whole pass runs on one of the compute threads, so the
-        // products inside it split their rows with the other threads directly instead of each
-        // one waking the pool from outside and waiting for it (hundreds of times per decoded
-        // token). Not when a pass can wait for another session (pins of a full expert cache,
-        // trunk ring slots): a pool thread waiting inside a product may pick up another
-        // session's pass, which would then wait on pins held below it on the same thread. With
-        // every expert fitting, the experts are also gathered (see `moe`): a pass has landed
-        // every read it started before it enters a parallel call, so another pass never waits
-        // on a read whose landing is stuck below it.
+        // The whole pass runs on one of the compute threads, so the products inside it split
+        // their rows with the other threads directly instead of each one waking the pool from
+        // outside and waiting for it (hundreds of times per decoded token; on the 2-vCPU VM of
+        // docs/PERFORMANCE.md those wake-ups cost a 50%-budget decode a quarter of its CPU
+        // time), when nothing can nest another session's pass under it:
+        // - with everything resident: a pass never waits for another session, and with every
+        //   expert fitting the experts are gathered (see `moe`), so a pass has landed every
+        //   read it started before it enters a parallel call;
+        // - or when no other pass is running as it starts. Otherwise a pass that can wait for
+        //   another session (pins of a full expert cache, trunk ring slots) runs from outside
+        //   the pool: a pool thread waiting inside a product may pick up another session's
+        //   pass sent to the pool, which would then wait on pins held below it on the same
+        //   thread. Passes that start beside one in the pool run from outside and send the pool
+        //   only products, which wait for nothing.
         let times0 = *times;
-        let r = if self.in_pool {
+        let alone = self.passes.fetch_add(1, Ordering::AcqRel) == 0;
+        let running = Running(&self.passes);
+        let r = if self.in_pool || alone {
             self.exec
                 .install(|| self.forward_inner(segs, want, opts, times))
         } else {
             self.forward_inner(segs, want, opts, times)
         };
+        drop(running);
         // Each sequence is charged its share of the pass, as a batch's decode seconds are.
         let share = (*times - times0).scaled(1.0 / segs.len().max(1) as f64);
         for (state, _) in segs.iter_mut() {
@@ -812,5 +823,14 @@ impl Model {
         let mut ranked: Vec<(u32, f32)> = score.into_iter().collect();
         ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         Ok(Some((l, ranked.into_iter().map(|p| p.0).collect())))
+    }
+}
+
+/// Counts a forward pass as running until dropped (also when the pass unwinds).
+struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }

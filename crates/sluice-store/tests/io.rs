@@ -605,3 +605,126 @@ fn a_stage_that_cannot_earn_reads_is_guessed_only_now_and_then() {
         prefetch_step(&all, i, |_, b| all.prefetch_guess(Guess::Early, 0, &[b]));
     }
 }
+
+/// A reader whose reads of one offset wait until the gate opens, and then fail if told to.
+#[derive(Debug)]
+struct Gated {
+    inner: ShardSet,
+    /// Reads touching this offset wait for the gate.
+    at: AtomicU64,
+    open: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+    /// Reads touching `at` fail once the gate opens.
+    fail: std::sync::atomic::AtomicBool,
+}
+
+impl Gated {
+    fn close(&self, at: u64) {
+        *self.open.lock().unwrap() = false;
+        self.at.store(at, Ordering::SeqCst);
+    }
+    fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+impl Reader for Gated {
+    fn read_at(&self, shard: u32, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
+        let at = self.at.load(Ordering::SeqCst);
+        if offset <= at && at < offset + buf.len() as u64 {
+            let mut open = self.open.lock().unwrap();
+            while !*open {
+                open = self.opened.wait(open).unwrap();
+            }
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(io::Error::other("injected I/O error"));
+            }
+        }
+        self.inner.read_at(shard, offset, buf)
+    }
+    fn align(&self, shard: u32) -> usize {
+        self.inner.align(shard)
+    }
+    fn path(&self, shard: u32) -> &Path {
+        self.inner.path(shard)
+    }
+    fn mode(&self, shard: u32) -> IoMode {
+        Reader::mode(&self.inner, shard)
+    }
+}
+
+/// A request for an expert a prefetch is still reading is admitted at once: its resident
+/// experts come first, the prefetched one when its read lands (counted as a prefetch hit, not
+/// read twice); a failed prefetch fails that expert of the request alone, and the next request
+/// reads it again.
+#[test]
+fn a_request_does_not_wait_for_a_prefetch_in_flight() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, specs) = write_shard(dir.path());
+    let gated = Arc::new(Gated {
+        inner: ShardSet::open(&[&path], false).unwrap(),
+        at: AtomicU64::new(u64::MAX),
+        open: std::sync::Mutex::new(true),
+        opened: std::sync::Condvar::new(),
+        fail: std::sync::atomic::AtomicBool::new(false),
+    });
+    let cfg = ExpertStoreConfig {
+        prefetch_precision: 0.0,
+        ..config(1 << 20)
+    };
+    let store = Arc::new(ExpertStore::new(gated.clone(), specs.clone(), cfg).unwrap());
+    store.fetch(0, &[2]).unwrap();
+
+    for fail in [false, true] {
+        store.begin_step();
+        let before = store.stats();
+        gated.fail.store(fail, Ordering::SeqCst);
+        gated.close(specs[0][5][1].offset + 7);
+        store.prefetch(0, &[5]);
+        // Admitted while the prefetch is held: the resident expert arrives, then only the
+        // read is left.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Arc::clone(&store);
+        let asker = std::thread::spawn(move || {
+            let mut arrivals = s.fetch_each(0, &[5, 2], &[]).unwrap();
+            let first = arrivals
+                .next()
+                .unwrap()
+                .map(|(i, b)| (i, b.piece(0).to_vec()));
+            tx.send((first, arrivals.only_reads_left())).unwrap();
+            arrivals
+                .next()
+                .unwrap()
+                .map(|(i, b)| (i, b.piece(1).to_vec()))
+        });
+        let (first, waiting) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a request for an expert being prefetched waited for the prefetch");
+        let (i, bytes) = first.unwrap();
+        assert_eq!((i, bytes), (1, expected(&path, &specs[0][2][0])));
+        assert!(waiting, "expert 5 is still being read");
+        gated.open();
+        let last = asker.join().unwrap();
+        let s = store.stats();
+        if fail {
+            match last {
+                Err(StoreError::Shared(m)) => assert!(m.contains("injected"), "{m}"),
+                other => panic!("expected the prefetch's error, got {other:?}"),
+            }
+            assert_eq!(s.reads - before.reads, 1, "the failed prefetch only");
+            // The next request reads it again, on demand.
+            gated.fail.store(false, Ordering::SeqCst);
+            let b = store.fetch(0, &[5]).unwrap();
+            assert_eq!(b[0].piece(2), &expected(&path, &specs[0][5][2])[..]);
+        } else {
+            assert_eq!(last.unwrap(), (0, expected(&path, &specs[0][5][1])));
+            assert_eq!(s.reads - before.reads, 1, "read once, by the prefetch");
+            assert_eq!(s.prefetch_hits - before.prefetch_hits, 1);
+            assert_eq!(s.hits - before.hits, 2);
+            store.clear();
+            store.fetch(0, &[2]).unwrap();
+        }
+        assert!(store.used() <= store.capacity());
+    }
+}

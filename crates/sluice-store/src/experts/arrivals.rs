@@ -15,13 +15,17 @@ use crate::{AlignedBuf, Pinned, StoreError};
 impl ExpertStore {
     /// Reads the `misses` of an admitted request for `taken`, in file order, in parts on the
     /// reader pool. Each lands in the cache on the thread that read its last part, pinned once
-    /// for every index that asked for it; `ready` holds the hits, already pinned.
+    /// for every index that asked for it; `ready` holds the hits, already pinned. `awaited`
+    /// experts of the request are being read by others, who send them to `tx` as they land.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn read_misses(
         &self,
         taken: &[Key],
         misses: Vec<Key>,
         ready: VecDeque<(usize, Pinned)>,
         mut spare: Vec<AlignedBuf>,
+        (tx, rx): (mpsc::Sender<Landed>, mpsc::Receiver<Landed>),
+        awaited: usize,
     ) -> Arrivals {
         let sh = &self.shared;
         let mut order = misses;
@@ -30,8 +34,7 @@ impl ExpertStore {
                 .first()
                 .map(|p| (p.shard, p.offset))
         });
-        let (tx, rx) = mpsc::channel();
-        let outstanding = order.len();
+        let outstanding = order.len() + awaited;
         // The indices that asked for each miss (an expert may be asked for more than once).
         let mut asked: FixedMap<Key, Vec<usize>> = FixedMap::default();
         for (i, k) in taken.iter().enumerate() {
@@ -68,8 +71,10 @@ impl ExpertStore {
 
 impl Shared {
     /// Puts a finished read of `k` in the cache (`prefetched`: the step of the prefetch that
-    /// read it), pinned `pins` times, or forgets the entry if the read failed; wakes every
-    /// waiter either way. Returns the handles.
+    /// read it), pinned `pins` times for the caller and once for each request admitted while
+    /// it was being read (those are sent theirs), or forgets the entry if the read failed
+    /// (the waiting requests are sent the error); wakes every waiter either way. Returns the
+    /// caller's handles.
     pub(super) fn land(
         sh: &Arc<Shared>,
         k: Key,
@@ -79,21 +84,37 @@ impl Shared {
     ) -> Result<Vec<Pinned>, StoreError> {
         let mut g = sh.inner.lock().map_err(|_| poisoned())?;
         let bytes = sh.footprint(k);
+        let waiters = g.cache.take_waiters(k);
+        let mut sends: Vec<(mpsc::Sender<Landed>, Landed)> = Vec::with_capacity(waiters.len());
         let out = match r {
             Ok(blob) => {
                 let blob = Arc::new(blob);
                 g.tally.stats.bytes_read += sh.read_bytes[k.layer as usize][k.expert as usize];
-                g.cache.land(k, Arc::clone(&blob), bytes, pins, prefetched);
+                let all = pins + waiters.len() as u32;
+                g.cache.land(k, Arc::clone(&blob), bytes, all, prefetched);
+                for w in waiters {
+                    // As if the request had pinned it on arrival.
+                    g.cache.policy.hit(k);
+                    let pinned = Pinned::new(sh, k, Arc::clone(&blob));
+                    sends.push((w.tx, Ok(vec![(w.index, pinned)])));
+                }
                 Ok((0..pins)
                     .map(|_| Pinned::new(sh, k, Arc::clone(&blob)))
                     .collect())
             }
             Err(e) => {
                 g.cache.forget(k, bytes);
+                for w in waiters {
+                    sends.push((w.tx, Err(StoreError::Shared(e.to_string()))));
+                }
                 Err(e)
             }
         };
         drop(g);
+        // Outside the lock: a handle whose request is gone unpins (which locks) as it drops.
+        for (tx, landed) in sends {
+            let _ = tx.send(landed);
+        }
         sh.cond.notify_all();
         out
     }
@@ -101,7 +122,7 @@ impl Shared {
 
 /// What a read that landed sends to its request: a handle per index that asked for the
 /// expert, or the read's error.
-type Landed = Result<Vec<(usize, Pinned)>, StoreError>;
+pub(super) type Landed = Result<Vec<(usize, Pinned)>, StoreError>;
 
 /// The experts of one [`fetch_each`](ExpertStore::fetch_each) call as they arrive in memory:
 /// `(index into the experts asked for, bytes)`, or the error of a read that failed (that expert
@@ -126,6 +147,13 @@ impl std::fmt::Debug for Arrivals {
 }
 
 impl Arrivals {
+    /// Whether every expert in memory has been handed over and only reads remain: what the
+    /// caller computes next waits on the disk (unless a read has just landed), so it is the
+    /// moment for work that does not need them.
+    pub fn only_reads_left(&self) -> bool {
+        self.ready.is_empty() && self.outstanding > 0
+    }
+
     /// Waits for the next read to land (the reader thread has already cached it, or forgotten
     /// it if it failed).
     fn land_next(&mut self) -> Result<(), StoreError> {

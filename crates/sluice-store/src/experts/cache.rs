@@ -2,9 +2,10 @@
 //! capacity, their pins, and eviction through the policy. Everything here runs under the
 //! store's lock; nothing here waits or wakes anyone (the callers do, see [`super::Shared`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, mpsc};
 
 use super::ExpertStats;
+use super::arrivals::Landed;
 use crate::AlignedBuf;
 use crate::io::Blob;
 use crate::policy::{FixedMap, Key, Policy};
@@ -20,7 +21,19 @@ pub(super) enum Entry {
         pins: u32,
     },
     /// Being read; its bytes are already counted in [`Cache::used`].
-    Loading,
+    Loading {
+        /// The step of the prefetch reading it, if a prefetch is.
+        prefetched_step: Option<u64>,
+        /// Requests admitted while it was being read, handed it when it lands.
+        waiters: Vec<Waiter>,
+    },
+}
+
+/// One expert of an admitted request that another read is bringing in: where to send it and
+/// the index the request asked for it at.
+pub(super) struct Waiter {
+    pub(super) tx: mpsc::Sender<Landed>,
+    pub(super) index: usize,
 }
 
 /// The resident and in-flight experts and the byte accounting behind them.
@@ -47,15 +60,40 @@ impl Cache {
         }
     }
 
-    /// Whether `k` is being read now.
-    pub(super) fn is_loading(&self, k: &Key) -> bool {
-        matches!(self.entries.get(k), Some(Entry::Loading))
+    /// Counts `bytes` for a read of `k` about to be issued (by a prefetch in `prefetched_step`,
+    /// or on demand).
+    pub(super) fn start_loading(&mut self, k: Key, bytes: u64, prefetched_step: Option<u64>) {
+        self.entries.insert(
+            k,
+            Entry::Loading {
+                prefetched_step,
+                waiters: Vec::new(),
+            },
+        );
+        self.used += bytes;
     }
 
-    /// Counts `bytes` for a read of `k` about to be issued.
-    pub(super) fn start_loading(&mut self, k: Key, bytes: u64) {
-        self.entries.insert(k, Entry::Loading);
-        self.used += bytes;
+    /// If `k` is being read, has its landing sent to `waiter` too and returns the step of
+    /// the prefetch reading it (`Some(None)` for a demand read).
+    pub(super) fn await_read(&mut self, k: Key, waiter: Waiter) -> Option<Option<u64>> {
+        match self.entries.get_mut(&k) {
+            Some(Entry::Loading {
+                prefetched_step,
+                waiters,
+            }) => {
+                waiters.push(waiter);
+                Some(*prefetched_step)
+            }
+            _ => None,
+        }
+    }
+
+    /// The requests waiting for the read of `k` (none unless it is being read).
+    pub(super) fn take_waiters(&mut self, k: Key) -> Vec<Waiter> {
+        match self.entries.get_mut(&k) {
+            Some(Entry::Loading { waiters, .. }) => std::mem::take(waiters),
+            _ => Vec::new(),
+        }
     }
 
     /// Makes the finished read of `k` resident, pinned `pins` times.

@@ -2,9 +2,11 @@
 //! handing the misses to the reader pool ([`super::arrivals`]).
 
 use std::collections::VecDeque;
-use std::sync::MutexGuard;
+use std::sync::{MutexGuard, mpsc};
 use std::time::Instant;
 
+use super::arrivals::Landed;
+use super::cache::Waiter;
 use super::{Arrivals, ExpertStore, Inner, Pinned, poisoned};
 use crate::policy::{FixedSet, Key};
 use crate::{AlignedBuf, StoreError};
@@ -66,19 +68,14 @@ impl Turns {
     }
 }
 
-/// What an admitted request got: how many of its experts were taken, the hits (pinned), and
-/// the distinct misses (marked as loading, their room made).
-type Admitted<'a> = (
-    MutexGuard<'a, Inner>,
-    usize,
-    VecDeque<(usize, Pinned)>,
-    Vec<Key>,
-);
+/// A request that may be admitted: how many of its experts can be taken and their distinct
+/// misses (their room made).
+type Admitted<'a> = (MutexGuard<'a, Inner>, usize, Vec<Key>);
 
 impl ExpertStore {
     /// The bytes of the given experts of a layer, in the order asked. The handles pin the bytes
     /// until dropped. Misses are read in parallel, in file-offset order; an expert another
-    /// request is already reading is waited for, not read twice.
+    /// request or a prefetch is already reading is waited for, not read twice.
     pub fn fetch(&self, layer: usize, experts: &[u32]) -> Result<Vec<Pinned>, StoreError> {
         let mut out: Vec<Option<Pinned>> = (0..experts.len()).map(|_| None).collect();
         for a in self.fetch_each(layer, experts, &[])? {
@@ -100,8 +97,9 @@ impl ExpertStore {
 
     /// Like [`fetch`](ExpertStore::fetch), but tells the policy how many tokens each expert
     /// serves (`rows[i]` for `experts[i]`; empty: one each) and hands each expert over as soon
-    /// as it is in memory: first the ones already resident, then the misses in the order their
-    /// reads land, as `(index into experts, bytes)`. The misses are read in parts of
+    /// as it is in memory: first the ones already resident, then the misses (and the experts
+    /// others were already reading) in the order their reads land, as `(index into experts,
+    /// bytes)`. The misses are read in parts of
     /// [`READ_PART`](crate::READ_PART) bytes, in file-offset order, several parts in flight, so
     /// they land one after another and the caller computes with the first while the rest are
     /// still being read. Every expert asked for is pinned from this call until its handle is
@@ -165,22 +163,32 @@ impl ExpertStore {
         let t0 = Instant::now();
         // Buffers of the experts evicted to make room, for the misses to be read into.
         let mut spare = Vec::new();
+        let (tx, rx) = mpsc::channel();
         let g = sh.inner.lock().map_err(|_| poisoned())?;
-        let (mut g, n, ready, misses) = self.wait_turn(g, layer, &keys, rows, whole, &mut spare)?;
+        let (mut g, n, misses) = self.wait_turn(g, layer, &keys, whole, &mut spare)?;
+        let (ready, awaited) = self.admit(
+            &mut g,
+            layer,
+            &keys[..n],
+            &rows[..n.min(rows.len())],
+            &misses,
+            &tx,
+        );
         g.tally.stats.wait_seconds += t0.elapsed().as_secs_f64();
         drop(g);
-        Ok((n, self.read_misses(&keys[..n], misses, ready, spare)))
+        let arrivals = self.read_misses(&keys[..n], misses, ready, spare, (tx, rx), awaited);
+        Ok((n, arrivals))
     }
 
-    /// Waits, holding nothing, until the request for `keys` is admitted: its turn has come
-    /// (tickets, oldest first), none of its experts is being read by another request, and the
-    /// room for its misses was made.
+    /// Waits, holding nothing, until the request for `keys` can be admitted: its turn has come
+    /// (tickets, oldest first) and the room for its misses was made (experts being read by
+    /// another request or a prefetch are not misses: they are handed over as they land).
+    /// Returns how many keys are taken and their misses.
     fn wait_turn<'a>(
         &'a self,
         mut g: MutexGuard<'a, Inner>,
         layer: usize,
         keys: &[Key],
-        rows: &[u32],
         whole: bool,
         spare: &mut Vec<AlignedBuf>,
     ) -> Result<Admitted<'a>, StoreError> {
@@ -202,7 +210,7 @@ impl ExpertStore {
                 });
             }
             let taken = &keys[..n];
-            if my_turn && !taken.iter().any(|k| g.cache.is_loading(k)) {
+            if my_turn {
                 let mut misses: Vec<Key> = taken
                     .iter()
                     .copied()
@@ -217,9 +225,7 @@ impl ExpertStore {
                         g.turns.admitted();
                         sh.cond.notify_all();
                     }
-                    let rows = &rows[..n.min(rows.len())];
-                    let ready = self.admit(&mut g, layer, taken, rows, &misses);
-                    return Ok((g, n, ready, misses));
+                    return Ok((g, n, misses));
                 }
                 // Evicted buffers are no use to a request that must wait: give them back.
                 spare.clear();
@@ -250,7 +256,8 @@ impl ExpertStore {
     }
 
     /// Accounts an admitted request (policy, statistics, trace, prefetch scoring), pins its
-    /// hits and marks its misses as loading.
+    /// hits, marks its misses as loading and has the experts that others are reading sent to
+    /// `tx` when they land. Returns the hits and how many were left to others' reads.
     fn admit(
         &self,
         g: &mut Inner,
@@ -258,28 +265,40 @@ impl ExpertStore {
         keys: &[Key],
         rows: &[u32],
         misses: &[Key],
-    ) -> VecDeque<(usize, Pinned)> {
+        tx: &mpsc::Sender<Landed>,
+    ) -> (VecDeque<(usize, Pinned)>, usize) {
         let sh = &self.shared;
         let step = g.step;
         let mut ready = VecDeque::new();
+        let mut awaited = 0;
         let predicted = g.lookahead.check(layer, step, keys);
         for (i, &k) in keys.iter().enumerate() {
             let n = rows.get(i).copied().unwrap_or(1);
             g.tally
                 .request(step, k, n, sh.footprint(k), predicted.as_ref());
             g.cache.policy.request(k, n);
-            match g.cache.pin(k) {
-                Some((blob, prefetched_step)) => {
+            if let Some((blob, prefetched_step)) = g.cache.pin(k) {
+                g.tally.hit(prefetched_step == Some(step));
+                ready.push_back((i, Pinned::new(&self.shared, k, blob)));
+                continue;
+            }
+            let waiter = Waiter {
+                tx: tx.clone(),
+                index: i,
+            };
+            match g.cache.await_read(k, waiter) {
+                // Read by a prefetch of this step or by another request: a hit once it lands.
+                Some(prefetched_step) => {
                     g.tally.hit(prefetched_step == Some(step));
-                    ready.push_back((i, Pinned::new(&self.shared, k, blob)));
+                    awaited += 1;
                 }
                 None => g.tally.stats.misses += 1,
             }
         }
         for &k in misses {
-            g.cache.start_loading(k, sh.footprint(k));
+            g.cache.start_loading(k, sh.footprint(k), None);
             g.tally.stats.reads += 1;
         }
-        ready
+        (ready, awaited)
     }
 }

@@ -15,10 +15,18 @@ pub enum Guess {
     /// While the layer before computes its experts, from its residual before them: the most
     /// time for the reads, the least information.
     Early,
+    /// While the layer before waits for its reads, from its residual plus the experts it has
+    /// computed: the reads queue behind those the layer waits for, so the disk goes on to the
+    /// next layer's instead of idling through the rest of the layer and the next attention.
+    /// Its ranks are read at the early bar ([`PREFETCH_PRECISION`](super::PREFETCH_PRECISION)).
+    Mid,
     /// From the output of the layer before, just before this layer's attention: less time,
     /// and a router input that lacks only this layer's attention.
     Late,
 }
+
+/// The number of [`Guess`] stages.
+const STAGES: usize = 3;
 
 /// One stage's prediction for one layer: the step it was made in, the experts (most
 /// confident first) and whether the real routing has been compared with it yet.
@@ -28,18 +36,19 @@ type Prediction = (u64, Vec<u32>, bool);
 #[derive(Default)]
 pub(super) struct Lookahead {
     /// Per stage ([`Guess`] as index) and layer: the latest prediction.
-    predicted: [FixedMap<u32, Prediction>; 2],
+    predicted: [FixedMap<u32, Prediction>; STAGES],
     /// Per stage and confidence rank of a prediction: (predictions compared, predictions the
     /// router then chose), the precision that decides how many of the ranks prefetch reads.
     /// The stages keep their own: a late guess is right more often than an early one.
-    ranks: [Vec<(u64, u64)>; 2],
+    ranks: [Vec<(u64, u64)>; STAGES],
 }
 
 /// The predictions a request is compared with: the last one made before it (the late one
-/// when there is one) and the early one.
+/// when there is one, else the mid one), and the early and mid ones.
 pub(super) struct Checked {
     pub(super) last: Vec<u32>,
     pub(super) early: Option<Vec<u32>>,
+    pub(super) mid: Option<Vec<u32>>,
 }
 
 impl Lookahead {
@@ -79,7 +88,7 @@ impl Lookahead {
     /// the cache cannot pin them all at once, only the first call's share is seen: prefetch
     /// then trusts less, which suits a cache that small.)
     pub(super) fn check(&mut self, layer: usize, step: u64, keys: &[Key]) -> Option<Checked> {
-        let mut now: [Option<Vec<u32>>; 2] = [None, None];
+        let mut now: [Option<Vec<u32>>; STAGES] = Default::default();
         for (stage, made) in self.predicted.iter_mut().enumerate() {
             let Some((p, scored)) = made
                 .get_mut(&(layer as u32))
@@ -100,10 +109,11 @@ impl Lookahead {
             }
             now[stage] = Some(p);
         }
-        let [early, late] = now;
+        let [early, mid, late] = now;
         Some(Checked {
-            last: late.or_else(|| early.clone())?,
+            last: late.or_else(|| mid.clone()).or_else(|| early.clone())?,
             early,
+            mid,
         })
     }
 }
@@ -177,7 +187,7 @@ impl ExpertStore {
             if !g.make_room(bytes, &[k], Some(k), &mut spare) {
                 break;
             }
-            g.cache.start_loading(k, bytes);
+            g.cache.start_loading(k, bytes, Some(step));
             g.tally.stats.reads += 1;
             g.tally.stats.prefetch_reads += 1;
             jobs.push(k);

@@ -35,6 +35,11 @@ pub struct ExpertStats {
     pub prefetch_predicted_early: u64,
     /// Requests made in layers where an early prediction had been made.
     pub prefetch_checked_early: u64,
+    /// [`Self::prefetch_predicted`] of the mid predictions alone.
+    pub prefetch_predicted_mid: u64,
+    /// Requests made in layers where a mid prediction had been made (only steps whose layer
+    /// before waited for a read make one).
+    pub prefetch_checked_mid: u64,
     /// [`Self::prefetch_checked`] and [`Self::prefetch_predicted`] per layer (indexed by layer,
     /// as long as the deepest layer checked).
     pub prefetch_by_layer: Vec<(u64, u64)>,
@@ -66,6 +71,11 @@ impl ExpertStats {
     /// [`Self::prefetch_recall`] of the early predictions alone.
     pub fn prefetch_recall_early(&self) -> f64 {
         share(self.prefetch_predicted_early, self.prefetch_checked_early)
+    }
+
+    /// [`Self::prefetch_recall`] of the mid predictions alone.
+    pub fn prefetch_recall_mid(&self) -> f64 {
+        share(self.prefetch_predicted_mid, self.prefetch_checked_mid)
     }
 }
 
@@ -132,6 +142,10 @@ impl Tally {
             if let Some(early) = &p.early {
                 self.stats.prefetch_checked_early += 1;
                 self.stats.prefetch_predicted_early += u64::from(early.contains(&k.expert));
+            }
+            if let Some(mid) = &p.mid {
+                self.stats.prefetch_checked_mid += 1;
+                self.stats.prefetch_predicted_mid += u64::from(mid.contains(&k.expert));
             }
             let l = k.layer as usize;
             if self.stats.prefetch_by_layer.len() <= l {

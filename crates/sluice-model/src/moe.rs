@@ -574,7 +574,7 @@ pub(crate) fn moe(
     tokens: &[u32],
     pos0: usize,
     routes: Option<&mut Vec<Route>>,
-    prefetch_next: Option<&(usize, Vec<u32>)>,
+    ahead: Ahead<'_>,
     gather: bool,
     rows_per_call: usize,
     expert_seconds: &std::cell::Cell<f64>,
@@ -660,7 +660,15 @@ pub(crate) fn moe(
         }
     }
     let ids: Vec<u32> = users.keys().copied().collect();
-    let mut prefetch_next = prefetch_next;
+    let Ahead {
+        early: mut prefetch_next,
+        mut mid,
+    } = ahead;
+    // Experts that work in a latent space add nothing to the stream before the way back (norm
+    // and up-projection) of their whole sum: no estimate to guess from.
+    if latent.is_some() {
+        mid = None;
+    }
     let mut shared_y: Option<Vec<f32>> = None;
     // In groups of as many experts as the cache can pin at once when each group is admitted
     // (the capacity moves as KV caches take and give back pages).
@@ -695,7 +703,7 @@ pub(crate) fn moe(
                 .ok_or(ModelError::Internal(format!("no spec for expert {e}")))?;
             Ok((xe, spec))
         };
-        let mut put = |e: u32, y: &[f32]| {
+        let put = |outs: &mut [f32], e: u32, y: &[f32]| {
             for (r, &(i, slot)) in users[&e].iter().enumerate() {
                 outs[(i * k + slot) * w..(i * k + slot + 1) * w]
                     .copy_from_slice(&y[r * w..(r + 1) * w]);
@@ -750,7 +758,7 @@ pub(crate) fn moe(
             }
             let results = std::mem::take(&mut *done.lock().map_err(|_| poisoned())?);
             for (e, y) in results {
-                put(e, &y?);
+                put(&mut outs, e, &y?);
             }
             continue;
         }
@@ -803,12 +811,13 @@ pub(crate) fn moe(
                     shared_y = ys.pop();
                 }
                 for (&e, y) in chunk.iter().zip(&ys) {
-                    put(e, y);
+                    put(&mut outs, e, y);
                 }
             } else {
                 for (&e, (eb, xe, spec)) in chunk.iter().zip(&ins) {
                     let n = users[&e].len();
                     put(
+                        &mut outs,
                         e,
                         &expert_rows(exec, cfg, limit, spec, eb, xe, n, rows_per_call)?,
                     );
@@ -826,15 +835,28 @@ pub(crate) fn moe(
         }
         // Each expert as soon as it is in memory: resident ones first, then reads as they land.
         // Every expert writes only its own rows of `outs`, so the order changes no bit.
-        for arrival in arrivals {
+        let mut arrivals = arrivals;
+        let mut computed: Vec<u32> = Vec::with_capacity(chunk.len());
+        loop {
+            if arrivals.only_reads_left()
+                && let Some(f) = mid.take()
+            {
+                let partial = so_far(cfg, &sels, &outs, w, &computed, shared_y.as_deref());
+                f(&partial)?;
+            }
+            let Some(arrival) = arrivals.next() else {
+                break;
+            };
             let (ci, eb) = arrival?;
             let e = chunk[ci];
             let (xe, spec) = inputs(e)?;
             let n = users[&e].len();
             put(
+                &mut outs,
                 e,
                 &expert_rows(exec, cfg, limit, spec, &eb, &xe, n, rows_per_call)?,
             );
+            computed.push(e);
         }
     }
     expert_seconds
@@ -909,6 +931,57 @@ pub(crate) fn moe(
         }
     }
     Ok(MoeOut { now: out, carried })
+}
+
+/// The lookahead a MoE layer runs for the next layer's experts while it computes its own.
+pub(crate) struct Ahead<'a> {
+    /// The early guess (layer, experts), read once this layer's first experts are pinned.
+    pub early: Option<&'a (usize, Vec<u32>)>,
+    /// Called at most once, on a decode step, when only reads remain for this layer: with what
+    /// the layer adds to the stream so far (`[t, hidden]`), for the mid guess
+    /// ([`sluice_store::Guess::Mid`]).
+    pub mid: Option<&'a MidGuess<'a>>,
+}
+
+/// The mid guess of [`Ahead`]: takes what the layer adds to the stream so far.
+pub(crate) type MidGuess<'a> = dyn Fn(&[f32]) -> Result<(), ModelError> + 'a;
+
+/// An estimate of what a MoE layer adds to the stream, from the routed experts `computed` so
+/// far (their slots of `outs`, weighted as the combine weighs them, zero-compute slots
+/// included) and the shared expert when it has run (ungated). A lookahead input, not a
+/// result: no output depends on it.
+fn so_far(
+    cfg: &ModelConfig,
+    sels: &[Selection],
+    outs: &[f32],
+    w: usize,
+    computed: &[u32],
+    shared: Option<&[f32]>,
+) -> Vec<f32> {
+    let k = cfg.moe.top_k;
+    let real = cfg.moe.experts as u32;
+    let mut acc = vec![0f32; sels.len() * w];
+    if !cfg.moe.shortcut {
+        for (i, s) in sels.iter().enumerate() {
+            let row = &mut acc[i * w..(i + 1) * w];
+            for (slot, &(e, wt)) in s.iter().enumerate() {
+                if e < real && !computed.contains(&e) {
+                    continue;
+                }
+                let wt = if cfg.moe.weight_on_input { 1.0 } else { wt };
+                let y = &outs[(i * k + slot) * w..(i * k + slot + 1) * w];
+                for (a, &v) in row.iter_mut().zip(y) {
+                    *a += wt * v;
+                }
+            }
+        }
+    }
+    if let Some(y) = shared.filter(|y| y.len() == acc.len()) {
+        for (a, &v) in acc.iter_mut().zip(y) {
+            *a += v;
+        }
+    }
+    acc
 }
 
 /// What a mixture of experts adds to the stream: now, and (with [`MoeConfig::shortcut`])

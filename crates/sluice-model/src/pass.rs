@@ -17,7 +17,7 @@ use sluice_store::{Blob, Guess};
 
 use crate::ModelError;
 use crate::model::{Logits, Model};
-use crate::moe::{glu_rows, moe};
+use crate::moe::{Ahead, MidGuess, glu_rows, moe};
 use crate::residual::{Mixing, Stream};
 use crate::rope::Angles;
 use crate::state::State;
@@ -428,6 +428,29 @@ impl Model {
             moe_spec @ FfnSpec::Moe { .. } => {
                 // Routes come back with their row index as position.
                 let mut routes = pass.recording_routes.then(Vec::new);
+                // The mid guess: the next layer's router input estimated from this layer's
+                // input plus what its experts computed so far, made while it waits for reads.
+                let guess_mid = self.prefetch()
+                    && pass.single_token_steps
+                    && l + 1 < cfg.layers
+                    && !cfg.is_hash_routed(l + 1)
+                    && self.experts().wants_guess(Guess::Mid);
+                let ro: &Segs<'_, '_, '_> = segs;
+                let mid = |partial: &[f32]| -> Result<(), ModelError> {
+                    let mut base = src.to_vec();
+                    for (b, &p) in base.iter_mut().zip(partial) {
+                        *b += p;
+                    }
+                    let x = lookahead_input(pass, ro, l + 1, &base, cfg.hidden);
+                    if let Some((nl, ids)) = self.predict(l + 1, &x, &pass.tokens)? {
+                        self.experts().prefetch_guess(Guess::Mid, nl, &ids);
+                    }
+                    Ok(())
+                };
+                let ahead = Ahead {
+                    early: next.as_ref(),
+                    mid: guess_mid.then_some(&mid as &MidGuess<'_>),
+                };
                 let y = moe(
                     self.exec(),
                     cfg,
@@ -440,7 +463,7 @@ impl Model {
                     &pass.tokens,
                     0,
                     routes.as_mut(),
-                    next.as_ref(),
+                    ahead,
                     self.gathers_experts(),
                     pass.chunk,
                     &pass.expert_seconds,

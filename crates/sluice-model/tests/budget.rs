@@ -265,6 +265,11 @@ fn small_caches_stream_and_prefetch_predicts() {
         s.prefetch_checked_early > 0 && s.prefetch_checked_early <= s.prefetch_checked,
         "{s:?}"
     );
+    // So is the mid guess, made in the layers before that waited for a read.
+    assert!(
+        s.prefetch_checked_mid > 0 && s.prefetch_checked_mid <= s.prefetch_checked,
+        "{s:?}"
+    );
     // Per layer: the totals split by layer; layer 0 has nothing before it to predict it, so
     // it is never checked, and each later MoE layer is.
     let by = &s.prefetch_by_layer;

@@ -98,6 +98,9 @@ pub struct GenerationStats {
     /// [`Self::prefetch_recall`] of the early predictions alone (made while the layer before
     /// computes its experts, which leaves the reads more time).
     pub prefetch_recall_early: f64,
+    /// [`Self::prefetch_recall`] of the mid predictions alone (made while the layer before
+    /// waits for its reads, from its experts computed so far; 0 when none was made).
+    pub prefetch_recall_mid: f64,
     /// [`Self::prefetch_recall`] per layer (`null` for a layer with no prediction checked:
     /// dense layers, the first MoE layer, layers not resident when predicted).
     pub prefetch_recall_by_layer: Vec<Option<f64>>,
@@ -198,10 +201,13 @@ pub(crate) fn stats_since(
         prefetch_checked: now.prefetch_checked - expert0.prefetch_checked,
         prefetch_predicted_early: now.prefetch_predicted_early - expert0.prefetch_predicted_early,
         prefetch_checked_early: now.prefetch_checked_early - expert0.prefetch_checked_early,
+        prefetch_predicted_mid: now.prefetch_predicted_mid - expert0.prefetch_predicted_mid,
+        prefetch_checked_mid: now.prefetch_checked_mid - expert0.prefetch_checked_mid,
         ..Default::default()
     };
     s.prefetch_recall = since.prefetch_recall();
     s.prefetch_recall_early = since.prefetch_recall_early();
+    s.prefetch_recall_mid = since.prefetch_recall_mid();
     s.prefetch_recall_by_layer = now
         .prefetch_by_layer
         .iter()

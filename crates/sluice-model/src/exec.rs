@@ -101,6 +101,29 @@ impl Exec {
         }
     }
 
+    /// [`install`](Exec::install), with the pool's other threads kept awake while `f` runs:
+    /// each looks for work in a loop instead of going to sleep between `f`'s parallel calls,
+    /// so a call's other half starts at once rather than after a wake-up (on a virtual machine
+    /// a futex wake-up and the switch after it cost tens of microseconds, and a decode step
+    /// makes hundreds of calls). For `f` that does not share the pool with other long work.
+    pub fn install_awake<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let Some(pool) = &self.pool else {
+            return f();
+        };
+        pool.install(|| {
+            let owner = rayon::current_thread_index();
+            let done = std::sync::atomic::AtomicBool::new(false);
+            rayon::in_place_scope(|s| {
+                for _ in 1..self.threads {
+                    s.spawn(|_| stay_awake(&done, owner));
+                }
+                let r = f();
+                done.store(true, std::sync::atomic::Ordering::Release);
+                r
+            })
+        })
+    }
+
     /// `y = x · mᵀ` over all rows: `x` is `[b, cols]`, `y` is `[b, rows]`.
     pub fn matmul(&self, m: &Matrix<'_>, x: &[f32], y: &mut [f32]) {
         let rows = m.rows();
@@ -288,6 +311,29 @@ impl Exec {
                 .zip(b.chunks_mut(cb))
                 .enumerate()
                 .for_each(|(i, (x, y))| f(i, x, y)),
+        }
+    }
+}
+
+/// Runs the pool's pending work on this thread until `done`, spinning (and now and then giving
+/// the core to other threads, the readers among them) while there is none. Returns at once on
+/// `owner`, the thread whose work sets `done`: spinning there would wait for itself.
+fn stay_awake(done: &std::sync::atomic::AtomicBool, owner: Option<usize>) {
+    if rayon::current_thread_index() == owner {
+        return;
+    }
+    let mut idle = 0u32;
+    while !done.load(std::sync::atomic::Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            _ => {
+                idle += 1;
+                if idle.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
         }
     }
 }

@@ -741,10 +741,15 @@ impl Model {
         //   pass sent to the pool, which would then wait on pins held below it on the same
         //   thread. Passes that start beside one in the pool run from outside and send the pool
         //   only products, which wait for nothing.
+        // A pass that starts alone also keeps the pool's other threads awake while it runs
+        // (`Exec::install_awake`), so its products never wait for a thread to wake up.
         let times0 = *times;
         let alone = self.passes.fetch_add(1, Ordering::AcqRel) == 0;
         let running = Running(&self.passes);
-        let r = if self.in_pool || alone {
+        let r = if alone {
+            self.exec
+                .install_awake(|| self.forward_inner(segs, want, opts, times))
+        } else if self.in_pool {
             self.exec
                 .install(|| self.forward_inner(segs, want, opts, times))
         } else {

@@ -1,6 +1,8 @@
-//! What this CPU's arithmetic can do at best: the fused multiply-add ceiling of an ISA on one
-//! thread, measured with independent chains long enough to hide the latency of each FMA (the
-//! figure a compute-bound kernel is held against; `sluice doctor` reports it).
+//! What this CPU can do at best: the fused multiply-add ceiling of an ISA on one thread,
+//! measured with independent chains long enough to hide the latency of each FMA (the figure a
+//! compute-bound kernel is held against), and a memory read loop as wide as the kernels' loads
+//! (the one the bandwidth a decode step is held against is measured with). `sluice doctor`
+//! reports both.
 
 use std::time::{Duration, Instant};
 
@@ -89,6 +91,89 @@ unsafe fn avx2(iters: usize) -> f32 {
     s
 }
 
+/// Streams [`read_sum`] walks side by side in one slice: enough for the hardware prefetchers to
+/// keep as many lines in flight as the product kernels' many weight rows do.
+const STREAMS: usize = 16;
+
+/// The wrapping sum of `words`, read with `isa`'s widest loads in [`STREAMS`] streams side by
+/// side: a memory read loop for bandwidth probes (what a thread can stream from memory, the
+/// figure decode's weight reads are held against). On an ISA this CPU lacks, the scalar loop.
+pub fn read_sum(isa: Isa, words: &[u64]) -> u64 {
+    let lanes = words.len() / STREAMS / 8;
+    let (body, tail) = words.split_at(lanes * 8 * STREAMS);
+    let head = match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the ISA is available.
+        Isa::Avx512 if isa.is_available() => unsafe { read_avx512(body, lanes) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2 if isa.is_available() => unsafe { read_avx2(body, lanes) },
+        _ => read_scalar(body, lanes),
+    };
+    tail.iter().fold(head, |a, &w| a.wrapping_add(w))
+}
+
+/// [`STREAMS`] streams of `lanes` groups of 8 words each, summed.
+fn read_scalar(body: &[u64], lanes: usize) -> u64 {
+    let mut acc = [[0u64; 8]; STREAMS];
+    for j in 0..lanes {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let p = &body[(k * lanes + j) * 8..(k * lanes + j + 1) * 8];
+            for (ai, &v) in a.iter_mut().zip(p) {
+                *ai = ai.wrapping_add(v);
+            }
+        }
+    }
+    acc.iter().flatten().fold(0u64, |x, &y| x.wrapping_add(y))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn read_avx512(body: &[u64], lanes: usize) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm512_setzero_si512(); STREAMS];
+    for j in 0..lanes {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let p = &body[(k * lanes + j) * 8..(k * lanes + j + 1) * 8];
+            // SAFETY: `p` holds 8 u64s (64 bytes).
+            let v = unsafe { _mm512_loadu_si512(p.as_ptr().cast()) };
+            *a = _mm512_add_epi64(*a, v);
+        }
+    }
+    acc.iter().fold(0u64, |x, &v| {
+        x.wrapping_add(_mm512_reduce_add_epi64(v) as u64)
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn read_avx2(body: &[u64], lanes: usize) -> u64 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_si256(); 2 * STREAMS];
+    for j in 0..lanes {
+        for (k, a) in acc.chunks_exact_mut(2).enumerate() {
+            let p = &body[(k * lanes + j) * 8..(k * lanes + j + 1) * 8];
+            // SAFETY: `p` holds 8 u64s: two 32-byte loads.
+            let (lo, hi) = unsafe {
+                (
+                    _mm256_loadu_si256(p.as_ptr().cast()),
+                    _mm256_loadu_si256(p.as_ptr().add(4).cast()),
+                )
+            };
+            a[0] = _mm256_add_epi64(a[0], lo);
+            a[1] = _mm256_add_epi64(a[1], hi);
+        }
+    }
+    let mut out = [0u64; 4];
+    let mut s = 0u64;
+    for v in acc {
+        // SAFETY: `out` holds 4 u64s.
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr().cast(), v) };
+        s = out.iter().fold(s, |x, &y| x.wrapping_add(y));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -100,6 +185,20 @@ mod tests {
             assert_eq!(g.is_some(), isa.is_available(), "{isa}");
             if let Some(g) = g {
                 assert!(g.is_finite() && g > 0.0, "{isa}: {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_read_loop_sums_every_word_on_every_isa() {
+        // Lengths around the streams' groups, so the tail and empty bodies are covered.
+        for n in [0, 1, 7, 127, 128, 129, 1000, 4096 + 37] {
+            let words: Vec<u64> = (0..n as u64)
+                .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .collect();
+            let want = words.iter().fold(0u64, |a, &w| a.wrapping_add(w));
+            for isa in Isa::ALL {
+                assert_eq!(read_sum(isa, &words), want, "{isa}, {n} words");
             }
         }
     }

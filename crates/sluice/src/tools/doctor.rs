@@ -194,34 +194,27 @@ pub fn cpu_report() -> CpuReport {
     }
 }
 
-/// Read bandwidth of `threads` threads summing `bytes` of memory (best of three passes), GB/s.
+/// Read bandwidth of `threads` threads summing `bytes` of memory (best of five passes), GB/s.
+/// Each thread walks its part with the widest loads this CPU has, in several streams side by
+/// side ([`sluice_kernels::probe::read_sum`]), as the product kernels read weights: a loop the
+/// compiler narrows to the baseline ISA reads 10–20% less on the machine of
+/// docs/PERFORMANCE.md, which made decode look faster than its ceiling.
 pub fn memory_bandwidth(threads: usize, bytes: usize) -> f64 {
     let threads = threads.max(1);
-    let words = (bytes / 8).max(threads * 64);
-    let data: Vec<u64> = (0..words as u64).collect();
-    let per = words.div_ceil(threads);
+    let isa = Isa::best();
+    let words = (bytes / 8).max(threads * 4096);
+    // Page-aligned parts, so no load straddles two cache lines.
+    let raw: Vec<u64> = (0..(words + 512) as u64).collect();
+    let off = raw.as_ptr().align_offset(4096).min(512);
+    let data = &raw[off..off + words];
+    let per = words.div_ceil(threads).div_ceil(512) * 512;
     let mut best = f64::INFINITY;
-    for _ in 0..3 {
+    for _ in 0..5 {
         let t0 = Instant::now();
         let total: u64 = std::thread::scope(|s| {
             let hs: Vec<_> = data
                 .chunks(per)
-                .map(|part| {
-                    s.spawn(move || {
-                        // Four streams walked side by side keep more lines in flight.
-                        let q = part.len() / 4 / 8 * 8;
-                        let mut acc = [[0u64; 8]; 4];
-                        for j in (0..q).step_by(8) {
-                            for (k, a) in acc.iter_mut().enumerate() {
-                                let p = &part[k * q + j..k * q + j + 8];
-                                for (ai, &v) in a.iter_mut().zip(p) {
-                                    *ai = ai.wrapping_add(v);
-                                }
-                            }
-                        }
-                        acc.iter().flatten().fold(0u64, |x, &y| x.wrapping_add(y))
-                    })
-                })
+                .map(|part| s.spawn(move || sluice_kernels::probe::read_sum(isa, part)))
                 .collect();
             hs.into_iter()
                 .map(|h| h.join().unwrap_or(0))

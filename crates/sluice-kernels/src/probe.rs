@@ -149,9 +149,12 @@ unsafe fn read_avx512(body: &[u64], lanes: usize) -> u64 {
 #[target_feature(enable = "avx2")]
 unsafe fn read_avx2(body: &[u64], lanes: usize) -> u64 {
     use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_si256(); 2 * STREAMS];
+    // Eight accumulators, two per four streams: the sum is a wrapping one, so which stream
+    // feeds which does not matter, and eight stay in AVX2's sixteen registers.
+    let mut acc = [_mm256_setzero_si256(); 8];
     for j in 0..lanes {
-        for (k, a) in acc.chunks_exact_mut(2).enumerate() {
+        for k in 0..STREAMS {
+            let a = &mut acc[(k % 4) * 2..(k % 4) * 2 + 2];
             let p = &body[(k * lanes + j) * 8..(k * lanes + j + 1) * 8];
             // SAFETY: `p` holds 8 u64s: two 32-byte loads.
             let (lo, hi) = unsafe {

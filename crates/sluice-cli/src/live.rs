@@ -99,10 +99,15 @@ impl Live {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out);
         let _ = out.flush();
+        // The budget bounds what sluice allocates; the process's resident set also holds the
+        // program itself (its code, the runtime, thread stacks), a few MiB the budget leaves out.
         let budget = if s.memory_budget_bytes == 0 {
-            "unlimited".to_owned()
+            "budget unlimited".to_owned()
         } else {
-            sluice::tools::fmt_bytes(s.memory_budget_bytes)
+            format!(
+                "budget {}, program not counted",
+                sluice::tools::fmt_bytes(s.memory_budget_bytes)
+            )
         };
         // A dense model asks for no expert: its line has no expert figures.
         let experts = if s.expert_requests == 0 {
@@ -115,7 +120,7 @@ impl Live {
             )
         };
         eprintln!(
-            "[prompt {} tokens in {:.2}s | {} tokens in {:.2}s, {:.2} tokens/s | {experts}trunk {} read ({} I/O) | peak RSS {} of budget {} | {} threads, {} | {:.1}s total]",
+            "[prompt {} tokens in {:.2}s | {} tokens in {:.2}s, {:.2} tokens/s | {experts}trunk {} read ({} I/O) | peak RSS {} ({budget}) | {} threads, {} | {:.1}s total]",
             s.prefill_tokens,
             s.prefill_seconds,
             s.decode_tokens,
@@ -124,7 +129,6 @@ impl Live {
             sluice::tools::fmt_bytes(s.trunk_bytes_read),
             s.io_mode,
             sluice::tools::fmt_bytes(s.peak_rss_bytes),
-            budget,
             s.threads,
             s.isa,
             self.started.elapsed().as_secs_f64(),

@@ -327,7 +327,7 @@ fn stay_awake(done: &std::sync::atomic::AtomicBool, owner: Option<usize>) {
         match rayon::yield_now() {
             Some(rayon::Yield::Executed) => idle = 0,
             _ => {
-                idle += 1;
+                idle = idle.wrapping_add(1);
                 if idle.is_multiple_of(64) {
                     std::thread::yield_now();
                 } else {

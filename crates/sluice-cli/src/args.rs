@@ -256,7 +256,8 @@ pub struct EngineOpts {
 pub enum DraftKind {
     /// Prompt lookup: the tokens that followed the latest earlier match of the text's end.
     Ngram,
-    /// The checkpoint's multi-token-prediction layers (not supported yet).
+    /// The checkpoint's multi-token-prediction layer (Qwen3-Next, Qwen3.5), loaded beside
+    /// the model.
     Mtp,
     /// No drafting.
     Off,
@@ -266,7 +267,8 @@ pub enum DraftKind {
 /// changes the speed, never the output.
 #[derive(Args, Debug, Clone)]
 pub struct DraftArgs {
-    /// Drafter: `ngram` (prompt lookup) or `off`.
+    /// Drafter: `ngram` (prompt lookup), `mtp` (the checkpoint's multi-token-prediction
+    /// layer) or `off`.
     #[arg(long, value_enum, default_value = "off")]
     pub draft: DraftKind,
     /// Draft tokens per check (1-32); without it the length adapts to how drafts fare.

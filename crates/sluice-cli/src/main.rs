@@ -64,7 +64,8 @@ fn main() -> ExitCode {
         Command::Run(a) => run(a),
         Command::Chat(a) => chat(a),
         Command::Batch(a) => batchcmd::open(&a).and_then(|files| {
-            engine(&a.engine, false, a.batch_size).and_then(|e| batchcmd::run(a, files, e))
+            engine(&a.engine, false, a.batch_size, &a.draft)
+                .and_then(|e| batchcmd::run(a, files, e))
         }),
         Command::Serve(a) => serve(a),
         Command::Synth(a) => synth(a),
@@ -146,9 +147,14 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
     println!("  checkpoint        {}", b(i.checkpoint_bytes));
     if i.mtp_layers > 0 {
         println!(
-            "  MTP layers        {} ({}; checked, not run: neither read nor planned)",
+            "  MTP layers        {} ({}; {})",
             i.mtp_layers,
-            b(i.mtp_bytes)
+            b(i.mtp_bytes),
+            if i.mtp_drafts {
+                "checked; --draft mtp runs the first, pinned, its experts cached"
+            } else {
+                "checked, not run: neither read nor planned"
+            }
         );
     }
     println!("  trunk             {}", b(i.trunk_bytes));
@@ -445,7 +451,14 @@ fn prefix_cache(s: &str) -> Result<u64, Failure> {
     }
 }
 
-fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine, Failure> {
+/// The engine `a` asks for, planned for `sequences` sequences, recording expert requests
+/// with `trace`, with the MTP layer loaded for `--draft mtp`.
+fn engine(
+    a: &args::EngineOpts,
+    trace: bool,
+    sequences: usize,
+    draft: &args::DraftArgs,
+) -> Result<Engine, Failure> {
     let dir = model_dir(a.model.clone())?;
     if sequences == 0 {
         return Err(usage("--batch-size must be at least 1"));
@@ -479,6 +492,7 @@ fn engine(a: &args::EngineOpts, trace: bool, sequences: usize) -> Result<Engine,
         .prefill_chunk(a.prefill_chunk)
         .sequences(sequences)
         .trace(trace)
+        .mtp(draft.draft == args::DraftKind::Mtp)
         .verify_pack(!a.no_verify);
     if a.no_verify && dir.join("sluice-trunk.json").exists() {
         eprintln!("note: --no-verify: the packed trunk's checksums are not checked");
@@ -570,17 +584,15 @@ pub(crate) fn draft(a: &crate::args::DraftArgs) -> Result<sluice::Draft, Failure
     use crate::args::DraftKind;
     match a.draft {
         DraftKind::Off if a.draft_tokens.is_some() => {
-            Err(usage("--draft-tokens needs --draft ngram"))
+            Err(usage("--draft-tokens needs --draft ngram or mtp"))
         }
         DraftKind::Off => Ok(sluice::Draft::Off),
-        DraftKind::Mtp => Err(usage(
-            "--draft mtp: multi-token-prediction layers are not loaded yet; use --draft ngram",
-        )),
-        DraftKind::Ngram => match a.draft_tokens {
+        kind => match a.draft_tokens {
             Some(n) if !(1..=sluice::draft::MAX_DRAFT).contains(&n) => Err(usage(format!(
                 "--draft-tokens {n}: give 1 to {}",
                 sluice::draft::MAX_DRAFT
             ))),
+            tokens if kind == DraftKind::Mtp => Ok(sluice::Draft::Mtp { tokens }),
             tokens => Ok(sluice::Draft::Ngram { tokens }),
         },
     }
@@ -644,7 +656,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     // A grammar file is read and parsed before the model loads, and compiled once it has.
     let grammar = grammar_file(&a)?;
     let draft = draft(&a.draft)?;
-    let engine = engine(&a.engine, a.trace.is_some(), 1)?;
+    let engine = engine(&a.engine, a.trace.is_some(), 1, &a.draft)?;
     if let Some(g) = &grammar {
         engine.constrain(g).map_err(|e| {
             let flag = if a.grammar.is_some() {
@@ -783,7 +795,7 @@ fn run(a: RunArgs) -> Result<(), Failure> {
 
 fn serve(a: args::ServeArgs) -> Result<(), Failure> {
     let draft = draft(&a.draft)?;
-    let engine = engine(&a.engine, false, a.batch_size)?;
+    let engine = engine(&a.engine, false, a.batch_size, &a.draft)?;
     let ip: std::net::IpAddr = a
         .host
         .parse()
@@ -819,7 +831,7 @@ fn chat(a: args::ChatArgs) -> Result<(), Failure> {
     if let Some(p) = &a.session {
         check_writable("--session", p)?;
     }
-    let engine = engine(&a.engine, false, 1)?;
+    let engine = engine(&a.engine, false, 1, &a.draft)?;
     if engine.tokenizer().is_none() {
         return Err(usage(format!(
             "{} has no tokenizer; chat needs text",

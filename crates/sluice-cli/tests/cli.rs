@@ -1074,7 +1074,7 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
     let a = fixed["stats"]["draft_accepted"].as_u64().unwrap();
     assert!(p > 0 && a > 0 && a < p, "{a} of {p}");
     for (args, says) in [
-        (&["--draft", "mtp"][..], "--draft mtp"),
+        (&["--draft", "mtp"][..], "no multi-token-prediction"),
         (
             &["--draft-tokens", "3"],
             "--draft-tokens needs --draft ngram",
@@ -1091,6 +1091,32 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
         let e = one_line_error(&a);
         assert!(e.contains(says), "{e}");
     }
+}
+
+/// `--draft mtp` loads the checkpoint's MTP layer and drafts with it: the same ids as
+/// without, and drafts proposed (the Qwen3-Next fixture with an MTP layer).
+#[test]
+fn run_drafts_with_the_mtp_layer() {
+    let m = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/mtp/qwen3_next-fp32");
+    let m = m.to_str().unwrap();
+    let go = |extra: &[&str]| {
+        let mut a = vec!["run", "--model", m, "--max-tokens", "16", "--json"];
+        a.extend_from_slice(extra);
+        a.extend_from_slice(&["--prompt-ids", "5,9,33,5,9,33,5,9"]);
+        json(&run(&a))
+    };
+    let off = go(&[]);
+    assert_eq!(off["ids"].as_array().unwrap().len(), 16, "{off}");
+    for extra in [
+        &["--draft", "mtp"][..],
+        &["--draft", "mtp", "--draft-tokens", "2"],
+    ] {
+        let v = go(extra);
+        assert_eq!(v["ids"], off["ids"], "{extra:?}");
+        assert!(v["stats"]["draft_proposed"].as_u64().unwrap() > 0, "{v}");
+    }
+    let v = json(&run(&["inspect", m, "--json"]));
+    assert_eq!(v["mtp_drafts"], true, "{v}");
 }
 
 #[test]
@@ -1284,6 +1310,7 @@ fn inspect_explains_compressed_attention_and_hash_routing() {
     );
     assert!(text.contains("hash routing      2 layers"), "{text}");
     assert_eq!(v["mtp_layers"].as_u64(), Some(1));
+    assert_eq!(v["mtp_drafts"], false, "DeepSeek-V4's MTP layer is not run");
     let mtp = v["mtp_bytes"].as_u64().unwrap();
     let (ck, trunk, experts) = (
         v["checkpoint_bytes"].as_u64().unwrap(),

@@ -30,6 +30,7 @@ mod exec;
 pub mod gguf;
 mod model;
 mod moe;
+mod mtp;
 mod options;
 mod pass;
 pub mod plan;
@@ -47,6 +48,7 @@ pub use model::{
     Logits, Model, ModelOptions, PassTimes, PolicyChoice, PolicyFactory, PrefillEvent,
     PrefillOptions, Prefilled,
 };
+pub use mtp::mtp_runs;
 pub use plan::MemoryPlan;
 pub use quant::Quantization;
 pub use rope::Rope;
@@ -145,6 +147,9 @@ pub enum ModelError {
     /// A kernel rejected a layout.
     #[error("kernel: {0}")]
     Kernel(#[from] sluice_kernels::KernelError),
+    /// The multi-token-prediction layer cannot be loaded or run.
+    #[error("draft mtp: {0}")]
+    Mtp(String),
     /// An inconsistency that is a bug in sluice.
     #[error("internal error: {0}")]
     Internal(String),

@@ -147,6 +147,8 @@ pub struct Model {
     passes: AtomicUsize,
     /// `generation_config.json`, when the model has one.
     generation: Option<serde_json::Value>,
+    /// The multi-token-prediction layer, when loaded ([`ModelOptions::mtp`]).
+    mtp: Option<crate::mtp::MtpRun>,
 }
 
 impl Model {
@@ -219,6 +221,16 @@ impl Model {
         io_mode: IoMode,
         opts: ModelOptions,
     ) -> Result<Model, ModelError> {
+        let mtp = if opts.mtp {
+            if opts.verify.is_some() {
+                return Err(ModelError::Mtp(
+                    "a pack does not keep the MTP layers; run the checkpoint itself".into(),
+                ));
+            }
+            Some(crate::mtp::MtpRun::new(&cfg, &layout)?)
+        } else {
+            None
+        };
         // The plan comes first: nothing large is allocated for a budget that cannot work.
         let plan = crate::desc::plan(&cfg, &layout, reader.as_ref(), &opts)?;
         let slots = (plan.expert_cache / plan.expert_bytes.max(1)) as usize;
@@ -231,9 +243,14 @@ impl Model {
             record_trace: opts.record_trace,
             prefetch_precision: opts.prefetch_precision,
         };
+        // The MTP layer's experts are layer `layers` of the store.
+        let mut expert_pieces = layout.experts.clone();
+        if let (Some(_), Some(m)) = (&mtp, &layout.mtp) {
+            expert_pieces.extend(m.experts.first().cloned());
+        }
         let experts = Arc::new(ExpertStore::new(
             Arc::clone(&reader),
-            layout.experts.clone(),
+            expert_pieces,
             store_cfg,
         )?);
         experts.set_floor(plan.expert_floor);
@@ -246,6 +263,13 @@ impl Model {
         parts.push(layout.head.pieces.clone());
         let mut pin: Vec<bool> = plan.layers.iter().map(|l| l.1).collect();
         pin.push(true);
+        // The MTP layer and its input projection and norms after the head, pinned.
+        if let (Some(_), Some(m)) = (&mtp, &layout.mtp) {
+            for part in m.layers.first().into_iter().chain(m.heads.first()) {
+                parts.push(part.pieces.clone());
+                pin.push(true);
+            }
+        }
         if let Some(v) = &opts.verify {
             // Streamed parts and the embedding table are checked once at load as well as on
             // every read (pinned parts are checked as they are read, just below).
@@ -300,7 +324,13 @@ impl Model {
             span_bytes: AtomicU64::new(0),
             passes: AtomicUsize::new(0),
             generation: None,
+            mtp,
         })
+    }
+
+    /// The MTP layer's run, when loaded.
+    pub(crate) fn mtp_run(&self) -> Option<&crate::mtp::MtpRun> {
+        self.mtp.as_ref()
     }
 
     /// The memory plan in force.
@@ -318,7 +348,16 @@ impl Model {
     /// taken from the expert cache (which evicts by its policy to give them up), and gives
     /// its buffers exactly that room. Nothing to do past the context: the pass refuses it.
     fn reserve_kv(&self, state: &mut State, positions: usize) -> Result<(), ModelError> {
-        let per = self.plan.kv_per_position;
+        self.reserve_kv_per(state, positions, self.plan.kv_per_position)
+    }
+
+    /// [`Model::reserve_kv`] for a state of `per` bytes a position (the MTP layer's).
+    pub(crate) fn reserve_kv_per(
+        &self,
+        state: &mut State,
+        positions: usize,
+        per: u64,
+    ) -> Result<(), ModelError> {
         if positions <= state.kv.positions || positions > self.plan.context || per == 0 {
             return Ok(());
         }
@@ -744,18 +783,7 @@ impl Model {
         // A pass that starts alone also keeps the pool's other threads awake while it runs
         // (`Exec::install_awake`), so its products never wait for a thread to wake up.
         let times0 = *times;
-        let alone = self.passes.fetch_add(1, Ordering::AcqRel) == 0;
-        let running = Running(&self.passes);
-        let r = if alone {
-            self.exec
-                .install_awake(|| self.forward_inner(segs, want, opts, times))
-        } else if self.in_pool {
-            self.exec
-                .install(|| self.forward_inner(segs, want, opts, times))
-        } else {
-            self.forward_inner(segs, want, opts, times)
-        };
-        drop(running);
+        let r = self.run_in_pool(|| self.forward_inner(segs, want, opts, times));
         // Each sequence is charged its share of the pass, as a batch's decode seconds are.
         let share = (*times - times0).scaled(1.0 / segs.len().max(1) as f64);
         for (state, _) in segs.iter_mut() {
@@ -769,6 +797,23 @@ impl Model {
                 }
             }
         }
+        r
+    }
+
+    /// Runs a pass `f` where the comment in `forward_segments` says: inside the compute pool
+    /// (keeping its threads awake) when it starts alone or everything is resident, else
+    /// from outside.
+    pub(crate) fn run_in_pool<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let alone = self.passes.fetch_add(1, Ordering::AcqRel) == 0;
+        let running = Running(&self.passes);
+        let r = if alone {
+            self.exec.install_awake(f)
+        } else if self.in_pool {
+            self.exec.install(f)
+        } else {
+            f()
+        };
+        drop(running);
         r
     }
 

@@ -50,6 +50,9 @@ pub struct ModelOptions {
     /// Bytes for the engine's prefix cache (the state of recent prompts): `None` for the
     /// default share (see [`crate::MemoryPlan::prefix_cache`]), `Some(0)` for none.
     pub prefix_cache: Option<u64>,
+    /// Load the checkpoint's multi-token-prediction layer (pinned, its experts beside the
+    /// model's) for drafting ([`crate::Model::mtp_forward`]).
+    pub mtp: bool,
 }
 
 /// A verifier that checks parts read from a packed trunk against the manifest's checksums
@@ -84,6 +87,7 @@ impl std::fmt::Debug for ModelOptions {
             .field("verify_pack", &self.verify_pack)
             .field("text_memory", &self.text_memory)
             .field("prefix_cache", &self.prefix_cache)
+            .field("mtp", &self.mtp)
             .finish()
     }
 }
@@ -107,6 +111,7 @@ impl Default for ModelOptions {
             verify_pack: true,
             text_memory: 0,
             prefix_cache: None,
+            mtp: false,
         }
     }
 }

@@ -16,6 +16,7 @@ use std::time::Instant;
 use sluice_store::{Blob, Guess};
 
 use crate::ModelError;
+use crate::config::ModelConfig;
 use crate::model::{Logits, Model};
 use crate::moe::{Ahead, MidGuess, glu_rows, moe};
 use crate::residual::{Mixing, Stream};
@@ -24,7 +25,13 @@ use crate::state::State;
 use crate::weights::{FfnSpec, LayerSpec};
 
 /// The geometry of a pass: where each segment's rows start, its first position and angles.
-struct Pass {
+struct Pass<'c> {
+    /// The configuration its layers are read with: the model's, or for a pass of the
+    /// multi-token-prediction layer the model's with that layer after the last
+    /// (`MtpRun::cfg`).
+    cfg: &'c ModelConfig,
+    /// Lookahead may guess the next layers' experts (not in a draft pass).
+    ahead: bool,
     /// Rows.
     t: usize,
     /// Each row's token.
@@ -133,64 +140,20 @@ impl Model {
         let t_start = Instant::now();
         let cfg = self.config();
         let chunk = opts.chunk.max(1);
-        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
-        let t = tokens.len();
-        if t == 0 {
+        if segs.iter().all(|s| s.1.is_empty()) {
             return Ok(Vec::new());
         }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
+        if let Some(&bad) = segs
+            .iter()
+            .flat_map(|s| s.1.iter())
+            .find(|&&id| id as usize >= cfg.vocab)
+        {
             return Err(ModelError::Token {
                 id: bad,
                 vocab: cfg.vocab,
             });
         }
-        let mut starts = Vec::with_capacity(segs.len() + 1);
-        starts.push(0usize);
-        for (_, toks) in segs.iter() {
-            starts.push(starts.last().copied().unwrap_or(0) + toks.len());
-        }
-        let single_token_steps = starts.windows(2).all(|w| w[1] - w[0] <= 1);
-        let pass = Pass {
-            t,
-            tokens,
-            single_token_steps,
-            lookahead: self.prefetch() && single_token_steps,
-            starts,
-            pos0s: segs.iter().map(|(s, _)| s.pos).collect(),
-            angles: segs
-                .iter()
-                .map(|(s, toks)| {
-                    (0..toks.len())
-                        .step_by(chunk)
-                        .map(|c0| Angles::new(self.rope(), s.pos + c0, chunk.min(toks.len() - c0)))
-                        .collect()
-                })
-                .collect(),
-            local_angles: self.local_rope().map(|rope| {
-                segs.iter()
-                    .map(|(s, toks)| {
-                        (0..toks.len())
-                            .step_by(chunk)
-                            .map(|c0| Angles::new(rope, s.pos + c0, chunk.min(toks.len() - c0)))
-                            .collect()
-                    })
-                    .collect()
-            }),
-            sparse: segs
-                .iter()
-                .map(|(_, toks)| {
-                    (0..toks.len().div_ceil(chunk))
-                        .map(|_| std::cell::RefCell::new(None))
-                        .collect()
-                })
-                .collect(),
-            chunk,
-            score_floats: opts.score_floats,
-            single: segs.len() == 1,
-            recording_routes: segs.iter().any(|(s, _)| s.routes.is_some()),
-            attention_seconds: Cell::new(0.0),
-            expert_seconds: Cell::new(0.0),
-        };
+        let pass = self.new_pass(cfg, segs, chunk, opts.score_floats, 0, true);
         if opts.new_step {
             self.experts().begin_step();
         }
@@ -232,8 +195,105 @@ impl Model {
         Ok(logits)
     }
 
+    /// Runs the layers of `cfg` after the model's own (the MTP layer of
+    /// `MtpRun::cfg`) over one segment whose input rows are `x` (`[t, hidden]`),
+    /// rotary positions `offset` after its state's, with no lookahead; returns their output
+    /// rows. The state's position is not advanced.
+    pub(crate) fn run_layers(
+        &self,
+        cfg: &ModelConfig,
+        segs: &mut Segs<'_, '_, '_>,
+        offset: usize,
+        x: Vec<f32>,
+        times: &mut PassTimes,
+    ) -> Result<Vec<f32>, ModelError> {
+        let t0 = Instant::now();
+        let pass = self.new_pass(
+            cfg,
+            segs,
+            self.plan().chunk.max(1),
+            crate::attention::TILE_SCORE_FLOATS,
+            offset,
+            false,
+        );
+        let mut stream = Stream::new(crate::config::Residual::Add, x, cfg.hidden);
+        let mut carry = None;
+        for l in self.config().layers..cfg.layers {
+            carry = self.layer(&pass, segs, &mut stream, l, carry)?;
+        }
+        if let Some(c) = carry {
+            stream.add_ffn(&c);
+        }
+        let (attention, experts) = (pass.attention_seconds.get(), pass.expert_seconds.get());
+        *times += PassTimes {
+            attention,
+            experts,
+            head: 0.0,
+            other: (t0.elapsed().as_secs_f64() - attention - experts).max(0.0),
+        };
+        Ok(stream.output().to_vec())
+    }
+
+    /// The geometry of a pass over `segs` read with `cfg`, rotary positions `offset` after
+    /// each state's own; `ahead`: lookahead may guess the next layers' experts.
+    fn new_pass<'c>(
+        &self,
+        cfg: &'c ModelConfig,
+        segs: &Segs<'_, '_, '_>,
+        chunk: usize,
+        score_floats: usize,
+        offset: usize,
+        ahead: bool,
+    ) -> Pass<'c> {
+        let tokens: Vec<u32> = segs.iter().flat_map(|s| s.1.iter().copied()).collect();
+        let mut starts = Vec::with_capacity(segs.len() + 1);
+        starts.push(0usize);
+        for (_, toks) in segs.iter() {
+            starts.push(starts.last().copied().unwrap_or(0) + toks.len());
+        }
+        let single_token_steps = starts.windows(2).all(|w| w[1] - w[0] <= 1);
+        let angles_of = |rope: &crate::rope::Rope| -> Vec<Vec<Angles>> {
+            segs.iter()
+                .map(|(s, toks)| {
+                    (0..toks.len())
+                        .step_by(chunk)
+                        .map(|c0| {
+                            Angles::new(rope, offset + s.pos + c0, chunk.min(toks.len() - c0))
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        Pass {
+            cfg,
+            ahead,
+            t: tokens.len(),
+            tokens,
+            single_token_steps,
+            lookahead: ahead && self.prefetch() && single_token_steps,
+            starts,
+            pos0s: segs.iter().map(|(s, _)| s.pos).collect(),
+            angles: angles_of(self.rope()),
+            local_angles: self.local_rope().map(angles_of),
+            sparse: segs
+                .iter()
+                .map(|(_, toks)| {
+                    (0..toks.len().div_ceil(chunk))
+                        .map(|_| std::cell::RefCell::new(None))
+                        .collect()
+                })
+                .collect(),
+            chunk,
+            score_floats,
+            single: segs.len() == 1,
+            recording_routes: segs.iter().any(|(s, _)| s.routes.is_some()),
+            attention_seconds: Cell::new(0.0),
+            expert_seconds: Cell::new(0.0),
+        }
+    }
+
     /// RMSNorm of each `[hidden]` row of `src` with weights `w`.
-    fn norm_rows(&self, src: &[f32], w: &[f32]) -> Vec<f32> {
+    pub(crate) fn norm_rows(&self, src: &[f32], w: &[f32]) -> Vec<f32> {
         let (h, eps) = (self.config().hidden, self.config().eps);
         let mut x = vec![0f32; src.len()];
         for (s, o) in src.chunks_exact(h).zip(x.chunks_exact_mut(h)) {
@@ -255,19 +315,22 @@ impl Model {
     /// layer carries to the next.
     fn layer(
         &self,
-        pass: &Pass,
+        pass: &Pass<'_>,
         segs: &mut Segs<'_, '_, '_>,
         stream: &mut Stream,
         l: usize,
         carried_in: Option<Vec<f32>>,
     ) -> Result<Option<Vec<f32>>, ModelError> {
-        let cfg = self.config();
-        let part = self.trunk().part(l)?;
+        let cfg = pass.cfg;
+        let part = self.trunk().part(self.part_of(l))?;
         // Stream the next layer (or layer 0 for the next step) while this one computes.
-        self.trunk()
-            .prefetch(if l + 1 < cfg.layers { l + 1 } else { 0 });
+        self.trunk().prefetch(if l + 1 < cfg.layers {
+            self.part_of(l + 1)
+        } else {
+            0
+        });
         let blob: &Blob = &part;
-        let spec = &self.layout().layer_specs[l];
+        let spec = self.layer_spec(l);
         let mixing = self.mixing();
         let res = spec.mix.as_ref();
         let x = self.norm_rows(
@@ -329,21 +392,21 @@ impl Model {
     /// calls of at most `chunk` rows (each after the earlier ones have written the cache).
     fn attend(
         &self,
-        pass: &Pass,
+        pass: &Pass<'_>,
         segs: &mut Segs<'_, '_, '_>,
         l: usize,
         spec: &LayerSpec,
         blob: &Blob,
         x: &[f32],
     ) -> Result<Vec<f32>, ModelError> {
-        let cfg = self.config();
+        let cfg = pass.cfg;
         let h = cfg.hidden;
         let starts = &pass.starts;
         let mut out = Vec::with_capacity(x.len());
         let source = cfg.layer_plan[l].attention.kv_source();
         for (si, (state, toks)) in segs.iter_mut().enumerate() {
             // A layer reading an earlier one's cache: that layer has run over every row.
-            let (before, this) = state.layers.split_at_mut(l);
+            let (before, this) = state.layers.split_at_mut(self.state_index(l));
             let latent = match source {
                 Some(s) => Some(before.get(s).and_then(|c| c.latent()).ok_or_else(|| {
                     ModelError::Internal(format!("layer {l} shares a cache layer {s} lacks"))
@@ -390,14 +453,14 @@ impl Model {
     /// of the next layer.
     fn feed_forward(
         &self,
-        pass: &Pass,
+        pass: &Pass<'_>,
         segs: &mut Segs<'_, '_, '_>,
         l: usize,
         spec: &LayerSpec,
         blob: &Blob,
         src: &[f32],
     ) -> Result<(Vec<f32>, Option<Vec<f32>>), ModelError> {
-        let cfg = self.config();
+        let cfg = pass.cfg;
         let x = self.norm_rows(src, &spec.post_norm.to_f32(blob));
         // Lookahead only on decode steps (one token per sequence): a prefill chunk's
         // predicted union adds the mispredicted experts of every token to what the chunk
@@ -406,7 +469,8 @@ impl Model {
         // A hash-routed layer's experts are known exactly from the tokens, so they are read
         // ahead in a prefill too. A learned router is guessed while the store finds it worth
         // it (`ExpertStore::wants_guess`).
-        let next = if self.prefetch()
+        let next = if pass.ahead
+            && self.prefetch()
             && (cfg.is_hash_routed(l + 1)
                 || (pass.single_token_steps && self.experts().wants_guess(Guess::Early)))
         {
@@ -430,8 +494,7 @@ impl Model {
                 let mut routes = pass.recording_routes.then(Vec::new);
                 // The mid guess: the next layer's router input estimated from this layer's
                 // input plus what its experts computed so far, made while it waits for reads.
-                let guess_mid = self.prefetch()
-                    && pass.single_token_steps
+                let guess_mid = pass.lookahead
                     && l + 1 < cfg.layers
                     && !cfg.is_hash_routed(l + 1)
                     && self.experts().wants_guess(Guess::Mid);
@@ -458,7 +521,7 @@ impl Model {
                     moe_spec,
                     blob,
                     self.experts(),
-                    &self.layout().expert_specs[l],
+                    self.expert_specs_of(l),
                     &x,
                     &pass.tokens,
                     0,
@@ -484,12 +547,27 @@ impl Model {
     /// The final norm and lm_head over the rows whose logits are wanted.
     fn head(
         &self,
-        pass: &Pass,
+        pass: &Pass<'_>,
         segs: &mut Segs<'_, '_, '_>,
         stream: &Stream,
         want: Logits,
     ) -> Result<Vec<f32>, ModelError> {
         let cfg = self.config();
+        let head = &self.layout().head_spec;
+        let head_blob = self.trunk().part(cfg.layers)?;
+        let mixing = self.mixing();
+        // The final-normed rows sequences keep for drafting ([`State::keep_hidden`]).
+        for (si, (state, _)) in segs.iter_mut().enumerate() {
+            let (s0, s1) = (pass.starts[si], pass.starts[si + 1]);
+            let keep = state.hidden.keep.min(s1 - s0);
+            if keep == 0 {
+                continue;
+            }
+            let fin = stream.final_rows(&mixing, head.mix.as_ref(), &head_blob, s1 - keep..s1)?;
+            let xn = self.norm_rows(&fin, &head.norm.to_f32(&head_blob));
+            let first = pass.pos0s[si] + (s1 - keep - s0);
+            state.hidden.put(first, &xn, cfg.hidden);
+        }
         // The rows whose logits are wanted, as runs of consecutive rows.
         let runs: Vec<std::ops::Range<usize>> = match want {
             Logits::All => std::iter::once(0..pass.t).collect(),
@@ -502,9 +580,6 @@ impl Model {
             Logits::None => return Ok(Vec::new()),
         };
         let n_rows: usize = runs.iter().map(|r| r.len()).sum();
-        let head = &self.layout().head_spec;
-        let head_blob = self.trunk().part(cfg.layers)?;
-        let mixing = self.mixing();
         let mut final_in: Vec<f32> = Vec::with_capacity(n_rows * cfg.hidden);
         for rows in runs {
             final_in.extend(stream.final_rows(&mixing, head.mix.as_ref(), &head_blob, rows)?);
@@ -529,7 +604,7 @@ impl Model {
 }
 
 /// Appends the named tensor `f` makes to the single segment's debug record, if it keeps one.
-fn record(pass: &Pass, segs: &mut Segs<'_, '_, '_>, f: impl FnOnce() -> (String, Vec<f32>)) {
+fn record(pass: &Pass<'_>, segs: &mut Segs<'_, '_, '_>, f: impl FnOnce() -> (String, Vec<f32>)) {
     if pass.single
         && let Some(d) = segs[0].0.debug.as_mut()
     {
@@ -539,7 +614,7 @@ fn record(pass: &Pass, segs: &mut Segs<'_, '_, '_>, f: impl FnOnce() -> (String,
 
 /// Keeps each single-token segment's attention output of layer `l` (rows of `a`,
 /// `[t, hidden]`) as its lookahead hint for the next step.
-fn keep_attention(pass: &Pass, segs: &mut Segs<'_, '_, '_>, l: usize, a: &[f32], h: usize) {
+fn keep_attention(pass: &Pass<'_>, segs: &mut Segs<'_, '_, '_>, l: usize, a: &[f32], h: usize) {
     if a.len() != pass.t * h {
         return;
     }
@@ -562,7 +637,7 @@ fn keep_attention(pass: &Pass, segs: &mut Segs<'_, '_, '_>, l: usize, a: &[f32],
 /// token; on the trained demo model this lifts the recall of the late guess from 74% to 83%
 /// (docs/PERFORMANCE.md).
 fn lookahead_input<'a>(
-    pass: &Pass,
+    pass: &Pass<'_>,
     segs: &Segs<'_, '_, '_>,
     next: usize,
     base: &'a [f32],

@@ -31,6 +31,10 @@ pub struct MemoryPlan {
     pub layers: Vec<(u64, bool)>,
     /// Bytes of the head part (always pinned).
     pub head: u64,
+    /// Bytes of the multi-token-prediction layer and its input projection and norms, when
+    /// loaded ([`ModelOptions::mtp`]): pinned beside the head (its experts are the expert
+    /// cache's, counted in [`MemoryPlan::all_expert_bytes`]).
+    pub mtp: u64,
     /// Bytes of the embedding table and whether it is pinned (otherwise rows are read per token).
     pub embed: (u64, bool),
     /// Slots of the streaming ring (0 when every layer is pinned).
@@ -207,7 +211,19 @@ impl MemoryPlan {
         let mut expert_bytes = 0;
         let mut per_token_expert_bytes = 0;
         let mut all_expert_bytes = 0;
-        for layer in &layout.experts {
+        // The MTP layer, when loaded: its trunk pinned with the head, its experts cached with
+        // the model's.
+        let mtp_layout = layout.mtp.as_ref().filter(|_| opts.mtp);
+        let mtp = mtp_layout.map_or(0, |m| {
+            m.layers
+                .first()
+                .into_iter()
+                .chain(m.heads.first())
+                .map(|p| footprint(&p.pieces))
+                .sum::<u64>()
+        });
+        let mtp_experts = mtp_layout.and_then(|m| m.experts.first());
+        for layer in layout.experts.iter().chain(mtp_experts) {
             let mut sizes: Vec<u64> = layer.iter().map(|p| footprint(p)).collect();
             all_expert_bytes += sizes.iter().sum::<u64>();
             sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -219,7 +235,7 @@ impl MemoryPlan {
         let head = footprint(&layout.head.pieces);
         let embed = footprint(&layout.embed.pieces);
         let all_layers: u64 = layer_bytes.iter().sum();
-        let trunk = all_layers + head + embed;
+        let trunk = all_layers + head + embed + mtp;
         let kv_per_position = kv_bytes_per_position(cfg);
         // Saturating: a context or batch too large for the budget is refused below, not wrapped.
         let kv_cache = kv_per_position
@@ -238,6 +254,7 @@ impl MemoryPlan {
         let fixed = recurrent
             .saturating_add(scratch)
             .saturating_add(head)
+            .saturating_add(mtp)
             .saturating_add(text);
         let expert_floor = per_token_expert_bytes.max(expert_bytes);
         // One page of KV cache per sequence, so that the smallest budget still runs a prompt.
@@ -261,11 +278,16 @@ impl MemoryPlan {
                 budget: budget_v,
                 minimum,
                 what: format!(
-                    "tokenizer {} + recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}{}; the KV cache ({} per position) grows into what is left",
+                    "tokenizer {} + recurrent state of {sequences} sequences {} + scratch {} + lm_head and final norm {}{} + one streamed layer {} + one token's routed experts {} + a first KV page of {KV_PAGE} positions per sequence {}{}; the KV cache ({} per position) grows into what is left",
                     fmt_bytes(text),
                     fmt_bytes(recurrent),
                     fmt_bytes(scratch),
                     fmt_bytes(head),
+                    if mtp > 0 {
+                        format!(" + the MTP layer {}", fmt_bytes(mtp))
+                    } else {
+                        String::new()
+                    },
                     fmt_bytes(max_layer),
                     fmt_bytes(expert_floor),
                     fmt_bytes(kv_page),
@@ -343,6 +365,7 @@ impl MemoryPlan {
                 .unwrap_or(0);
         }
         let trunk_pinned = head
+            + mtp
             + layer_bytes
                 .iter()
                 .zip(&pinned)
@@ -399,6 +422,7 @@ impl MemoryPlan {
             trunk_pinned,
             layers: layer_bytes.into_iter().zip(pinned).collect(),
             head,
+            mtp,
             embed: (embed, embed_pinned),
             ring_slots,
             ring_slot_bytes,

@@ -60,6 +60,41 @@ pub struct State {
     /// an output bit. Layers × hidden floats per decoding sequence, outside the memory plan
     /// (1.75 MB at DeepSeek-V3's 61 × 7168, about what 12 positions of its MLA cache take).
     pub(crate) last_attention: Vec<Vec<f32>>,
+    /// Final-normed hidden rows kept for multi-token-prediction drafts ([`State::keep_hidden`]).
+    pub(crate) hidden: HiddenRows,
+}
+
+/// The final-normed hidden rows (what the lm_head reads) of a sequence's latest positions,
+/// kept across forward passes for a multi-token-prediction layer to draft from: at most
+/// `keep` rows, of consecutive positions from `first`. A pass that starts at or before the
+/// end of what is kept replaces the rows from its first position on (the same positions
+/// computed again, or a draft's rows after a rejection); one that starts after a gap starts
+/// afresh.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct HiddenRows {
+    pub(crate) keep: usize,
+    pub(crate) first: usize,
+    pub(crate) rows: Vec<f32>,
+}
+
+impl HiddenRows {
+    /// Takes `rows` (`[n, hidden]`) of positions from `first`.
+    pub(crate) fn put(&mut self, first: usize, rows: &[f32], hidden: usize) {
+        let held = self.rows.len() / hidden.max(1);
+        if self.rows.is_empty() || first < self.first || first > self.first + held {
+            self.rows.clear();
+            self.first = first;
+        } else {
+            self.rows.truncate((first - self.first) * hidden);
+        }
+        self.rows.extend_from_slice(rows);
+        let n = self.rows.len() / hidden.max(1);
+        if n > self.keep {
+            let drop = n - self.keep;
+            self.rows.drain(..drop * hidden);
+            self.first += drop;
+        }
+    }
 }
 
 impl State {
@@ -78,7 +113,24 @@ impl State {
             debug: None,
             times: Default::default(),
             last_attention: vec![Vec::new(); cfg.layers],
+            hidden: HiddenRows::default(),
         }
+    }
+
+    /// Keeps the final-normed hidden rows of this sequence's latest `rows` positions across
+    /// forward passes (0: none, the default), for a multi-token-prediction layer to draft
+    /// from ([`State::hidden_rows`]). Outside the memory budget: `rows × hidden` floats.
+    pub fn keep_hidden(&mut self, rows: usize) {
+        self.hidden.keep = rows;
+        if rows == 0 {
+            self.hidden = HiddenRows::default();
+        }
+    }
+
+    /// The hidden rows kept ([`State::keep_hidden`]): the position of the first, and
+    /// `[n, hidden]` floats of consecutive positions.
+    pub fn hidden_rows(&self) -> (usize, &[f32]) {
+        (self.hidden.first, &self.hidden.rows)
     }
 
     /// Where the forward passes this state took part in spent their time, summed over its
@@ -135,6 +187,7 @@ impl State {
             debug: None,
             times: Default::default(),
             last_attention: vec![Vec::new(); self.layers.len()],
+            hidden: HiddenRows::default(),
         })
     }
 

@@ -26,7 +26,29 @@ pub enum Draft {
         /// A fixed draft length, or `None` to adapt.
         tokens: Option<usize>,
     },
+    /// The checkpoint's multi-token-prediction layer ([`crate::EngineBuilder::mtp`]): from
+    /// the model's hidden state at the latest position and the token just chosen it predicts
+    /// the next token (its most likely one), then goes on from its own output for a longer
+    /// draft. `tokens` as for [`Draft::Ngram`].
+    Mtp {
+        /// A fixed draft length, or `None` to adapt.
+        tokens: Option<usize>,
+    },
 }
+
+impl Draft {
+    /// The fixed draft length asked for, if any.
+    pub fn tokens(self) -> Option<usize> {
+        match self {
+            Draft::Off => None,
+            Draft::Ngram { tokens } | Draft::Mtp { tokens } => tokens,
+        }
+    }
+}
+
+/// Hidden rows the model's state keeps for the MTP layer ([`sluice_model::State::keep_hidden`]):
+/// the most positions of the prompt its own cache starts from.
+pub const MTP_WINDOW: usize = 512;
 
 /// The longest suffix prompt lookup matches.
 pub const MAX_NGRAM: usize = 4;
@@ -74,6 +96,10 @@ pub(crate) struct Drafter {
     per_row: Option<f64>,
     /// Steps since the last draft, while paused.
     idle: usize,
+    /// Drafting with the MTP layer (else prompt lookup).
+    mtp: Option<MtpDraft>,
+    /// Seconds of making each draft token (the MTP layer's steps; moving average).
+    per_draft: Option<f64>,
 }
 
 /// How fast the moving averages follow what happens (the weight of each new observation).
@@ -107,12 +133,14 @@ impl Drafter {
     pub(crate) fn new(d: Draft) -> Option<Drafter> {
         match d {
             Draft::Off => None,
-            Draft::Ngram { tokens } => Some(Drafter {
+            Draft::Ngram { tokens } | Draft::Mtp { tokens } => Some(Drafter {
                 fixed: tokens.map(|t| t.min(MAX_DRAFT)),
                 p: START_P,
                 one_row: None,
                 per_row: None,
                 idle: 0,
+                mtp: matches!(d, Draft::Mtp { .. }).then(MtpDraft::default),
+                per_draft: None,
             }),
         }
     }
@@ -120,7 +148,9 @@ impl Drafter {
     /// The draft length that makes the most tokens per second (see [`Drafter`]).
     fn best_length(&self) -> usize {
         let cost = match (self.one_row, self.per_row) {
-            (Some(t), Some(m)) if t > 0.0 => (m / t).max(MIN_COST),
+            (Some(t), Some(m)) if t > 0.0 => {
+                ((m + self.per_draft.unwrap_or(0.0)) / t).max(MIN_COST)
+            }
             _ => START_COST,
         };
         let (mut best, mut best_rate) = (0, MIN_GAIN);
@@ -154,10 +184,36 @@ impl Drafter {
         }
     }
 
-    /// A draft of at most `limit` tokens to follow `seq`.
+    /// A draft of at most `limit` tokens to follow `seq` (prompt lookup).
+    #[cfg(test)]
     pub(crate) fn propose(&mut self, seq: &[u32], limit: usize) -> Vec<u32> {
         let k = self.length().min(limit);
         lookup(seq, k)
+    }
+
+    /// A draft of at most `limit` tokens to follow `seq`, whose positions but the last are in
+    /// `state`: by prompt lookup, or by the MTP layer from the hidden rows `state` keeps.
+    pub(crate) fn propose_for(
+        &mut self,
+        seq: &[u32],
+        limit: usize,
+        model: &Model,
+        state: &State,
+    ) -> Vec<u32> {
+        let k = self.length().min(limit);
+        let Some(m) = &mut self.mtp else {
+            return lookup(seq, k);
+        };
+        if k == 0 {
+            return Vec::new();
+        }
+        let t0 = std::time::Instant::now();
+        let d = m.propose(model, state, seq, k);
+        if !d.is_empty() {
+            let each = t0.elapsed().as_secs_f64() / d.len() as f64;
+            self.per_draft = Some(average(self.per_draft, each));
+        }
+        d
     }
 
     /// Learns from a checked draft: `accepted` of its `proposed` tokens were kept.
@@ -182,6 +238,104 @@ impl Drafter {
             (_, None) => {}
         }
     }
+}
+
+/// The MTP layer's side of a generation's drafting: its own KV cache, which starts at the
+/// model's position `origin` (the first hidden row the model's state kept) and holds `valid`
+/// positions made from the model's hidden rows and chosen tokens — each position `i` from the
+/// hidden row of `i` and the token at `i + 1` — and, beyond those, the positions of the latest
+/// draft's further steps, which are cut off before the next.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MtpDraft {
+    state: Option<State>,
+    origin: usize,
+    valid: usize,
+}
+
+impl MtpDraft {
+    /// At most `k` tokens to follow `seq` (its last token chosen, not yet in `main`), or none
+    /// when the hidden row of the position before that token is not kept (a prompt the prefix
+    /// cache answered whole) or the MTP layer cannot run (no room for its cache).
+    fn propose(&mut self, model: &Model, main: &State, seq: &[u32], k: usize) -> Vec<u32> {
+        let h = model.config().hidden;
+        let n = seq.len();
+        let (first, rows) = main.hidden_rows();
+        let held = rows.len() / h.max(1);
+        // The position whose hidden row and the token after it (the one just chosen) give the
+        // first draft token; only rows of positions the state holds are real.
+        let Some(last) = n.checked_sub(2) else {
+            return Vec::new();
+        };
+        if held == 0 || last < first || last >= first + held || last >= main.pos() {
+            return Vec::new();
+        }
+        let mut start = self.origin + self.valid;
+        if self.state.is_none() || start < first || start > last {
+            self.state = model.new_mtp_state();
+            self.origin = first;
+            self.valid = 0;
+            start = first;
+        }
+        let Some(state) = self.state.as_mut() else {
+            return Vec::new();
+        };
+        match Self::steps(
+            model,
+            state,
+            self.origin,
+            self.valid,
+            &rows[(start - first) * h..(last + 1 - first) * h],
+            &seq[start + 1..=last + 1],
+            k,
+        ) {
+            Ok(d) => {
+                self.valid = last + 1 - self.origin;
+                d
+            }
+            Err(_) => {
+                // Drafting never fails a generation: the next draft starts afresh.
+                self.state = None;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Cuts the MTP cache back to its `valid` positions, runs the new rows (`hidden`, `tokens`)
+    /// through it in one pass and then one step per further draft token; the draft.
+    fn steps(
+        model: &Model,
+        state: &mut State,
+        origin: usize,
+        valid: usize,
+        hidden: &[f32],
+        tokens: &[u32],
+        k: usize,
+    ) -> Result<Vec<u32>, sluice_model::ModelError> {
+        state.truncate(valid)?;
+        let h = model.config().hidden;
+        let (mut logits, mut y) = model.mtp_forward(state, origin, hidden, tokens)?;
+        let mut draft = Vec::with_capacity(k);
+        loop {
+            let d = argmax(&logits);
+            draft.push(d);
+            if draft.len() == k {
+                return Ok(draft);
+            }
+            let row = y[y.len() - h..].to_vec();
+            (logits, y) = model.mtp_forward(state, origin, &row, &[d])?;
+        }
+    }
+}
+
+/// The most likely token (the lowest id of equals).
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &z) in logits.iter().enumerate() {
+        if z > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
 }
 
 /// What a sequence's state holds beyond its chosen tokens, for cutting it back: kept with the
@@ -296,7 +450,12 @@ impl Speculation {
                 let left = seq.d.opts.max_tokens - seq.d.ids.len();
                 let room = model.max_positions().saturating_sub(fed + tokens.len());
                 let rows = max_rows.saturating_sub(tokens.len());
-                d.propose(history, left.saturating_sub(1).min(room).min(rows))
+                d.propose_for(
+                    history,
+                    left.saturating_sub(1).min(room).min(rows),
+                    model,
+                    state,
+                )
             }
             None => Vec::new(),
         };
@@ -450,5 +609,72 @@ mod tests {
         f.timed(3, 9.0);
         assert_eq!(f.propose(&s, 99).len(), 3);
         assert!(Drafter::new(Draft::Off).is_none());
+    }
+
+    /// The MTP drafter's bookkeeping: what it proposes, catching up over the rows passes left
+    /// since its last draft (one, or several after kept drafts), is what the MTP layer gives
+    /// run from scratch over every row.
+    #[test]
+    fn mtp_drafts_are_the_mtp_layers_prediction_after_any_catch_up() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../testdata/mtp/qwen3_next-fp32");
+        let opts = sluice_model::ModelOptions {
+            mtp: true,
+            threads: 2,
+            ..Default::default()
+        };
+        let model = Model::open(dir, opts).unwrap();
+        let (h, v) = (model.config().hidden, model.config().vocab);
+        let greedy = |l: &[f32]| argmax(&l[l.len() - v..]);
+        // From scratch: the MTP layer over rows 0..=n-2 of `hidden`, then `k - 1` steps.
+        let scratch = |hidden: &[f32], seq: &[u32], k: usize| {
+            let n = seq.len();
+            let mut st = model.new_mtp_state().unwrap();
+            let (mut l, mut y) = model
+                .mtp_forward(&mut st, 0, &hidden[..(n - 1) * h], &seq[1..])
+                .unwrap();
+            let mut d = vec![argmax(&l)];
+            while d.len() < k {
+                let row = y[y.len() - h..].to_vec();
+                (l, y) = model
+                    .mtp_forward(&mut st, 0, &row, &d[d.len() - 1..])
+                    .unwrap();
+                d.push(argmax(&l));
+            }
+            d
+        };
+        let mut main = model.new_state();
+        main.keep_hidden(MTP_WINDOW);
+        let mut seq: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % v as u32).collect();
+        let l = model.forward(&mut main, &seq, Logits::Last).unwrap();
+        seq.push(greedy(&l));
+        let mut md = MtpDraft::default();
+        let mut made = 0;
+        // Catch-ups over 1, 3, 1 and 2 new rows (the rows of chosen tokens fed one by one).
+        for fed in [1, 3, 1, 2] {
+            let d = md.propose(&model, &main, &seq, 3);
+            assert_eq!(
+                d,
+                scratch(main.hidden_rows().1, &seq, 3),
+                "after {} tokens",
+                seq.len()
+            );
+            made += d.len();
+            for _ in 0..fed {
+                let l = model
+                    .forward(&mut main, &seq[seq.len() - 1..], Logits::Last)
+                    .unwrap();
+                seq.push(greedy(&l));
+            }
+        }
+        assert_eq!(made, 12);
+        // A hidden row missing (the state kept none): no draft, and no error.
+        let mut bare = model.new_state();
+        model.forward(&mut bare, &seq[..5], Logits::Last).unwrap();
+        assert!(
+            MtpDraft::default()
+                .propose(&model, &bare, &seq[..6], 3)
+                .is_empty()
+        );
     }
 }

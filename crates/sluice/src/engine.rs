@@ -42,6 +42,7 @@ pub struct EngineBuilder {
     prefill_chunk: usize,
     sequences: usize,
     prefix_cache: Option<u64>,
+    mtp: bool,
 }
 
 impl Default for EngineBuilder {
@@ -61,6 +62,7 @@ impl Default for EngineBuilder {
             prefill_chunk: 64,
             sequences: 1,
             prefix_cache: None,
+            mtp: false,
         }
     }
 }
@@ -199,6 +201,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Loads the checkpoint's multi-token-prediction layer for drafting with
+    /// [`crate::Draft::Mtp`] (default off): it is pinned in memory, its routed experts read and
+    /// cached beside the model's. A model without one (or whose kind is not run yet) is refused.
+    pub fn mtp(mut self, on: bool) -> Self {
+        self.mtp = on;
+        self
+    }
+
     /// Loads the model.
     pub fn build(self) -> Result<Engine, Error> {
         let dir = self
@@ -261,6 +271,7 @@ impl EngineBuilder {
             verify_pack: self.verify_pack,
             text_memory,
             prefix_cache: self.prefix_cache,
+            mtp: self.mtp,
         };
         let model = Model::from_description(desc, opts)?;
         let prefix = crate::prefix::PrefixCache::new(model.plan().prefix_cache, memory.is_some());

@@ -195,7 +195,7 @@ pub(crate) fn check_options(opts: &GenerateOptions) -> Result<(), Error> {
     if opts.prefill_chunk == 0 {
         return Err(Error::Usage("prefill_chunk must be at least 1".into()));
     }
-    if let crate::Draft::Ngram { tokens: Some(n) } = opts.draft
+    if let Some(n) = opts.draft.tokens()
         && !(1..=crate::draft::MAX_DRAFT).contains(&n)
     {
         return Err(Error::Usage(format!(
@@ -273,6 +273,12 @@ pub(crate) fn prefill(
 ) -> Result<Prefilled, Error> {
     let d = Decoding::new(engine, opts)?;
     let model = engine.model();
+    if matches!(opts.draft, crate::Draft::Mtp { .. }) && !model.has_mtp() {
+        return Err(Error::Usage(
+            "draft mtp: the engine was built without the model's MTP layer (EngineBuilder::mtp)"
+                .into(),
+        ));
+    }
     let t0 = Instant::now();
     // Start from the longest prefix of the prompt the prefix cache holds, when that is more
     // than the state holds already. Not with every prompt row's logits asked for, nor with
@@ -295,6 +301,11 @@ pub(crate) fn prefill(
             at_hand = hit.logits;
         }
     }
+    // The MTP layer drafts from the model's hidden rows: the state keeps the latest.
+    state.keep_hidden(match opts.draft {
+        crate::Draft::Mtp { .. } => crate::draft::MTP_WINDOW,
+        _ => 0,
+    });
     let expert0 = model.experts().stats();
     let trunk0 = model.trunk_bytes_read();
     let cache0 = crate::stats::cache_capacity(engine);

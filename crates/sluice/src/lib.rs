@@ -232,6 +232,7 @@ impl Error {
                     | M::Format(_)
                     | M::ContextFull { .. }
                     | M::NonFinite { .. }
+                    | M::Mtp(_)
             ),
             Error::Io { .. }
             | Error::BatcherStopped

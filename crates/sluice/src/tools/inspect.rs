@@ -51,8 +51,10 @@ pub struct Inspection {
     pub hash_routed_layers: usize,
     /// DeepSeek-V4's compressed attention, when the model has it.
     pub compressed_attention: Option<CompressedSummary>,
-    /// Multi-token-prediction layers in the checkpoint (found and checked, not run).
+    /// Multi-token-prediction layers in the checkpoint (found and checked).
     pub mtp_layers: usize,
+    /// Whether `--draft mtp` runs them (the first; Qwen3-Next's kind).
+    pub mtp_drafts: bool,
     /// Their bytes on disk, routed experts included (in `checkpoint_bytes`, in no other figure).
     pub mtp_bytes: u64,
     /// Shards.
@@ -228,6 +230,7 @@ pub fn inspect_with(
         compressed_attention: compressed_summary(cfg),
         mtp_layers: layout.mtp.as_ref().map_or(0, |m| m.layers.len()),
         mtp_bytes: layout.mtp.as_ref().map_or(0, |m| m.bytes()),
+        mtp_drafts: sluice_model::mtp_runs(cfg, layout).is_ok(),
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
         trunk_bytes: layout.trunk_bytes(),

@@ -1,0 +1,229 @@
+//! The multi-token-prediction (MTP) layer as a drafter: a checkpoint's extra layer that, from
+//! the model's final-normed hidden state at a position and the token after it, predicts the
+//! token after that (Qwen3-Next's and Qwen3.5's `mtp.*`, [`crate::config::MtpHead::Concat`]).
+//!
+//! Per row: the token's embedding and the hidden row, each RMS-normed by its own weights, are
+//! concatenated (embedding first) and projected by `fc` to the hidden width; that runs through
+//! the MTP layer (its attention against its own KV cache, its MoE) and is normed by the MTP
+//! `norm`; the model's lm_head gives the logits. The normed output row is also the hidden row
+//! a further draft step starts from. This is vLLM's `Qwen3NextMultiTokenPredictor` (transformers
+//! does not instantiate the layer); `tools/reference/make_mtp_fixtures.py` builds it from
+//! transformers' decoder layer and checks it.
+//!
+//! The layer is loaded only when asked for ([`crate::ModelOptions::mtp`]). It is numbered
+//! after the model's layers everywhere a layer index is used: layer `L` of
+//! `MtpRun::cfg` (the model's configuration with the MTP layer appended), trunk part
+//! `L + 1` (the head is `L`) with its input projection and norms in part `L + 2`, both pinned;
+//! its routed experts are layer `L` of the expert store, read and cached like every other
+//! layer's. Its KV cache is a [`State`] of its own ([`Model::new_mtp_state`]), charged to the
+//! budget like a sequence's. Drafts never change an output bit: they are checked by the model
+//! itself (`sluice::draft`).
+
+use crate::ModelError;
+use crate::config::ModelConfig;
+use crate::config::{MtpHead, Residual};
+use crate::model::Model;
+use crate::pass::PassTimes;
+use crate::state::State;
+use crate::weights::{ExpertSpec, LayerSpec, MtpHeadSpec, WeightLayout};
+
+/// What running the MTP layer needs besides the model's own.
+#[derive(Debug)]
+pub(crate) struct MtpRun {
+    /// The model's configuration with the MTP layer appended as layer `layers`.
+    pub(crate) cfg: ModelConfig,
+    /// A configuration whose only layer is the MTP layer: what its state is built from.
+    pub(crate) state_cfg: ModelConfig,
+    /// KV-cache bytes per position of the MTP layer.
+    pub(crate) kv_per_position: u64,
+}
+
+impl MtpRun {
+    /// The run of the checkpoint's first MTP layer, or why it cannot run.
+    pub(crate) fn new(cfg: &ModelConfig, layout: &WeightLayout) -> Result<MtpRun, ModelError> {
+        let (Some(m), Some(ml)) = (&cfg.mtp, &layout.mtp) else {
+            return Err(ModelError::Mtp(
+                "the checkpoint has no multi-token-prediction layers (`mtp.*`) sluice can run"
+                    .into(),
+            ));
+        };
+        if m.head != MtpHead::Concat {
+            return Err(ModelError::Mtp(format!(
+                "the MTP layers under `{}` (DeepSeek-style, with their own input projections) are \
+                 checked but not run yet; use --draft ngram",
+                m.module
+            )));
+        }
+        if cfg.residual != Residual::Add {
+            return Err(ModelError::Mtp(
+                "MTP layers of a model with attention residuals or hyper-connections are not run yet"
+                    .into(),
+            ));
+        }
+        let (Some(plan), Some(_), Some(_)) = (m.plans.first(), ml.layers.first(), ml.heads.first())
+        else {
+            return Err(ModelError::Internal("an MTP layout without layers".into()));
+        };
+        let mut ext = cfg.clone();
+        ext.layer_plan.push(plan.clone());
+        ext.layers += 1;
+        let mut one = cfg.clone();
+        one.layer_plan = vec![plan.clone()];
+        one.layers = 1;
+        one.hash_routed = Vec::new();
+        one.glu_limits = Vec::new();
+        let kv_per_position = crate::plan::kv_bytes_per_position(&one);
+        Ok(MtpRun {
+            cfg: ext,
+            state_cfg: one,
+            kv_per_position,
+        })
+    }
+}
+
+/// Whether `--draft mtp` can run the checkpoint's MTP layer (`Err` says why not).
+pub fn mtp_runs(cfg: &ModelConfig, layout: &WeightLayout) -> Result<(), ModelError> {
+    MtpRun::new(cfg, layout).map(drop)
+}
+
+impl Model {
+    /// Whether the MTP layer is loaded ([`crate::ModelOptions::mtp`]).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp_run().is_some()
+    }
+
+    /// A fresh state (KV cache) for the MTP layer, when it is loaded.
+    pub fn new_mtp_state(&self) -> Option<State> {
+        self.mtp_run().map(|r| State::new(&r.state_cfg))
+    }
+
+    /// The trunk part of layer `l` (the MTP layer's after the head).
+    pub(crate) fn part_of(&self, l: usize) -> usize {
+        if l < self.config().layers { l } else { l + 1 }
+    }
+
+    /// Layer `l`'s index in its state (the MTP layer's state holds only it).
+    pub(crate) fn state_index(&self, l: usize) -> usize {
+        if l < self.config().layers {
+            l
+        } else {
+            l - self.config().layers
+        }
+    }
+
+    /// Layer `l`'s weights.
+    pub(crate) fn layer_spec(&self, l: usize) -> &LayerSpec {
+        let n = self.config().layers;
+        match (l.checked_sub(n), &self.layout().mtp) {
+            (Some(i), Some(m)) => &m.layer_specs[i],
+            _ => &self.layout().layer_specs[l],
+        }
+    }
+
+    /// Layer `l`'s routed experts' weights.
+    pub(crate) fn expert_specs_of(&self, l: usize) -> &[ExpertSpec] {
+        let n = self.config().layers;
+        match (l.checked_sub(n), &self.layout().mtp) {
+            (Some(i), Some(m)) => &m.expert_specs[i],
+            _ => &self.layout().expert_specs[l],
+        }
+    }
+
+    /// Runs the MTP layer over `t` rows after the positions `state` holds: row `i` is the
+    /// model's final-normed hidden state at a position (`hidden`, `[t, hidden]`) and the token
+    /// that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i` (the MTP
+    /// state may start after the model's position 0). Appends to the MTP layer's cache;
+    /// returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP layer
+    /// predicts it) and every row's normed output, `[t, hidden]` (what a further step takes as
+    /// its hidden state). On error the state is as it was.
+    pub fn mtp_forward(
+        &self,
+        state: &mut State,
+        offset: usize,
+        hidden: &[f32],
+        tokens: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let Some(run) = self.mtp_run() else {
+            return Err(ModelError::Mtp("the MTP layer is not loaded".into()));
+        };
+        let cfg = self.config();
+        let (h, t) = (cfg.hidden, tokens.len());
+        if t == 0 || hidden.len() != t * h {
+            return Err(ModelError::Internal(format!(
+                "mtp_forward: {t} tokens and {} hidden floats",
+                hidden.len()
+            )));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
+            return Err(ModelError::Token {
+                id: bad,
+                vocab: cfg.vocab,
+            });
+        }
+        let pos0 = state.pos();
+        self.reserve_kv_per(state, pos0 + t, run.kv_per_position)?;
+        let r = self.run_in_pool(|| self.mtp_inner(run, state, offset, hidden, tokens));
+        if r.is_err() {
+            state.rollback(pos0);
+        }
+        r
+    }
+
+    fn mtp_inner(
+        &self,
+        run: &MtpRun,
+        state: &mut State,
+        offset: usize,
+        hidden: &[f32],
+        tokens: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let cfg = self.config();
+        let (h, t, l) = (cfg.hidden, tokens.len(), cfg.layers);
+        let Some(MtpHeadSpec::Concat {
+            fc,
+            norm_embedding,
+            norm_hidden,
+            norm,
+        }) = self
+            .layout()
+            .mtp
+            .as_ref()
+            .and_then(|m| m.head_specs.first())
+        else {
+            return Err(ModelError::Internal(
+                "the MTP head is not a concatenation".into(),
+            ));
+        };
+        let entry_blob = self.trunk().part(l + 2)?;
+        let e = self.norm_rows(
+            &self.embed_rows(tokens)?,
+            &norm_embedding.to_f32(&entry_blob),
+        );
+        let hn = self.norm_rows(hidden, &norm_hidden.to_f32(&entry_blob));
+        let mut cat = Vec::with_capacity(2 * t * h);
+        for (er, hr) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
+            cat.extend_from_slice(er);
+            cat.extend_from_slice(hr);
+        }
+        let mut x = vec![0f32; t * h];
+        self.exec().matmul(&fc.view(&entry_blob)?, &cat, &mut x);
+        let mut segs = [(&mut *state, tokens)];
+        let mut times = PassTimes::default();
+        let out = self.run_layers(&run.cfg, &mut segs, offset, x, &mut times)?;
+        state.pos += t;
+        let y = self.norm_rows(&out, &norm.to_f32(&entry_blob));
+        let head_blob = self.trunk().part(l)?;
+        let mut logits = vec![0f32; cfg.vocab];
+        self.exec().matmul(
+            &self.layout().head_spec.lm_head.view(&head_blob)?,
+            &y[(t - 1) * h..],
+            &mut logits,
+        );
+        if let Some(c) = cfg.logit_softcap {
+            for z in &mut logits {
+                *z = (*z / c).tanh() * c;
+            }
+        }
+        Ok((logits, y))
+    }
+}

@@ -1,0 +1,197 @@
+//! Drafting with the checkpoint's multi-token-prediction layer changes the speed, never the
+//! output: on the Qwen3-Next fixture with an MTP layer (`testdata/mtp/qwen3_next-fp32`; its
+//! gated-DeltaNet layers step back only to where their latest pass began), greedy and seeded
+//! sampling, resident and streaming at its minimum budget, for a session, a chat whose turns
+//! continue one state, and the batcher.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use sluice::batch::OwnedPrompt;
+use sluice::{Draft, Engine, EngineBuilder, GenerateOptions, Memory, Prompt, SamplingOptions};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/mtp/qwen3_next-fp32")
+}
+
+fn builder() -> EngineBuilder {
+    Engine::builder()
+        .model(fixture())
+        .threads(2)
+        .context(96)
+        .mtp(true)
+}
+
+fn prompt(vocab: usize) -> Vec<u32> {
+    (0..20).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
+}
+
+fn opts(sampling: &SamplingOptions, draft: Draft, max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampling: sampling.clone(),
+        stop_at_eos: false,
+        draft,
+        ..Default::default()
+    }
+}
+
+fn samplings() -> [SamplingOptions; 2] {
+    [
+        SamplingOptions::default(),
+        SamplingOptions {
+            temperature: 0.9,
+            top_p: 0.95,
+            seed: 5,
+            ..Default::default()
+        },
+    ]
+}
+
+#[test]
+fn mtp_drafting_gives_the_same_ids_resident_and_streamed() {
+    let min = common::minimum(builder().sequences(1));
+    let mut proposed = 0;
+    for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {
+        let engine = builder().memory(memory).build().unwrap();
+        let ids = prompt(engine.model().config().vocab);
+        for sampling in &samplings() {
+            let run = |draft: Draft| {
+                let mut s = engine.session().unwrap();
+                let mut g = s
+                    .generate(Prompt::Ids(&ids), &opts(sampling, draft, 24))
+                    .unwrap();
+                g.run().unwrap();
+                let st = g.stats();
+                assert!(st.draft_accepted <= st.draft_proposed);
+                (g.ids().to_vec(), st.draft_proposed)
+            };
+            let (want, none) = run(Draft::Off);
+            assert_eq!(none, 0);
+            for draft in [
+                Draft::Mtp { tokens: Some(1) },
+                Draft::Mtp { tokens: Some(3) },
+                Draft::Mtp { tokens: None },
+            ] {
+                let (got, p) = run(draft);
+                assert_eq!(got, want, "{memory:?}, {sampling:?}, {draft:?}");
+                proposed += p;
+            }
+        }
+    }
+    assert!(proposed > 0, "the MTP layer proposed nothing");
+}
+
+#[test]
+fn a_chat_continues_the_same_after_mtp_drafted_turns() {
+    let engine = builder().build().unwrap();
+    let ids = prompt(engine.model().config().vocab);
+    for sampling in &samplings() {
+        let turn = |draft: Draft| {
+            let mut s = engine.session().unwrap();
+            let mut out = Vec::new();
+            for part in [&ids[..8], &ids[8..11], &ids[11..]] {
+                let mut g = s
+                    .generate(Prompt::Ids(part), &opts(sampling, draft, 10))
+                    .unwrap();
+                g.run().unwrap();
+                out.push(g.ids().to_vec());
+            }
+            // A generation dropped part-way, with a draft outstanding.
+            {
+                let mut g = s
+                    .generate(Prompt::Ids(&ids[..2]), &opts(sampling, draft, 10))
+                    .unwrap();
+                g.next().unwrap().unwrap();
+                g.next().unwrap().unwrap();
+            }
+            let mut g = s
+                .generate(Prompt::Ids(&ids[2..5]), &opts(sampling, draft, 10))
+                .unwrap();
+            g.run().unwrap();
+            out.push(g.ids().to_vec());
+            (out, s.history().to_vec())
+        };
+        assert_eq!(
+            turn(Draft::Mtp { tokens: Some(2) }),
+            turn(Draft::Off),
+            "{sampling:?}"
+        );
+    }
+}
+
+#[test]
+fn the_batcher_drafts_with_the_mtp_layer_and_changes_no_token() {
+    let b = || builder().sequences(3);
+    let min = common::minimum(b());
+    let mut proposed = 0;
+    for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {
+        let engine = b().memory(memory).build().unwrap();
+        let ids = prompt(engine.model().config().vocab);
+        let [greedy, sampled] = samplings();
+        let jobs = [
+            (greedy.clone(), Draft::Mtp { tokens: Some(2) }),
+            (sampled, Draft::Mtp { tokens: None }),
+            (greedy, Draft::Off),
+        ];
+        let want: Vec<Vec<u32>> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| {
+                let mut sess = engine.session().unwrap();
+                let mut g = sess
+                    .generate(Prompt::Ids(&ids[i..]), &opts(s, Draft::Off, 12 + 4 * i))
+                    .unwrap();
+                g.run().unwrap();
+                g.ids().to_vec()
+            })
+            .collect();
+        let batch = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, (s, d))| (OwnedPrompt::Ids(ids[i..].to_vec()), opts(s, *d, 12 + 4 * i)))
+            .collect();
+        for (i, f) in common::batched(&engine, 3, batch).into_iter().enumerate() {
+            assert_eq!(f.ids, want[i], "{memory:?}, job {i}");
+            proposed += f.stats.draft_proposed;
+        }
+    }
+    assert!(proposed > 0);
+}
+
+#[test]
+fn mtp_drafting_needs_the_layer_loaded() {
+    // Built without it: refused at the generation, naming the option.
+    let engine = Engine::builder().model(fixture()).build().unwrap();
+    let mut s = engine.session().unwrap();
+    let e = s
+        .generate(
+            Prompt::Ids(&[1, 2, 3]),
+            &opts(&SamplingOptions::default(), Draft::Mtp { tokens: None }, 4),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("draft mtp") && e.contains("EngineBuilder::mtp"),
+        "{e}"
+    );
+    // A checkpoint without one: refused when the engine is built.
+    let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/qwen3_next-fp32");
+    let e = Engine::builder()
+        .model(plain)
+        .mtp(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no multi-token-prediction"), "{e}");
+    // And one whose MTP layers are DeepSeek's: checked, not run.
+    let v4 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32");
+    let e = Engine::builder()
+        .model(v4)
+        .mtp(true)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not run yet"), "{e}");
+}

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""A Qwen3-Next checkpoint with a multi-token-prediction layer, and what that layer computes.
+
+    /work/venv/ref/bin/python tools/reference/make_mtp_fixtures.py
+
+(run from the repository root). Reads the committed `testdata/models/qwen3_next-fp32` fixture
+and writes `testdata/mtp/qwen3_next-fp32/`: its config and weights plus a seeded MTP layer under
+the hub's names (`mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`,
+`mtp.layers.0.*`: a full-attention MoE decoder layer), and `mtp_reference.safetensors`.
+
+transformers does not instantiate the MTP layer (its checkpoints' `mtp.*` tensors are dropped on
+load), so the reference is assembled from transformers' own pieces the way vLLM's
+`Qwen3NextMultiTokenPredictor` and `Qwen3NextMTP` run them: per position `i`, the embedding of
+token `i + 1` and the model's final-normed hidden state at `i` (`last_hidden_state`), each normed
+by `Qwen3NextRMSNorm` (zero-centred), concatenated (embedding first), projected by `fc`; then the
+MTP layer, which is transformers' `Qwen3NextDecoderLayer` (full attention) loaded with the MTP
+weights through `from_pretrained` (so the hub's per-expert names go through transformers' own
+conversion), causal over the MTP positions with the model's rotary table at positions `i`; then
+`norm` and the model's `lm_head`.
+
+Outputs: `ids` (the prompt), `hidden` (`last_hidden_state`, `[T, hidden]`), `logits`
+(`[T - 1, vocab]`: row `i` predicts token `i + 2`). Deterministic: fixed seeds, one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import torch  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import Qwen3NextForCausalLM  # noqa: E402
+from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "testdata/models/qwen3_next-fp32"
+DST = ROOT / "testdata/mtp/qwen3_next-fp32"
+SOURCE_LAYER = 3  # a full-attention MoE layer of the fixture: the MTP layer's shape
+SEED = 7301
+PROMPT = 24
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    g = torch.Generator().manual_seed(SEED)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    with safe_open(str(SRC / "model.safetensors"), "pt") as f:
+        base = {k: f.get_tensor(k) for k in sorted(f.keys())}
+    cfg = json.loads((SRC / "config.json").read_text())
+    h = cfg["hidden_size"]
+
+    # The MTP layer: the source layer's shapes, fresh values of each tensor's spread (norm
+    # weights, zero-centred, near zero).
+    stem = f"model.layers.{SOURCE_LAYER}."
+    layer = {}
+    for k, v in base.items():
+        if k.startswith(stem):
+            rest = k[len(stem):]
+            if "norm" in rest:
+                layer[rest] = rnd(*v.shape, scale=0.1)
+            else:
+                layer[rest] = rnd(*v.shape, scale=float(v.std()))
+    mtp = {f"mtp.layers.0.{k}": v.contiguous() for k, v in layer.items()}
+    mtp["mtp.fc.weight"] = rnd(h, 2 * h, scale=(2 * h) ** -0.5)
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        mtp[f"mtp.{n}.weight"] = rnd(h, scale=0.1)
+
+    DST.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(SRC / name, DST / name)
+    save_file({**base, **mtp}, str(DST / "model.safetensors"), metadata={"format": "pt"})
+
+    model = Qwen3NextForCausalLM.from_pretrained(DST, attn_implementation="eager").eval()
+    # The MTP layer as transformers' decoder layer: the model again with the source layer's
+    # weights replaced by the MTP layer's.
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        shutil.copy(SRC / "config.json", tmp / "config.json")
+        swapped = dict(base)
+        for k, v in layer.items():
+            swapped[stem + k] = v.contiguous()
+        save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        other = Qwen3NextForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+    mtp_layer = other.model.layers[SOURCE_LAYER]
+
+    def norm(name):
+        n = Qwen3NextRMSNorm(h, eps=cfg["rms_norm_eps"])
+        n.weight.data.copy_(mtp[f"mtp.{name}.weight"])
+        return n
+
+    ids = torch.randint(0, cfg["vocab_size"], (1, PROMPT), generator=g)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        emb = model.model.embed_tokens(ids)[0]
+        cat = torch.cat(
+            [norm("pre_fc_norm_embedding")(emb[1:]), norm("pre_fc_norm_hidden")(hidden[:-1])],
+            dim=-1,
+        )
+        x = (cat @ mtp["mtp.fc.weight"].T)[None]
+        t = x.shape[1]
+        pos = torch.arange(t)[None]
+        rope = model.model.rotary_emb(x, pos)
+        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+        out = mtp_layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
+        out = out[0] if isinstance(out, tuple) else out
+        y = norm("norm")(out[0])
+        logits = model.lm_head(y)
+    save_file(
+        {
+            "ids": ids[0].to(torch.int64).contiguous(),
+            "hidden": hidden.contiguous(),
+            "logits": logits.contiguous(),
+        },
+        str(DST / "mtp_reference.safetensors"),
+        metadata={"format": "pt"},
+    )
+    print(f"wrote {DST}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
+
+
+if __name__ == "__main__":
+    main()

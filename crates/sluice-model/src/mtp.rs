@@ -23,7 +23,6 @@ use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::config::{MtpHead, Residual};
 use crate::model::Model;
-use crate::pass::PassTimes;
 use crate::state::State;
 use crate::weights::{ExpertSpec, LayerSpec, MtpHeadSpec, WeightLayout};
 
@@ -208,22 +207,11 @@ impl Model {
         let mut x = vec![0f32; t * h];
         self.exec().matmul(&fc.view(&entry_blob)?, &cat, &mut x);
         let mut segs = [(&mut *state, tokens)];
-        let mut times = PassTimes::default();
-        let out = self.run_layers(&run.cfg, &mut segs, offset, x, &mut times)?;
+        let out = self.run_layers(&run.cfg, &mut segs, offset, x)?;
         state.pos += t;
         let y = self.norm_rows(&out, &norm.to_f32(&entry_blob));
         let head_blob = self.trunk().part(l)?;
-        let mut logits = vec![0f32; cfg.vocab];
-        self.exec().matmul(
-            &self.layout().head_spec.lm_head.view(&head_blob)?,
-            &y[(t - 1) * h..],
-            &mut logits,
-        );
-        if let Some(c) = cfg.logit_softcap {
-            for z in &mut logits {
-                *z = (*z / c).tanh() * c;
-            }
-        }
+        let logits = self.lm_head_rows(&y[(t - 1) * h..], &head_blob)?;
         Ok((logits, y))
     }
 }

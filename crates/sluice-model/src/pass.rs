@@ -205,9 +205,7 @@ impl Model {
         segs: &mut Segs<'_, '_, '_>,
         offset: usize,
         x: Vec<f32>,
-        times: &mut PassTimes,
     ) -> Result<Vec<f32>, ModelError> {
-        let t0 = Instant::now();
         let pass = self.new_pass(
             cfg,
             segs,
@@ -224,13 +222,6 @@ impl Model {
         if let Some(c) = carry {
             stream.add_ffn(&c);
         }
-        let (attention, experts) = (pass.attention_seconds.get(), pass.expert_seconds.get());
-        *times += PassTimes {
-            attention,
-            experts,
-            head: 0.0,
-            other: (t0.elapsed().as_secs_f64() - attention - experts).max(0.0),
-        };
         Ok(stream.output().to_vec())
     }
 
@@ -591,9 +582,26 @@ impl Model {
             d.push(("final_norm_input".into(), final_in));
             d.push(("final_hidden".into(), xn.clone()));
         }
-        let mut logits = vec![0f32; n_rows * cfg.vocab];
-        self.exec()
-            .matmul(&head.lm_head.view(&head_blob)?, &xn, &mut logits);
+        let logits = self.lm_head_rows(&xn, &head_blob)?;
+        Ok(logits)
+    }
+}
+
+impl Model {
+    /// The lm_head over final-normed rows `xn` (`[n, hidden]`), soft-capped when the model
+    /// caps its logits: `[n, vocab]`. `head_blob` is the head part.
+    pub(crate) fn lm_head_rows(
+        &self,
+        xn: &[f32],
+        head_blob: &Blob,
+    ) -> Result<Vec<f32>, ModelError> {
+        let cfg = self.config();
+        let mut logits = vec![0f32; xn.len() / cfg.hidden * cfg.vocab];
+        self.exec().matmul(
+            &self.layout().head_spec.lm_head.view(head_blob)?,
+            xn,
+            &mut logits,
+        );
         if let Some(c) = cfg.logit_softcap {
             for z in &mut logits {
                 *z = (*z / c).tanh() * c;

@@ -10,6 +10,7 @@
 use std::collections::VecDeque;
 
 use sluice_model::{Logits, Model, State};
+use sluice_sampler::argmax;
 
 use crate::generate::Seq;
 
@@ -325,17 +326,6 @@ impl MtpDraft {
             (logits, y) = model.mtp_forward(state, origin, &row, &[d])?;
         }
     }
-}
-
-/// The most likely token (the lowest id of equals).
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &z) in logits.iter().enumerate() {
-        if z > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// What a sequence's state holds beyond its chosen tokens, for cutting it back: kept with the

@@ -176,22 +176,19 @@ fn mtp_drafting_needs_the_layer_loaded() {
         e.contains("draft mtp") && e.contains("EngineBuilder::mtp"),
         "{e}"
     );
-    // A checkpoint without one: refused when the engine is built.
-    let plain = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/qwen3_next-fp32");
-    let e = Engine::builder()
-        .model(plain)
-        .mtp(true)
-        .build()
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("no multi-token-prediction"), "{e}");
-    // And one whose MTP layers are DeepSeek's: checked, not run.
-    let v4 = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models/deepseek_v4-fp32");
-    let e = Engine::builder()
-        .model(v4)
-        .mtp(true)
-        .build()
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("not run yet"), "{e}");
+    // A checkpoint without one, and one whose MTP layers are DeepSeek's (checked, not run):
+    // refused when the engine is built.
+    let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
+    for (name, says) in [
+        ("qwen3_next-fp32", "no multi-token-prediction"),
+        ("deepseek_v4-fp32", "not run yet"),
+    ] {
+        let e = Engine::builder()
+            .model(models.join(name))
+            .mtp(true)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "{name}: {e}");
+    }
 }

@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""A Qwen3-Next checkpoint with a multi-token-prediction layer, and what that layer computes.
+"""Checkpoints with a multi-token-prediction layer, and what that layer computes.
 
     /work/venv/ref/bin/python tools/reference/make_mtp_fixtures.py
 
-(run from the repository root). Reads the committed `testdata/models/qwen3_next-fp32` fixture
-and writes `testdata/mtp/qwen3_next-fp32/`: its config and weights plus a seeded MTP layer under
-the hub's names (`mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`,
-`mtp.layers.0.*`: a full-attention MoE decoder layer), and `mtp_reference.safetensors`.
+(run from the repository root). Writes two fixtures, each the committed model fixture's config
+and weights plus a seeded MTP layer under the hub's names, and `mtp_reference.safetensors`:
 
-transformers does not instantiate the MTP layer (its checkpoints' `mtp.*` tensors are dropped on
-load), so the reference is assembled from transformers' own pieces the way vLLM's
-`Qwen3NextMultiTokenPredictor` and `Qwen3NextMTP` run them: per position `i`, the embedding of
-token `i + 1` and the model's final-normed hidden state at `i` (`last_hidden_state`), each normed
-by `Qwen3NextRMSNorm` (zero-centred), concatenated (embedding first), projected by `fc`; then the
-MTP layer, which is transformers' `Qwen3NextDecoderLayer` (full attention) loaded with the MTP
-weights through `from_pretrained` (so the hub's per-expert names go through transformers' own
-conversion), causal over the MTP positions with the model's rotary table at positions `i`; then
-`norm` and the model's `lm_head`.
+- `testdata/mtp/qwen3_next-fp32/` from `testdata/models/qwen3_next-fp32`: `mtp.fc`,
+  `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.norm`, `mtp.layers.0.*` (a
+  full-attention MoE decoder layer).
+- `testdata/mtp/deepseek_v3-fp32/` from `testdata/models/deepseek_v3-fp32`, with
+  `num_nextn_predict_layers: 1`: `model.layers.4.{eh_proj,enorm,hnorm,shared_head.norm}`, the
+  copies `model.layers.4.embed_tokens` and `model.layers.4.shared_head.head` of the model's
+  embedding and lm_head (as DeepSeek-V3's checkpoints ship them), and an MLA MoE decoder layer.
+
+transformers does not instantiate MTP layers (their tensors are dropped on load), so each
+reference is assembled from transformers' own pieces the way vLLM runs the layer
+(`Qwen3NextMultiTokenPredictor`, `DeepSeekMultiTokenPredictor`): per position `i`, the embedding
+of token `i + 1` (DeepSeek: zero at position 0) and the model's final-normed hidden state at `i`
+(`last_hidden_state`), each normed by the family's RMSNorm, concatenated (embedding first),
+projected by `fc` / `eh_proj`; then the MTP layer, which is transformers' decoder layer loaded
+with the MTP weights through `from_pretrained` (so the hub's per-expert names go through
+transformers' own conversion), causal over the MTP positions with the model's rotary table at
+positions `i`; then the final norm (`norm` / `shared_head.norm`) and the model's `lm_head`.
 
 Outputs: `ids` (the prompt), `hidden` (`last_hidden_state`, `[T, hidden]`), `logits`
-(`[T - 1, vocab]`: row `i` predicts token `i + 2`). Deterministic: fixed seeds, one thread.
+(`[T - 1, vocab]`: row `i` predicts token `i + 2`); DeepSeek's also `out`, the layer's rows
+before the final norm (where its next draft step starts). Deterministic: fixed seeds, one
+thread.
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import Qwen3NextForCausalLM  # noqa: E402
+from transformers import DeepseekV3ForCausalLM, Qwen3NextForCausalLM  # noqa: E402
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm  # noqa: E402
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +57,7 @@ SEED = 7301
 PROMPT = 24
 
 
-def main() -> None:
+def qwen3_next() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     g = torch.Generator().manual_seed(SEED)
@@ -129,5 +138,100 @@ def main() -> None:
     print(f"wrote {DST}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
 
 
+DS_SRC = ROOT / "testdata/models/deepseek_v3-fp32"
+DS_DST = ROOT / "testdata/mtp/deepseek_v3-fp32"
+DS_SOURCE_LAYER = 3  # an MoE layer of the fixture: the MTP layer's shape
+DS_SEED = 7302
+
+
+def load_all(src: Path) -> dict:
+    out = {}
+    for f in sorted(src.glob("model*.safetensors")):
+        with safe_open(str(f), "pt") as s:
+            out.update({k: s.get_tensor(k) for k in s.keys()})
+    return dict(sorted(out.items()))
+
+
+def deepseek_v3() -> None:
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    g = torch.Generator().manual_seed(DS_SEED)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    base = load_all(DS_SRC)
+    cfg = json.loads((DS_SRC / "config.json").read_text())
+    h, n = cfg["hidden_size"], cfg["num_hidden_layers"]
+
+    # The MTP layer: the source layer's shapes, fresh values of each tensor's spread (norm
+    # weights near one).
+    stem = f"model.layers.{DS_SOURCE_LAYER}."
+    layer = {}
+    for k, v in base.items():
+        if k.startswith(stem):
+            rest = k[len(stem):]
+            if "norm" in rest:
+                layer[rest] = 1 + rnd(*v.shape, scale=0.1)
+            else:
+                layer[rest] = rnd(*v.shape, scale=float(v.std()))
+    pre = f"model.layers.{n}."
+    mtp = {pre + k: v.contiguous() for k, v in layer.items()}
+    mtp[pre + "eh_proj.weight"] = rnd(h, 2 * h, scale=(2 * h) ** -0.5)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        mtp[pre + f"{name}.weight"] = 1 + rnd(h, scale=0.1)
+    mtp[pre + "embed_tokens.weight"] = base["model.embed_tokens.weight"].clone()
+    mtp[pre + "shared_head.head.weight"] = base["lm_head.weight"].clone()
+
+    DS_DST.mkdir(parents=True, exist_ok=True)
+    cfg["num_nextn_predict_layers"] = 1
+    (DS_DST / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    shutil.copy(DS_SRC / "generation_config.json", DS_DST / "generation_config.json")
+    save_file({**base, **mtp}, str(DS_DST / "model.safetensors"), metadata={"format": "pt"})
+
+    model = DeepseekV3ForCausalLM.from_pretrained(DS_SRC, attn_implementation="eager").eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        shutil.copy(DS_SRC / "config.json", tmp / "config.json")
+        swapped = dict(base)
+        for k, v in layer.items():
+            swapped[stem + k] = v.contiguous()
+        save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        other = DeepseekV3ForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+    mtp_layer = other.model.layers[DS_SOURCE_LAYER]
+
+    def norm(name):
+        m = DeepseekV3RMSNorm(h, eps=cfg["rms_norm_eps"])
+        m.weight.data.copy_(mtp[pre + f"{name}.weight"])
+        return m
+
+    ids = torch.randint(0, cfg["vocab_size"], (1, PROMPT), generator=g)
+    with torch.no_grad():
+        hidden = model.model(input_ids=ids).last_hidden_state[0]
+        emb = model.model.embed_tokens(ids)[0][1:].clone()
+        emb[0] = 0  # MTP position 0: vLLM masks the embedding
+        cat = torch.cat([norm("enorm")(emb), norm("hnorm")(hidden[:-1])], dim=-1)
+        x = (cat @ mtp[pre + "eh_proj.weight"].T)[None]
+        t = x.shape[1]
+        pos = torch.arange(t)[None]
+        rope = model.model.rotary_emb(x, pos)
+        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+        out = mtp_layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
+        out = (out[0] if isinstance(out, tuple) else out)[0]
+        logits = model.lm_head(norm("shared_head.norm")(out))
+    save_file(
+        {
+            "ids": ids[0].to(torch.int64).contiguous(),
+            "hidden": hidden.contiguous(),
+            "logits": logits.contiguous(),
+            "out": out.contiguous(),
+        },
+        str(DS_DST / "mtp_reference.safetensors"),
+        metadata={"format": "pt"},
+    )
+    print(f"wrote {DS_DST}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
+
+
 if __name__ == "__main__":
-    main()
+    qwen3_next()
+    deepseek_v3()

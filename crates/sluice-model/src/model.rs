@@ -227,7 +227,9 @@ impl Model {
                     "a pack does not keep the MTP layers; run the checkpoint itself".into(),
                 ));
             }
-            Some(crate::mtp::MtpRun::new(&cfg, &layout)?)
+            let run = crate::mtp::MtpRun::new(&cfg, &layout)?;
+            crate::mtp::check_copies(&layout, reader.as_ref())?;
+            Some(run)
         } else {
             None
         };

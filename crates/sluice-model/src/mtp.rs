@@ -1,14 +1,21 @@
 //! The multi-token-prediction (MTP) layer as a drafter: a checkpoint's extra layer that, from
 //! the model's final-normed hidden state at a position and the token after it, predicts the
-//! token after that (Qwen3-Next's and Qwen3.5's `mtp.*`, [`crate::config::MtpHead::Concat`]).
+//! token after that. Two kinds run ([`crate::config::MtpHead`]):
 //!
-//! Per row: the token's embedding and the hidden row, each RMS-normed by its own weights, are
-//! concatenated (embedding first) and projected by `fc` to the hidden width; that runs through
-//! the MTP layer (its attention against its own KV cache, its MoE) and is normed by the MTP
-//! `norm`; the model's lm_head gives the logits. The normed output row is also the hidden row
-//! a further draft step starts from. This is vLLM's `Qwen3NextMultiTokenPredictor` (transformers
-//! does not instantiate the layer); `tools/reference/make_mtp_fixtures.py` builds it from
-//! transformers' decoder layer and checks it.
+//! - **Qwen3-Next's and Qwen3.5's `mtp.*`** (`Concat`): the token's embedding and the hidden
+//!   row, each RMS-normed by its own weights, are concatenated (embedding first) and projected
+//!   by `fc` to the hidden width; that runs through the MTP layer (its attention against its
+//!   own KV cache, its MoE) and is normed by the MTP `norm`; the model's lm_head gives the
+//!   logits. The normed output row is the hidden row a further draft step starts from. This is
+//!   vLLM's `Qwen3NextMultiTokenPredictor` (transformers does not instantiate the layer).
+//! - **DeepSeek-V3's and GLM-4.5's layers after the last** (`Trailing`): the same with `enorm`,
+//!   `hnorm`, `eh_proj` and `shared_head.norm`, except that the embedding at position 0 is
+//!   zero and a further step starts from the layer's output before the norm (vLLM's
+//!   `DeepSeekMultiTokenPredictor`). The layer's copies of the embedding and the head must
+//!   equal the model's ([`check_copies`]), which are used.
+//!
+//! `tools/reference/make_mtp_fixtures.py` builds both from transformers' decoder layers and
+//! checks them.
 //!
 //! The layer is loaded only when asked for ([`crate::ModelOptions::mtp`]). It is numbered
 //! after the model's layers everywhere a layer index is used: layer `L` of
@@ -25,6 +32,7 @@ use crate::config::{MtpHead, Residual};
 use crate::model::Model;
 use crate::state::State;
 use crate::weights::{ExpertSpec, LayerSpec, MtpHeadSpec, WeightLayout};
+use sluice_store::{Piece, Reader, read_blob};
 
 /// What running the MTP layer needs besides the model's own.
 #[derive(Debug)]
@@ -42,14 +50,13 @@ impl MtpRun {
     pub(crate) fn new(cfg: &ModelConfig, layout: &WeightLayout) -> Result<MtpRun, ModelError> {
         let (Some(m), Some(ml)) = (&cfg.mtp, &layout.mtp) else {
             return Err(ModelError::Mtp(
-                "the checkpoint has no multi-token-prediction layers (`mtp.*`) sluice can run"
-                    .into(),
+                "the checkpoint has no multi-token-prediction layers sluice can run".into(),
             ));
         };
-        if m.head != MtpHead::Concat {
+        if m.head == MtpHead::PerLayer {
             return Err(ModelError::Mtp(format!(
-                "the MTP layers under `{}` (DeepSeek-style, with their own input projections) are \
-                 checked but not run yet; use --draft ngram",
+                "the MTP layers under `{}` (DeepSeek-V4's, with separate embedding and hidden \
+                 projections) are checked but not run yet; use --draft ngram",
                 m.module
             )));
         }
@@ -78,6 +85,40 @@ impl MtpRun {
             kv_per_position,
         })
     }
+}
+
+/// Refuses MTP layers whose copies of the model's embedding or head ([`MtpCopy`]) hold other
+/// bytes: the layer runs with the model's own, which would not be the layer the checkpoint
+/// trained. Reads both, a slice at a time.
+pub(crate) fn check_copies(layout: &WeightLayout, reader: &dyn Reader) -> Result<(), ModelError> {
+    const SLICE: u64 = 16 << 20;
+    let Some(m) = &layout.mtp else {
+        return Ok(());
+    };
+    for c in &m.copies {
+        let mut at = 0;
+        while at < c.copy.len {
+            let len = SLICE.min(c.copy.len - at);
+            let slice = |p: &Piece| Piece {
+                shard: p.shard,
+                offset: p.offset + at,
+                len,
+            };
+            let (a, b) = (
+                read_blob(reader, &[slice(&c.copy)])?,
+                read_blob(reader, &[slice(&c.original)])?,
+            );
+            if a.piece(0) != b.piece(0) {
+                return Err(ModelError::Mtp(format!(
+                    "`{}` differs from the model's `{}` (byte {}…); the MTP layer runs with the \
+                     model's own, so this checkpoint's is not run; use --draft ngram",
+                    c.name, c.of, at
+                )));
+            }
+            at += len;
+        }
+    }
+    Ok(())
 }
 
 /// Whether `--draft mtp` can run the checkpoint's MTP layer (`Err` says why not).
@@ -133,8 +174,9 @@ impl Model {
     /// that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i` (the MTP
     /// state may start after the model's position 0). Appends to the MTP layer's cache;
     /// returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP layer
-    /// predicts it) and every row's normed output, `[t, hidden]` (what a further step takes as
-    /// its hidden state). On error the state is as it was.
+    /// predicts it) and every row's output, `[t, hidden]`, as a further step takes it as its
+    /// hidden state (normed or not, as the layer's kind wants). On error the state is as it
+    /// was.
     pub fn mtp_forward(
         &self,
         state: &mut State,
@@ -178,40 +220,56 @@ impl Model {
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let cfg = self.config();
         let (h, t, l) = (cfg.hidden, tokens.len(), cfg.layers);
-        let Some(MtpHeadSpec::Concat {
-            fc,
-            norm_embedding,
-            norm_hidden,
-            norm,
-        }) = self
+        let spec = self
             .layout()
             .mtp
             .as_ref()
-            .and_then(|m| m.head_specs.first())
-        else {
-            return Err(ModelError::Internal(
-                "the MTP head is not a concatenation".into(),
-            ));
+            .and_then(|m| m.head_specs.first());
+        // The entry projection and norms, the final norm, and whether the next step starts
+        // from the normed rows (Qwen3-Next) or from the layer's output (DeepSeek-V3).
+        let (proj, enorm, hnorm, norm, normed_out) = match spec {
+            Some(MtpHeadSpec::Concat {
+                fc,
+                norm_embedding,
+                norm_hidden,
+                norm,
+            }) => (fc, norm_embedding, norm_hidden, norm, true),
+            Some(MtpHeadSpec::Trailing {
+                eh_proj,
+                enorm,
+                hnorm,
+                norm,
+            }) => (eh_proj, enorm, hnorm, norm, false),
+            _ => {
+                return Err(ModelError::Internal(
+                    "the MTP head is not one sluice runs".into(),
+                ));
+            }
         };
         let entry_blob = self.trunk().part(l + 2)?;
-        let e = self.norm_rows(
-            &self.embed_rows(tokens)?,
-            &norm_embedding.to_f32(&entry_blob),
-        );
-        let hn = self.norm_rows(hidden, &norm_hidden.to_f32(&entry_blob));
+        let mut emb = self.embed_rows(tokens)?;
+        if !normed_out {
+            // DeepSeek-V3's layer sees no embedding at position 0 (vLLM masks it).
+            let first = offset + state.pos();
+            if first == 0 {
+                emb[..h].fill(0.0);
+            }
+        }
+        let e = self.norm_rows(&emb, &enorm.to_f32(&entry_blob));
+        let hn = self.norm_rows(hidden, &hnorm.to_f32(&entry_blob));
         let mut cat = Vec::with_capacity(2 * t * h);
         for (er, hr) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
             cat.extend_from_slice(er);
             cat.extend_from_slice(hr);
         }
         let mut x = vec![0f32; t * h];
-        self.exec().matmul(&fc.view(&entry_blob)?, &cat, &mut x);
+        self.exec().matmul(&proj.view(&entry_blob)?, &cat, &mut x);
         let mut segs = [(&mut *state, tokens)];
         let out = self.run_layers(&run.cfg, &mut segs, offset, x)?;
         state.pos += t;
         let y = self.norm_rows(&out, &norm.to_f32(&entry_blob));
         let head_blob = self.trunk().part(l)?;
         let logits = self.lm_head_rows(&y[(t - 1) * h..], &head_blob)?;
-        Ok((logits, y))
+        Ok((logits, if normed_out { y } else { out }))
     }
 }

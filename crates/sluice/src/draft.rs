@@ -606,8 +606,15 @@ mod tests {
     /// run from scratch over every row.
     #[test]
     fn mtp_drafts_are_the_mtp_layers_prediction_after_any_catch_up() {
+        for name in ["qwen3_next-fp32", "deepseek_v3-fp32"] {
+            drafts_after_catch_ups(name);
+        }
+    }
+
+    fn drafts_after_catch_ups(name: &str) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/mtp/qwen3_next-fp32");
+            .join("../../testdata/mtp")
+            .join(name);
         let opts = sluice_model::ModelOptions {
             mtp: true,
             threads: 2,
@@ -646,7 +653,7 @@ mod tests {
             assert_eq!(
                 d,
                 scratch(main.hidden_rows().1, &seq, 3),
-                "after {} tokens",
+                "{name}: after {} tokens",
                 seq.len()
             );
             made += d.len();

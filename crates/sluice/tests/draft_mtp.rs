@@ -1,8 +1,8 @@
 //! Drafting with the checkpoint's multi-token-prediction layer changes the speed, never the
-//! output: on the Qwen3-Next fixture with an MTP layer (`testdata/mtp/qwen3_next-fp32`; its
-//! gated-DeltaNet layers step back only to where their latest pass began), greedy and seeded
-//! sampling, resident and streaming at its minimum budget, for a session, a chat whose turns
-//! continue one state, and the batcher.
+//! output: on the fixtures with an MTP layer (`testdata/mtp/*`: Qwen3-Next's `mtp.*`, whose
+//! gated-DeltaNet layers step back only to where their latest pass began, and DeepSeek-V3's
+//! layer after the last, over MLA), greedy and seeded sampling, resident and streaming at the
+//! minimum budget, for a session, a chat whose turns continue one state, and the batcher.
 
 mod common;
 
@@ -11,13 +11,17 @@ use std::path::{Path, PathBuf};
 use sluice::batch::OwnedPrompt;
 use sluice::{Draft, Engine, EngineBuilder, GenerateOptions, Memory, Prompt, SamplingOptions};
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/mtp/qwen3_next-fp32")
+const FIXTURES: [&str; 2] = ["qwen3_next-fp32", "deepseek_v3-fp32"];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/mtp")
+        .join(name)
 }
 
-fn builder() -> EngineBuilder {
+fn builder(name: &str) -> EngineBuilder {
     Engine::builder()
-        .model(fixture())
+        .model(fixture(name))
         .threads(2)
         .context(96)
         .mtp(true)
@@ -51,10 +55,16 @@ fn samplings() -> [SamplingOptions; 2] {
 
 #[test]
 fn mtp_drafting_gives_the_same_ids_resident_and_streamed() {
-    let min = common::minimum(builder().sequences(1));
+    for name in FIXTURES {
+        same_ids_resident_and_streamed(name);
+    }
+}
+
+fn same_ids_resident_and_streamed(name: &str) {
+    let min = common::minimum(builder(name).sequences(1));
     let mut proposed = 0;
     for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {
-        let engine = builder().memory(memory).build().unwrap();
+        let engine = builder(name).memory(memory).build().unwrap();
         let ids = prompt(engine.model().config().vocab);
         for sampling in &samplings() {
             let run = |draft: Draft| {
@@ -75,17 +85,23 @@ fn mtp_drafting_gives_the_same_ids_resident_and_streamed() {
                 Draft::Mtp { tokens: None },
             ] {
                 let (got, p) = run(draft);
-                assert_eq!(got, want, "{memory:?}, {sampling:?}, {draft:?}");
+                assert_eq!(got, want, "{name} {memory:?}, {sampling:?}, {draft:?}");
                 proposed += p;
             }
         }
     }
-    assert!(proposed > 0, "the MTP layer proposed nothing");
+    assert!(proposed > 0, "{name}: the MTP layer proposed nothing");
 }
 
 #[test]
 fn a_chat_continues_the_same_after_mtp_drafted_turns() {
-    let engine = builder().build().unwrap();
+    for name in FIXTURES {
+        chat_continues_the_same(name);
+    }
+}
+
+fn chat_continues_the_same(name: &str) {
+    let engine = builder(name).build().unwrap();
     let ids = prompt(engine.model().config().vocab);
     for sampling in &samplings() {
         let turn = |draft: Draft| {
@@ -116,14 +132,20 @@ fn a_chat_continues_the_same_after_mtp_drafted_turns() {
         assert_eq!(
             turn(Draft::Mtp { tokens: Some(2) }),
             turn(Draft::Off),
-            "{sampling:?}"
+            "{name} {sampling:?}"
         );
     }
 }
 
 #[test]
 fn the_batcher_drafts_with_the_mtp_layer_and_changes_no_token() {
-    let b = || builder().sequences(3);
+    for name in FIXTURES {
+        batcher_changes_no_token(name);
+    }
+}
+
+fn batcher_changes_no_token(name: &str) {
+    let b = || builder(name).sequences(3);
     let min = common::minimum(b());
     let mut proposed = 0;
     for memory in [Memory::Unlimited, Memory::Bytes(min + (256 << 10))] {
@@ -153,17 +175,20 @@ fn the_batcher_drafts_with_the_mtp_layer_and_changes_no_token() {
             .map(|(i, (s, d))| (OwnedPrompt::Ids(ids[i..].to_vec()), opts(s, *d, 12 + 4 * i)))
             .collect();
         for (i, f) in common::batched(&engine, 3, batch).into_iter().enumerate() {
-            assert_eq!(f.ids, want[i], "{memory:?}, job {i}");
+            assert_eq!(f.ids, want[i], "{name} {memory:?}, job {i}");
             proposed += f.stats.draft_proposed;
         }
     }
-    assert!(proposed > 0);
+    assert!(proposed > 0, "{name}");
 }
 
 #[test]
 fn mtp_drafting_needs_the_layer_loaded() {
     // Built without it: refused at the generation, naming the option.
-    let engine = Engine::builder().model(fixture()).build().unwrap();
+    let engine = Engine::builder()
+        .model(fixture(FIXTURES[0]))
+        .build()
+        .unwrap();
     let mut s = engine.session().unwrap();
     let e = s
         .generate(
@@ -176,11 +201,12 @@ fn mtp_drafting_needs_the_layer_loaded() {
         e.contains("draft mtp") && e.contains("EngineBuilder::mtp"),
         "{e}"
     );
-    // A checkpoint without one, and one whose MTP layers are DeepSeek's (checked, not run):
+    // Checkpoints without one, and one whose MTP layers are DeepSeek-V4's (checked, not run):
     // refused when the engine is built.
     let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
     for (name, says) in [
         ("qwen3_next-fp32", "no multi-token-prediction"),
+        ("deepseek_v3-fp32", "no multi-token-prediction"),
         ("deepseek_v4-fp32", "not run yet"),
     ] {
         let e = Engine::builder()

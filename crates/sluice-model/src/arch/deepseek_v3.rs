@@ -7,7 +7,7 @@ use super::common::{Base, check_groups, mla_softmax_scale, top_k};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    RouterKind, TensorNames, read_rope,
+    MtpConfig, RouterKind, TensorNames, read_rope,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -17,7 +17,10 @@ pub(super) const FAMILY: Family = Family {
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    read_as(c, model_type, FAMILY.name)
+    let mut cfg = read_as(c, model_type, FAMILY.name)?;
+    // The multi-token-prediction layers (`num_nextn_predict_layers`) after the last.
+    cfg.mtp = MtpConfig::trailing(&cfg);
+    Ok(cfg)
 }
 
 /// DeepSeek-V3's description, under the family name `family` (DeepSeek-V3.2 builds on it).

@@ -428,6 +428,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     cfg.draft_layers = 0;
     cfg.mtp = (mtp > 0).then(|| MtpConfig {
         module: "model.mtp.",
+        first: 0,
         layers: mtp,
         plans: mtp_kinds
             .iter()

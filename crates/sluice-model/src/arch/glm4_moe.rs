@@ -9,8 +9,8 @@ use super::Family;
 use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, QkNorm, RouterKind,
-    TensorNames,
+    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, MtpConfig, QkNorm,
+    RouterKind, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -83,5 +83,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     if let Some(d) = draft {
         cfg.draft_layers = d;
     }
+    // The multi-token-prediction layers after the last.
+    cfg.mtp = MtpConfig::trailing(&cfg);
     Ok(cfg)
 }

@@ -147,6 +147,7 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     cfg.draft_layers = 0;
     cfg.mtp = (mtp_layers > 0).then_some(MtpConfig {
         module: "mtp.",
+        first: 0,
         layers: mtp_layers,
         plans: vec![mtp_plan; mtp_layers],
         head: MtpHead::Concat,

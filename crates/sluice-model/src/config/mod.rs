@@ -638,15 +638,20 @@ pub struct ModelConfig {
 }
 
 /// Multi-token-prediction layers a checkpoint may carry beside the model (Qwen3-Next's and
-/// Qwen3.5's `mtp.*`, DeepSeek-V4's `mtp.{i}.*`). When the checkpoint has them they are found
-/// and checked like every other weight, by role, shape and dtype (a damaged one refuses the
-/// model, naming the tensor), and they are not run; a checkpoint without them (many re-uploads
-/// strip them) reads the same.
+/// Qwen3.5's `mtp.*`, DeepSeek-V4's `mtp.{i}.*`, DeepSeek-V3's and GLM-4.5's layers after the
+/// last). When the checkpoint has them they are found and checked like every other weight, by
+/// role, shape and dtype (a damaged one refuses the model, naming the tensor); they run only as
+/// a drafter (`--draft mtp`). A checkpoint without them (many re-uploads strip them) reads the
+/// same.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MtpConfig {
     /// The module holding them, as tensors are found (after the family's renaming): the layers
-    /// are `{module}layers.{i}`, layer `i` of `plans[i]` (never hash-routed).
+    /// are `{module}layers.{i}`, layer `i` of `plans[i]` (never hash-routed). Empty for
+    /// [`MtpHead::Trailing`]: the model's own layers module, from layer `first` on.
     pub module: &'static str,
+    /// The index of the first MTP layer under `{module}layers.`: 0, or the model's layer count
+    /// for [`MtpHead::Trailing`].
+    pub first: usize,
     /// How many layers.
     pub layers: usize,
     /// What each layer is, `layers` of them.
@@ -667,6 +672,27 @@ pub enum MtpHead {
     /// hyper-connections, the layer's own hyper head (`hc_head`), all under
     /// `{module}layers.{i}.`.
     PerLayer,
+    /// Each layer its own, numbered after the model's layers (DeepSeek-V3, GLM-4.5: the
+    /// model's `layers.{first + i}.`): `eh_proj` `[hidden, 2 × hidden]` over the normed
+    /// embedding (`enorm`, zero at position 0) and hidden state (`hnorm`), concatenated;
+    /// `shared_head.norm` then the model's lm_head. Their copies of the embedding and the head
+    /// (`embed_tokens`, `shared_head.head`), when present, must equal the model's.
+    Trailing,
+}
+
+impl MtpConfig {
+    /// DeepSeek-V3's kind ([`MtpHead::Trailing`]): `cfg.draft_layers` layers after the model's
+    /// own, each a decoder layer like its last. `None` without draft layers.
+    pub fn trailing(cfg: &ModelConfig) -> Option<MtpConfig> {
+        let last = cfg.layer_plan.last()?;
+        (cfg.draft_layers > 0).then(|| MtpConfig {
+            module: "",
+            first: cfg.layers,
+            layers: cfg.draft_layers,
+            plans: vec![last.clone(); cfg.draft_layers],
+            head: MtpHead::Trailing,
+        })
+    }
 }
 
 /// The largest value a size field of `config.json` may have (2^24 = 16,777,216): far above any

@@ -465,6 +465,23 @@ pub struct MtpLayout {
     pub heads: Vec<PartLayout>,
     /// The input projections and the norms, as `heads`.
     pub head_specs: Vec<MtpHeadSpec>,
+    /// Copies of the model's tensors the layers carry ([`MtpHead::Trailing`]'s
+    /// `embed_tokens` and `shared_head.head`): not loaded, the model's own are used; they
+    /// must hold the same bytes ([`MtpCopy`]).
+    pub copies: Vec<MtpCopy>,
+}
+
+/// A tensor of the MTP layers that should be a byte-for-byte copy of one of the model's.
+#[derive(Clone, Debug)]
+pub struct MtpCopy {
+    /// The copy's name.
+    pub name: String,
+    /// The model's tensor it copies.
+    pub of: String,
+    /// Where the copy is.
+    pub copy: Piece,
+    /// Where the model's is.
+    pub original: Piece,
 }
 
 impl MtpLayout {
@@ -504,6 +521,18 @@ pub enum MtpHeadSpec {
         norm: VecSpec,
         /// With hyper-connections, the layer's hyper head (`hc_head`).
         mix: Option<HyperWeights>,
+    },
+    /// [`MtpHead::Trailing`](crate::config::MtpHead).
+    Trailing {
+        /// `eh_proj` `[hidden, 2 × hidden]`: the normed embedding and hidden state,
+        /// concatenated.
+        eh_proj: MatSpec,
+        /// `enorm`.
+        enorm: VecSpec,
+        /// `hnorm`.
+        hnorm: VecSpec,
+        /// `shared_head.norm`, before the model's lm_head.
+        norm: VecSpec,
     },
 }
 
@@ -583,7 +612,7 @@ impl WeightLayout {
         }
         let (head, head_spec) = build_part(&ctx, |p| head(p, cfg, &embed_name))?;
         let mtp = match &cfg.mtp {
-            Some(m) if ck.names().any(|n| n.starts_with(m.module)) => {
+            Some(m) if ck.names().any(|n| n.starts_with(&mtp_prefix(cfg, m))) => {
                 Some(mtp_layout(&ctx, cfg, m)?)
             }
             _ => None,
@@ -860,11 +889,20 @@ fn mtp_layout(
     m: &crate::config::MtpConfig,
 ) -> Result<MtpLayout, ModelError> {
     let mut mc = cfg.clone();
-    mc.names.prefix = String::new();
-    mc.names.model = m.module;
-    mc.names.sublayers = 1;
-    mc.layers = m.layers;
-    mc.layer_plan = m.plans.clone();
+    if m.head != MtpHead::Trailing {
+        mc.names.prefix = String::new();
+        mc.names.model = m.module;
+        mc.names.sublayers = 1;
+    }
+    // Layers `first..first + layers` of `mc` are the MTP layers (those before are never built).
+    mc.layers = m.first + m.layers;
+    mc.layer_plan = m.plans[..1]
+        .iter()
+        .cycle()
+        .take(m.first)
+        .chain(&m.plans)
+        .cloned()
+        .collect();
     mc.glu_limits = Vec::new();
     mc.hash_routed = Vec::new();
     mc.draft_layers = 0;
@@ -877,11 +915,12 @@ fn mtp_layout(
         expert_specs: Vec::with_capacity(m.layers),
         heads: Vec::new(),
         head_specs: Vec::new(),
+        copies: Vec::new(),
     };
     let heads: Vec<String> = match m.head {
         MtpHead::Concat => vec![m.module.to_owned()],
-        MtpHead::PerLayer => (0..m.layers)
-            .map(|l| format!("{}layers.{l}.", m.module))
+        MtpHead::PerLayer | MtpHead::Trailing => (m.first..m.first + m.layers)
+            .map(|l| mc.names.layer_module(l, ""))
             .collect(),
     };
     for module in heads {
@@ -912,12 +951,33 @@ fn mtp_layout(
                         _ => None,
                     },
                 },
+                MtpHead::Trailing => MtpHeadSpec::Trailing {
+                    eh_proj: p.linear(&at("eh_proj"), h, 2 * h)?,
+                    enorm: p.vector(&at("enorm.weight"), h)?.norm(zc),
+                    hnorm: p.vector(&at("hnorm.weight"), h)?.norm(zc),
+                    norm: p.vector(&at("shared_head.norm.weight"), h)?.norm(zc),
+                },
             })
         })?;
         out.heads.push(part);
         out.head_specs.push(spec);
+        if m.head == MtpHead::Trailing {
+            let model = format!("{}{}", cfg.names.prefix, cfg.names.model);
+            let lm_head = if cfg.tie_embeddings {
+                format!("{model}embed_tokens.")
+            } else {
+                format!("{}lm_head.", cfg.names.prefix)
+            };
+            out.copies.extend(mtp_copies(
+                ctx.ck,
+                &at("embed_tokens."),
+                &format!("{model}embed_tokens."),
+            )?);
+            out.copies
+                .extend(mtp_copies(ctx.ck, &at("shared_head.head."), &lm_head)?);
+        }
     }
-    for l in 0..m.layers {
+    for l in m.first..m.first + m.layers {
         let (part, spec) = build_part(ctx, |p| layer(p, &mc, l))?;
         let (ep, es) = if mc.is_moe(l) {
             routed_experts(ctx, &mc, l)?
@@ -928,6 +988,47 @@ fn mtp_layout(
         out.layer_specs.push(spec);
         out.experts.push(ep);
         out.expert_specs.push(es);
+    }
+    Ok(out)
+}
+
+/// Where the MTP layers' tensors start: `{module}layers.`, or the model's first layer after
+/// its own for [`MtpHead::Trailing`].
+fn mtp_prefix(cfg: &ModelConfig, m: &crate::config::MtpConfig) -> String {
+    match m.head {
+        MtpHead::Trailing => cfg.names.layer_module(m.first, ""),
+        _ => m.module.to_owned(),
+    }
+}
+
+/// The tensors under `copy` (an MTP layer's copy of the embedding or the head), each paired
+/// with the model's tensor of the same suffix under `original`, which must exist with the same
+/// dtype and shape. None when the layer carries no copy.
+fn mtp_copies(ck: &Checkpoint, copy: &str, original: &str) -> Result<Vec<MtpCopy>, ModelError> {
+    let mut out = Vec::new();
+    for name in ck.names().filter(|n| n.starts_with(copy)) {
+        let of = format!("{original}{}", &name[copy.len()..]);
+        let (c, o) = (ck.tensor(name)?, ck.tensor(&of)?);
+        if (c.dtype, &c.shape) != (o.dtype, &o.shape) {
+            return Err(ModelError::Tensor {
+                tensor: name.to_owned(),
+                msg: format!(
+                    "{:?} {:?}, but the model's `{of}` it copies is {:?} {:?}",
+                    c.dtype, c.shape, o.dtype, o.shape
+                ),
+            });
+        }
+        let piece = |t: &sluice_format::TensorInfo| Piece {
+            shard: t.shard as u32,
+            offset: t.offset,
+            len: t.len,
+        };
+        out.push(MtpCopy {
+            name: name.to_owned(),
+            of,
+            copy: piece(c),
+            original: piece(o),
+        });
     }
     Ok(out)
 }

@@ -1073,10 +1073,28 @@ fn draft_ngram_changes_no_token_and_counts_its_drafts() {
     let p = fixed["stats"]["draft_proposed"].as_u64().unwrap();
     let a = fixed["stats"]["draft_accepted"].as_u64().unwrap();
     assert!(p > 0 && a > 0 && a < p, "{a} of {p}");
+    // The demo model's own MTP layer (trained, `tools/demo-model/train_mtp.py`): the same ids,
+    // and some of its drafts kept.
+    let mtp = go(&["--draft", "mtp", "--draft-tokens", "2"]);
+    assert_eq!(mtp["ids"], off["ids"]);
+    let p = mtp["stats"]["draft_proposed"].as_u64().unwrap();
+    let a = mtp["stats"]["draft_accepted"].as_u64().unwrap();
+    assert!(p > 0 && a > 0 && a <= p, "{a} of {p}");
+    // A checkpoint without an MTP layer.
+    let plain = fixture("deepseek_v3-fp32");
+    let e = one_line_error(&[
+        "run",
+        "--model",
+        plain.to_str().unwrap(),
+        "--draft",
+        "mtp",
+        "--prompt-ids",
+        "1,2,3",
+    ]);
+    assert!(e.contains("no multi-token-prediction"), "{e}");
     for (args, says) in [
-        (&["--draft", "mtp"][..], "no multi-token-prediction"),
         (
-            &["--draft-tokens", "3"],
+            &["--draft-tokens", "3"][..],
             "--draft-tokens needs --draft ngram",
         ),
         (
@@ -1324,14 +1342,17 @@ fn inspect_explains_compressed_attention_and_hash_routing() {
     );
     assert!(text.contains("MTP layers        1 ("), "{text}");
     // A model without them says nothing of them.
+    let plain = fixture("deepseek_v3-fp32");
+    let plain = plain.to_str().unwrap();
+    let v = json(&run(&["inspect", plain, "--json"]));
+    assert!(v["compressed_attention"].is_null());
+    assert_eq!(v["hash_routed_layers"].as_u64(), Some(0));
+    assert_eq!(v["mtp_layers"].as_u64(), Some(0));
+    assert!(!String::from_utf8_lossy(&run(&["inspect", plain]).stdout).contains("MTP"));
+    // The demo model's trained MTP layer (DeepSeek-V3's kind) runs.
     let demo = json(&run(&["inspect", demo_model().to_str().unwrap(), "--json"]));
-    assert!(demo["compressed_attention"].is_null());
-    assert_eq!(demo["hash_routed_layers"].as_u64(), Some(0));
-    assert_eq!(demo["mtp_layers"].as_u64(), Some(0));
-    assert!(
-        !String::from_utf8_lossy(&run(&["inspect", demo_model().to_str().unwrap()]).stdout)
-            .contains("MTP")
-    );
+    assert_eq!(demo["mtp_layers"].as_u64(), Some(1));
+    assert_eq!(demo["mtp_drafts"], true, "{demo}");
 }
 
 /// DeepSeek-V4's hash-routed layers (0 and 1 in the fixture) are prefetched from the tokens

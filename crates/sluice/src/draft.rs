@@ -85,8 +85,10 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// timed: the draft length is the `k` that makes the most tokens per second, `E(k) / (1 + k·m/t₁)`
 /// — none when no draft beats a pass of one row by 5% (a model whose rows cost the same each,
 /// say, or text too unpredictable), and then one token is drafted every [`PROBE_EVERY`] steps to see
-/// whether that has changed. Timing steers only which drafts are made, never which tokens come
-/// out.
+/// whether that has changed; every [`RARE_PROBE_EVERY`] steps when drafts would not pay even if
+/// [`HOPEFUL_P`] of them were kept (the rows, or the MTP layer's steps, cost too much: only the
+/// costs can change that, and probing them often is what would make drafting slower than none).
+/// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
 pub(crate) struct Drafter {
     fixed: Option<usize>,
@@ -101,6 +103,8 @@ pub(crate) struct Drafter {
     mtp: Option<MtpDraft>,
     /// Seconds of making each draft token (the MTP layer's steps; moving average).
     per_draft: Option<f64>,
+    /// Drafted steps since the last step without a draft (see [`RETIME_EVERY`]).
+    since_plain: usize,
 }
 
 /// How fast the moving averages follow what happens (the weight of each new observation).
@@ -122,6 +126,18 @@ const MIN_GAIN: f64 = 1.05;
 /// While drafting pauses, one token is drafted every this many steps.
 pub const PROBE_EVERY: usize = 8;
 
+/// While drafting pauses because it would not pay even when [`HOPEFUL_P`] of the draft tokens
+/// were kept, one token is drafted every this many steps.
+pub const RARE_PROBE_EVERY: usize = 64;
+
+/// The adaptive length's first step, and one in every this many after drafted ones, drafts
+/// nothing: costs are judged against a pass of one row, which a drafter that always drafts
+/// (the MTP layer always has a guess) would otherwise never time again.
+pub const RETIME_EVERY: usize = 32;
+
+/// The kept-token chance against which the costs are judged hopeless.
+pub const HOPEFUL_P: f64 = 0.9;
+
 fn average(old: Option<f64>, x: f64) -> f64 {
     match old {
         Some(a) => a + RATE * (x - a),
@@ -142,12 +158,18 @@ impl Drafter {
                 idle: 0,
                 mtp: matches!(d, Draft::Mtp { .. }).then(MtpDraft::default),
                 per_draft: None,
+                since_plain: RETIME_EVERY,
             }),
         }
     }
 
     /// The draft length that makes the most tokens per second (see [`Drafter`]).
     fn best_length(&self) -> usize {
+        self.best_length_at(self.p)
+    }
+
+    /// [`Drafter::best_length`] if the kept-token chance were `p`.
+    fn best_length_at(&self, p: f64) -> usize {
         let cost = match (self.one_row, self.per_row) {
             (Some(t), Some(m)) if t > 0.0 => {
                 ((m + self.per_draft.unwrap_or(0.0)) / t).max(MIN_COST)
@@ -157,7 +179,7 @@ impl Drafter {
         let (mut best, mut best_rate) = (0, MIN_GAIN);
         let (mut expected, mut reach) = (1.0, 1.0);
         for k in 1..=MAX_DRAFT {
-            reach *= self.p;
+            reach *= p;
             expected += reach;
             let rate = expected / (1.0 + k as f64 * cost);
             if rate > best_rate {
@@ -171,13 +193,23 @@ impl Drafter {
         if let Some(k) = self.fixed {
             return k;
         }
+        if self.since_plain >= RETIME_EVERY {
+            self.since_plain = 0;
+            return 0;
+        }
         let k = self.best_length();
         if k > 0 {
             self.idle = 0;
+            self.since_plain += 1;
             return k;
         }
         self.idle += 1;
-        if self.idle >= PROBE_EVERY {
+        let every = if self.best_length_at(HOPEFUL_P) == 0 {
+            RARE_PROBE_EVERY
+        } else {
+            PROBE_EVERY
+        };
+        if self.idle >= every {
             self.idle = 0;
             1
         } else {
@@ -241,11 +273,22 @@ impl Drafter {
     }
 }
 
+/// The most rows the MTP cache catches up over once it has begun; see [`MtpDraft`].
+pub(crate) const MTP_GAP: usize = 48;
+
+/// The rows a restarted MTP cache begins with; see [`MtpDraft`].
+pub(crate) const MTP_REWARM: usize = 16;
+
 /// The MTP layer's side of a generation's drafting: its own KV cache, which starts at the
 /// model's position `origin` (the first hidden row the model's state kept) and holds `valid`
 /// positions made from the model's hidden rows and chosen tokens — each position `i` from the
 /// hidden row of `i` and the token at `i + 1` — and, beyond those, the positions of the latest
 /// draft's further steps, which are cut off before the next.
+///
+/// A catch-up over more than [`MTP_GAP`] rows (drafting paused for a while) starts the cache
+/// afresh over the latest [`MTP_REWARM`] rows instead: the hidden rows carry the model's whole
+/// context, and a probe after a pause then costs a short pass of the layer rather than one over
+/// every row since (which, with the experts streaming, reads most of the layer's experts).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MtpDraft {
     state: Option<State>,
@@ -276,6 +319,11 @@ impl MtpDraft {
             self.origin = first;
             self.valid = 0;
             start = first;
+        } else if last + 1 - start > MTP_GAP {
+            self.state = model.new_mtp_state();
+            self.origin = last + 1 - MTP_REWARM;
+            self.valid = 0;
+            start = self.origin;
         }
         let Some(state) = self.state.as_mut() else {
             return Vec::new();
@@ -558,7 +606,9 @@ mod tests {
         // 0..10 twice, then 0 1 2: the suffix "9 0 1 2" recurs with ten tokens after it.
         let s: Vec<u32> = (0..10).chain(0..10).chain(0..3).collect();
         let mut d = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
-        // p = 0.6 at half a pass per row: one token (1.6 / 1.5 beats 1).
+        // The first step times a pass of one row; then p = 0.6 at half a pass per row: one
+        // token (1.6 / 1.5 beats 1).
+        assert_eq!(d.propose(&s, 99).len(), 0);
         assert_eq!(d.propose(&s, 99).len(), 1);
         // Rows that cost almost nothing (a pass bound by reading weights) and drafts that are
         // kept: long drafts.
@@ -570,22 +620,27 @@ mod tests {
         let k = d.propose(&s, 99).len();
         assert!(k >= 8, "{k}");
         assert_eq!(d.propose(&s, 2).len(), 2, "never past the limit");
-        // Rows that cost as much as a pass each: no draft pays, whatever p; probes only.
+        // One step in RETIME_EVERY drafts nothing, to time a pass of one row again.
+        let lens: Vec<usize> = (0..2 * RETIME_EVERY)
+            .map(|_| d.propose(&s, 99).len())
+            .collect();
+        assert_eq!(lens.iter().filter(|&&n| n == 0).count(), 2, "{lens:?}");
+        // Rows that cost as much as a pass each: no draft pays, whatever p; rare probes only.
         let mut e = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
         e.timed(0, 0.100);
         for _ in 0..50 {
             e.timed(1, 0.200);
             e.outcome(1, 1);
         }
-        let lens: Vec<usize> = (0..2 * PROBE_EVERY)
-            .map(|_| e.propose(&s, 99).len())
-            .collect();
-        assert_eq!(lens.iter().filter(|&&n| n == 1).count(), 2, "{lens:?}");
-        assert_eq!(
-            lens.iter().filter(|&&n| n == 0).count(),
-            2 * PROBE_EVERY - 2
-        );
-        // Drafts always rejected: none either, however cheap the rows.
+        let probes = |d: &mut Drafter, steps: usize| {
+            let lens: Vec<usize> = (0..steps).map(|_| d.propose(&s, 99).len()).collect();
+            assert!(lens.iter().all(|&n| n <= 1), "{lens:?}");
+            lens.iter().filter(|&&n| n == 1).count()
+        };
+        // (Its first step times a pass of one row.)
+        assert_eq!(probes(&mut e, 1 + 2 * RARE_PROBE_EVERY), 2);
+        // Drafts always rejected: none either, however cheap the rows; the probes come often,
+        // as the text may turn predictable.
         let mut r = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
         r.timed(0, 0.1);
         r.timed(2, 0.1);
@@ -593,6 +648,7 @@ mod tests {
             r.outcome(1, 0);
         }
         assert_eq!(r.best_length(), 0);
+        assert_eq!(probes(&mut r, 1 + 2 * PROBE_EVERY), 2);
         // A fixed length never changes.
         let mut f = Drafter::new(Draft::Ngram { tokens: Some(3) }).unwrap();
         f.outcome(3, 0);
@@ -623,23 +679,24 @@ mod tests {
         let model = Model::open(dir, opts).unwrap();
         let (h, v) = (model.config().hidden, model.config().vocab);
         let greedy = |l: &[f32]| argmax(&l[l.len() - v..]);
-        // From scratch: the MTP layer over rows 0..=n-2 of `hidden`, then `k - 1` steps.
-        let scratch = |hidden: &[f32], seq: &[u32], k: usize| {
+        // From scratch from position `o`: the MTP layer over rows o..=n-2, then `k - 1` steps.
+        let scratch_from = |o: usize, hidden: &[f32], seq: &[u32], k: usize| {
             let n = seq.len();
             let mut st = model.new_mtp_state().unwrap();
             let (mut l, mut y) = model
-                .mtp_forward(&mut st, 0, &hidden[..(n - 1) * h], &seq[1..])
+                .mtp_forward(&mut st, o, &hidden[o * h..(n - 1) * h], &seq[o + 1..])
                 .unwrap();
             let mut d = vec![argmax(&l)];
             while d.len() < k {
                 let row = y[y.len() - h..].to_vec();
                 (l, y) = model
-                    .mtp_forward(&mut st, 0, &row, &d[d.len() - 1..])
+                    .mtp_forward(&mut st, o, &row, &d[d.len() - 1..])
                     .unwrap();
                 d.push(argmax(&l));
             }
             d
         };
+        let scratch = |hidden: &[f32], seq: &[u32], k: usize| scratch_from(0, hidden, seq, k);
         let mut main = model.new_state();
         main.keep_hidden(MTP_WINDOW);
         let mut seq: Vec<u32> = (0..20).map(|i| (i * 37 + 11) % v as u32).collect();
@@ -665,6 +722,25 @@ mod tests {
             }
         }
         assert_eq!(made, 12);
+        // A pause longer than MTP_GAP rows (a new generation: the fixtures hold 64
+        // positions): the cache restarts over the latest MTP_REWARM rows.
+        let mut main = model.new_state();
+        main.keep_hidden(MTP_WINDOW);
+        seq.truncate(3);
+        let l = model.forward(&mut main, &seq, Logits::Last).unwrap();
+        seq.push(greedy(&l));
+        let mut md = MtpDraft::default();
+        assert_eq!(md.propose(&model, &main, &seq, 1).len(), 1);
+        for _ in 0..MTP_GAP + 5 {
+            let l = model
+                .forward(&mut main, &seq[seq.len() - 1..], Logits::Last)
+                .unwrap();
+            seq.push(greedy(&l));
+        }
+        let d = md.propose(&model, &main, &seq, 2);
+        let o = seq.len() - 1 - MTP_REWARM;
+        assert_eq!(d, scratch_from(o, main.hidden_rows().1, &seq, 2), "{name}");
+        assert_eq!((md.origin, md.valid), (o, MTP_REWARM));
         // A hidden row missing (the state kept none): no draft, and no error.
         let mut bare = model.new_state();
         model.forward(&mut bare, &seq[..5], Logits::Last).unwrap();

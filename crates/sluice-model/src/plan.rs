@@ -41,10 +41,12 @@ pub struct MemoryPlan {
     pub ring_slots: usize,
     /// Bytes of one ring slot (the largest streamed part).
     pub ring_slot_bytes: u64,
-    /// KV cache of `sequences` sequences at full context (`context` positions each). Not
-    /// reserved: it is drawn from [`MemoryPlan::pool`] page by page as positions are written.
+    /// KV cache of `sequences` sequences at full context (`context` positions each; with the
+    /// MTP layer loaded, its cache of as many positions too). Not reserved: it is drawn from
+    /// [`MemoryPlan::pool`] page by page as positions are written.
     pub kv_cache: u64,
-    /// KV-cache bytes per position of one sequence.
+    /// KV-cache bytes per position of one sequence (the model's layers; the MTP layer's cache
+    /// is planned in `kv_cache` and `context_fit`).
     pub kv_per_position: u64,
     /// Bytes shared by the expert cache and the sequences' KV pages (`u64::MAX` unlimited).
     pub pool: u64,
@@ -237,8 +239,16 @@ impl MemoryPlan {
         let all_layers: u64 = layer_bytes.iter().sum();
         let trunk = all_layers + head + embed + mtp;
         let kv_per_position = kv_bytes_per_position(cfg);
+        // A sequence drafting with the MTP layer keeps its KV cache too, over at most as many
+        // positions as its own: planned with it, so that it never takes the sequence's room.
+        let mtp_kv = if mtp_layout.is_some() {
+            crate::mtp::kv_bytes_per_position(cfg)
+        } else {
+            0
+        };
+        let kv_all = kv_per_position.saturating_add(mtp_kv);
         // Saturating: a context or batch too large for the budget is refused below, not wrapped.
-        let kv_cache = kv_per_position
+        let kv_cache = kv_all
             .saturating_mul(context as u64)
             .saturating_mul(sequences as u64);
         let recurrent = recurrent_bytes(cfg).saturating_mul(sequences as u64);
@@ -258,7 +268,7 @@ impl MemoryPlan {
             .saturating_add(text);
         let expert_floor = per_token_expert_bytes.max(expert_bytes);
         // One page of KV cache per sequence, so that the smallest budget still runs a prompt.
-        let kv_page = kv_per_position
+        let kv_page = kv_all
             .saturating_mul(KV_PAGE.min(context) as u64)
             .saturating_mul(sequences as u64);
         let minimum = fixed
@@ -414,7 +424,7 @@ impl MemoryPlan {
         .clamp(chunk, context.max(chunk));
         let context_fit = shared
             .saturating_sub(expert_floor)
-            .checked_div(kv_per_position)
+            .checked_div(kv_all)
             .map_or(context, |p| p.min(context as u64) as usize);
         Ok(MemoryPlan {
             budget: budget_v,

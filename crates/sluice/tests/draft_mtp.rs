@@ -218,3 +218,41 @@ fn mtp_drafting_needs_the_layer_loaded() {
         assert!(e.contains(says), "{name}: {e}");
     }
 }
+
+/// The MTP layer's KV cache is planned beside the sequence's: drafting to the end of the
+/// context a tight budget allows never runs the sequence out of room, and gives the ids of
+/// the same engine without drafts.
+#[test]
+fn mtp_drafting_to_the_end_of_a_tight_context_fails_nothing() {
+    for name in FIXTURES {
+        let min = common::minimum(builder(name).sequences(1));
+        for extra in [0, 64 << 10] {
+            let engine = builder(name)
+                .memory(Memory::Bytes(min + extra))
+                .build()
+                .unwrap();
+            let fit = engine.model().max_positions();
+            let ids = prompt(engine.model().config().vocab);
+            let run = |draft: Draft| {
+                let mut s = engine.session().unwrap();
+                let max = fit - ids.len();
+                let mut g = s
+                    .generate(
+                        Prompt::Ids(&ids),
+                        &opts(&SamplingOptions::default(), draft, max),
+                    )
+                    .unwrap();
+                g.run()
+                    .unwrap_or_else(|e| panic!("{name} +{extra} {draft:?}: {e}"));
+                (g.ids().to_vec(), g.stats().draft_proposed)
+            };
+            let (want, _) = run(Draft::Off);
+            assert_eq!(want.len(), fit - ids.len(), "{name}");
+            for draft in [Draft::Mtp { tokens: Some(4) }, Draft::Mtp { tokens: None }] {
+                let (got, proposed) = run(draft);
+                assert_eq!(got, want, "{name} +{extra} {draft:?}");
+                assert!(proposed > 0);
+            }
+        }
+    }
+}

@@ -13,10 +13,12 @@ and weights plus a seeded MTP layer under the hub's names, and `mtp_reference.sa
   `num_nextn_predict_layers: 1`: `model.layers.4.{eh_proj,enorm,hnorm,shared_head.norm}`, the
   copies `model.layers.4.embed_tokens` and `model.layers.4.shared_head.head` of the model's
   embedding and lm_head (as DeepSeek-V3's checkpoints ship them), and an MLA MoE decoder layer.
+- `testdata/mtp/glm4_moe-fp32/` from `testdata/models/glm4_moe-fp32`: the same for GLM-4.5
+  (whose MTP layer is DeepSeek-V3's kind), over a grouped-query MoE decoder layer.
 
 transformers does not instantiate MTP layers (their tensors are dropped on load), so each
 reference is assembled from transformers' own pieces the way vLLM runs the layer
-(`Qwen3NextMultiTokenPredictor`, `DeepSeekMultiTokenPredictor`): per position `i`, the embedding
+(`Qwen3NextMultiTokenPredictor`, `DeepSeekMultiTokenPredictor`, `Glm4MoeMultiTokenPredictor`): per position `i`, the embedding
 of token `i + 1` (DeepSeek: zero at position 0) and the model's final-normed hidden state at `i`
 (`last_hidden_state`), each normed by the family's RMSNorm, concatenated (embedding first),
 projected by `fc` / `eh_proj`; then the MTP layer, which is transformers' decoder layer loaded
@@ -25,7 +27,7 @@ transformers' own conversion), causal over the MTP positions with the model's ro
 positions `i`; then the final norm (`norm` / `shared_head.norm`) and the model's `lm_head`.
 
 Outputs: `ids` (the prompt), `hidden` (`last_hidden_state`, `[T, hidden]`), `logits`
-(`[T - 1, vocab]`: row `i` predicts token `i + 2`); DeepSeek's also `out`, the layer's rows
+(`[T - 1, vocab]`: row `i` predicts token `i + 2`); DeepSeek's and GLM's also `out`, the layer's rows
 before the final norm (where its next draft step starts). Deterministic: fixed seeds, one
 thread.
 """
@@ -45,8 +47,13 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import DeepseekV3ForCausalLM, Qwen3NextForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    DeepseekV3ForCausalLM,
+    Glm4MoeForCausalLM,
+    Qwen3NextForCausalLM,
+)
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm  # noqa: E402
+from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRMSNorm  # noqa: E402
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -138,10 +145,7 @@ def qwen3_next() -> None:
     print(f"wrote {DST}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
 
 
-DS_SRC = ROOT / "testdata/models/deepseek_v3-fp32"
-DS_DST = ROOT / "testdata/mtp/deepseek_v3-fp32"
-DS_SOURCE_LAYER = 3  # an MoE layer of the fixture: the MTP layer's shape
-DS_SEED = 7302
+DS_SOURCE_LAYER = 3  # an MoE layer of each fixture: the MTP layer's shape
 
 
 def load_all(src: Path) -> dict:
@@ -152,10 +156,13 @@ def load_all(src: Path) -> dict:
     return dict(sorted(out.items()))
 
 
-def deepseek_v3() -> None:
+def trailing(name: str, cls, norm_cls, seed: int) -> None:
+    """DeepSeek-V3's kind of MTP layer (GLM-4.5's is the same) on the `name` fixture."""
+    DS_SRC = ROOT / "testdata/models" / name
+    DS_DST = ROOT / "testdata/mtp" / name
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
-    g = torch.Generator().manual_seed(DS_SEED)
+    g = torch.Generator().manual_seed(seed)
 
     def rnd(*shape, scale=1.0):
         return torch.randn(*shape, generator=g) * scale
@@ -189,7 +196,7 @@ def deepseek_v3() -> None:
     shutil.copy(DS_SRC / "generation_config.json", DS_DST / "generation_config.json")
     save_file({**base, **mtp}, str(DS_DST / "model.safetensors"), metadata={"format": "pt"})
 
-    model = DeepseekV3ForCausalLM.from_pretrained(DS_SRC, attn_implementation="eager").eval()
+    model = cls.from_pretrained(DS_SRC, attn_implementation="eager").eval()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         shutil.copy(DS_SRC / "config.json", tmp / "config.json")
@@ -197,11 +204,11 @@ def deepseek_v3() -> None:
         for k, v in layer.items():
             swapped[stem + k] = v.contiguous()
         save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        other = DeepseekV3ForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
+        other = cls.from_pretrained(tmp, attn_implementation="eager").eval()
     mtp_layer = other.model.layers[DS_SOURCE_LAYER]
 
     def norm(name):
-        m = DeepseekV3RMSNorm(h, eps=cfg["rms_norm_eps"])
+        m = norm_cls(h, eps=cfg["rms_norm_eps"])
         m.weight.data.copy_(mtp[pre + f"{name}.weight"])
         return m
 
@@ -234,4 +241,5 @@ def deepseek_v3() -> None:
 
 if __name__ == "__main__":
     qwen3_next()
-    deepseek_v3()
+    trailing("deepseek_v3-fp32", DeepseekV3ForCausalLM, DeepseekV3RMSNorm, 7302)
+    trailing("glm4_moe-fp32", Glm4MoeForCausalLM, Glm4MoeRMSNorm, 7303)

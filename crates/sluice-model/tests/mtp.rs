@@ -1,6 +1,6 @@
 //! The multi-token-prediction layers against their references (`testdata/mtp/*`, made by
 //! `tools/reference/make_mtp_fixtures.py` from transformers' decoder layers, the way vLLM runs
-//! Qwen3-Next's and DeepSeek-V3's MTP layers).
+//! Qwen3-Next's, DeepSeek-V3's and GLM-4.5's MTP layers).
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +9,8 @@ use common::{Reference, compare};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions};
 
-/// The fixtures: Qwen3-Next's `mtp.*` and DeepSeek-V3's layer after the last.
-const FIXTURES: [&str; 2] = ["qwen3_next-fp32", "deepseek_v3-fp32"];
+/// The fixtures: Qwen3-Next's `mtp.*`, DeepSeek-V3's and GLM-4.5's layer after the last.
+const FIXTURES: [&str; 3] = ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"];
 
 fn dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

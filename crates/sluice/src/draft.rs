@@ -662,7 +662,7 @@ mod tests {
     /// run from scratch over every row.
     #[test]
     fn mtp_drafts_are_the_mtp_layers_prediction_after_any_catch_up() {
-        for name in ["qwen3_next-fp32", "deepseek_v3-fp32"] {
+        for name in ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"] {
             drafts_after_catch_ups(name);
         }
     }

@@ -1,8 +1,9 @@
 //! Drafting with the checkpoint's multi-token-prediction layer changes the speed, never the
 //! output: on the fixtures with an MTP layer (`testdata/mtp/*`: Qwen3-Next's `mtp.*`, whose
 //! gated-DeltaNet layers step back only to where their latest pass began, and DeepSeek-V3's
-//! layer after the last, over MLA), greedy and seeded sampling, resident and streaming at the
-//! minimum budget, for a session, a chat whose turns continue one state, and the batcher.
+//! and GLM-4.5's layer after the last, over MLA and grouped-query attention), greedy and
+//! seeded sampling, resident and streaming at the minimum budget, for a session, a chat whose
+//! turns continue one state, and the batcher.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use sluice::batch::OwnedPrompt;
 use sluice::{Draft, Engine, EngineBuilder, GenerateOptions, Memory, Prompt, SamplingOptions};
 
-const FIXTURES: [&str; 2] = ["qwen3_next-fp32", "deepseek_v3-fp32"];
+const FIXTURES: [&str; 3] = ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

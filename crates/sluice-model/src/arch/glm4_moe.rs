@@ -3,7 +3,8 @@
 //! per-head q/k norms (`use_qk_norm`); DeepSeek-V3's routing (sigmoid scores, a selection-only
 //! `e_score_correction_bias`, group-limited top-k, renormalised and scaled); shared experts;
 //! the first `first_k_dense_replace` layers dense; MTP layers (`num_mtp_layers`, hub configs'
-//! `num_nextn_predict_layers`) may follow the last layer in the checkpoint, and are unused.
+//! `num_nextn_predict_layers`) may follow the last layer in the checkpoint: DeepSeek-V3's kind,
+//! run by `--draft mtp` ([`crate::config::MtpHead::Trailing`]).
 
 use super::Family;
 use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};

@@ -86,16 +86,19 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// — none when no draft beats a pass of one row by 5% (a model whose rows cost the same each,
 /// say, or text too unpredictable), and then one token is drafted every [`PROBE_EVERY`] steps to see
 /// whether that has changed; every [`RARE_PROBE_EVERY`] steps when drafts would not pay even if
-/// [`HOPEFUL_P`] of them were kept (the rows, or the MTP layer's steps, cost too much: only the
-/// costs can change that, and probing them often is what would make drafting slower than none).
+/// [`HOPEFUL_P`] of them were kept, as measured over at least [`SURE_AFTER`] drafted passes (the
+/// rows, or the MTP layer's steps, cost too much: only the costs can change that, and probing
+/// them often is what would make drafting slower than none).
 /// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
 pub(crate) struct Drafter {
     fixed: Option<usize>,
     /// The kept-token chance.
     p: f64,
-    /// Seconds of a pass of one row, and of each further row (moving averages).
-    one_row: Option<f64>,
+    /// Seconds of the latest passes of one row ([`PLAIN_KEPT`] of them; their least is the
+    /// cost of one row, as a pass is slowed by what else runs, never sped up), and of each
+    /// further row (moving average).
+    plain: Vec<f64>,
     per_row: Option<f64>,
     /// Steps since the last draft, while paused.
     idle: usize,
@@ -105,7 +108,21 @@ pub(crate) struct Drafter {
     per_draft: Option<f64>,
     /// Drafted steps since the last step without a draft (see [`RETIME_EVERY`]).
     since_plain: usize,
+    /// Steps left to run without a draft before drafting starts.
+    plain_left: usize,
+    /// Drafted passes timed.
+    row_samples: usize,
 }
+
+/// Drafted passes timed before the costs may rule drafting out for long ([`RARE_PROBE_EVERY`]).
+const SURE_AFTER: usize = 4;
+
+/// Passes of one row whose time is kept.
+const PLAIN_KEPT: usize = 3;
+
+/// Steps without a draft a generation starts with: the first pass after the prompt's is often
+/// slow (caches cold after prefill), so a second one times a pass of one row.
+const PLAIN_FIRST: usize = 2;
 
 /// How fast the moving averages follow what happens (the weight of each new observation).
 const RATE: f64 = 0.15;
@@ -130,10 +147,10 @@ pub const PROBE_EVERY: usize = 8;
 /// were kept, one token is drafted every this many steps.
 pub const RARE_PROBE_EVERY: usize = 64;
 
-/// The adaptive length's first step, and one in every this many after drafted ones, drafts
-/// nothing: costs are judged against a pass of one row, which a drafter that always drafts
-/// (the MTP layer always has a guess) would otherwise never time again.
-pub const RETIME_EVERY: usize = 32;
+/// The adaptive length's first [`PLAIN_FIRST`] steps, and one in every this many after drafted
+/// ones, draft nothing: costs are judged against a pass of one row, which a drafter that always
+/// drafts (the MTP layer always has a guess) would otherwise never time again.
+pub const RETIME_EVERY: usize = 16;
 
 /// The kept-token chance against which the costs are judged hopeless.
 pub const HOPEFUL_P: f64 = 0.9;
@@ -153,12 +170,14 @@ impl Drafter {
             Draft::Ngram { tokens } | Draft::Mtp { tokens } => Some(Drafter {
                 fixed: tokens.map(|t| t.min(MAX_DRAFT)),
                 p: START_P,
-                one_row: None,
+                plain: Vec::with_capacity(PLAIN_KEPT),
                 per_row: None,
                 idle: 0,
                 mtp: matches!(d, Draft::Mtp { .. }).then(MtpDraft::default),
                 per_draft: None,
-                since_plain: RETIME_EVERY,
+                since_plain: 0,
+                plain_left: PLAIN_FIRST,
+                row_samples: 0,
             }),
         }
     }
@@ -169,8 +188,13 @@ impl Drafter {
     }
 
     /// [`Drafter::best_length`] if the kept-token chance were `p`.
+    /// Seconds of a pass of one row, once one has been timed.
+    fn one_row(&self) -> Option<f64> {
+        self.plain.iter().copied().reduce(f64::min)
+    }
+
     fn best_length_at(&self, p: f64) -> usize {
-        let cost = match (self.one_row, self.per_row) {
+        let cost = match (self.one_row(), self.per_row) {
             (Some(t), Some(m)) if t > 0.0 => {
                 ((m + self.per_draft.unwrap_or(0.0)) / t).max(MIN_COST)
             }
@@ -193,7 +217,8 @@ impl Drafter {
         if let Some(k) = self.fixed {
             return k;
         }
-        if self.since_plain >= RETIME_EVERY {
+        if self.plain_left > 0 || self.since_plain >= RETIME_EVERY {
+            self.plain_left = self.plain_left.saturating_sub(1);
             self.since_plain = 0;
             return 0;
         }
@@ -204,7 +229,7 @@ impl Drafter {
             return k;
         }
         self.idle += 1;
-        let every = if self.best_length_at(HOPEFUL_P) == 0 {
+        let every = if self.row_samples >= SURE_AFTER && self.best_length_at(HOPEFUL_P) == 0 {
             RARE_PROBE_EVERY
         } else {
             PROBE_EVERY
@@ -241,8 +266,10 @@ impl Drafter {
             return Vec::new();
         }
         let t0 = std::time::Instant::now();
-        let d = m.propose(model, state, seq, k);
-        if !d.is_empty() {
+        let (d, fresh) = m.propose(model, state, seq, k);
+        // A cache started afresh (the prompt's rows, or a restart after a pause) is what
+        // resuming costs, not what each draft costs while drafting goes on: not counted.
+        if !d.is_empty() && !fresh {
             let each = t0.elapsed().as_secs_f64() / d.len() as f64;
             self.per_draft = Some(average(self.per_draft, each));
         }
@@ -262,11 +289,17 @@ impl Drafter {
     /// Learns from a timed forward pass with `extra` rows beyond the one a sequence needs
     /// (its draft, and chosen tokens run again).
     pub(crate) fn timed(&mut self, extra: usize, seconds: f64) {
-        match (extra, self.one_row) {
-            (0, _) => self.one_row = Some(average(self.one_row, seconds)),
+        match (extra, self.one_row()) {
+            (0, _) => {
+                if self.plain.len() == PLAIN_KEPT {
+                    self.plain.remove(0);
+                }
+                self.plain.push(seconds);
+            }
             (r, Some(t)) => {
                 let m = ((seconds - t) / r as f64).max(0.0);
                 self.per_row = Some(average(self.per_row, m));
+                self.row_samples += 1;
             }
             (_, None) => {}
         }
@@ -299,8 +332,9 @@ pub(crate) struct MtpDraft {
 impl MtpDraft {
     /// At most `k` tokens to follow `seq` (its last token chosen, not yet in `main`), or none
     /// when the hidden row of the position before that token is not kept (a prompt the prefix
-    /// cache answered whole) or the MTP layer cannot run (no room for its cache).
-    fn propose(&mut self, model: &Model, main: &State, seq: &[u32], k: usize) -> Vec<u32> {
+    /// cache answered whole) or the MTP layer cannot run (no room for its cache); and whether
+    /// the layer's cache was started afresh for them.
+    fn propose(&mut self, model: &Model, main: &State, seq: &[u32], k: usize) -> (Vec<u32>, bool) {
         let h = model.config().hidden;
         let n = seq.len();
         let (first, rows) = main.hidden_rows();
@@ -308,25 +342,28 @@ impl MtpDraft {
         // The position whose hidden row and the token after it (the one just chosen) give the
         // first draft token; only rows of positions the state holds are real.
         let Some(last) = n.checked_sub(2) else {
-            return Vec::new();
+            return (Vec::new(), false);
         };
         if held == 0 || last < first || last >= first + held || last >= main.pos() {
-            return Vec::new();
+            return (Vec::new(), false);
         }
         let mut start = self.origin + self.valid;
-        if self.state.is_none() || start < first || start > last {
-            self.state = model.new_mtp_state();
-            self.origin = first;
-            self.valid = 0;
-            start = first;
+        let restart = if self.state.is_none() || start < first || start > last {
+            Some(first)
         } else if last + 1 - start > MTP_GAP {
+            Some(last + 1 - MTP_REWARM)
+        } else {
+            None
+        };
+        if let Some(origin) = restart {
             self.state = model.new_mtp_state();
-            self.origin = last + 1 - MTP_REWARM;
+            self.origin = origin;
             self.valid = 0;
-            start = self.origin;
+            start = origin;
         }
+        let fresh = restart.is_some();
         let Some(state) = self.state.as_mut() else {
-            return Vec::new();
+            return (Vec::new(), fresh);
         };
         match Self::steps(
             model,
@@ -339,12 +376,12 @@ impl MtpDraft {
         ) {
             Ok(d) => {
                 self.valid = last + 1 - self.origin;
-                d
+                (d, fresh)
             }
             Err(_) => {
                 // Drafting never fails a generation: the next draft starts afresh.
                 self.state = None;
-                Vec::new()
+                (Vec::new(), fresh)
             }
         }
     }
@@ -606,9 +643,11 @@ mod tests {
         // 0..10 twice, then 0 1 2: the suffix "9 0 1 2" recurs with ten tokens after it.
         let s: Vec<u32> = (0..10).chain(0..10).chain(0..3).collect();
         let mut d = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
-        // The first step times a pass of one row; then p = 0.6 at half a pass per row: one
+        // The first steps time a pass of one row; then p = 0.6 at half a pass per row: one
         // token (1.6 / 1.5 beats 1).
-        assert_eq!(d.propose(&s, 99).len(), 0);
+        for _ in 0..PLAIN_FIRST {
+            assert_eq!(d.propose(&s, 99).len(), 0);
+        }
         assert_eq!(d.propose(&s, 99).len(), 1);
         // Rows that cost almost nothing (a pass bound by reading weights) and drafts that are
         // kept: long drafts.
@@ -637,8 +676,15 @@ mod tests {
             assert!(lens.iter().all(|&n| n <= 1), "{lens:?}");
             lens.iter().filter(|&&n| n == 1).count()
         };
-        // (Its first step times a pass of one row.)
-        assert_eq!(probes(&mut e, 1 + 2 * RARE_PROBE_EVERY), 2);
+        // (Its first steps time a pass of one row.)
+        assert_eq!(probes(&mut e, PLAIN_FIRST + 2 * RARE_PROBE_EVERY), 2);
+        // The same costs from a single drafted pass are not sure enough: frequent probes.
+        let mut y = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
+        y.timed(0, 0.100);
+        y.timed(1, 0.200);
+        y.outcome(1, 1);
+        assert_eq!(y.best_length_at(HOPEFUL_P), 0);
+        assert_eq!(probes(&mut y, PLAIN_FIRST + 2 * PROBE_EVERY), 2);
         // Drafts always rejected: none either, however cheap the rows; the probes come often,
         // as the text may turn predictable.
         let mut r = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
@@ -648,7 +694,18 @@ mod tests {
             r.outcome(1, 0);
         }
         assert_eq!(r.best_length(), 0);
-        assert_eq!(probes(&mut r, 1 + 2 * PROBE_EVERY), 2);
+        assert_eq!(probes(&mut r, PLAIN_FIRST + 2 * PROBE_EVERY), 2);
+        // A pass of one row costs the least of the latest PLAIN_KEPT timed (a slow first pass
+        // after the prompt's does not stay in the estimate).
+        let mut q = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
+        assert_eq!(q.one_row(), None);
+        q.timed(0, 0.3);
+        q.timed(0, 0.1);
+        assert_eq!(q.one_row(), Some(0.1));
+        for _ in 0..PLAIN_KEPT {
+            q.timed(0, 0.2);
+        }
+        assert_eq!(q.one_row(), Some(0.2));
         // A fixed length never changes.
         let mut f = Drafter::new(Draft::Ngram { tokens: Some(3) }).unwrap();
         f.outcome(3, 0);
@@ -706,7 +763,8 @@ mod tests {
         let mut made = 0;
         // Catch-ups over 1, 3, 1 and 2 new rows (the rows of chosen tokens fed one by one).
         for fed in [1, 3, 1, 2] {
-            let d = md.propose(&model, &main, &seq, 3);
+            let (d, fresh) = md.propose(&model, &main, &seq, 3);
+            assert_eq!(fresh, made == 0, "only the first draft starts the cache");
             assert_eq!(
                 d,
                 scratch(main.hidden_rows().1, &seq, 3),
@@ -730,14 +788,15 @@ mod tests {
         let l = model.forward(&mut main, &seq, Logits::Last).unwrap();
         seq.push(greedy(&l));
         let mut md = MtpDraft::default();
-        assert_eq!(md.propose(&model, &main, &seq, 1).len(), 1);
+        assert_eq!(md.propose(&model, &main, &seq, 1).0.len(), 1);
         for _ in 0..MTP_GAP + 5 {
             let l = model
                 .forward(&mut main, &seq[seq.len() - 1..], Logits::Last)
                 .unwrap();
             seq.push(greedy(&l));
         }
-        let d = md.propose(&model, &main, &seq, 2);
+        let (d, fresh) = md.propose(&model, &main, &seq, 2);
+        assert!(fresh);
         let o = seq.len() - 1 - MTP_REWARM;
         assert_eq!(d, scratch_from(o, main.hidden_rows().1, &seq, 2), "{name}");
         assert_eq!((md.origin, md.valid), (o, MTP_REWARM));
@@ -747,6 +806,7 @@ mod tests {
         assert!(
             MtpDraft::default()
                 .propose(&model, &bare, &seq[..6], 3)
+                .0
                 .is_empty()
         );
     }

@@ -124,11 +124,13 @@ pub(crate) fn check_copies(layout: &WeightLayout, reader: &dyn Reader) -> Result
                 read_blob(reader, &[slice(&c.copy)])?,
                 read_blob(reader, &[slice(&c.original)])?,
             );
-            if a.piece(0) != b.piece(0) {
+            if let Some(i) = a.piece(0).iter().zip(b.piece(0)).position(|(x, y)| x != y) {
                 return Err(ModelError::Mtp(format!(
-                    "`{}` differs from the model's `{}` (byte {}…); the MTP layer runs with the \
+                    "`{}` differs from the model's `{}` at byte {}; the MTP layer runs with the \
                      model's own, so this checkpoint's is not run; use --draft ngram",
-                    c.name, c.of, at
+                    c.name,
+                    c.of,
+                    at + i as u64
                 )));
             }
             at += len;

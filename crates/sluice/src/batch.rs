@@ -403,13 +403,15 @@ fn run(engine: &Engine, rx: &Receiver<Job>, max: usize, c: &Counters) {
         // Feed the chosen tokens (and drafts) together: one pass, each layer's experts fetched
         // once for the union of the rows' choices.
         let t0 = Instant::now();
-        let (results, extra) = feed_step(model, engine.prefill_chunk(), &mut active, &feed);
+        let (results, extra, pass_secs) =
+            feed_step(model, engine.prefill_chunk(), &mut active, &feed);
         let secs = t0.elapsed().as_secs_f64();
         let per = secs / feed.len().max(1) as f64;
         for (i, r) in results {
             let s = &mut active[i];
             s.g.add_decode_seconds(per);
-            s.spec.timed(extra, secs);
+            // (The drafter weighs the pass alone: making drafts is timed apart.)
+            s.spec.timed(extra, pass_secs);
             match r {
                 Ok(l) => s.logits = l,
                 Err(e) => {
@@ -449,7 +451,8 @@ type Fed = (usize, Result<Vec<f32>, Error>);
 
 /// Feeds each sequence in `feed` (ascending indices into `active`) its pass's tokens — the
 /// chosen tokens its state lacks and its draft ([`Speculation::segment`]) — in one batched
-/// pass, and returns each sequence's next logits and the rows beyond one per sequence. If the
+/// pass, and returns each sequence's next logits, the rows beyond one per sequence and the
+/// pass's seconds (making the drafts not included). If the
 /// pass fails (every state is then as it was), each sequence runs alone so a fault ends only
 /// the sequences it touches.
 fn feed_step(
@@ -457,9 +460,9 @@ fn feed_step(
     chunk: usize,
     active: &mut [Seq],
     feed: &[usize],
-) -> (Vec<Fed>, usize) {
+) -> (Vec<Fed>, usize, f64) {
     if feed.is_empty() {
-        return (Vec::new(), 0);
+        return (Vec::new(), 0, 0.0);
     }
     // The pass's rows stay within what the plan's scratch holds: the chunk, shared out.
     let share = (chunk.max(feed.len()) / feed.len()).max(1);
@@ -472,6 +475,7 @@ fn feed_step(
         );
     }
     let extra: usize = segs.iter().map(|(t, _)| t.len() - 1).sum();
+    let t_pass = Instant::now();
     let mut fed = vec![false; active.len()];
     for &i in feed {
         fed[i] = true;
@@ -521,7 +525,7 @@ fn feed_step(
             })
             .collect(),
     };
-    (results, extra)
+    (results, extra, t_pass.elapsed().as_secs_f64())
 }
 
 /// Prefills a new sequence; reports a failure through its sink.

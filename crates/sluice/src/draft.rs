@@ -187,12 +187,12 @@ impl Drafter {
         self.best_length_at(self.p)
     }
 
-    /// [`Drafter::best_length`] if the kept-token chance were `p`.
     /// Seconds of a pass of one row, once one has been timed.
     fn one_row(&self) -> Option<f64> {
         self.plain.iter().copied().reduce(f64::min)
     }
 
+    /// [`Drafter::best_length`] if the kept-token chance were `p`.
     fn best_length_at(&self, p: f64) -> usize {
         let cost = match (self.one_row(), self.per_row) {
             (Some(t), Some(m)) if t > 0.0 => {

@@ -896,8 +896,10 @@ fn mtp_layout(
     }
     // Layers `first..first + layers` of `mc` are the MTP layers (those before are never built).
     mc.layers = m.first + m.layers;
-    mc.layer_plan = m.plans[..1]
+    mc.layer_plan = m
+        .plans
         .iter()
+        .take(1)
         .cycle()
         .take(m.first)
         .chain(&m.plans)

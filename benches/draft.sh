@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Speculative decoding against plain decoding: `sluice run --json` with `--draft off` and
 # `--draft ngram` (or `--draft mtp`: DRAFT=mtp), in alternating pairs (REPS per setting),
-# medians of the decode rate, the
-# drafts kept, and the bytes read from disk per generated token (experts and trunk, prefill
-# excluded). The two runs must give the same ids; the script stops if they do not.
+# medians of the decode rate, the drafts kept, and the bytes read from disk per generated token
+# (experts and trunk, prefill excluded). The two runs must give the same ids; the script stops if they do not.
 #
 #   bash benches/draft.sh MODEL_DIR MEMORY MAX_TOKENS PROMPT [extra sluice run flags...]
 #

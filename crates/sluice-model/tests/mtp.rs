@@ -32,7 +32,7 @@ fn open_dir(path: PathBuf, isa: Isa, memory: Option<u64>, mtp: bool) -> Result<M
 /// The model's final-normed hidden rows of the prompt, kept by its state, and the MTP layer's
 /// logits of every position — in one pass, and row by row as drafting runs it — against the
 /// reference, on every ISA, resident and with the experts streamed; for DeepSeek-V3's kind
-/// also the rows a further step starts from (before the final norm).
+/// (and GLM-4.5's) also the rows a further step starts from (before the final norm).
 #[test]
 fn the_mtp_layers_match_their_references() {
     for name in FIXTURES {

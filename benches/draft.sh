@@ -12,6 +12,9 @@
 #   REPS     alternating pairs                 [3]
 #   DRAFT    the drafter                       [ngram]
 #   DRAFT_FLAGS  flags for the drafting run only (e.g. "--draft-tokens 2")  []
+#   DRAFT_MEMORY --memory of the drafting run  [MEMORY] (MEMORY plus what the MTP layer takes
+#                gives the model the same plan in both runs)
+# Prints a table row, then each pair's ratio with their median and range.
 # Needs python3 (to read the --json output).
 set -euo pipefail
 
@@ -23,9 +26,12 @@ read -r -a draft_flags <<<"${DRAFT_FLAGS:-}"
 [ $# -ge 4 ] || { echo "usage: $0 MODEL_DIR MEMORY MAX_TOKENS PROMPT [flags...]" >&2; exit 2; }
 model=$1 memory=$2 tokens=$3 prompt=$4
 shift 4
+draft_memory=${DRAFT_MEMORY:-$memory}
 
 one() {
-    "$SLUICE" run --model "$model" --memory "$memory" --json --temperature 0 \
+    local mem=$1
+    shift
+    "$SLUICE" run --model "$model" --memory "$mem" --json --temperature 0 \
         --max-tokens "$tokens" --threads "$THREADS" "$@" "$prompt" 2>/dev/null
 }
 
@@ -33,9 +39,9 @@ summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
 for _ in $(seq "$REPS"); do
     for d in off "$DRAFT"; do
-        flags=()
-        [ "$d" = off ] || flags=("${draft_flags[@]}")
-        one --draft "$d" "${flags[@]}" "$@" | python3 -c '
+        flags=() mem=$memory
+        [ "$d" = off ] || { flags=("${draft_flags[@]}"); mem=$draft_memory; }
+        one "$mem" --draft "$d" "${flags[@]}" "$@" | python3 -c '
 import json, sys
 v = json.load(sys.stdin); s = v["stats"]; n = s["decode_tokens"]
 read = (s["expert_bytes_read"] - s["prefill_expert_bytes_read"]) + (s["trunk_bytes_read"] - s["prefill_trunk_bytes_read"])
@@ -57,4 +63,7 @@ off, on = med("off", 3), med(draft, 3)
 p, a = by[draft][0][4], by[draft][0][5]
 print(f"| {sys.argv[2].rstrip('/').split('/')[-1]} | {sys.argv[3]} | {by['off'][0][2]} | {runs('off')} | {runs(draft)} | {on / off:.2f}× "
       f"| {a} of {p} | {med('off', 6) / 2**20:.2f} → {med(draft, 6) / 2**20:.2f} MiB |")
+pairs = [float(b[3]) / float(o[3]) for o, b in zip(by["off"], by[draft])]
+print("pairs:", " ".join(f"{x:.2f}" for x in pairs),
+      f"median {statistics.median(pairs):.2f}× ({min(pairs):.2f}–{max(pairs):.2f})")
 EOF

@@ -28,6 +28,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse
 import copy
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,19 +41,14 @@ from safetensors.torch import save_file
 from transformers import DeepseekV3ForCausalLM
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train import Batches  # noqa: E402
+
 SEED = 20261205
 
 
-class Windows:
-    """<bos> + SEQ - 1 tokens of the stream from a random paragraph start."""
-
-    def __init__(self, ids, starts, seq):
-        self.ids = torch.from_numpy(ids.astype(np.int64))
-        self.seq = seq
-        self.starts = torch.from_numpy(starts[starts + seq <= len(ids)])
-
-    def window(self, s):
-        return torch.cat([torch.zeros(1, dtype=torch.int64), self.ids[s:s + self.seq - 1]])
+class Windows(Batches):
+    """`train.py`'s windows, picked from one generator across the run."""
 
     def batch(self, g, size):
         pick = torch.randint(len(self.starts), (size,), generator=g)

@@ -64,6 +64,44 @@ SEED = 7301
 PROMPT = 24
 
 
+def fresh_layer(base: dict, stem: str, rnd, norm_centre: float) -> dict:
+    """The MTP layer: the tensors of the model's layer under `stem`, by their names after it,
+    with fresh values of each tensor's spread (norm weights `norm_centre` + N(0, 0.1))."""
+    layer = {}
+    for k, v in base.items():
+        if k.startswith(stem):
+            rest = k[len(stem):]
+            if "norm" in rest:
+                layer[rest] = norm_centre + rnd(*v.shape, scale=0.1)
+            else:
+                layer[rest] = rnd(*v.shape, scale=float(v.std()))
+    return layer
+
+
+def as_decoder_layer(cls, src: Path, base: dict, stem: str, layer: dict, index: int):
+    """The MTP layer as transformers' decoder layer: the model again with layer `index`'s
+    weights (under `stem`) replaced by the MTP layer's, loaded through `from_pretrained`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        shutil.copy(src / "config.json", tmp / "config.json")
+        swapped = dict(base)
+        for k, v in layer.items():
+            swapped[stem + k] = v.contiguous()
+        save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        other = cls.from_pretrained(tmp, attn_implementation="eager").eval()
+    return other.model.layers[index]
+
+
+def run_causal(model, mtp_layer, x):
+    """`mtp_layer` over the rows of `x` (`[1, t, hidden]`), causal, at rotary positions 0..t."""
+    t = x.shape[1]
+    pos = torch.arange(t)[None]
+    rope = model.model.rotary_emb(x, pos)
+    mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
+    out = mtp_layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
+    return (out[0] if isinstance(out, tuple) else out)[0]
+
+
 def qwen3_next() -> None:
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -80,14 +118,7 @@ def qwen3_next() -> None:
     # The MTP layer: the source layer's shapes, fresh values of each tensor's spread (norm
     # weights, zero-centred, near zero).
     stem = f"model.layers.{SOURCE_LAYER}."
-    layer = {}
-    for k, v in base.items():
-        if k.startswith(stem):
-            rest = k[len(stem):]
-            if "norm" in rest:
-                layer[rest] = rnd(*v.shape, scale=0.1)
-            else:
-                layer[rest] = rnd(*v.shape, scale=float(v.std()))
+    layer = fresh_layer(base, stem, rnd, 0.0)
     mtp = {f"mtp.layers.0.{k}": v.contiguous() for k, v in layer.items()}
     mtp["mtp.fc.weight"] = rnd(h, 2 * h, scale=(2 * h) ** -0.5)
     for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
@@ -99,17 +130,7 @@ def qwen3_next() -> None:
     save_file({**base, **mtp}, str(DST / "model.safetensors"), metadata={"format": "pt"})
 
     model = Qwen3NextForCausalLM.from_pretrained(DST, attn_implementation="eager").eval()
-    # The MTP layer as transformers' decoder layer: the model again with the source layer's
-    # weights replaced by the MTP layer's.
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        shutil.copy(SRC / "config.json", tmp / "config.json")
-        swapped = dict(base)
-        for k, v in layer.items():
-            swapped[stem + k] = v.contiguous()
-        save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        other = Qwen3NextForCausalLM.from_pretrained(tmp, attn_implementation="eager").eval()
-    mtp_layer = other.model.layers[SOURCE_LAYER]
+    mtp_layer = as_decoder_layer(Qwen3NextForCausalLM, SRC, base, stem, layer, SOURCE_LAYER)
 
     def norm(name):
         n = Qwen3NextRMSNorm(h, eps=cfg["rms_norm_eps"])
@@ -124,14 +145,8 @@ def qwen3_next() -> None:
             [norm("pre_fc_norm_embedding")(emb[1:]), norm("pre_fc_norm_hidden")(hidden[:-1])],
             dim=-1,
         )
-        x = (cat @ mtp["mtp.fc.weight"].T)[None]
-        t = x.shape[1]
-        pos = torch.arange(t)[None]
-        rope = model.model.rotary_emb(x, pos)
-        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
-        out = mtp_layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
-        out = out[0] if isinstance(out, tuple) else out
-        y = norm("norm")(out[0])
+        out = run_causal(model, mtp_layer, (cat @ mtp["mtp.fc.weight"].T)[None])
+        y = norm("norm")(out)
         logits = model.lm_head(y)
     save_file(
         {
@@ -174,14 +189,7 @@ def trailing(name: str, cls, norm_cls, seed: int) -> None:
     # The MTP layer: the source layer's shapes, fresh values of each tensor's spread (norm
     # weights near one).
     stem = f"model.layers.{DS_SOURCE_LAYER}."
-    layer = {}
-    for k, v in base.items():
-        if k.startswith(stem):
-            rest = k[len(stem):]
-            if "norm" in rest:
-                layer[rest] = 1 + rnd(*v.shape, scale=0.1)
-            else:
-                layer[rest] = rnd(*v.shape, scale=float(v.std()))
+    layer = fresh_layer(base, stem, rnd, 1.0)
     pre = f"model.layers.{n}."
     mtp = {pre + k: v.contiguous() for k, v in layer.items()}
     mtp[pre + "eh_proj.weight"] = rnd(h, 2 * h, scale=(2 * h) ** -0.5)
@@ -197,15 +205,7 @@ def trailing(name: str, cls, norm_cls, seed: int) -> None:
     save_file({**base, **mtp}, str(DS_DST / "model.safetensors"), metadata={"format": "pt"})
 
     model = cls.from_pretrained(DS_SRC, attn_implementation="eager").eval()
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        shutil.copy(DS_SRC / "config.json", tmp / "config.json")
-        swapped = dict(base)
-        for k, v in layer.items():
-            swapped[stem + k] = v.contiguous()
-        save_file(swapped, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        other = cls.from_pretrained(tmp, attn_implementation="eager").eval()
-    mtp_layer = other.model.layers[DS_SOURCE_LAYER]
+    mtp_layer = as_decoder_layer(cls, DS_SRC, base, stem, layer, DS_SOURCE_LAYER)
 
     def norm(name):
         m = norm_cls(h, eps=cfg["rms_norm_eps"])
@@ -218,13 +218,7 @@ def trailing(name: str, cls, norm_cls, seed: int) -> None:
         emb = model.model.embed_tokens(ids)[0][1:].clone()
         emb[0] = 0  # MTP position 0: vLLM masks the embedding
         cat = torch.cat([norm("enorm")(emb), norm("hnorm")(hidden[:-1])], dim=-1)
-        x = (cat @ mtp[pre + "eh_proj.weight"].T)[None]
-        t = x.shape[1]
-        pos = torch.arange(t)[None]
-        rope = model.model.rotary_emb(x, pos)
-        mask = torch.full((t, t), torch.finfo(torch.float32).min).triu(1)[None, None]
-        out = mtp_layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
-        out = (out[0] if isinstance(out, tuple) else out)[0]
+        out = run_causal(model, mtp_layer, (cat @ mtp[pre + "eh_proj.weight"].T)[None])
         logits = model.lm_head(norm("shared_head.norm")(out))
     save_file(
         {

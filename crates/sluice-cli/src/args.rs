@@ -67,6 +67,9 @@ pub struct DoctorArgs {
     /// Skip the buffered-read measurements.
     #[arg(long)]
     pub no_buffered: bool,
+    /// Skip the direct reads issued through io_uring (measured beside the reader threads).
+    #[arg(long)]
+    pub no_uring: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

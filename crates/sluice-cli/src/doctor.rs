@@ -31,6 +31,7 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
             x.parse::<usize>().ok().filter(|&d| (1..=256).contains(&d))
         })?,
         buffered: !a.no_buffered,
+        uring: !a.no_uring,
         seconds: a.seconds.clamp(0.05, 60.0),
         ..Default::default()
     };
@@ -74,21 +75,26 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         fmt_bytes(r.read_target_bytes)
     );
     println!(
-        "         {:>9} {:>6} {:>9} {:>9} {:>11}",
-        "mode", "block", "depth", "GB/s", "latency ms"
+        "         {:>9} {:>9} {:>6} {:>6} {:>7} {:>11} {:>10}",
+        "mode", "engine", "block", "depth", "GB/s", "latency ms", "CPU s/GB"
     );
     for row in &r.reads {
         println!(
-            "         {:>9} {:>6} {:>9} {:>9.2} {:>11.2}",
+            "         {:>9} {:>9} {:>6} {:>6} {:>7.2} {:>11.2} {:>10.3}",
             row.mode,
+            row.engine,
             short(row.block as u64),
             row.depth,
             row.gbps,
-            row.latency_ms
+            row.latency_ms,
+            row.cpu_seconds_per_gb
         );
     }
+    if let Some(e) = &r.uring_error {
+        println!("         io_uring not measured: {e}");
+    }
     println!(
-        "disk     best random-read bandwidth {:.2} GB/s",
+        "disk     best random-read bandwidth {:.2} GB/s (reader threads, as the store reads)",
         r.disk_gbps
     );
     println!(

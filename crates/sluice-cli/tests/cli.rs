@@ -808,10 +808,14 @@ fn doctor_measures_a_scratch_file_and_removes_it() {
         "--json",
     ]));
     let reads = v["reads"].as_array().unwrap();
-    // direct and buffered, two depths each
-    assert_eq!(reads.len(), 4, "{v}");
+    // direct from threads, direct through io_uring and buffered, two depths each
+    assert_eq!(reads.len(), 6, "{v}");
+    assert!(v["uring_error"].is_null(), "{v}");
+    let engines = |e: &str| reads.iter().filter(|r| r["engine"] == e).count();
+    assert_eq!((engines("threads"), engines("io_uring")), (4, 2), "{v}");
     assert!(
-        reads.iter().all(|r| r["gbps"].as_f64().unwrap() > 0.0),
+        reads.iter().all(|r| r["gbps"].as_f64().unwrap() > 0.0
+            && r["cpu_seconds_per_gb"].as_f64().unwrap() >= 0.0),
         "{v}"
     );
     assert!(v["memory"]["read_gbps_1_thread"].as_f64().unwrap() > 0.0);
@@ -826,6 +830,26 @@ fn doctor_measures_a_scratch_file_and_removes_it() {
         0,
         "scratch file left behind"
     );
+    // Without io_uring: the threads' rows only.
+    let v = json(&run(&[
+        "doctor",
+        "--dir",
+        d.path().to_str().unwrap(),
+        "--file-size",
+        "16MiB",
+        "--blocks",
+        "1MiB",
+        "--depths",
+        "2",
+        "--seconds",
+        "0.05",
+        "--no-uring",
+        "--no-buffered",
+        "--json",
+    ]));
+    let reads = v["reads"].as_array().unwrap();
+    assert_eq!(reads.len(), 1, "{v}");
+    assert_eq!(reads[0]["engine"], "threads", "{v}");
 }
 
 #[test]

@@ -2,6 +2,11 @@
 //! random aligned offsets of some files, with a number of reads in flight, O_DIRECT or buffered
 //! with the pages dropped after each read — so every byte counted came from the device.
 //!
+//! Reads are in flight either as one thread per read issuing `pread` (what the store's reader
+//! pool does) or, on Linux, as one thread keeping them all queued on an io_uring; each figure
+//! also says how much CPU time the reading took, since on a machine of few cores that time is
+//! taken from the kernels.
+//!
 //! `sluice doctor` reports these figures, and `sluice bench` uses the same method on a model's
 //! own shards for the disk bandwidth its I/O floor is computed from.
 
@@ -13,15 +18,38 @@ use std::time::Instant;
 use crate::io::{IoMode, ShardFile};
 use crate::{AlignedBuf, StoreError};
 
+/// How the reads in flight are issued.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReadEngine {
+    /// One thread per read in flight, each issuing `pread` (the store's reader pool).
+    #[default]
+    Threads,
+    /// One thread keeping every read in flight queued on an io_uring (Linux 5.6 and later; an
+    /// error where the kernel has none or refuses it).
+    Uring,
+}
+
+impl ReadEngine {
+    /// Name as reported: `threads` or `io_uring`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadEngine::Threads => "threads",
+            ReadEngine::Uring => "io_uring",
+        }
+    }
+}
+
 /// One read measurement.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReadProbe {
     /// Bytes per read.
     pub block: usize,
-    /// Reads in flight (one reader thread each, issuing `pread`).
+    /// Reads in flight.
     pub depth: usize,
     /// Ask for O_DIRECT (files that refuse it are read buffered; the figure says which ran).
     pub direct: bool,
+    /// How the reads are issued.
+    pub engine: ReadEngine,
     /// Stop after this many seconds...
     pub seconds: f64,
     /// ...or this many bytes, whichever comes first.
@@ -39,12 +67,16 @@ pub struct ReadFigure {
     pub depth: usize,
     /// The mode that ran.
     pub mode: IoMode,
+    /// How the reads were issued.
+    pub engine: ReadEngine,
     /// Reads completed.
     pub reads: u64,
     /// Bytes read.
     pub bytes: u64,
     /// Wall-clock seconds.
     pub seconds: f64,
+    /// CPU seconds the process spent meanwhile (user and system, every thread).
+    pub cpu_seconds: f64,
 }
 
 impl ReadFigure {
@@ -57,12 +89,21 @@ impl ReadFigure {
         }
     }
 
-    /// Mean latency of one read in milliseconds (each reader has one read in flight).
+    /// Mean latency of one read in milliseconds (`depth` reads always in flight).
     pub fn latency_ms(&self) -> f64 {
         if self.reads == 0 {
             0.0
         } else {
             1e3 * self.seconds * self.depth as f64 / self.reads as f64
+        }
+    }
+
+    /// CPU seconds per GB read.
+    pub fn cpu_seconds_per_gb(&self) -> f64 {
+        if self.bytes == 0 {
+            0.0
+        } else {
+            self.cpu_seconds / (self.bytes as f64 / 1e9)
         }
     }
 }
@@ -74,6 +115,43 @@ fn mix(x: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     z ^ (z >> 31)
+}
+
+/// User plus system CPU seconds of this process so far.
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: `getrusage` fills the struct it is given; a zeroed `rusage` is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 * 1e-6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// The files read and where a read of `block` bytes may start in each: aligned offsets in
+/// [0, len - block], aligned to each file's O_DIRECT alignment (4096 at least).
+struct Targets {
+    files: Vec<ShardFile>,
+    slots: Vec<u64>,
+    total_slots: u64,
+}
+
+impl Targets {
+    fn align(f: &ShardFile) -> u64 {
+        f.align().max(4096) as u64
+    }
+
+    /// A random read: (file index, offset).
+    fn pick(&self, rng: &mut u64) -> (usize, u64) {
+        let mut r = mix(rng) % self.total_slots;
+        let mut i = 0;
+        while r >= self.slots[i] {
+            r -= self.slots[i];
+            i += 1;
+        }
+        (i, r * Self::align(&self.files[i]))
+    }
 }
 
 /// Random reads of `probe.block` bytes over `paths` (files shorter than a block are skipped;
@@ -102,41 +180,82 @@ pub fn measure_reads(paths: &[PathBuf], probe: &ReadProbe) -> Result<ReadFigure,
     for f in &files {
         f.drop_pages(0, f.len());
     }
-    // Where a read may start in each file: aligned offsets in [0, len - block].
-    let align = |f: &ShardFile| f.align().max(4096) as u64;
     let slots: Vec<u64> = files
         .iter()
-        .map(|f| (f.len() - block as u64) / align(f) + 1)
+        .map(|f| (f.len() - block as u64) / Targets::align(f) + 1)
         .collect();
-    let total_slots: u64 = slots.iter().sum();
-    let buf_len = block.div_ceil(4096) * 4096;
+    let targets = Targets {
+        total_slots: slots.iter().sum(),
+        slots,
+        files,
+    };
     let bytes = AtomicU64::new(0);
     let reads = AtomicU64::new(0);
     let depth = probe.depth.max(1);
+    let cpu0 = process_cpu_seconds();
     let t0 = Instant::now();
+    let more = || {
+        t0.elapsed().as_secs_f64() < probe.seconds
+            && bytes.load(Ordering::Relaxed) < probe.max_bytes
+    };
+    let done = |i: usize, off: u64, _: &[u8]| {
+        targets.files[i].drop_pages(off, block as u64);
+        bytes.fetch_add(block as u64, Ordering::Relaxed);
+        reads.fetch_add(1, Ordering::Relaxed);
+    };
+    match probe.engine {
+        ReadEngine::Threads => thread_reads(&targets, block, depth, probe.seed, &more, &done)?,
+        ReadEngine::Uring => {
+            uring_reads(&targets, block, depth, probe.seed, &more, &mut |i, o, b| {
+                done(i, o, b)
+            })?
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    Ok(ReadFigure {
+        block,
+        depth,
+        mode,
+        engine: probe.engine,
+        reads: reads.into_inner(),
+        bytes: bytes.into_inner(),
+        seconds,
+        cpu_seconds: (process_cpu_seconds() - cpu0).max(0.0),
+    })
+}
+
+/// `depth` threads, each reading `block` bytes at random offsets with `pread` while `more()`,
+/// handing each read to `done(file, offset, bytes)`.
+fn thread_reads(
+    t: &Targets,
+    block: usize,
+    depth: usize,
+    seed: u64,
+    more: &(dyn Fn() -> bool + Sync),
+    done: &(dyn Fn(usize, u64, &[u8]) + Sync),
+) -> Result<(), StoreError> {
+    let buf_len = block.div_ceil(4096) * 4096;
     let errors: Vec<StoreError> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..depth)
-            .map(|t| {
-                let (files, slots, bytes, reads) = (&files, &slots, &bytes, &reads);
+            .map(|k| {
                 s.spawn(move || -> Result<(), StoreError> {
                     let mut buf = AlignedBuf::zeroed(buf_len, 4096)?;
-                    let mut rng = probe.seed ^ (t as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
-                    while t0.elapsed().as_secs_f64() < probe.seconds
-                        && bytes.load(Ordering::Relaxed) < probe.max_bytes
-                    {
-                        let mut r = mix(&mut rng) % total_slots;
-                        let mut i = 0;
-                        while r >= slots[i] {
-                            r -= slots[i];
-                            i += 1;
-                        }
-                        let f = &files[i];
-                        let off = r * align(f);
+                    let mut rng = seed ^ (k as u64).wrapping_mul(0x2545_f491_4f6c_dd1d);
+                    while more() {
+                        let (i, off) = t.pick(&mut rng);
+                        let f = &t.files[i];
                         let dst = &mut buf.as_mut_slice()[..block];
                         let mut got = 0;
                         while got < block {
                             match rustix::io::pread(f.fd(), &mut dst[got..], off + got as u64) {
-                                Ok(0) => break,
+                                Ok(0) => {
+                                    return Err(StoreError::ShortRead {
+                                        path: f.path().to_path_buf(),
+                                        offset: off,
+                                        wanted: block as u64,
+                                        got: got as u64,
+                                    });
+                                }
                                 Ok(n) => got += n,
                                 Err(rustix::io::Errno::INTR) => {}
                                 Err(e) => {
@@ -148,9 +267,7 @@ pub fn measure_reads(paths: &[PathBuf], probe: &ReadProbe) -> Result<ReadFigure,
                                 }
                             }
                         }
-                        f.drop_pages(off, block as u64);
-                        bytes.fetch_add(got as u64, Ordering::Relaxed);
-                        reads.fetch_add(1, Ordering::Relaxed);
+                        done(i, off, dst);
                     }
                     Ok(())
                 })
@@ -165,17 +282,148 @@ pub fn measure_reads(paths: &[PathBuf], probe: &ReadProbe) -> Result<ReadFigure,
             })
             .collect()
     });
-    let seconds = t0.elapsed().as_secs_f64();
-    if let Some(e) = errors.into_iter().next() {
-        return Err(e);
+    match errors.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    Ok(ReadFigure {
-        block,
-        depth,
-        mode,
-        reads: reads.into_inner(),
-        bytes: bytes.into_inner(),
-        seconds,
+}
+
+/// One thread keeping `depth` reads of `block` bytes at random offsets queued on an io_uring
+/// while `more()`, handing each finished read to `done(file, offset, bytes)`. A short read is
+/// queued again for its rest. On an error no new read is queued, and the ones in flight are
+/// waited for before the buffers they write into are freed.
+#[cfg(target_os = "linux")]
+fn uring_reads(
+    t: &Targets,
+    block: usize,
+    depth: usize,
+    seed: u64,
+    more: &dyn Fn() -> bool,
+    done: &mut dyn FnMut(usize, u64, &[u8]),
+) -> Result<(), StoreError> {
+    use io_uring::{IoUring, opcode, types};
+    use std::os::fd::AsRawFd;
+
+    let first = &t.files[0];
+    let ring_err = |what: &str, e: std::io::Error| StoreError::Io {
+        path: first.path().to_path_buf(),
+        offset: 0,
+        source: std::io::Error::new(e.kind(), format!("io_uring {what}: {e}")),
+    };
+    let mut ring =
+        IoUring::new(depth.next_power_of_two().max(2) as u32).map_err(|e| ring_err("setup", e))?;
+    let buf_len = block.div_ceil(4096) * 4096;
+    let mut bufs = (0..depth)
+        .map(|_| AlignedBuf::zeroed(buf_len, 4096))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Per slot: the file, the offset of its read and the bytes it has so far.
+    let mut slots = vec![(0usize, 0u64, 0usize); depth];
+    let mut rng = seed;
+    let mut in_flight = 0usize;
+    let mut failed: Option<StoreError> = None;
+    // Queues the rest of slot `k`'s read.
+    let queue = |ring: &mut IoUring,
+                 bufs: &mut [AlignedBuf],
+                 k: usize,
+                 (i, off, got): (usize, u64, usize)| {
+        let f: &ShardFile = &t.files[i];
+        // SAFETY: `got < block <= buf_len`, so the pointer and length stay inside slot `k`'s
+        // buffer, which lives until every read in flight has completed (below).
+        let dst = unsafe { bufs[k].as_mut_slice().as_mut_ptr().add(got) };
+        let e = opcode::Read::new(types::Fd(f.fd().as_raw_fd()), dst, (block - got) as u32)
+            .offset(off + got as u64)
+            .build()
+            .user_data(k as u64);
+        // SAFETY: the entry's file descriptor and buffer stay valid until its completion is
+        // reaped; the queue holds `depth` entries or more, and at most `depth` are queued.
+        unsafe { ring.submission().push(&e) }.is_ok()
+    };
+    for (k, slot) in slots.iter_mut().enumerate() {
+        if !more() {
+            break;
+        }
+        let (i, off) = t.pick(&mut rng);
+        *slot = (i, off, 0);
+        if queue(&mut ring, &mut bufs, k, *slot) {
+            in_flight += 1;
+        }
+    }
+    let mut finished = Vec::with_capacity(depth);
+    while in_flight > 0 {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                // The kernel may still write into the buffers: they are never freed.
+                std::mem::forget(bufs);
+                return Err(ring_err("submit", e));
+            }
+        }
+        finished.clear();
+        finished.extend(
+            ring.completion()
+                .map(|c| (c.user_data() as usize, c.result())),
+        );
+        for &(k, res) in &finished {
+            in_flight -= 1;
+            let (i, off, got) = slots[k];
+            let f = &t.files[i];
+            if res < 0 && -res != libc::EINTR && -res != libc::EAGAIN {
+                failed.get_or_insert(StoreError::Io {
+                    path: f.path().to_path_buf(),
+                    offset: off + got as u64,
+                    source: std::io::Error::from_raw_os_error(-res),
+                });
+                continue;
+            }
+            if res == 0 {
+                failed.get_or_insert(StoreError::ShortRead {
+                    path: f.path().to_path_buf(),
+                    offset: off,
+                    wanted: block as u64,
+                    got: got as u64,
+                });
+                continue;
+            }
+            if failed.is_some() {
+                continue;
+            }
+            let got = got + res.max(0) as usize;
+            if got < block {
+                slots[k] = (i, off, got);
+            } else {
+                done(i, off, &bufs[k].as_slice()[..block]);
+                if !more() {
+                    continue;
+                }
+                let (i, off) = t.pick(&mut rng);
+                slots[k] = (i, off, 0);
+            }
+            if queue(&mut ring, &mut bufs, k, slots[k]) {
+                in_flight += 1;
+            }
+        }
+    }
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// No io_uring off Linux.
+#[cfg(not(target_os = "linux"))]
+fn uring_reads(
+    t: &Targets,
+    _block: usize,
+    _depth: usize,
+    _seed: u64,
+    _more: &dyn Fn() -> bool,
+    _done: &mut dyn FnMut(usize, u64, &[u8]),
+) -> Result<(), StoreError> {
+    Err(StoreError::Io {
+        path: t.files[0].path().to_path_buf(),
+        offset: 0,
+        source: std::io::Error::new(std::io::ErrorKind::Unsupported, "io_uring is Linux only"),
     })
 }
 
@@ -234,44 +482,93 @@ impl Drop for ProbeFile {
 mod tests {
     use super::*;
 
+    fn probe(block: usize, depth: usize, direct: bool, engine: ReadEngine) -> ReadProbe {
+        ReadProbe {
+            block,
+            depth,
+            direct,
+            engine,
+            seconds: 10.0,
+            max_bytes: 8 << 20,
+            seed: 1,
+        }
+    }
+
     #[test]
     fn measures_and_cleans_up() {
         let d = tempfile::tempdir().unwrap();
         let f = ProbeFile::create(d.path(), 4 << 20).unwrap();
         let p = f.path().to_path_buf();
-        for direct in [true, false] {
-            let fig = measure_reads(
-                std::slice::from_ref(&p),
-                &ReadProbe {
-                    block: 1 << 20,
-                    depth: 2,
-                    direct,
-                    seconds: 10.0,
-                    max_bytes: 8 << 20,
-                    seed: 1,
-                },
-            )
-            .unwrap();
+        for (direct, engine) in [
+            (true, ReadEngine::Threads),
+            (false, ReadEngine::Threads),
+            (true, ReadEngine::Uring),
+            (false, ReadEngine::Uring),
+        ] {
+            let fig = measure_reads(std::slice::from_ref(&p), &probe(1 << 20, 2, direct, engine))
+                .unwrap();
             assert!(fig.reads >= 8 && fig.bytes == fig.reads << 20, "{fig:?}");
+            assert_eq!(fig.engine, engine);
+            assert!(fig.cpu_seconds >= 0.0 && fig.cpu_seconds_per_gb().is_finite());
             if !direct {
                 assert_eq!(fig.mode, IoMode::Buffered);
             }
         }
-        assert!(
-            measure_reads(
-                std::slice::from_ref(&p),
-                &ReadProbe {
-                    block: 8 << 20,
-                    depth: 1,
-                    direct: true,
-                    seconds: 1.0,
-                    max_bytes: 1,
-                    seed: 1
-                }
-            )
-            .is_err()
-        );
+        for engine in [ReadEngine::Threads, ReadEngine::Uring] {
+            let mut big = probe(8 << 20, 1, true, engine);
+            big.max_bytes = 1;
+            assert!(measure_reads(std::slice::from_ref(&p), &big).is_err());
+        }
         drop(f);
         assert!(!p.exists());
+    }
+
+    /// The bytes each engine hands over are the file's bytes at the offset it names, for reads
+    /// of an odd size (not a multiple of the page) and more reads in flight than there are
+    /// places to read from.
+    #[test]
+    fn both_engines_read_the_right_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        let f = ProbeFile::create(d.path(), 1 << 20).unwrap();
+        let want = std::fs::read(f.path()).unwrap();
+        let block = 3 * 4096 + 512;
+        for direct in [false, true] {
+            let targets = {
+                let file = ShardFile::open(f.path(), direct).unwrap();
+                let slots = vec![(file.len() - block as u64) / Targets::align(&file) + 1];
+                Targets {
+                    total_slots: slots[0],
+                    slots,
+                    files: vec![file],
+                }
+            };
+            for engine in [ReadEngine::Threads, ReadEngine::Uring] {
+                let count = AtomicU64::new(0);
+                let bad = std::sync::Mutex::new(Vec::new());
+                let more = || count.load(Ordering::Relaxed) < 200;
+                let check = |i: usize, off: u64, got: &[u8]| {
+                    count.fetch_add(1, Ordering::Relaxed);
+                    let o = off as usize;
+                    if i != 0 || got != &want[o..o + block] {
+                        bad.lock().unwrap().push(off);
+                    }
+                };
+                match engine {
+                    ReadEngine::Threads => {
+                        thread_reads(&targets, block, 3, 9, &more, &check).unwrap()
+                    }
+                    ReadEngine::Uring => {
+                        uring_reads(&targets, block, 64, 9, &more, &mut |i, o, b| check(i, o, b))
+                            .unwrap()
+                    }
+                }
+                assert!(count.load(Ordering::Relaxed) >= 200, "{engine:?}");
+                assert!(
+                    bad.lock().unwrap().is_empty(),
+                    "{engine:?} direct {direct}: {:?}",
+                    bad.lock().unwrap()
+                );
+            }
+        }
     }
 }

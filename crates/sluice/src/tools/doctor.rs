@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 use sluice_format::Checkpoint;
 use sluice_kernels::Isa;
-use sluice_store::probe::{ProbeFile, ReadFigure, ReadProbe, measure_reads};
+use sluice_store::probe::{ProbeFile, ReadEngine, ReadFigure, ReadProbe, measure_reads};
 
 use crate::Error;
 use crate::engine::{Memory, resolve_memory};
@@ -27,6 +27,8 @@ pub struct DoctorOptions {
     pub depths: Vec<usize>,
     /// Also measure buffered reads (pages dropped after each read).
     pub buffered: bool,
+    /// Also measure direct reads issued through io_uring.
+    pub uring: bool,
     /// Seconds per read measurement.
     pub seconds: f64,
     /// Bytes of the memory-bandwidth test.
@@ -42,6 +44,7 @@ impl Default for DoctorOptions {
             blocks: vec![1 << 20, 4 << 20, 16 << 20],
             depths: vec![1, 4, 16],
             buffered: true,
+            uring: true,
             seconds: 1.0,
             memory_test_bytes: 512 << 20,
         }
@@ -90,12 +93,17 @@ pub struct ReadRow {
     pub depth: usize,
     /// `direct` or `buffered`.
     pub mode: String,
+    /// How the reads in flight were issued: `threads` (one thread per read, `pread`: the
+    /// store's reader pool) or `io_uring` (one thread, every read queued on an io_uring).
+    pub engine: String,
     /// GB/s.
     pub gbps: f64,
     /// Mean latency per read, ms.
     pub latency_ms: f64,
     /// Reads done.
     pub reads: u64,
+    /// CPU seconds the reading took per GB read (user and system, every thread).
+    pub cpu_seconds_per_gb: f64,
 }
 
 impl From<&ReadFigure> for ReadRow {
@@ -104,9 +112,11 @@ impl From<&ReadFigure> for ReadRow {
             block: f.block,
             depth: f.depth,
             mode: f.mode.name().to_owned(),
+            engine: f.engine.name().to_owned(),
             gbps: f.gbps(),
             latency_ms: f.latency_ms(),
             reads: f.reads,
+            cpu_seconds_per_gb: f.cpu_seconds_per_gb(),
         }
     }
 }
@@ -124,7 +134,11 @@ pub struct DoctorReport {
     pub read_target_bytes: u64,
     /// Random-read figures.
     pub reads: Vec<ReadRow>,
-    /// The best direct read bandwidth measured, GB/s (buffered when direct never ran).
+    /// Why direct reads through io_uring were not measured, where they were asked for and the
+    /// kernel refused them (absent, or disabled, or filtered by a container).
+    pub uring_error: Option<String>,
+    /// The best direct read bandwidth measured with reader threads, as the store reads, GB/s
+    /// (buffered when direct never ran).
     pub disk_gbps: f64,
     /// With a model: the plan `--memory auto` gives it.
     pub model_plan: Option<crate::tools::inspect::Inspection>,
@@ -255,6 +269,7 @@ pub fn expert_read_bandwidth(
         block: i.bytes_per_expert.max(4096) as usize,
         depth,
         direct,
+        engine: ReadEngine::Threads,
         seconds,
         max_bytes: u64::MAX,
         seed: 7,
@@ -304,33 +319,51 @@ pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<Do
     } else {
         &[true]
     };
+    let mut uring_error = None;
     for &direct in modes {
         for &block in &opts.blocks {
             for &depth in &opts.depths {
-                progress(&format!(
-                    "{} reads of {} at depth {depth}",
-                    if direct { "direct" } else { "buffered" },
-                    crate::tools::fmt_bytes(block as u64)
-                ));
-                let f = measure_reads(
-                    &paths,
-                    &ReadProbe {
+                // io_uring beside the threads for direct reads, the store's mode: whether a
+                // deeper queue from one thread reads faster, or for less CPU, than a pool.
+                let engines: &[ReadEngine] = if direct && opts.uring {
+                    &[ReadEngine::Threads, ReadEngine::Uring]
+                } else {
+                    &[ReadEngine::Threads]
+                };
+                for &engine in engines {
+                    if engine == ReadEngine::Uring && uring_error.is_some() {
+                        continue;
+                    }
+                    progress(&format!(
+                        "{} reads of {} at depth {depth} ({})",
+                        if direct { "direct" } else { "buffered" },
+                        crate::tools::fmt_bytes(block as u64),
+                        engine.name()
+                    ));
+                    let probe = ReadProbe {
                         block,
                         depth,
                         direct,
+                        engine,
                         seconds: opts.seconds,
                         max_bytes: u64::MAX,
                         seed: 1,
-                    },
-                )?;
-                reads.push(ReadRow::from(&f));
+                    };
+                    match measure_reads(&paths, &probe) {
+                        Ok(f) => reads.push(ReadRow::from(&f)),
+                        // A kernel without io_uring, or one that refuses it (a container's
+                        // seccomp filter, io_uring_disabled): reported, not fatal.
+                        Err(e) if engine == ReadEngine::Uring => uring_error = Some(e.to_string()),
+                        Err(e) => return Err(e.into()),
+                    }
+                }
             }
         }
     }
     let best = |mode: &str| {
         reads
             .iter()
-            .filter(|r| r.mode == mode)
+            .filter(|r| r.mode == mode && r.engine == ReadEngine::Threads.name())
             .map(|r| r.gbps)
             .fold(0.0, f64::max)
     };
@@ -349,6 +382,7 @@ pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<Do
         read_target: target,
         read_target_bytes: target_bytes,
         reads,
+        uring_error,
         disk_gbps,
         model_plan,
     })

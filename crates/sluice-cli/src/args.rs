@@ -97,7 +97,7 @@ pub struct BenchArgs {
     /// Prefetch settings, comma-separated: on, all, off (as for `run`).
     #[arg(long, default_value = "on,off")]
     pub prefetch: String,
-    /// I/O modes, comma-separated: direct, buffered.
+    /// I/O modes, comma-separated: direct, uring, buffered.
     #[arg(long, default_value = "direct")]
     pub io: String,
     /// Prompt tokens (pseudo-random ids).
@@ -225,8 +225,9 @@ pub struct EngineOpts {
     /// proved right often enough), all (read every prediction) or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,
-    /// How shards are read: direct (O_DIRECT where the file system allows it) or buffered
-    /// (pages dropped after each read).
+    /// How shards are read: direct (O_DIRECT where the file system allows it, from reader
+    /// threads), uring (O_DIRECT, expert reads queued on one io_uring) or buffered (pages
+    /// dropped after each read).
     #[arg(long, default_value = "direct")]
     pub io: String,
     /// Instruction set: auto, scalar, avx2 or avx512.

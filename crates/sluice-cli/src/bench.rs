@@ -158,7 +158,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         matches!(x, "on" | "all" | "off").then(|| x.to_owned())
     })?;
     let ios = list("--io", &a.io, |x| {
-        matches!(x, "direct" | "buffered").then(|| x.to_owned())
+        matches!(x, "direct" | "uring" | "buffered").then(|| x.to_owned())
     })?;
     let context = a.prompt_tokens + a.max_tokens + 8;
     let info =
@@ -214,14 +214,16 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         let fig = sluice::tools::doctor::expert_read_bandwidth(
             &model,
             4,
-            io == "direct",
+            io != "buffered",
+            io == "uring",
             a.disk_seconds.max(0.2),
         )?;
         if !a.json {
             eprintln!(
-                "disk: random {} reads of {} over the shards, 4 in flight: {:.2} GB/s",
+                "disk: random {} reads of {} over the shards, 4 in flight ({}): {:.2} GB/s",
                 fig.mode,
                 fmt_bytes(fig.block as u64),
+                fig.engine.name(),
                 fig.gbps()
             );
         }

@@ -480,14 +480,15 @@ fn engine(
         .prefetch(prefetch)
         .prefetch_precision(precision)
         .direct_io(match a.io.as_str() {
-            "direct" => true,
+            "direct" | "uring" => true,
             "buffered" => false,
             other => {
                 return Err(usage(format!(
-                    "--io `{other}`: expected direct or buffered"
+                    "--io `{other}`: expected direct, uring or buffered"
                 )));
             }
         })
+        .io_uring(a.io == "uring")
         .context(a.context)
         .prefill_chunk(a.prefill_chunk)
         .sequences(sequences)

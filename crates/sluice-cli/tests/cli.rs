@@ -1464,3 +1464,47 @@ fn inspect_names_zero_compute_experts() {
     let demo = json(&run(&["inspect", demo_model().to_str().unwrap(), "--json"]));
     assert_eq!(demo["zero_experts"].as_u64(), Some(0));
 }
+
+/// `--io uring` streams the experts through an io_uring, says so in the stats, and gives the
+/// ids the reader threads give; a mode it does not know is refused naming the flag.
+#[test]
+fn io_uring_reads_give_the_same_ids() {
+    let m = synthetic().join("m");
+    let go = |io: &str| {
+        json(&run(&[
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt-ids",
+            "5,9,300,41,7",
+            "--max-tokens",
+            "12",
+            "--memory",
+            "64MiB",
+            "--io",
+            io,
+            "--json",
+        ]))
+    };
+    let threads = go("direct");
+    let ring = go("uring");
+    assert_eq!(threads["stats"]["io_mode"], "direct", "{threads}");
+    assert_eq!(ring["stats"]["io_mode"], "io_uring", "{ring}");
+    assert!(
+        ring["stats"]["expert_bytes_read"].as_u64().unwrap() > 0,
+        "{ring}"
+    );
+    assert_eq!(threads["ids"], ring["ids"]);
+    let o = run(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt-ids",
+        "1",
+        "--io",
+        "ring",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let e = stderr(&o);
+    assert!(e.contains("--io") && e.lines().count() == 1, "{e}");
+}

@@ -135,6 +135,8 @@ pub struct Model {
     plan: MemoryPlan,
     prefetch: bool,
     io_mode: IoMode,
+    /// Expert reads of O_DIRECT shards go through an io_uring.
+    io_uring: bool,
     /// Every expert fits in the cache: a layer's experts are taken as a group and computed
     /// together (see `moe`).
     gather_experts: bool,
@@ -242,6 +244,7 @@ impl Model {
             capacity: plan.pool,
             policy,
             readers: opts.readers,
+            uring: opts.io_uring,
             record_trace: opts.record_trace,
             prefetch_precision: opts.prefetch_precision,
         };
@@ -321,6 +324,7 @@ impl Model {
             plan,
             prefetch,
             io_mode,
+            io_uring: opts.io_uring,
             gather_experts,
             in_pool,
             span_bytes: AtomicU64::new(0),
@@ -390,6 +394,17 @@ impl Model {
     /// How shards are read.
     pub fn io_mode(&self) -> IoMode {
         self.io_mode
+    }
+
+    /// How expert reads are issued, as stats report it: `io_uring` where they are queued on
+    /// one (O_DIRECT shards with [`ModelOptions::io_uring`]), else the mode's name (`direct`
+    /// or `buffered`: reader threads).
+    pub fn io_name(&self) -> &'static str {
+        if self.io_uring && self.io_mode == IoMode::Direct {
+            "io_uring"
+        } else {
+            self.io_mode.name()
+        }
     }
 
     /// Whether lookahead prefetch runs.

@@ -29,6 +29,9 @@ pub struct ModelOptions {
     pub readers: usize,
     /// Read shards with O_DIRECT where the file system allows it.
     pub direct_io: bool,
+    /// Queue the expert reads of O_DIRECT shards on one io_uring (`readers` in flight) instead
+    /// of handing them to reader threads (Linux; an error where the kernel refuses io_uring).
+    pub io_uring: bool,
     /// Record every expert request for offline replay.
     pub record_trace: bool,
     /// Positions the KV cache is planned for (capped by the model's maximum).
@@ -80,6 +83,7 @@ impl std::fmt::Debug for ModelOptions {
             .field("prefetch_precision", &self.prefetch_precision)
             .field("readers", &self.readers)
             .field("direct_io", &self.direct_io)
+            .field("io_uring", &self.io_uring)
             .field("record_trace", &self.record_trace)
             .field("context", &self.context)
             .field("chunk", &self.chunk)
@@ -103,6 +107,7 @@ impl Default for ModelOptions {
             prefetch_precision: sluice_store::PREFETCH_PRECISION,
             readers: 4,
             direct_io: true,
+            io_uring: false,
             record_trace: false,
             context: 4096,
             chunk: 64,

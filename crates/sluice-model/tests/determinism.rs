@@ -1,5 +1,6 @@
 //! The determinism matrix: one hash over all logits of a fixed generation, the same across 12
-//! budgets × every policy × prefetch on/off × 1 and 2 threads × every ISA this CPU has.
+//! budgets × every policy × prefetch on/off × 1 and 2 threads × every ISA this CPU has, and at
+//! every budget with expert reads queued on an io_uring.
 
 use std::path::Path;
 
@@ -133,9 +134,30 @@ fn matrix(fixture: &str) {
             }
         }
     }
+    // Expert reads queued on an io_uring instead of reader threads, at every budget.
+    for &memory in &budgets {
+        let o = ModelOptions {
+            memory: Some(memory),
+            prefetch_precision: 0.0,
+            threads: 2,
+            io_uring: true,
+            ..base.clone()
+        };
+        let m = Model::open(&dir, o.clone()).unwrap();
+        assert_eq!(
+            m.io_name(),
+            "io_uring",
+            "O_DIRECT refused for {}",
+            dir.display()
+        );
+        drop(m);
+        let got = hash_generation(&dir, o);
+        assert_eq!(got, want, "budget {memory}, io_uring");
+        runs += 1;
+    }
     assert_eq!(
         runs,
-        12 * PolicyChoice::ALL.len() * 2 * 2 * Isa::available().len()
+        12 * PolicyChoice::ALL.len() * 2 * 2 * Isa::available().len() + 12
     );
     eprintln!("{fixture}: {runs} configurations, one hash: {want}");
 }

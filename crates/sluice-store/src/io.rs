@@ -10,6 +10,9 @@ use std::sync::{Arc, Mutex};
 use rustix::fd::OwnedFd;
 use rustix::fs::{Mode, OFlags};
 
+use crate::ring::RingReader;
+#[cfg(target_os = "linux")]
+use crate::ring::{RingDone, RingRead};
 use crate::{AlignedBuf, StoreError};
 
 /// How a shard is read.
@@ -197,6 +200,14 @@ pub trait Reader: Send + Sync + fmt::Debug {
     fn mode(&self, shard: u32) -> IoMode;
     /// Called after the bytes of a range have been copied out (drops page-cache pages).
     fn done(&self, _shard: u32, _offset: u64, _len: u64) {}
+    /// A descriptor reads of this shard may be queued on an io_uring with, bypassing
+    /// [`read_at`](Reader::read_at) (whose bytes are then reported to
+    /// [`count_read`](Reader::count_read)); `None` keeps every read on `read_at`.
+    fn raw_fd(&self, _shard: u32) -> Option<std::os::fd::RawFd> {
+        None
+    }
+    /// Counts bytes read outside [`read_at`](Reader::read_at).
+    fn count_read(&self, _bytes: u64) {}
 }
 
 /// The shards of a checkpoint, open for reading.
@@ -252,6 +263,20 @@ impl Reader for ShardSet {
 
     fn align(&self, shard: u32) -> usize {
         self.files.get(shard as usize).map_or(1, |f| f.align)
+    }
+
+    /// O_DIRECT shards only: a buffered read on an io_uring goes to the kernel's own worker
+    /// threads, no better than the reader pool.
+    fn raw_fd(&self, shard: u32) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        self.files
+            .get(shard as usize)
+            .filter(|f| f.mode == IoMode::Direct)
+            .map(|f| f.fd.as_raw_fd())
+    }
+
+    fn count_read(&self, bytes: u64) {
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn path(&self, shard: u32) -> &Path {
@@ -472,8 +497,11 @@ impl Drop for PartLanded {
 /// `recycled` when it has that size and the alignment (its old bytes are overwritten wherever a
 /// piece lies; padding may keep them) — but as reads of at most `part` bytes
 /// (rounded up to the alignment) handed to `spawn`, so several are in flight for one blob and a
-/// queue of blobs completes one after another rather than all at the end. `done` receives the
-/// blob, or the first error, when the last part lands (on the thread that read it).
+/// queue of blobs completes one after another rather than all at the end. With `ring`, the parts
+/// of O_DIRECT shards are queued on that io_uring instead (`true`: ahead of background reads).
+/// `done` receives the blob, or the first error, when the last part lands (on the thread that
+/// read it, or the ring's).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn read_blob_parts(
     reader: &Arc<dyn Reader>,
     pieces: &[Piece],
@@ -481,6 +509,7 @@ pub(crate) fn read_blob_parts(
     size: usize,
     part: u64,
     spawn: &dyn Fn(Box<dyn FnOnce() + Send>),
+    ring: Option<(&RingReader, bool)>,
     done: BlobDone,
 ) {
     let (runs, spans, buf_len) = plan_reads(reader.as_ref(), pieces);
@@ -525,6 +554,50 @@ pub(crate) fn read_blob_parts(
             ok: false,
         };
         let reader = Arc::clone(reader);
+        #[cfg(target_os = "linux")]
+        if let Some((ring, demand)) = ring
+            && let Some(fd) = reader.raw_fd(p.shard)
+        {
+            // SAFETY: as below, `p` lies inside the buffer, which stays alive in `fill.buf`
+            // until this part has landed: the completion holds `landed`.
+            let dst = unsafe { fill.base.0.add(p.buf_at) };
+            let (start, len) = (p.start, p.len as usize);
+            let done: RingDone = Box::new(move |r| {
+                let f = &landed.fill;
+                // SAFETY: the kernel has finished writing the range; it is this part's alone.
+                let dst = unsafe { std::slice::from_raw_parts_mut(f.base.0.add(p.buf_at), len) };
+                let r = match r {
+                    Ok(got) => {
+                        reader.count_read(got as u64);
+                        finish_run(reader.as_ref(), &p, dst, got)
+                    }
+                    Err(e) => Err(StoreError::Io {
+                        path: reader.path(p.shard).to_path_buf(),
+                        offset: p.start,
+                        source: e,
+                    }),
+                };
+                if let Err(e) = r
+                    && let Ok(mut slot) = f.err.lock()
+                {
+                    slot.get_or_insert(e);
+                }
+                landed.succeed();
+            });
+            let read = RingRead {
+                fd,
+                offset: start,
+                dst,
+                len,
+                done,
+            };
+            // SAFETY: the reader the completion holds keeps `fd` open; the range of `dst` is
+            // this part's alone and lives until the completion has run.
+            unsafe { ring.submit(read, demand) };
+            continue;
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = ring;
         spawn(Box::new(move || {
             let f = &landed.fill;
             // SAFETY: `p` lies inside the buffer (`plan_reads` sized it to hold every run) and
@@ -545,7 +618,6 @@ pub(crate) fn read_blob_parts(
 /// Reads one run into `dst` (exactly `run.len` bytes, aligned), checking that every payload byte
 /// arrived; bytes past the end of the file are set to zero (`dst` may be a reused buffer).
 pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), StoreError> {
-    let need = run.need as usize;
     let mut got = 0usize;
     while got < dst.len() {
         match reader.read_at(run.shard, run.start + got as u64, &mut dst[got..]) {
@@ -561,6 +633,19 @@ pub fn read_run(reader: &dyn Reader, run: &Run, dst: &mut [u8]) -> Result<(), St
             }
         }
     }
+    finish_run(reader, run, dst, got)
+}
+
+/// The end of a run's read that got `got` bytes into `dst`: the rest (past the end of the file)
+/// zeroed, the reader told, and every payload byte checked to have arrived.
+fn finish_run(
+    reader: &dyn Reader,
+    run: &Run,
+    dst: &mut [u8],
+    got: usize,
+) -> Result<(), StoreError> {
+    let need = run.need as usize;
+    let got = got.min(dst.len());
     dst[got..].fill(0);
     reader.done(run.shard, run.start, run.len);
     if got < need {

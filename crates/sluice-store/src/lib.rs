@@ -10,6 +10,14 @@ mod experts;
 pub mod io;
 pub mod policy;
 mod pool;
+#[cfg(target_os = "linux")]
+mod ring;
+/// No io_uring off Linux: nothing of this type exists.
+#[cfg(not(target_os = "linux"))]
+mod ring {
+    #[derive(Debug)]
+    pub(crate) enum RingReader {}
+}
 pub mod probe;
 pub mod trace;
 mod trunk;

@@ -56,6 +56,7 @@ fn config(capacity: u64) -> ExpertStoreConfig {
         capacity,
         policy: PolicyChoice::S3Fifo.make(4),
         readers: 2,
+        uring: false,
         record_trace: false,
         prefetch_precision: sluice_store::PREFETCH_PRECISION,
     }
@@ -226,13 +227,19 @@ fn injected_errors_end_the_request_and_the_store_recovers() {
 fn a_shard_truncated_while_open_is_a_short_read() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, specs) = write_shard(dir.path());
-    for direct in [true, false] {
-        let store = ExpertStore::new(
-            Arc::new(ShardSet::open(&[&path], direct).unwrap()),
-            specs.clone(),
-            config(1 << 20),
-        )
-        .unwrap();
+    // Direct reads from threads and on the io_uring, and buffered ones.
+    for (direct, uring) in [(true, false), (true, true), (false, false)] {
+        let shards = Arc::new(ShardSet::open(&[&path], direct).unwrap());
+        assert_eq!(
+            shards.mode() == IoMode::Direct,
+            direct,
+            "O_DIRECT refused here"
+        );
+        let cfg = ExpertStoreConfig {
+            uring,
+            ..config(1 << 20)
+        };
+        let store = ExpertStore::new(shards, specs.clone(), cfg).unwrap();
         store.fetch(0, &[0]).unwrap();
         let full = std::fs::read(&path).unwrap();
         std::fs::OpenOptions::new()
@@ -324,10 +331,13 @@ fn large_experts_arrive_in_parts_one_after_another() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, specs) = write_large_shard(dir.path());
     assert!(specs[0][0].iter().map(|p| p.len).sum::<u64>() > 2 * sluice_store::READ_PART);
-    for readers in [0, 1, 3] {
+    // Reader threads, and the io_uring with one and three reads in flight.
+    for (readers, uring) in [(0, false), (1, false), (3, false), (1, true), (3, true)] {
         let shards = Arc::new(ShardSet::open(&[&path], true).unwrap());
+        assert_eq!(shards.mode(), IoMode::Direct, "O_DIRECT refused here");
         let cfg = ExpertStoreConfig {
             readers,
+            uring,
             ..config(16 << 20)
         };
         let store = ExpertStore::new(shards, specs.clone(), cfg).unwrap();
@@ -340,10 +350,17 @@ fn large_experts_arrive_in_parts_one_after_another() {
             .map(|a| a.unwrap())
             .collect();
         let order: Vec<usize> = got.iter().map(|g| g.0).collect();
-        assert_eq!(order[0], 2, "{readers} readers: {order:?}");
+        assert_eq!(
+            order[0], 2,
+            "{readers} readers, io_uring {uring}: {order:?}"
+        );
         let mut sorted = order.clone();
         sorted.sort();
-        assert_eq!(sorted, vec![0, 1, 2, 3, 4], "{readers} readers");
+        assert_eq!(
+            sorted,
+            vec![0, 1, 2, 3, 4],
+            "{readers} readers, io_uring {uring}"
+        );
         if readers <= 1 {
             // One reader takes the parts in file order, so the misses land in file order.
             assert_eq!(order, vec![2, 1, 4, 3, 0]);
@@ -352,7 +369,7 @@ fn large_experts_arrive_in_parts_one_after_another() {
             for (p, piece) in specs[0][asked[*i] as usize].iter().enumerate() {
                 assert!(
                     b.piece(p) == &expected(&path, piece)[..],
-                    "{readers} readers: expert {} piece {p}",
+                    "{readers} readers, io_uring {uring}: expert {} piece {p}",
                     asked[*i]
                 );
             }
@@ -373,7 +390,11 @@ fn large_experts_arrive_in_parts_one_after_another() {
         assert!(used > store.max_footprint() && used <= 2 * store.max_footprint());
         let before = store.stats().reads;
         store.fetch(0, &[2, 3]).unwrap();
-        assert_eq!(store.stats().reads, before, "{readers} readers");
+        assert_eq!(
+            store.stats().reads,
+            before,
+            "{readers} readers, io_uring {uring}"
+        );
     }
 }
 
@@ -424,6 +445,7 @@ fn inline_store_reading(dir: &Path, precision: f64) -> ExpertStore {
     let shards = Arc::new(ShardSet::open(&[&path], false).unwrap());
     let cfg = ExpertStoreConfig {
         readers: 0,
+        uring: false,
         prefetch_precision: precision,
         ..config(1 << 20)
     };

@@ -54,6 +54,7 @@ fn store_with(
         capacity: cache * FOOTPRINT,
         policy: policy.make(cache as usize),
         readers,
+        uring: false,
         record_trace: false,
         prefetch_precision: 0.0,
     };

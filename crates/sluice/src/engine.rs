@@ -36,6 +36,7 @@ pub struct EngineBuilder {
     prefetch: bool,
     prefetch_precision: f64,
     direct_io: bool,
+    io_uring: bool,
     trace: bool,
     verify_pack: bool,
     context: usize,
@@ -56,6 +57,7 @@ impl Default for EngineBuilder {
             prefetch: true,
             prefetch_precision: sluice_store::PREFETCH_PRECISION,
             direct_io: true,
+            io_uring: false,
             trace: false,
             verify_pack: true,
             context: 4096,
@@ -151,6 +153,14 @@ impl EngineBuilder {
     /// Read with O_DIRECT where the file system allows it (default on).
     pub fn direct_io(mut self, on: bool) -> Self {
         self.direct_io = on;
+        self
+    }
+
+    /// Queue expert reads of O_DIRECT shards on one io_uring instead of reader threads
+    /// (default off; Linux only, and building the engine fails where the kernel refuses
+    /// io_uring). Output bits do not depend on it.
+    pub fn io_uring(mut self, on: bool) -> Self {
+        self.io_uring = on;
         self
     }
 
@@ -263,6 +273,7 @@ impl EngineBuilder {
             prefetch_precision: self.prefetch_precision,
             readers: 4,
             direct_io: self.direct_io,
+            io_uring: self.io_uring,
             record_trace: self.trace,
             context: self.context,
             chunk: self.prefill_chunk,

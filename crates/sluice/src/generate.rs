@@ -408,7 +408,7 @@ pub(crate) fn prefill(
         prefill_other_seconds: out.times.other,
         prefill_chunk: chunk,
         prefill_spans: span_stats,
-        io_mode: model.io_mode().name().to_owned(),
+        io_mode: model.io_name().to_owned(),
         memory_budget_bytes: engine.budget().unwrap_or(0),
         expert_cache_start_bytes: cache0,
         policy: model.experts().policy_name(),

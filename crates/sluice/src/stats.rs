@@ -114,7 +114,8 @@ pub struct GenerationStats {
     pub prefetch_hits: u64,
     /// Experts evicted from the cache.
     pub expert_evictions: u64,
-    /// `direct` or `buffered`.
+    /// How expert reads were issued: `direct` or `buffered` from reader threads, or
+    /// `io_uring` (O_DIRECT reads queued on one io_uring).
     pub io_mode: String,
     /// Peak resident memory of the process so far.
     pub peak_rss_bytes: u64,

@@ -51,6 +51,7 @@ impl ExpertStore {
                 sh.footprint(k) as usize,
                 READ_PART,
                 &|job| self.pool.submit(job),
+                self.ring.as_ref().map(|r| (r, true)),
                 Box::new(move |r| {
                     let landed = Shared::land(&land_sh, k, r, idx.len() as u32, None)
                         .map(|pins| idx.into_iter().zip(pins).collect());

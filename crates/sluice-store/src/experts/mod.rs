@@ -39,6 +39,10 @@ pub struct ExpertStoreConfig {
     pub policy: Box<dyn Policy>,
     /// Reader threads (0 reads on the caller's thread).
     pub readers: usize,
+    /// Queue the reads of O_DIRECT shards on one io_uring (at most `readers` in flight, at
+    /// least one) instead of handing them to the reader threads; an error where the kernel
+    /// has no io_uring or refuses it.
+    pub uring: bool,
     /// Record every request for offline replay.
     pub record_trace: bool,
     /// Share of a confidence rank's predictions that must have come true before
@@ -51,10 +55,11 @@ impl std::fmt::Debug for ExpertStoreConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ExpertStoreConfig({} bytes, {}, {} readers)",
+            "ExpertStoreConfig({} bytes, {}, {} readers{})",
             self.capacity,
             self.policy.name(),
-            self.readers
+            self.readers,
+            if self.uring { ", io_uring" } else { "" }
         )
     }
 }
@@ -108,6 +113,8 @@ struct Shared {
 /// pins rather than overrun it.
 pub struct ExpertStore {
     shared: Arc<Shared>,
+    /// With [`ExpertStoreConfig::uring`]: the ring reads of O_DIRECT shards go to.
+    ring: Option<crate::ring::RingReader>,
     pool: ReaderPool,
     max_footprint: u64,
 }
@@ -157,8 +164,25 @@ impl ExpertStore {
             inner: Mutex::new(inner),
             cond: Condvar::new(),
         });
+        let ring = if cfg.uring {
+            #[cfg(target_os = "linux")]
+            let ring = crate::ring::RingReader::new(cfg.readers);
+            #[cfg(not(target_os = "linux"))]
+            let ring = Err(std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "io_uring is Linux only",
+            ));
+            Some(ring.map_err(|e| StoreError::Io {
+                path: shared.reader.path(0).to_path_buf(),
+                offset: 0,
+                source: std::io::Error::new(e.kind(), format!("io_uring unavailable: {e}")),
+            })?)
+        } else {
+            None
+        };
         Ok(ExpertStore {
             shared,
+            ring,
             pool: ReaderPool::new(cfg.readers),
             max_footprint,
         })
@@ -173,6 +197,7 @@ impl ExpertStore {
             capacity: u64::MAX,
             policy: Box::new(crate::policy::Lru::default()),
             readers: 0,
+            uring: false,
             record_trace: false,
             prefetch_precision: PREFETCH_PRECISION,
         };

@@ -208,6 +208,7 @@ impl ExpertStore {
                 sh.footprint(k) as usize,
                 READ_PART,
                 &|job| self.pool.spawn(job),
+                self.ring.as_ref().map(|r| (r, false)),
                 done,
             );
         }

@@ -257,11 +257,13 @@ pub fn drop_page_cache(paths: &[PathBuf]) {
 }
 
 /// Random reads of one expert's size over a model's shards at `depth` reads in flight (O_DIRECT
-/// when `direct`): the disk bandwidth an I/O floor is computed from.
+/// when `direct`, queued on an io_uring when `uring`): the disk bandwidth an I/O floor is
+/// computed from.
 pub fn expert_read_bandwidth(
     dir: &Path,
     depth: usize,
     direct: bool,
+    uring: bool,
     seconds: f64,
 ) -> Result<ReadFigure, Error> {
     let i = crate::tools::inspect::inspect(dir, Memory::Unlimited, 1, 1)?;
@@ -269,7 +271,11 @@ pub fn expert_read_bandwidth(
         block: i.bytes_per_expert.max(4096) as usize,
         depth,
         direct,
-        engine: ReadEngine::Threads,
+        engine: if uring {
+            ReadEngine::Uring
+        } else {
+            ReadEngine::Threads
+        },
         seconds,
         max_bytes: u64::MAX,
         seed: 7,

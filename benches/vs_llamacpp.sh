@@ -21,6 +21,9 @@
 #   CAP_PROMPT prompt tokens under the cap                                [2048]
 #   GEN        generated tokens (in RAM / under the cap)                  [32 / 16]
 #   REPS       alternating pairs per setting                              [3]
+#   DEPTH      context llama.cpp decodes at: "prompt" (the prompt's length, where sluice decodes:
+#              llama-bench -d) or 0 (llama-bench's own tg test, from an empty context, as this
+#              script measured before 2026-12-05)                               [prompt]
 #   MOE_INTER  expert intermediate size of the synthetic model            [768]
 #   GGUF_QUANT a llama-quantize type (Q4_K_M, Q8_0, ...): both engines then read the same
 #              quantized GGUF ($WORK/model-<type>.gguf, made from the BF16 one), sluice
@@ -52,6 +55,8 @@ REPS=${REPS:-3}
 GEN_RAM=${GEN:-32}
 GEN_CAP=${GEN:-16}
 MOE_INTER=${MOE_INTER:-768}
+DEPTH=${DEPTH:-prompt}
+case "$DEPTH" in prompt|0) ;; *) echo "DEPTH must be prompt or 0, not '$DEPTH'" >&2; exit 2 ;; esac
 
 GGUF_QUANT=${GGUF_QUANT:-}
 for f in "$SLUICE" "$LLAMA_BIN/llama-bench" "$LLAMA_DIR/convert_hf_to_gguf.py"; do
@@ -132,17 +137,23 @@ make_cgroup() {
 in_cg() { sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" "$@"; }
 
 # llama-bench: prompt processing and generation tokens/s as "pp tg" (prompt of $1 tokens, $2
-# generated, one repetition after llama-bench's own warm-up).
+# generated, one repetition after llama-bench's own warm-up). With DEPTH=prompt the generation
+# test decodes after a context of $1 tokens (-d), as sluice does after its prompt: llama-bench's
+# tg test otherwise starts from an empty context, where attention costs nothing. Two calls, so
+# the prompt test itself runs from an empty context either way.
 llama() {
-    local prompt=$1 gen=$2; shift 2
+    local prompt=$1 gen=$2 depth=0; shift 2
+    [ "$DEPTH" = prompt ] && depth=$prompt
     drop "$gguf"
-    "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$prompt" -n "$gen" -t "$THREADS" -r 1 "${llama_extra[@]}" -o json 2>/dev/null |
-        "$PYTHON" -c '
+    {
+        "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p "$prompt" -n 0 -t "$THREADS" -r 1 "${llama_extra[@]}" -o jsonl 2>/dev/null
+        "$@" "$LLAMA_BIN/llama-bench" -m "$gguf" -p 0 -n "$gen" -d "$depth" -t "$THREADS" -r 1 "${llama_extra[@]}" -o jsonl 2>/dev/null
+    } | "$PYTHON" -c '
 import json, sys
-rows = json.load(sys.stdin)
+rows = [json.loads(l) for l in sys.stdin if l.strip()]
 pp = [r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0]
-tg = [r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0]
-print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")'
+tg = [r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0 and r["n_depth"] == int(sys.argv[1])]
+print(f"{pp[0] if pp else 0:.3f} {tg[0] if tg else 0:.3f}")' "$depth"
 }
 # sluice: prefill and decode tokens/s, peak RSS and prefill expert bytes read / bytes of the
 # distinct experts the prompt touched (after a warm-up generation, as llama-bench warms up),
@@ -208,7 +219,7 @@ cleanup
 cg=""
 
 echo
-echo "model: $sluice_model ($((model_bytes / 1048576)) MiB read by sluice, $((gguf_bytes / 1048576)) MiB GGUF read by llama.cpp${GGUF_QUANT:+: both the same $GGUF_QUANT file}), $THREADS threads, medians of $REPS alternating pairs"
+echo "model: $sluice_model ($((model_bytes / 1048576)) MiB read by sluice, $((gguf_bytes / 1048576)) MiB GGUF read by llama.cpp${GGUF_QUANT:+: both the same $GGUF_QUANT file}), $THREADS threads, medians of $REPS alternating pairs; llama.cpp decodes after a context of $([ "$DEPTH" = prompt ] && echo "the prompt's length (llama-bench -d), as sluice does" || echo "0 tokens (llama-bench's tg test), sluice after its prompt")"
 echo
 echo "| setting | engine | prompt | prefill tok/s median (min / max) | prefill vs llama.cpp | decode tok/s median (min / max) | decode vs llama.cpp |"
 echo "|---|---|---:|---:|---:|---:|---:|"

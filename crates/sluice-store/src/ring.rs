@@ -263,9 +263,9 @@ mod tests {
     use std::io::Write;
     use std::sync::mpsc;
 
-    /// Every read lands with the file's bytes, demand and background alike, more reads queued
-    /// than fit in flight, one running into the end of the file (a short count) and one on a
-    /// closed descriptor (an error); dropping the reader waits for what was queued.
+    /// Every read lands with the file's bytes, demand and background alike, with more reads
+    /// queued than fit in flight, one running into the end of the file (a short count) and one
+    /// on a descriptor that is not open (an error, which the ring survives).
     #[test]
     fn reads_land_with_the_files_bytes() {
         let d = tempfile::tempdir().unwrap();

@@ -68,7 +68,7 @@ impl RingReader {
     /// io_uring or refuses it.
     pub(crate) fn new(depth: usize) -> io::Result<RingReader> {
         let depth = depth.max(1);
-        let ring = io_uring::IoUring::new(((depth + 1).next_power_of_two() * 2) as u32)?;
+        let entries = ((depth + 1).next_power_of_two() * 2) as u32;
         // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor that
         // nothing else owns.
         let wake = unsafe {
@@ -83,9 +83,26 @@ impl RingReader {
             wake,
         });
         let sh = Arc::clone(&shared);
+        // The ring is made on the thread that uses it: only that thread ever enters it.
+        let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("sluice-ring".into())
-            .spawn(move || run(ring, &sh, depth))?;
+            .spawn(move || match io_uring::IoUring::new(entries) {
+                Ok(ring) => {
+                    let _ = tx.send(Ok(()));
+                    run(ring, &sh, depth);
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
+            })?;
+        if let Err(e) = rx
+            .recv()
+            .unwrap_or_else(|_| Err(io::Error::other("the io_uring thread died")))
+        {
+            let _ = thread.join();
+            return Err(e);
+        }
         Ok(RingReader {
             shared,
             thread: Some(thread),

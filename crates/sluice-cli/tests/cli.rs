@@ -793,20 +793,24 @@ fn max_tokens_past_the_context_stops_with_length() {
 #[test]
 fn doctor_measures_a_scratch_file_and_removes_it() {
     let d = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    let v = json(&run(&[
-        "doctor",
-        "--dir",
-        d.path().to_str().unwrap(),
-        "--file-size",
-        "16MiB",
-        "--blocks",
-        "1MiB",
-        "--depths",
-        "1,2",
-        "--seconds",
-        "0.05",
-        "--json",
-    ]));
+    // A quick doctor on a 16 MiB scratch file in `d`, 1 MiB reads.
+    let doctor = |extra: &[&str]| {
+        let mut args = vec![
+            "doctor",
+            "--dir",
+            d.path().to_str().unwrap(),
+            "--file-size",
+            "16MiB",
+            "--blocks",
+            "1MiB",
+            "--seconds",
+            "0.05",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        json(&run(&args))
+    };
+    let v = doctor(&["--depths", "1,2"]);
     let reads = v["reads"].as_array().unwrap();
     // direct from threads, direct through io_uring and buffered, two depths each
     assert_eq!(reads.len(), 6, "{v}");
@@ -831,22 +835,7 @@ fn doctor_measures_a_scratch_file_and_removes_it() {
         "scratch file left behind"
     );
     // Without io_uring: the threads' rows only.
-    let v = json(&run(&[
-        "doctor",
-        "--dir",
-        d.path().to_str().unwrap(),
-        "--file-size",
-        "16MiB",
-        "--blocks",
-        "1MiB",
-        "--depths",
-        "2",
-        "--seconds",
-        "0.05",
-        "--no-uring",
-        "--no-buffered",
-        "--json",
-    ]));
+    let v = doctor(&["--depths", "2", "--no-uring", "--no-buffered"]);
     let reads = v["reads"].as_array().unwrap();
     assert_eq!(reads.len(), 1, "{v}");
     assert_eq!(reads[0]["engine"], "threads", "{v}");

@@ -8,7 +8,10 @@ use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
 
 fn hash_generation(dir: &Path, opts: ModelOptions) -> String {
-    let m = Model::open(dir, opts).unwrap();
+    hash_model(&Model::open(dir, opts).unwrap())
+}
+
+fn hash_model(m: &Model) -> String {
     let mut st = m.new_state();
     let mut logits = m
         .forward(&mut st, &[7, 300, 12, 45, 9, 401, 88], Logits::All)
@@ -143,15 +146,14 @@ fn matrix(fixture: &str) {
             io_uring: true,
             ..base.clone()
         };
-        let m = Model::open(&dir, o.clone()).unwrap();
+        let m = Model::open(&dir, o).unwrap();
         assert_eq!(
             m.io_name(),
             "io_uring",
             "O_DIRECT refused for {}",
             dir.display()
         );
-        drop(m);
-        let got = hash_generation(&dir, o);
+        let got = hash_model(&m);
         assert_eq!(got, want, "budget {memory}, io_uring");
         runs += 1;
     }

@@ -288,10 +288,10 @@ fn thread_reads(
     }
 }
 
-/// One thread keeping `depth` reads of `block` bytes at random offsets queued on an io_uring
-/// while `more()`, handing each finished read to `done(file, offset, bytes)`. A short read is
-/// queued again for its rest. On an error no new read is queued, and the ones in flight are
-/// waited for before the buffers they write into are freed.
+/// `depth` reads of `block` bytes at random offsets kept queued on the store's own io_uring
+/// reader ([`RingReader`](crate::ring::RingReader)) while `more()`, each finished read handed to
+/// `done(file, offset, bytes)` on this thread. On an error no new read is queued, and the ones in
+/// flight are waited for before the buffers they write into are freed.
 #[cfg(target_os = "linux")]
 fn uring_reads(
     t: &Targets,
@@ -301,106 +301,79 @@ fn uring_reads(
     more: &dyn Fn() -> bool,
     done: &mut dyn FnMut(usize, u64, &[u8]),
 ) -> Result<(), StoreError> {
-    use io_uring::{IoUring, opcode, types};
+    use crate::ring::{RingRead, RingReader};
     use std::os::fd::AsRawFd;
 
-    let first = &t.files[0];
-    let ring_err = |what: &str, e: std::io::Error| StoreError::Io {
-        path: first.path().to_path_buf(),
+    let ring = RingReader::new(depth).map_err(|e| StoreError::Io {
+        path: t.files[0].path().to_path_buf(),
         offset: 0,
-        source: std::io::Error::new(e.kind(), format!("io_uring {what}: {e}")),
-    };
-    let mut ring =
-        IoUring::new(depth.next_power_of_two().max(2) as u32).map_err(|e| ring_err("setup", e))?;
+        source: std::io::Error::new(e.kind(), format!("io_uring setup: {e}")),
+    })?;
     let buf_len = block.div_ceil(4096) * 4096;
     let mut bufs = (0..depth)
         .map(|_| AlignedBuf::zeroed(buf_len, 4096))
         .collect::<Result<Vec<_>, _>>()?;
-    // Per slot: the file, the offset of its read and the bytes it has so far.
-    let mut slots = vec![(0usize, 0u64, 0usize); depth];
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Slot `k`'s read: a random place, its completion sent back here.
     let mut rng = seed;
-    let mut in_flight = 0usize;
-    let mut failed: Option<StoreError> = None;
-    // Queues the rest of slot `k`'s read.
-    let queue = |ring: &mut IoUring,
-                 bufs: &mut [AlignedBuf],
-                 k: usize,
-                 (i, off, got): (usize, u64, usize)| {
-        let f: &ShardFile = &t.files[i];
-        // SAFETY: `got < block <= buf_len`, so the pointer and length stay inside slot `k`'s
-        // buffer, which lives until every read in flight has completed (below).
-        let dst = unsafe { bufs[k].as_mut_slice().as_mut_ptr().add(got) };
-        let e = opcode::Read::new(types::Fd(f.fd().as_raw_fd()), dst, (block - got) as u32)
-            .offset(off + got as u64)
-            .build()
-            .user_data(k as u64);
-        // SAFETY: the entry's file descriptor and buffer stay valid until its completion is
-        // reaped; the queue holds `depth` entries or more, and at most `depth` are queued.
-        unsafe { ring.submission().push(&e) }.is_ok()
+    let mut queue = |bufs: &mut [AlignedBuf], k: usize| {
+        let (i, off) = t.pick(&mut rng);
+        let tx = tx.clone();
+        let read = RingRead {
+            fd: t.files[i].fd().as_raw_fd(),
+            offset: off,
+            dst: bufs[k].as_mut_slice().as_mut_ptr(),
+            len: block,
+            done: Box::new(move |r| {
+                let _ = tx.send((k, i, off, r));
+            }),
+        };
+        // SAFETY: the files outlive this function; slot `k`'s buffer is not touched until its
+        // completion has been received, and every completion is received (or the buffers are
+        // leaked) before they are freed.
+        unsafe { ring.submit(read, true) };
     };
-    for (k, slot) in slots.iter_mut().enumerate() {
+    let mut in_flight = 0;
+    for k in 0..depth {
         if !more() {
             break;
         }
-        let (i, off) = t.pick(&mut rng);
-        *slot = (i, off, 0);
-        if queue(&mut ring, &mut bufs, k, *slot) {
-            in_flight += 1;
-        }
+        queue(&mut bufs, k);
+        in_flight += 1;
     }
-    let mut finished = Vec::with_capacity(depth);
+    let mut failed: Option<StoreError> = None;
     while in_flight > 0 {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) => {
-                // The kernel may still write into the buffers: they are never freed.
-                std::mem::forget(bufs);
-                return Err(ring_err("submit", e));
+        let Ok((k, i, off, r)) = rx.recv() else {
+            // The ring is gone with reads in flight: their buffers may still be written.
+            std::mem::forget(bufs);
+            return Err(StoreError::Shared("the io_uring reader stopped".into()));
+        };
+        in_flight -= 1;
+        let path = || t.files[i].path().to_path_buf();
+        match r {
+            Ok(got) if got == block => {
+                if failed.is_none() {
+                    done(i, off, &bufs[k].as_slice()[..block]);
+                    if more() {
+                        queue(&mut bufs, k);
+                        in_flight += 1;
+                    }
+                }
             }
-        }
-        finished.clear();
-        finished.extend(
-            ring.completion()
-                .map(|c| (c.user_data() as usize, c.result())),
-        );
-        for &(k, res) in &finished {
-            in_flight -= 1;
-            let (i, off, got) = slots[k];
-            let f = &t.files[i];
-            if res < 0 && -res != libc::EINTR && -res != libc::EAGAIN {
-                failed.get_or_insert(StoreError::Io {
-                    path: f.path().to_path_buf(),
-                    offset: off + got as u64,
-                    source: std::io::Error::from_raw_os_error(-res),
-                });
-                continue;
-            }
-            if res == 0 {
+            Ok(got) => {
                 failed.get_or_insert(StoreError::ShortRead {
-                    path: f.path().to_path_buf(),
+                    path: path(),
                     offset: off,
                     wanted: block as u64,
                     got: got as u64,
                 });
-                continue;
             }
-            if failed.is_some() {
-                continue;
-            }
-            let got = got + res.max(0) as usize;
-            if got < block {
-                slots[k] = (i, off, got);
-            } else {
-                done(i, off, &bufs[k].as_slice()[..block]);
-                if !more() {
-                    continue;
-                }
-                let (i, off) = t.pick(&mut rng);
-                slots[k] = (i, off, 0);
-            }
-            if queue(&mut ring, &mut bufs, k, slots[k]) {
-                in_flight += 1;
+            Err(e) => {
+                failed.get_or_insert(StoreError::Io {
+                    path: path(),
+                    offset: off,
+                    source: e,
+                });
             }
         }
     }

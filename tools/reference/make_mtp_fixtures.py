@@ -15,6 +15,9 @@ and weights plus a seeded MTP layer under the hub's names, and `mtp_reference.sa
   embedding and lm_head (as DeepSeek-V3's checkpoints ship them), and an MLA MoE decoder layer.
 - `testdata/mtp/glm4_moe-fp32/` from `testdata/models/glm4_moe-fp32`: the same for GLM-4.5
   (whose MTP layer is DeepSeek-V3's kind), over a grouped-query MoE decoder layer.
+- `testdata/mtp/deepseek_v4-fp32/mtp_reference.safetensors` only, for the model fixture
+  `testdata/models/deepseek_v4-fp32`, which already carries its MTP layer under the released
+  V4-Flash names (`mtp.0.*`, written by `make_fixtures.py`).
 
 transformers does not instantiate MTP layers (their tensors are dropped on load), so each
 reference is assembled from transformers' own pieces the way vLLM runs the layer
@@ -25,6 +28,15 @@ projected by `fc` / `eh_proj`; then the MTP layer, which is transformers' decode
 with the MTP weights through `from_pretrained` (so the hub's per-expert names go through
 transformers' own conversion), causal over the MTP positions with the model's rotary table at
 positions `i`; then the final norm (`norm` / `shared_head.norm`) and the model's `lm_head`.
+
+DeepSeek-V4's layer (DeepSeek's `MTPBlock` in the release's `inference/model.py`) works on the
+hyper-connection streams: per position `i`, the model's streams after its last layer at `i`
+(the hyper head's input, `[hc_mult, hidden]`), each normed by `hnorm` and projected by `h_proj`,
+plus `e_proj` of the `enorm`-normed embedding of token `i + 1` (zero at position 0, as for
+DeepSeek-V3) added to every stream; then the block (transformers' decoder layer with the MTP
+weights, its own hyper-connections), the layer's own hyper head (`hc_head_*`, transformers'
+`DeepseekV4HyperHead`), `norm` and the model's head. Its `hidden` and `out` are streams,
+`[T, hc_mult · hidden]`.
 
 Outputs: `ids` (the prompt), `hidden` (`last_hidden_state`, `[T, hidden]`), `logits`
 (`[T - 1, vocab]`: row `i` predicts token `i + 2`); DeepSeek's and GLM's also `out`, the layer's rows
@@ -49,10 +61,15 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers import (  # noqa: E402
     DeepseekV3ForCausalLM,
+    DeepseekV4ForCausalLM,
     Glm4MoeForCausalLM,
     Qwen3NextForCausalLM,
 )
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RMSNorm  # noqa: E402
+from transformers.models.deepseek_v4.modeling_deepseek_v4 import (  # noqa: E402
+    DeepseekV4HyperHead,
+    DeepseekV4RMSNorm,
+)
 from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRMSNorm  # noqa: E402
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm  # noqa: E402
 
@@ -233,7 +250,82 @@ def trailing(name: str, cls, norm_cls, seed: int) -> None:
     print(f"wrote {DS_DST}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
 
 
+V4_SOURCE_LAYER = 2  # the layer make_fixtures.py made the fixture's MTP layer from
+
+
+def deepseek_v4() -> None:
+    """DeepSeek-V4's MTP layer (`mtp.0.*`, already in the model fixture) over the streams."""
+    src = ROOT / "testdata/models/deepseek_v4-fp32"
+    dst = ROOT / "testdata/mtp/deepseek_v4-fp32"
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    g = torch.Generator().manual_seed(7304)
+    base = load_all(src)
+    cfg = json.loads((src / "config.json").read_text())
+    h, hc, eps = cfg["hidden_size"], cfg["hc_mult"], cfg["rms_norm_eps"]
+    mtp = {k[len("mtp.0."):]: v for k, v in base.items() if k.startswith("mtp.0.")}
+    stem = f"model.layers.{V4_SOURCE_LAYER}."
+    layer = {k[len(stem):]: v for k, v in base.items() if k.startswith(stem)}
+    assert set(layer) <= set(mtp), "the MTP block has the source layer's tensors"
+    model = DeepseekV4ForCausalLM.from_pretrained(src, attn_implementation="eager").eval()
+    trunk = {k: v for k, v in base.items() if not k.startswith("mtp.")}
+    block = as_decoder_layer(
+        DeepseekV4ForCausalLM, src, trunk, stem, {k: mtp[k] for k in layer}, V4_SOURCE_LAYER
+    )
+
+    def norm(name):
+        m = DeepseekV4RMSNorm(h, eps=eps)
+        m.weight.data.copy_(mtp[f"{name}.weight"])
+        return m
+
+    head = DeepseekV4HyperHead(model.config)
+    head.hc_fn.data.copy_(mtp["hc_head_fn"])
+    head.hc_base.data.copy_(mtp["hc_head_base"])
+    head.hc_scale.data.copy_(mtp["hc_head_scale"])
+
+    ids = torch.randint(0, cfg["vocab_size"], (1, PROMPT), generator=g)
+    seen = {}
+    hook = model.model.hc_head.register_forward_pre_hook(
+        lambda _m, args: seen.__setitem__("streams", args[0].detach().clone())
+    )
+    # What the model hands its layer over the MTP rows (rotary tables at 0..T-2, the sliding
+    # window's causal mask): taken from a pass of the model over that many tokens.
+    layer_kwargs = {}
+    kw_hook = model.model.layers[V4_SOURCE_LAYER].register_forward_pre_hook(
+        lambda _m, _a, kw: layer_kwargs.update(kw), with_kwargs=True
+    )
+    with torch.no_grad():
+        model.model(input_ids=ids, use_cache=False)
+        streams = seen["streams"][0]  # [T, hc, hidden]
+        layer_kwargs.clear()
+        model.model(input_ids=ids[:, :-1], use_cache=False)
+        hook.remove()
+        kw_hook.remove()
+        emb = model.model.embed_tokens(ids)[0][1:].clone()
+        emb[0] = 0  # MTP position 0: no embedding, as for DeepSeek-V3
+        e = norm("enorm")(emb) @ mtp["e_proj.weight"].T
+        x = norm("hnorm")(streams[:-1]) @ mtp["h_proj.weight"].T + e[:, None, :]
+        kwargs = dict(layer_kwargs)
+        kwargs["input_ids"] = ids[:, 1:]
+        out = block(x[None], **kwargs)
+        out = (out[0] if isinstance(out, tuple) else out)[0]  # [T-1, hc, hidden]
+        logits = model.lm_head(norm("norm")(head(out[None])[0]))
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(
+        {
+            "ids": ids[0].to(torch.int64).contiguous(),
+            "hidden": streams.reshape(PROMPT, hc * h).contiguous(),
+            "logits": logits.contiguous(),
+            "out": out.reshape(PROMPT - 1, hc * h).contiguous(),
+        },
+        str(dst / "mtp_reference.safetensors"),
+        metadata={"format": "pt"},
+    )
+    print(f"wrote {dst}: {len(mtp)} MTP tensors, logits {tuple(logits.shape)}")
+
+
 if __name__ == "__main__":
     qwen3_next()
     trailing("deepseek_v3-fp32", DeepseekV3ForCausalLM, DeepseekV3RMSNorm, 7302)
     trailing("glm4_moe-fp32", Glm4MoeForCausalLM, Glm4MoeRMSNorm, 7303)
+    deepseek_v4()

@@ -1341,7 +1341,11 @@ fn inspect_explains_compressed_attention_and_hash_routing() {
     );
     assert!(text.contains("hash routing      2 layers"), "{text}");
     assert_eq!(v["mtp_layers"].as_u64(), Some(1));
-    assert_eq!(v["mtp_drafts"], false, "DeepSeek-V4's MTP layer is not run");
+    assert_eq!(v["mtp_drafts"], true, "DeepSeek-V4's MTP layer drafts");
+    assert!(
+        text.contains("--draft mtp runs the first"),
+        "inspect says the layer drafts: {text}"
+    );
     let mtp = v["mtp_bytes"].as_u64().unwrap();
     let (ck, trunk, experts) = (
         v["checkpoint_bytes"].as_u64().unwrap(),

@@ -52,7 +52,7 @@ pub use mtp::mtp_runs;
 pub use plan::MemoryPlan;
 pub use quant::Quantization;
 pub use rope::Rope;
-pub use state::{Route, State};
+pub use state::{Route, Snapshot, State};
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! The multi-token-prediction (MTP) layer as a drafter: a checkpoint's extra layer that, from
 //! the model's final-normed hidden state at a position and the token after it, predicts the
-//! token after that. Two kinds run ([`crate::config::MtpHead`]):
+//! token after that. Three kinds run ([`crate::config::MtpHead`]):
 //!
 //! - **Qwen3-Next's and Qwen3.5's `mtp.*`** (`Concat`): the token's embedding and the hidden
 //!   row, each RMS-normed by its own weights, are concatenated (embedding first) and projected
@@ -13,9 +13,16 @@
 //!   zero and a further step starts from the layer's output before the norm (vLLM's
 //!   `DeepSeekMultiTokenPredictor`). The layer's copies of the embedding and the head must
 //!   equal the model's ([`check_copies`]), which are used.
+//! - **DeepSeek-V4's `mtp.{i}.`** (`PerLayer`, DeepSeek's `MTPBlock`): it works on the
+//!   hyper-connection streams. The model hands it, per position, its streams after the last
+//!   layer (the hyper head's input, not the final-normed row); each stream is normed by
+//!   `hnorm` and projected by `h_proj`, and `e_proj` of the `enorm`-normed embedding (zero at
+//!   position 0, as for V3) is added to every stream. The block runs with its own
+//!   hyper-connections; its own hyper head (`hc_head`), `norm` and the model's head give the
+//!   logits. A further step starts from the block's output streams.
 //!
-//! `tools/reference/make_mtp_fixtures.py` builds both from transformers' decoder layers and
-//! checks them.
+//! `tools/reference/make_mtp_fixtures.py` builds all three from transformers' decoder layers
+//! (and, for V4, its hyper head) and checks them.
 //!
 //! The layer is loaded only when asked for ([`crate::ModelOptions::mtp`]). It is numbered
 //! after the model's layers everywhere a layer index is used: layer `L` of
@@ -31,7 +38,7 @@ use crate::config::ModelConfig;
 use crate::config::{LayerPlan, MtpHead, Residual};
 use crate::model::Model;
 use crate::state::State;
-use crate::weights::{ExpertSpec, LayerSpec, MtpHeadSpec, WeightLayout};
+use crate::weights::{ExpertSpec, LayerSpec, MatSpec, MtpHeadSpec, VecSpec, WeightLayout};
 use sluice_store::{Piece, Reader, read_blob};
 
 /// What running the MTP layer needs besides the model's own.
@@ -53,18 +60,14 @@ impl MtpRun {
                 "the checkpoint has no multi-token-prediction layers sluice can run".into(),
             ));
         };
-        if m.head == MtpHead::PerLayer {
-            return Err(ModelError::Mtp(format!(
-                "the MTP layers under `{}` (DeepSeek-V4's, with separate embedding and hidden \
-                 projections) are checked but not run yet; use --draft ngram",
-                m.module
-            )));
-        }
-        if cfg.residual != Residual::Add {
-            return Err(ModelError::Mtp(
-                "MTP layers of a model with attention residuals or hyper-connections are not run yet"
-                    .into(),
-            ));
+        match cfg.residual {
+            Residual::Add => {}
+            Residual::Hyper(_) if m.head == MtpHead::PerLayer => {}
+            _ => {
+                return Err(ModelError::Mtp(
+                    "MTP layers of a model with attention residuals are not run yet".into(),
+                ));
+            }
         }
         let (Some(plan), Some(_), Some(_)) = (m.plans.first(), ml.layers.first(), ml.heads.first())
         else {
@@ -188,13 +191,15 @@ impl Model {
     }
 
     /// Runs the MTP layer over `t` rows after the positions `state` holds: row `i` is the
-    /// model's final-normed hidden state at a position (`hidden`, `[t, hidden]`) and the token
-    /// that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i` (the MTP
-    /// state may start after the model's position 0). Appends to the MTP layer's cache;
-    /// returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP layer
-    /// predicts it) and every row's output, `[t, hidden]`, as a further step takes it as its
-    /// hidden state (normed or not, as the layer's kind wants). On error the state is as it
-    /// was.
+    /// model's final-normed hidden state at a position (`hidden`, `[t, hidden]`; for
+    /// DeepSeek-V4's layer the streams after the model's last layer, `[t, hc_mult, hidden]`:
+    /// [`ModelConfig::mtp_row_width`] floats per row, what [`State::hidden_rows`] keeps) and
+    /// the token that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i`
+    /// (the MTP state may start after the model's position 0). Appends to the MTP layer's
+    /// cache; returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP
+    /// layer predicts it) and every row's output, of the same width, as a further step takes
+    /// it as its hidden state (normed or not, as the layer's kind wants). On error the state is
+    /// as it was.
     pub fn mtp_forward(
         &self,
         state: &mut State,
@@ -206,8 +211,8 @@ impl Model {
             return Err(ModelError::Mtp("the MTP layer is not loaded".into()));
         };
         let cfg = self.config();
-        let (h, t) = (cfg.hidden, tokens.len());
-        if t == 0 || hidden.len() != t * h {
+        let (w, t) = (cfg.mtp_row_width(), tokens.len());
+        if t == 0 || hidden.len() != t * w {
             return Err(ModelError::Internal(format!(
                 "mtp_forward: {t} tokens and {} hidden floats",
                 hidden.len()
@@ -238,54 +243,91 @@ impl Model {
     ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
         let cfg = self.config();
         let (h, t, l) = (cfg.hidden, tokens.len(), cfg.layers);
-        let spec = self
+        let Some(spec) = self
             .layout()
             .mtp
             .as_ref()
-            .and_then(|m| m.head_specs.first());
-        // The entry projection and norms, the final norm, and whether the next step starts
-        // from the normed rows (Qwen3-Next) or from the layer's output (DeepSeek-V3).
-        let (proj, enorm, hnorm, norm, normed_out) = match spec {
-            Some(MtpHeadSpec::Concat {
+            .and_then(|m| m.head_specs.first())
+        else {
+            return Err(ModelError::Internal(
+                "an MTP layout without its head".into(),
+            ));
+        };
+        let entry_blob = self.trunk().part(l + 2)?;
+        let mut emb = self.embed_rows(tokens)?;
+        // Qwen3-Next's next step starts from the normed rows; DeepSeek's from the layer's
+        // output, and their layer sees no embedding at position 0 (vLLM masks it).
+        let normed_out = matches!(spec, MtpHeadSpec::Concat { .. });
+        if !normed_out && offset + state.pos() == 0 {
+            emb[..h].fill(0.0);
+        }
+        let concat = |proj: &MatSpec, enorm: &VecSpec, hnorm: &VecSpec| {
+            let e = self.norm_rows(&emb, &enorm.to_f32(&entry_blob));
+            let hn = self.norm_rows(hidden, &hnorm.to_f32(&entry_blob));
+            let mut cat = Vec::with_capacity(2 * t * h);
+            for (er, hr) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
+                cat.extend_from_slice(er);
+                cat.extend_from_slice(hr);
+            }
+            let mut x = vec![0f32; t * h];
+            self.exec().matmul(&proj.view(&entry_blob)?, &cat, &mut x);
+            Ok::<_, ModelError>(x)
+        };
+        let (x, norm, head_mix) = match spec {
+            MtpHeadSpec::Concat {
                 fc,
                 norm_embedding,
                 norm_hidden,
                 norm,
-            }) => (fc, norm_embedding, norm_hidden, norm, true),
-            Some(MtpHeadSpec::Trailing {
+            } => (concat(fc, norm_embedding, norm_hidden)?, norm, None),
+            MtpHeadSpec::Trailing {
                 eh_proj,
                 enorm,
                 hnorm,
                 norm,
-            }) => (eh_proj, enorm, hnorm, norm, false),
-            _ => {
-                return Err(ModelError::Internal(
-                    "the MTP head is not one sluice runs".into(),
-                ));
+            } => (concat(eh_proj, enorm, hnorm)?, norm, None),
+            MtpHeadSpec::PerLayer {
+                e_proj,
+                h_proj,
+                enorm,
+                hnorm,
+                norm,
+                mix,
+            } => {
+                // DeepSeek-V4: `h_proj` of every normed stream (every row without
+                // hyper-connections), plus `e_proj` of the normed embedding.
+                let e = self.norm_rows(&emb, &enorm.to_f32(&entry_blob));
+                let mut pe = vec![0f32; t * h];
+                self.exec().matmul(&e_proj.view(&entry_blob)?, &e, &mut pe);
+                let hn = self.norm_rows(hidden, &hnorm.to_f32(&entry_blob));
+                let mut x = vec![0f32; hidden.len()];
+                self.exec().matmul(&h_proj.view(&entry_blob)?, &hn, &mut x);
+                let width = cfg.mtp_row_width();
+                for (row, er) in x.chunks_exact_mut(width).zip(pe.chunks_exact(h)) {
+                    for stream in row.chunks_exact_mut(h) {
+                        for (a, &b) in stream.iter_mut().zip(er) {
+                            *a += b;
+                        }
+                    }
+                }
+                (x, norm, mix.as_ref())
             }
         };
-        let entry_blob = self.trunk().part(l + 2)?;
-        let mut emb = self.embed_rows(tokens)?;
-        if !normed_out {
-            // DeepSeek-V3's layer sees no embedding at position 0 (vLLM masks it).
-            let first = offset + state.pos();
-            if first == 0 {
-                emb[..h].fill(0.0);
-            }
-        }
-        let e = self.norm_rows(&emb, &enorm.to_f32(&entry_blob));
-        let hn = self.norm_rows(hidden, &hnorm.to_f32(&entry_blob));
-        let mut cat = Vec::with_capacity(2 * t * h);
-        for (er, hr) in e.chunks_exact(h).zip(hn.chunks_exact(h)) {
-            cat.extend_from_slice(er);
-            cat.extend_from_slice(hr);
-        }
-        let mut x = vec![0f32; t * h];
-        self.exec().matmul(&proj.view(&entry_blob)?, &cat, &mut x);
         let mut segs = [(&mut *state, tokens)];
         let out = self.run_layers(&run.cfg, &mut segs, offset, x)?;
         state.pos += t;
-        let y = self.norm_rows(&out, &norm.to_f32(&entry_blob));
+        // With hyper-connections, the layer's own hyper head first.
+        let fin = match cfg.residual {
+            Residual::Hyper(hc) => std::borrow::Cow::Owned(crate::residual::hyper_head(
+                &self.mixing(),
+                &hc,
+                head_mix,
+                &entry_blob,
+                &out,
+            )?),
+            _ => std::borrow::Cow::Borrowed(&out[..]),
+        };
+        let y = self.norm_rows(&fin, &norm.to_f32(&entry_blob));
         let head_blob = self.trunk().part(l)?;
         let logits = self.lm_head_rows(&y[(t - 1) * h..], &head_blob)?;
         Ok((logits, if normed_out { y } else { out }))

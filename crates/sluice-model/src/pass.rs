@@ -196,7 +196,8 @@ impl Model {
     }
 
     /// Runs the layers of `cfg` after the model's own (the MTP layer of
-    /// `MtpRun::cfg`) over one segment whose input rows are `x` (`[t, hidden]`),
+    /// `MtpRun::cfg`) over one segment whose input rows are `x` (`[t, hidden]`; with
+    /// hyper-connections the streams, `[t, n, hidden]`),
     /// rotary positions `offset` after its state's, with no lookahead; returns their output
     /// rows. The state's position is not advanced.
     pub(crate) fn run_layers(
@@ -214,7 +215,7 @@ impl Model {
             offset,
             false,
         );
-        let mut stream = Stream::new(crate::config::Residual::Add, x, cfg.hidden);
+        let mut stream = Stream::entering(cfg.residual, x, cfg.hidden);
         let mut carry = None;
         for l in self.config().layers..cfg.layers {
             carry = self.layer(&pass, segs, &mut stream, l, carry)?;
@@ -293,7 +294,7 @@ impl Model {
         x
     }
 
-    fn mixing(&self) -> Mixing<'_> {
+    pub(crate) fn mixing(&self) -> Mixing<'_> {
         Mixing {
             k: self.exec().kernels(),
             eps: self.config().eps,
@@ -547,17 +548,25 @@ impl Model {
         let head = &self.layout().head_spec;
         let head_blob = self.trunk().part(cfg.layers)?;
         let mixing = self.mixing();
-        // The final-normed rows sequences keep for drafting ([`State::keep_hidden`]).
+        // The rows sequences keep for drafting ([`State::keep_hidden`]): final-normed, or the
+        // streams themselves for an MTP layer that takes them.
         for (si, (state, _)) in segs.iter_mut().enumerate() {
             let (s0, s1) = (pass.starts[si], pass.starts[si + 1]);
             let keep = state.hidden.keep.min(s1 - s0);
             if keep == 0 {
                 continue;
             }
+            let first = pass.pos0s[si] + (s1 - keep - s0);
+            let width = cfg.mtp_row_width();
+            if cfg.mtp_streams().is_some() {
+                state
+                    .hidden
+                    .put(first, stream.raw_rows(s1 - keep..s1, width), width);
+                continue;
+            }
             let fin = stream.final_rows(&mixing, head.mix.as_ref(), &head_blob, s1 - keep..s1)?;
             let xn = self.norm_rows(&fin, &head.norm.to_f32(&head_blob));
-            let first = pass.pos0s[si] + (s1 - keep - s0);
-            state.hidden.put(first, &xn, cfg.hidden);
+            state.hidden.put(first, &xn, width);
         }
         // The rows whose logits are wanted, as runs of consecutive rows.
         let runs: Vec<std::ops::Range<usize>> = match want {

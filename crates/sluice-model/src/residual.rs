@@ -89,6 +89,25 @@ impl Stream {
         }
     }
 
+    /// The stream of a pass starting from `x`: with hyper-connections the streams themselves
+    /// (`[t, n, hidden]`, what a DeepSeek-V4 MTP layer enters with), otherwise as [`Self::new`].
+    pub(crate) fn entering(residual: Residual, x: Vec<f32>, hidden: usize) -> Stream {
+        match residual {
+            Residual::Hyper(hc) => Stream::Hyper {
+                hc,
+                s: x,
+                post: Vec::new(),
+            },
+            _ => Stream::new(residual, x, hidden),
+        }
+    }
+
+    /// The stream's `rows` as they are, `width` floats each (with hyper-connections the
+    /// streams, `[rows, n, hidden]`): what a DeepSeek-V4 MTP layer takes from the model.
+    pub(crate) fn raw_rows(&self, rows: std::ops::Range<usize>, width: usize) -> &[f32] {
+        &self.output()[rows.start * width..rows.end * width]
+    }
+
     /// Layer `l`'s attention input (before its norm); `w` is the layer's pre-attention mix.
     /// At an attention-residual block boundary the running sum becomes a source and restarts.
     pub(crate) fn before_attention(
@@ -227,6 +246,17 @@ impl Stream {
             }
         }
     }
+}
+
+/// The hyper head over the streams `s` (`[t, n, hidden]`) with the head weights `w`: `[t, hidden]`.
+pub(crate) fn hyper_head(
+    m: &Mixing<'_>,
+    hc: &HyperConfig,
+    w: Option<&HyperWeights>,
+    blob: &Blob,
+    s: &[f32],
+) -> Result<Vec<f32>, ModelError> {
+    Ok(hyper_pre(m, hc, w, blob, s, false)?.0)
 }
 
 /// A hyper-connection over `s` (`[t, n, hidden]`): per token the block's input `Σ pre_i s_i`,

@@ -60,12 +60,14 @@ pub struct State {
     /// an output bit. Layers × hidden floats per decoding sequence, outside the memory plan
     /// (1.75 MB at DeepSeek-V3's 61 × 7168, about what 12 positions of its MLA cache take).
     pub(crate) last_attention: Vec<Vec<f32>>,
-    /// Final-normed hidden rows kept for multi-token-prediction drafts ([`State::keep_hidden`]).
+    /// Final-normed hidden rows (or streams) kept for multi-token-prediction drafts
+    /// ([`State::keep_hidden`]).
     pub(crate) hidden: HiddenRows,
 }
 
-/// The final-normed hidden rows (what the lm_head reads) of a sequence's latest positions,
-/// kept across forward passes for a multi-token-prediction layer to draft from: at most
+/// The final-normed hidden rows (what the lm_head reads) of a sequence's latest positions — for
+/// DeepSeek-V4's MTP layer the hyper-connection streams before the hyper head,
+/// [`ModelConfig::mtp_row_width`] floats each — kept across forward passes for a multi-token-prediction layer to draft from: at most
 /// `keep` rows, of consecutive positions from `first`. A pass that starts at or before the
 /// end of what is kept replaces the rows from its first position on (the same positions
 /// computed again, or a draft's rows after a rejection); one that starts after a gap starts
@@ -77,8 +79,15 @@ pub(crate) struct HiddenRows {
     pub(crate) rows: Vec<f32>,
 }
 
+/// What a [`State`] held at one point ([`State::snapshot`]).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    pos: usize,
+    layers: Vec<LayerCache>,
+}
+
 impl HiddenRows {
-    /// Takes `rows` (`[n, hidden]`) of positions from `first`.
+    /// Takes `rows` (`[n, hidden]`, `hidden` floats each) of positions from `first`.
     pub(crate) fn put(&mut self, first: usize, rows: &[f32], hidden: usize) {
         let held = self.rows.len() / hidden.max(1);
         if self.rows.is_empty() || first < self.first || first > self.first + held {
@@ -119,7 +128,8 @@ impl State {
 
     /// Keeps the final-normed hidden rows of this sequence's latest `rows` positions across
     /// forward passes (0: none, the default), for a multi-token-prediction layer to draft
-    /// from ([`State::hidden_rows`]). Outside the memory budget: `rows × hidden` floats.
+    /// from ([`State::hidden_rows`]). Outside the memory budget: `rows ×`
+    /// [`ModelConfig::mtp_row_width`] floats (the streams, for DeepSeek-V4's layer).
     pub fn keep_hidden(&mut self, rows: usize) {
         self.hidden.keep = rows;
         if rows == 0 {
@@ -128,7 +138,7 @@ impl State {
     }
 
     /// The hidden rows kept ([`State::keep_hidden`]): the position of the first, and
-    /// `[n, hidden]` floats of consecutive positions.
+    /// [`ModelConfig::mtp_row_width`] floats per position of consecutive positions.
     pub fn hidden_rows(&self) -> (usize, &[f32]) {
         (self.hidden.first, &self.hidden.rows)
     }
@@ -189,6 +199,30 @@ impl State {
             last_attention: vec![Vec::new(); self.layers.len()],
             hidden: HiddenRows::default(),
         })
+    }
+
+    /// Whether [`State::truncate`] can cut the state back to any position it holds: every
+    /// layer is a KV cache (no recurrent layer, no DeepSeek-V4 window, which go back only to
+    /// where the latest pass began).
+    pub fn cuts_anywhere(&self) -> bool {
+        self.layers.iter().all(LayerCache::cuts_anywhere)
+    }
+
+    /// A copy of what the state holds now, to come back to with [`State::restore`] across
+    /// passes it could not be cut back over ([`State::cuts_anywhere`]). A copy of the caches;
+    /// outside the memory budget.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            pos: self.pos,
+            layers: self.layers.clone(),
+        }
+    }
+
+    /// Comes back to `snap`, a [`State::snapshot`] of this state: the positions it held then
+    /// and nothing after. What the state is charged to the budget stays.
+    pub fn restore(&mut self, snap: Snapshot) {
+        self.pos = snap.pos;
+        self.layers = snap.layers;
     }
 
     /// Whether every recurrent layer can go back to `pos`.

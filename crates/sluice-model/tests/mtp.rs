@@ -1,6 +1,7 @@
 //! The multi-token-prediction layers against their references (`testdata/mtp/*`, made by
 //! `tools/reference/make_mtp_fixtures.py` from transformers' decoder layers, the way vLLM runs
-//! Qwen3-Next's, DeepSeek-V3's and GLM-4.5's MTP layers).
+//! Qwen3-Next's, DeepSeek-V3's and GLM-4.5's MTP layers and DeepSeek's `MTPBlock` runs
+//! DeepSeek-V4's).
 
 use std::path::{Path, PathBuf};
 
@@ -9,13 +10,34 @@ use common::{Reference, compare};
 use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions};
 
-/// The fixtures: Qwen3-Next's `mtp.*`, DeepSeek-V3's and GLM-4.5's layer after the last.
-const FIXTURES: [&str; 3] = ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"];
+/// The fixtures: Qwen3-Next's `mtp.*`, DeepSeek-V3's and GLM-4.5's layer after the last,
+/// DeepSeek-V4's `mtp.0.*` over hyper-connection streams.
+const FIXTURES: [&str; 4] = [
+    "qwen3_next-fp32",
+    "deepseek_v3-fp32",
+    "glm4_moe-fp32",
+    "deepseek_v4-fp32",
+];
 
-fn dir(name: &str) -> PathBuf {
+fn testdata(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/mtp")
-        .join(name)
+        .join("../../testdata")
+        .join(sub)
+}
+
+/// The fixture's checkpoint: its own under `testdata/mtp/`, or the model fixture when that
+/// carries the MTP layer already (DeepSeek-V4's); its reference is always under `testdata/mtp/`.
+fn dir(name: &str) -> PathBuf {
+    let own = testdata("mtp").join(name);
+    if own.join("config.json").exists() {
+        own
+    } else {
+        testdata("models").join(name)
+    }
+}
+
+fn reference(name: &str) -> PathBuf {
+    testdata("mtp").join(name).join("mtp_reference.safetensors")
 }
 
 fn open_dir(path: PathBuf, isa: Isa, memory: Option<u64>, mtp: bool) -> Result<Model, ModelError> {
@@ -29,14 +51,15 @@ fn open_dir(path: PathBuf, isa: Isa, memory: Option<u64>, mtp: bool) -> Result<M
     Model::open(path, opts)
 }
 
-/// The model's final-normed hidden rows of the prompt, kept by its state, and the MTP layer's
+/// The model's final-normed hidden rows of the prompt (DeepSeek-V4: its streams), kept by its
+/// state, and the MTP layer's
 /// logits of every position — in one pass, and row by row as drafting runs it — against the
 /// reference, on every ISA, resident and with the experts streamed; for DeepSeek-V3's kind
 /// (and GLM-4.5's) also the rows a further step starts from (before the final norm).
 #[test]
 fn the_mtp_layers_match_their_references() {
     for name in FIXTURES {
-        let r = Reference::open(&dir(name).join("mtp_reference.safetensors"));
+        let r = Reference::open(&reference(name));
         let ids = r.ids("ids");
         let want_hidden = r.f32("hidden");
         let want = r.f32("logits");
@@ -72,7 +95,8 @@ fn check_against(
     want_out: Option<&[f32]>,
     t: usize,
 ) -> Result<(), String> {
-    let (h, v) = (model.config().hidden, model.config().vocab);
+    // Floats per row the MTP layer takes: the hidden width, or DeepSeek-V4's streams.
+    let (h, v) = (model.config().mtp_row_width(), model.config().vocab);
     let mut st = model.new_state();
     st.keep_hidden(t);
     model.forward(&mut st, ids, Logits::Last).unwrap();
@@ -164,10 +188,12 @@ fn the_mtp_layer_is_planned_and_refused_where_absent() {
             .unwrap_err();
         assert!(e.to_string().contains("not loaded"), "{e}");
 
-        // The same model without its MTP layer.
-        let plain = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/models")
-            .join(name);
+        // The same model without its MTP layer (DeepSeek-V4's model fixture carries it;
+        // `mtp_layers.rs` reads it without).
+        let plain = testdata("models").join(name);
+        if plain == dir(name) {
+            continue;
+        }
         let opts = ModelOptions {
             mtp: true,
             ..Default::default()

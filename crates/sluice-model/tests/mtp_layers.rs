@@ -1,6 +1,6 @@
 //! Multi-token-prediction layers shipped beside the model (Qwen3-Next's `mtp.*`, DeepSeek-V4's
-//! `mtp.{i}.*`): checked like every other weight when present, never run, and a checkpoint
-//! without them reads the same.
+//! `mtp.{i}.*`): checked like every other weight when present, never run by the model itself
+//! (only `--draft mtp` runs them, `tests/mtp.rs`), and a checkpoint without them reads the same.
 
 use std::path::{Path, PathBuf};
 

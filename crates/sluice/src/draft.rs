@@ -316,7 +316,8 @@ pub(crate) const MTP_REWARM: usize = 16;
 /// model's position `origin` (the first hidden row the model's state kept) and holds `valid`
 /// positions made from the model's hidden rows and chosen tokens — each position `i` from the
 /// hidden row of `i` and the token at `i + 1` — and, beyond those, the positions of the latest
-/// draft's further steps, which are cut off before the next.
+/// draft's further steps, which are cut off before the next (a cache that cannot be cut back
+/// over more than one pass, DeepSeek-V4's sliding window, comes back to a snapshot instead).
 ///
 /// A catch-up over more than [`MTP_GAP`] rows (drafting paused for a while) starts the cache
 /// afresh over the latest [`MTP_REWARM`] rows instead: the hidden rows carry the model's whole
@@ -335,7 +336,7 @@ impl MtpDraft {
     /// cache answered whole) or the MTP layer cannot run (no room for its cache); and whether
     /// the layer's cache was started afresh for them.
     fn propose(&mut self, model: &Model, main: &State, seq: &[u32], k: usize) -> (Vec<u32>, bool) {
-        let h = model.config().hidden;
+        let h = model.config().mtp_row_width();
         let n = seq.len();
         let (first, rows) = main.hidden_rows();
         let held = rows.len() / h.max(1);
@@ -398,13 +399,19 @@ impl MtpDraft {
         k: usize,
     ) -> Result<Vec<u32>, sluice_model::ModelError> {
         state.truncate(valid)?;
-        let h = model.config().hidden;
+        let h = model.config().mtp_row_width();
         let (mut logits, mut y) = model.mtp_forward(state, origin, hidden, tokens)?;
+        // The caught-up state, to come back to after the draft steps when the layer's cache
+        // cannot be cut back over more than one of them (DeepSeek-V4's sliding window).
+        let caught_up = (k > 2 && !state.cuts_anywhere()).then(|| state.snapshot());
         let mut draft = Vec::with_capacity(k);
         loop {
             let d = argmax(&logits);
             draft.push(d);
             if draft.len() == k {
+                if let Some(snap) = caught_up {
+                    state.restore(snap);
+                }
                 return Ok(draft);
             }
             let row = y[y.len() - h..].to_vec();
@@ -719,22 +726,31 @@ mod tests {
     /// run from scratch over every row.
     #[test]
     fn mtp_drafts_are_the_mtp_layers_prediction_after_any_catch_up() {
-        for name in ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"] {
+        for name in [
+            "qwen3_next-fp32",
+            "deepseek_v3-fp32",
+            "glm4_moe-fp32",
+            "deepseek_v4-fp32",
+        ] {
             drafts_after_catch_ups(name);
         }
     }
 
     fn drafts_after_catch_ups(name: &str) {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../testdata/mtp")
-            .join(name);
+        // DeepSeek-V4's model fixture carries its MTP layer; the others have a copy of their
+        // own under testdata/mtp.
+        let testdata = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+        let mut dir = testdata.join("mtp").join(name);
+        if !dir.join("config.json").exists() {
+            dir = testdata.join("models").join(name);
+        }
         let opts = sluice_model::ModelOptions {
             mtp: true,
             threads: 2,
             ..Default::default()
         };
         let model = Model::open(dir, opts).unwrap();
-        let (h, v) = (model.config().hidden, model.config().vocab);
+        let (h, v) = (model.config().mtp_row_width(), model.config().vocab);
         let greedy = |l: &[f32]| argmax(&l[l.len() - v..]);
         // From scratch from position `o`: the MTP layer over rows o..=n-2, then `k - 1` steps.
         let scratch_from = |o: usize, hidden: &[f32], seq: &[u32], k: usize| {

@@ -1,7 +1,9 @@
 //! Drafting with the checkpoint's multi-token-prediction layer changes the speed, never the
 //! output: on the fixtures with an MTP layer (`testdata/mtp/*`: Qwen3-Next's `mtp.*`, whose
 //! gated-DeltaNet layers step back only to where their latest pass began, and DeepSeek-V3's
-//! and GLM-4.5's layer after the last, over MLA and grouped-query attention), greedy and
+//! and GLM-4.5's layer after the last, over MLA and grouped-query attention; DeepSeek-V4's
+//! `mtp.0.*` in its model fixtures, f32 and bf16, over hyper-connection streams, sliding-window
+//! attention with compressed entries and hash-routed layers), greedy and
 //! seeded sampling, resident and streaming at the minimum budget, for a session, a chat whose
 //! turns continue one state, and the batcher.
 
@@ -12,12 +14,24 @@ use std::path::{Path, PathBuf};
 use sluice::batch::OwnedPrompt;
 use sluice::{Draft, Engine, EngineBuilder, GenerateOptions, Memory, Prompt, SamplingOptions};
 
-const FIXTURES: [&str; 3] = ["qwen3_next-fp32", "deepseek_v3-fp32", "glm4_moe-fp32"];
+const FIXTURES: [&str; 5] = [
+    "qwen3_next-fp32",
+    "deepseek_v3-fp32",
+    "glm4_moe-fp32",
+    "deepseek_v4-fp32",
+    "deepseek_v4-bf16",
+];
 
+/// The fixture's checkpoint: its own under `testdata/mtp/`, or the model fixture when that
+/// carries the MTP layer already (DeepSeek-V4's).
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../testdata/mtp")
-        .join(name)
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let own = testdata.join("mtp").join(name);
+    if own.join("config.json").exists() {
+        own
+    } else {
+        testdata.join("models").join(name)
+    }
 }
 
 fn builder(name: &str) -> EngineBuilder {
@@ -202,13 +216,11 @@ fn mtp_drafting_needs_the_layer_loaded() {
         e.contains("draft mtp") && e.contains("EngineBuilder::mtp"),
         "{e}"
     );
-    // Checkpoints without one, and one whose MTP layers are DeepSeek-V4's (checked, not run):
-    // refused when the engine is built.
+    // Checkpoints without one: refused when the engine is built.
     let models = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/models");
     for (name, says) in [
         ("qwen3_next-fp32", "no multi-token-prediction"),
         ("deepseek_v3-fp32", "no multi-token-prediction"),
-        ("deepseek_v4-fp32", "not run yet"),
     ] {
         let e = Engine::builder()
             .model(models.join(name))

@@ -22,7 +22,8 @@
 //!   ([`canonical`]), the routed experts kept one module per expert (`w1`, `w3`, `w2`).
 //! - **Multi-token prediction.** `num_nextn_predict_layers` (1) MTP layers under `mtp.{i}.`,
 //!   which transformers does not instantiate, are found and checked when present (a checkpoint
-//!   without them reads the same) and not run: each a block like the model's (its attention from
+//!   without them reads the same); the first drafts with `--draft mtp` over the model's
+//!   hyper-connection streams ([`crate::mtp`]): each a block like the model's (its attention from
 //!   the `layer_types` / `compress_ratios` entry past the last layer, sliding when there is
 //!   none; learned routing, `ffn.gate.bias`) with its own head, `e_proj` and `h_proj`
 //!   `[hidden, hidden]` over the embedding normed by `enorm` and the hidden state normed by

@@ -276,6 +276,15 @@ impl LayerCache {
         }
     }
 
+    /// Whether the cache can be cut back to any earlier position (a KV cache; not a
+    /// recurrent state or DeepSeek-V4's window).
+    pub(crate) fn cuts_anywhere(&self) -> bool {
+        matches!(
+            self,
+            LayerCache::Gqa(_) | LayerCache::Mla(_) | LayerCache::Dsa(_)
+        )
+    }
+
     /// The position a recurrent state can go back to besides the start, if any.
     pub(crate) fn undo_pos(&self) -> Option<usize> {
         match self {

@@ -680,6 +680,25 @@ pub enum MtpHead {
     Trailing,
 }
 
+impl ModelConfig {
+    /// Floats per position of what the MTP layer takes from the model (what a state keeps for
+    /// drafting, [`crate::State::keep_hidden`]): the final-normed hidden row, or, for
+    /// DeepSeek-V4's layer over a hyper-connection model, the streams after the last layer
+    /// (`[hc_mult, hidden]`, the hyper head's input).
+    pub fn mtp_row_width(&self) -> usize {
+        self.hidden * self.mtp_streams().unwrap_or(1)
+    }
+
+    /// The hyper-connection streams the MTP layer takes, when it takes them rather than the
+    /// final-normed row ([`MtpHead::PerLayer`] on a [`Residual::Hyper`] model).
+    pub(crate) fn mtp_streams(&self) -> Option<usize> {
+        match (&self.mtp, self.residual) {
+            (Some(m), Residual::Hyper(hc)) if m.head == MtpHead::PerLayer => Some(hc.streams),
+            _ => None,
+        }
+    }
+}
+
 impl MtpConfig {
     /// DeepSeek-V3's kind ([`MtpHead::Trailing`]): `cfg.draft_layers` layers after the model's
     /// own, each a decoder layer like its last. `None` without draft layers.

@@ -445,7 +445,7 @@ pub struct WeightLayout {
     /// Per MoE layer, per expert: specs into the expert's blob.
     pub expert_specs: Vec<Vec<ExpertSpec>>,
     /// The multi-token-prediction layers, when the checkpoint has them
-    /// ([`crate::config::MtpConfig`]): found and checked, not run.
+    /// ([`crate::config::MtpConfig`]): found and checked; only `--draft mtp` runs them.
     pub mtp: Option<MtpLayout>,
 }
 

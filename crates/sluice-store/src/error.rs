@@ -17,6 +17,15 @@ pub enum StoreError {
         /// The underlying error.
         source: io::Error,
     },
+    /// `--io uring` asked for, and no io_uring could be set up for the shards' reads.
+    #[error("{}: cannot queue its reads on an io_uring: {source}; use --io direct", path.display())]
+    Ring {
+        /// The first shard.
+        path: PathBuf,
+        /// Why (io_uring disabled by `kernel.io_uring_disabled`, a seccomp filter, an old
+        /// kernel, not Linux).
+        source: io::Error,
+    },
     /// An operating-system error writing a file (a trace, a scratch file).
     #[error("{}: write: {source}", path.display())]
     Write {

@@ -172,10 +172,9 @@ impl ExpertStore {
                 std::io::ErrorKind::Unsupported,
                 "io_uring is Linux only",
             ));
-            Some(ring.map_err(|e| StoreError::Io {
+            Some(ring.map_err(|source| StoreError::Ring {
                 path: shared.reader.path(0).to_path_buf(),
-                offset: 0,
-                source: std::io::Error::new(e.kind(), format!("io_uring unavailable: {e}")),
+                source,
             })?)
         } else {
             None

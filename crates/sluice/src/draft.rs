@@ -80,15 +80,28 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// The adaptive length weighs what a draft is likely to give against what it costs. The chance
 /// `p` that a draft token is kept is learnt as a moving average over the draft tokens checked
 /// (each kept one counts 1, the first rejected one 0), so a draft of `k` tokens is expected to
-/// give `E(k) = 1 + p + … + p^k` tokens per pass. A pass over `1 + k` rows costs
-/// `t₁ + k·m` seconds, with `t₁` (one row) and `m` (each further row) learnt from the passes
-/// timed: the draft length is the `k` that makes the most tokens per second, `E(k) / (1 + k·m/t₁)`
-/// — none when no draft beats a pass of one row by 5% (a model whose rows cost the same each,
-/// say, or text too unpredictable), and then one token is drafted every [`PROBE_EVERY`] steps to see
-/// whether that has changed; every [`RARE_PROBE_EVERY`] steps when drafts would not pay even if
-/// [`HOPEFUL_P`] of them were kept, as measured over at least [`SURE_AFTER`] drafted passes (the
-/// rows, or the MTP layer's steps, cost too much: only the costs can change that, and probing
-/// them often is what would make drafting slower than none).
+/// give `E(k) = 1 + p + … + p^k` tokens per pass. A pass over `1 + k` rows costs `t₁ + c(k)`
+/// seconds (plus `k` steps of the MTP layer, when it drafts), with `t₁` (one row) learnt from
+/// passes of one row and `c` from the drafted passes, per number of further rows: between the
+/// lengths timed `c` is interpolated, past the longest it grows as that length's cost per row.
+/// The draft length is the `k` that makes the most tokens per second, `E(k) / (1 + c(k)/t₁)` —
+/// none when no draft beats a pass of one row by 5% (a model whose rows cost the same each,
+/// say, or text too unpredictable), and then a probe is drafted every [`PROBE_EVERY`] steps to
+/// see whether that has changed; every [`RARE_PROBE_EVERY`] steps when drafts would not pay
+/// even if [`HOPEFUL_P`] of them were kept, as measured over at least [`SURE_AFTER`] drafted
+/// passes (the rows, or the MTP layer's steps, cost too much: only the costs can change that,
+/// and probing them often is what would make drafting slower than none).
+///
+/// Rows are not all alike: where experts stream, a pass over more rows reads the experts they
+/// share once, so each further row costs less than the one before, and a cost per row timed on
+/// short drafts would rule out the long ones that pay most. So prompt lookup, whose drafts cost
+/// nothing to make and come right in runs where they do (a copied passage), times longer
+/// lengths: while `p` ≥ [`EXPLORE_P`], every [`EXPLORE_EVERY`]th drafted pass tries twice the
+/// best length if even free further rows would let it beat the best; while drafting pauses, its
+/// probes (while `p` ≥ [`WIDE_PROBE_P`]) time lengths doubling for as long as doubling makes
+/// rows cheaper each and the next could pay, and each probe kept whole halves the wait for the
+/// next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
+/// steps cost alike each and grow less sure with each, do not explore.
 /// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
 pub(crate) struct Drafter {
@@ -96,10 +109,17 @@ pub(crate) struct Drafter {
     /// The kept-token chance.
     p: f64,
     /// Seconds of the latest passes of one row ([`PLAIN_KEPT`] of them; their least is the
-    /// cost of one row, as a pass is slowed by what else runs, never sped up), and of each
-    /// further row (moving average).
+    /// cost of one row, as a pass is slowed by what else runs, never sped up).
     plain: Vec<f64>,
-    per_row: Option<f64>,
+    /// Per number of further rows `r` (up to [`MAX_DRAFT`]), the seconds they added to a pass
+    /// of one row (moving average), once timed.
+    row_cost: Vec<Option<f64>>,
+    /// Drafted passes since the drafter last tried a longer draft ([`EXPLORE_EVERY`]).
+    since_explore: usize,
+    /// Whether the latest draft was a probe, and the probes kept whole in a row: each halves
+    /// the wait for the next ([`PROBE_EVERY`]).
+    probing: bool,
+    probes_kept: u32,
     /// Steps since the last draft, while paused.
     idle: usize,
     /// Drafting with the MTP layer (else prompt lookup).
@@ -113,6 +133,21 @@ pub(crate) struct Drafter {
     /// Drafted passes timed.
     row_samples: usize,
 }
+
+/// While drafts are mostly kept ([`EXPLORE_P`]), every this many drafted passes try twice the
+/// best length while its cost is untimed (twice this many once timed).
+pub const EXPLORE_EVERY: usize = 2;
+
+/// The kept-token chance from which drafted passes try longer drafts.
+const EXPLORE_P: f64 = 0.75;
+
+/// Doubling the draft length is worth going on with while the cost per row falls to at most
+/// this share of what it was (noisy timing aside: below, a cost that did not fall).
+const CHEAPER: f64 = 1.0;
+
+/// A probe times a longer draft length ([`Drafter::wider`]) while at least this share of the
+/// draft tokens is kept; a single token otherwise.
+const WIDE_PROBE_P: f64 = 0.5;
 
 /// Drafted passes timed before the costs may rule drafting out for long ([`RARE_PROBE_EVERY`]).
 const SURE_AFTER: usize = 4;
@@ -171,7 +206,10 @@ impl Drafter {
                 fixed: tokens.map(|t| t.min(MAX_DRAFT)),
                 p: START_P,
                 plain: Vec::with_capacity(PLAIN_KEPT),
-                per_row: None,
+                row_cost: vec![None; MAX_DRAFT + 1],
+                since_explore: 0,
+                probing: false,
+                probes_kept: 0,
                 idle: 0,
                 mtp: matches!(d, Draft::Mtp { .. }).then(MtpDraft::default),
                 per_draft: None,
@@ -183,6 +221,7 @@ impl Drafter {
     }
 
     /// The draft length that makes the most tokens per second (see [`Drafter`]).
+    #[cfg(test)]
     fn best_length(&self) -> usize {
         self.best_length_at(self.p)
     }
@@ -192,25 +231,73 @@ impl Drafter {
         self.plain.iter().copied().reduce(f64::min)
     }
 
+    /// The seconds `r` further rows add to a pass of one row taking `t`: as timed at `r`,
+    /// interpolated between the lengths timed around it, or past the longest timed at its cost
+    /// per row (before any: [`START_COST`] of a pass each); never under [`MIN_COST`] each.
+    fn extra_cost(&self, r: usize, t: f64) -> f64 {
+        let timed = |i: usize| self.row_cost[i].map(|c| (i, c));
+        let below = (1..=r.min(MAX_DRAFT)).rev().find_map(timed);
+        let above = (r + 1..=MAX_DRAFT).find_map(timed);
+        let rf = r as f64;
+        let c = match (below, above) {
+            (Some((a, ca)), _) if a == r => ca,
+            (Some((a, ca)), Some((b, cb))) => ca + (cb - ca) * (r - a) as f64 / (b - a) as f64,
+            (Some((a, ca)), None) => ca * rf / a as f64,
+            (None, Some((b, cb))) => cb * rf / b as f64,
+            (None, None) => START_COST * t * rf,
+        };
+        c.max(MIN_COST * t * rf)
+    }
+
     /// [`Drafter::best_length`] if the kept-token chance were `p`.
     fn best_length_at(&self, p: f64) -> usize {
-        let cost = match (self.one_row(), self.per_row) {
-            (Some(t), Some(m)) if t > 0.0 => {
-                ((m + self.per_draft.unwrap_or(0.0)) / t).max(MIN_COST)
-            }
-            _ => START_COST,
-        };
+        self.best_at(p).0
+    }
+
+    /// The draft length that makes the most tokens per second at the kept-token chance `p`,
+    /// and that rate relative to a pass of one row (0 and [`MIN_GAIN`] when no draft clears
+    /// it).
+    fn best_at(&self, p: f64) -> (usize, f64) {
+        let unit = self.unit();
         let (mut best, mut best_rate) = (0, MIN_GAIN);
-        let (mut expected, mut reach) = (1.0, 1.0);
         for k in 1..=MAX_DRAFT {
-            reach *= p;
-            expected += reach;
-            let rate = expected / (1.0 + k as f64 * cost);
+            let rate = self.rate(k, p, self.extra_cost(k, unit));
             if rate > best_rate {
                 (best, best_rate) = (k, rate);
             }
         }
-        best
+        (best, best_rate)
+    }
+
+    /// The seconds costs are judged against: a pass of one row (1 before one is timed).
+    fn unit(&self) -> f64 {
+        self.one_row().filter(|&t| t > 0.0).unwrap_or(1.0)
+    }
+
+    /// Tokens per second, relative to passes of one row, of drafts of `k` tokens kept with the
+    /// chance `p` whose further rows add `extra` seconds to a pass.
+    fn rate(&self, k: usize, p: f64, extra: f64) -> f64 {
+        let unit = self.unit();
+        let per_draft = self.one_row().and(self.per_draft).unwrap_or(0.0);
+        let (mut expected, mut reach) = (1.0, 1.0);
+        for _ in 0..k {
+            reach *= p;
+            expected += reach;
+        }
+        expected / (1.0 + (extra + k as f64 * per_draft) / unit)
+    }
+
+    /// Whether drafts of `w` tokens could beat `than` (a rate relative to passes of one row)
+    /// if their rows beyond the longest length timed cost nothing: the most that timing `w`
+    /// could show. (The MTP layer's steps, which cost alike each, are counted.)
+    fn worth_trying(&self, w: usize, p: f64, than: f64) -> bool {
+        let unit = self.unit();
+        let floor = (1..=w)
+            .rev()
+            .find_map(|i| self.row_cost[i])
+            .unwrap_or(0.0)
+            .max(MIN_COST * unit * w as f64);
+        self.rate(w, p, floor) > than
     }
 
     fn length(&mut self) -> usize {
@@ -222,24 +309,80 @@ impl Drafter {
             self.since_plain = 0;
             return 0;
         }
-        let k = self.best_length();
+        let (k, rate) = self.best_at(self.p);
+        // Prompt lookup's drafts cost nothing to make, and where they are right they come in
+        // runs (a copied passage): it times longer lengths (see [`Drafter`]). The MTP layer's
+        // steps cost alike each and its guesses grow less sure with each: it does not.
+        let explores = self.mtp.is_none();
+        let wider = self.wider().filter(|_| explores);
         if k > 0 {
             self.idle = 0;
             self.since_plain += 1;
+            self.since_explore += 1;
+            // While drafts are mostly kept, twice the length now and then, if it could pay:
+            // often while its cost is untimed, less often after (it may have been timed when
+            // all ran slow).
+            let w = (2 * k).min(MAX_DRAFT);
+            let every = if self.row_cost[w].is_none() {
+                EXPLORE_EVERY
+            } else {
+                2 * EXPLORE_EVERY
+            };
+            if explores
+                && w > k
+                && self.p >= EXPLORE_P
+                && self.since_explore >= every
+                && self.worth_trying(w, self.p, rate)
+            {
+                self.since_explore = 0;
+                return w;
+            }
             return k;
         }
         self.idle += 1;
-        let every = if self.row_samples >= SURE_AFTER && self.best_length_at(HOPEFUL_P) == 0 {
+        let hopeful = |w: usize| self.worth_trying(w, HOPEFUL_P, MIN_GAIN);
+        let hopeless = self.row_samples >= SURE_AFTER
+            && !wider.is_some_and(hopeful)
+            && self.best_length_at(HOPEFUL_P) == 0;
+        let every = if hopeless {
             RARE_PROBE_EVERY
+        } else if explores {
+            (PROBE_EVERY >> self.probes_kept.min(8)).max(1)
         } else {
             PROBE_EVERY
         };
-        if self.idle >= every {
-            self.idle = 0;
-            1
-        } else {
-            0
+        if self.idle < every {
+            return 0;
         }
+        self.idle = 0;
+        self.probing = true;
+        // A probe; while drafts are mostly kept, it times a longer length that could pay (see
+        // `wider`).
+        match wider {
+            Some(w) if self.p >= WIDE_PROBE_P && self.worth_trying(w, self.p, MIN_GAIN) => w,
+            _ => 1,
+        }
+    }
+
+    /// The next draft length worth timing: twice the longest timed (one before any), while
+    /// doubling has cut the cost per row by [`CHEAPER`] or more (rows that share what they read:
+    /// experts streaming); `None` once it has not (rows that cost alike) or at [`MAX_DRAFT`].
+    fn wider(&self) -> Option<usize> {
+        let mut timed = (1..=MAX_DRAFT)
+            .rev()
+            .filter_map(|i| self.row_cost[i].map(|c| (i, c)));
+        let Some((longest, c)) = timed.next() else {
+            return Some(1);
+        };
+        if longest >= MAX_DRAFT {
+            return None;
+        }
+        if let Some((shorter, cs)) = timed.next()
+            && c / longest as f64 >= CHEAPER * cs / shorter as f64
+        {
+            return None;
+        }
+        Some((2 * longest).min(MAX_DRAFT))
     }
 
     /// A draft of at most `limit` tokens to follow `seq` (prompt lookup).
@@ -278,6 +421,16 @@ impl Drafter {
 
     /// Learns from a checked draft: `accepted` of its `proposed` tokens were kept.
     pub(crate) fn outcome(&mut self, proposed: usize, accepted: usize) {
+        if proposed == 0 {
+            return;
+        }
+        if std::mem::take(&mut self.probing) {
+            self.probes_kept = if accepted == proposed {
+                self.probes_kept + 1
+            } else {
+                0
+            };
+        }
         for _ in 0..accepted {
             self.p += RATE * (1.0 - self.p);
         }
@@ -297,8 +450,10 @@ impl Drafter {
                 self.plain.push(seconds);
             }
             (r, Some(t)) => {
-                let m = ((seconds - t) / r as f64).max(0.0);
-                self.per_row = Some(average(self.per_row, m));
+                // (More further rows than a draft has, chosen tokens run again, are not kept.)
+                if let Some(c) = self.row_cost.get_mut(r) {
+                    *c = Some(average(*c, (seconds - t).max(0.0)));
+                }
                 self.row_samples += 1;
             }
             (_, None) => {}
@@ -661,7 +816,7 @@ mod tests {
         d.timed(0, 0.100);
         d.timed(4, 0.104);
         for _ in 0..10 {
-            d.outcome(1, 1);
+            d.outcome(8, 8);
         }
         let k = d.propose(&s, 99).len();
         assert!(k >= 8, "{k}");
@@ -671,27 +826,41 @@ mod tests {
             .map(|_| d.propose(&s, 99).len())
             .collect();
         assert_eq!(lens.iter().filter(|&&n| n == 0).count(), 2, "{lens:?}");
-        // Rows that cost as much as a pass each: no draft pays, whatever p; rare probes only.
+        // Rows that cost as much as a pass each, at one and at two further rows (doubling
+        // does not make them cheaper): no draft pays, whatever p; rare probes of one token.
         let mut e = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
         e.timed(0, 0.100);
-        for _ in 0..50 {
+        for _ in 0..25 {
             e.timed(1, 0.200);
+            e.timed(2, 0.310);
             e.outcome(1, 1);
         }
-        let probes = |d: &mut Drafter, steps: usize| {
+        assert_eq!(e.wider(), None);
+        let probes = |d: &mut Drafter, steps: usize, len: usize| {
             let lens: Vec<usize> = (0..steps).map(|_| d.propose(&s, 99).len()).collect();
-            assert!(lens.iter().all(|&n| n <= 1), "{lens:?}");
-            lens.iter().filter(|&&n| n == 1).count()
+            assert!(lens.iter().all(|&n| n == 0 || n == len), "{lens:?}");
+            lens.iter().filter(|&&n| n == len).count()
         };
         // (Its first steps time a pass of one row.)
-        assert_eq!(probes(&mut e, PLAIN_FIRST + 2 * RARE_PROBE_EVERY), 2);
-        // The same costs from a single drafted pass are not sure enough: frequent probes.
+        assert_eq!(probes(&mut e, PLAIN_FIRST + 2 * RARE_PROBE_EVERY, 1), 2);
+        // The costs of one length from a single drafted pass are not sure enough: frequent
+        // probes. Twice that length is untimed, but at these chances it could not pay even if
+        // its second row were free: the probes draft one token.
         let mut y = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
         y.timed(0, 0.100);
         y.timed(1, 0.200);
         y.outcome(1, 1);
         assert_eq!(y.best_length_at(HOPEFUL_P), 0);
-        assert_eq!(probes(&mut y, PLAIN_FIRST + 2 * PROBE_EVERY), 2);
+        assert_eq!(y.wider(), Some(2));
+        assert!(!y.worth_trying(2, y.p, MIN_GAIN));
+        assert_eq!(probes(&mut y, PLAIN_FIRST + 2 * PROBE_EVERY, 1), 2);
+        // With drafts kept more often it could, and they time it.
+        for _ in 0..4 {
+            y.outcome(2, 2);
+        }
+        assert!(y.worth_trying(2, y.p, MIN_GAIN));
+        // (The first of those outcomes was the latest probe's, kept whole: they come sooner.)
+        assert_eq!(probes(&mut y, 2 * PROBE_EVERY, 2), 4);
         // Drafts always rejected: none either, however cheap the rows; the probes come often,
         // as the text may turn predictable.
         let mut r = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
@@ -701,7 +870,7 @@ mod tests {
             r.outcome(1, 0);
         }
         assert_eq!(r.best_length(), 0);
-        assert_eq!(probes(&mut r, PLAIN_FIRST + 2 * PROBE_EVERY), 2);
+        assert_eq!(probes(&mut r, PLAIN_FIRST + 2 * PROBE_EVERY, 1), 2);
         // A pass of one row costs the least of the latest PLAIN_KEPT timed (a slow first pass
         // after the prompt's does not stay in the estimate).
         let mut q = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
@@ -719,6 +888,38 @@ mod tests {
         f.timed(3, 9.0);
         assert_eq!(f.propose(&s, 99).len(), 3);
         assert!(Drafter::new(Draft::Off).is_none());
+    }
+
+    /// Where rows share what a pass reads (experts streaming), each further row costs less
+    /// than the one before: a single further row costing most of a pass rules out short drafts,
+    /// yet the drafter, probing longer lengths while its drafts are kept, comes to long ones.
+    /// Kept probes come sooner each. Where rows cost alike, the lengths stay where they pay.
+    #[test]
+    fn rows_that_share_their_reads_lead_to_long_drafts() {
+        let s: Vec<u32> = (0..40).chain(0..40).collect();
+        // A pass of one row: 0.1 s; r further rows add 0.3·(1 − 0.7^r) s (0.09 for one, at
+        // most three passes' worth).
+        let run = |cost: &dyn Fn(usize) -> f64| {
+            let mut d = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
+            let mut lens = Vec::new();
+            for _ in 0..80 {
+                let n = d.propose(&s[..41], 99).len();
+                d.timed(n, 0.1 + cost(n));
+                d.outcome(n, n);
+                lens.push(n);
+            }
+            lens
+        };
+        let lens = run(&|r| 0.3 * (1.0 - 0.7f64.powi(r as i32)));
+        let first_long = lens.iter().position(|&n| n >= 16).expect("long drafts");
+        assert!(first_long < 40, "{lens:?}");
+        assert!(
+            lens[60..].iter().filter(|&&n| n >= 16).count() >= 15,
+            "{lens:?}"
+        );
+        // Rows at 0.95 of a pass each, kept or not: nothing longer than a probe.
+        let lens = run(&|r| 0.095 * r as f64);
+        assert!(lens[20..].iter().all(|&n| n <= 2), "{lens:?}");
     }
 
     /// The MTP drafter's bookkeeping: what it proposes, catching up over the rows passes left

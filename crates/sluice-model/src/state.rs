@@ -67,8 +67,9 @@ pub struct State {
 
 /// The final-normed hidden rows (what the lm_head reads) of a sequence's latest positions — for
 /// DeepSeek-V4's MTP layer the hyper-connection streams before the hyper head,
-/// [`ModelConfig::mtp_row_width`] floats each — kept across forward passes for a multi-token-prediction layer to draft from: at most
-/// `keep` rows, of consecutive positions from `first`. A pass that starts at or before the
+/// [`ModelConfig::mtp_row_width`] floats each — kept across forward passes for a
+/// multi-token-prediction layer to draft from: at most `keep` rows, of consecutive positions
+/// from `first`. A pass that starts at or before the
 /// end of what is kept replaces the rows from its first position on (the same positions
 /// computed again, or a draft's rows after a rejection); one that starts after a gap starts
 /// afresh.

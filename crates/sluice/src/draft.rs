@@ -364,9 +364,10 @@ impl Drafter {
         }
     }
 
-    /// The next draft length worth timing: twice the longest timed (one before any), while
-    /// doubling has cut the cost per row by [`CHEAPER`] or more (rows that share what they read:
-    /// experts streaming); `None` once it has not (rows that cost alike) or at [`MAX_DRAFT`].
+    /// The next draft length worth timing: twice the longest timed (one before any), while the
+    /// last doubling timed brought the cost per row under [`CHEAPER`] of what it was (rows that
+    /// share what they read: experts streaming); `None` once it has not (rows that cost alike)
+    /// or at [`MAX_DRAFT`].
     fn wider(&self) -> Option<usize> {
         let mut timed = (1..=MAX_DRAFT)
             .rev()

@@ -13,7 +13,8 @@
 //!   zero and a further step starts from the layer's output before the norm (vLLM's
 //!   `DeepSeekMultiTokenPredictor`). The layer's copies of the embedding and the head must
 //!   equal the model's ([`check_copies`]), which are used.
-//! - **DeepSeek-V4's `mtp.{i}.`** (`PerLayer`, DeepSeek's `MTPBlock`): it works on the
+//! - **DeepSeek-V4's `mtp.{i}.`** (`PerLayer`, DeepSeek's `MTPBlock`, vLLM's
+//!   `DeepSeekV4MultiTokenPredictorLayer`): it works on the
 //!   hyper-connection streams. The model hands it, per position, its streams after the last
 //!   layer (the hyper head's input, not the final-normed row); each stream is normed by
 //!   `hnorm` and projected by `h_proj`, and `e_proj` of the `enorm`-normed embedding (zero at

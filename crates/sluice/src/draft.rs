@@ -99,8 +99,8 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// lengths: while `p` ≥ [`EXPLORE_P`], every [`EXPLORE_EVERY`]th drafted pass tries twice the
 /// best length if even free further rows would let it beat the best; while drafting pauses, its
 /// probes (while `p` ≥ [`WIDE_PROBE_P`]) time lengths doubling for as long as doubling makes
-/// rows cheaper each and the next could pay, and each probe kept whole halves the wait for the
-/// next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
+/// rows cheaper each and the next could pay (a quarter of the usual wait apart while one such
+/// waits), and each probe kept whole halves the wait for the next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
 /// steps cost alike each and grow less sure with each, do not explore.
 /// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
@@ -340,6 +340,10 @@ impl Drafter {
             return k;
         }
         self.idle += 1;
+        // While drafts are mostly kept, a probe times a longer length that could pay (see
+        // `wider`).
+        let wide_probe =
+            wider.filter(|&w| self.p >= WIDE_PROBE_P && self.worth_trying(w, self.p, MIN_GAIN));
         let hopeful = |w: usize| self.worth_trying(w, HOPEFUL_P, MIN_GAIN);
         let hopeless = self.row_samples >= SURE_AFTER
             && !wider.is_some_and(hopeful)
@@ -347,7 +351,13 @@ impl Drafter {
         let every = if hopeless {
             RARE_PROBE_EVERY
         } else if explores {
-            (PROBE_EVERY >> self.probes_kept.min(8)).max(1)
+            // Sooner while a longer length that could pay waits to be timed.
+            let first = if wide_probe.is_some() {
+                PROBE_EVERY / 4
+            } else {
+                PROBE_EVERY
+            };
+            (first >> self.probes_kept.min(8)).max(1)
         } else {
             PROBE_EVERY
         };
@@ -356,12 +366,7 @@ impl Drafter {
         }
         self.idle = 0;
         self.probing = true;
-        // A probe; while drafts are mostly kept, it times a longer length that could pay (see
-        // `wider`).
-        match wider {
-            Some(w) if self.p >= WIDE_PROBE_P && self.worth_trying(w, self.p, MIN_GAIN) => w,
-            _ => 1,
-        }
+        wide_probe.unwrap_or(1)
     }
 
     /// The next draft length worth timing: twice the longest timed (one before any), while the
@@ -860,8 +865,10 @@ mod tests {
             y.outcome(2, 2);
         }
         assert!(y.worth_trying(2, y.p, MIN_GAIN));
-        // (The first of those outcomes was the latest probe's, kept whole: they come sooner.)
-        assert_eq!(probes(&mut y, 2 * PROBE_EVERY, 2), 4);
+        // Such probes come a quarter of the usual wait apart, and the first of those outcomes
+        // was the latest probe's, kept whole, which halves that: a probe every step (until one
+        // is timed, which moves the length on).
+        assert_eq!(probes(&mut y, 2 * PROBE_EVERY, 2), 2 * PROBE_EVERY);
         // Drafts always rejected: none either, however cheap the rows; the probes come often,
         // as the text may turn predictable.
         let mut r = Drafter::new(Draft::Ngram { tokens: None }).unwrap();

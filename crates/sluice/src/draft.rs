@@ -99,8 +99,8 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// lengths: while `p` ≥ [`EXPLORE_P`], every [`EXPLORE_EVERY`]th drafted pass tries twice the
 /// best length if even free further rows would let it beat the best; while drafting pauses, its
 /// probes (while `p` ≥ [`WIDE_PROBE_P`]) time lengths doubling for as long as doubling makes
-/// rows cheaper each and the next could pay (a quarter of the usual wait apart while one such
-/// waits), and each probe kept whole halves the wait for the next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
+/// rows cheaper each and the next could pay (a quarter of the usual wait apart while a longer
+/// length waits to be timed), and each probe kept whole halves the wait for the next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
 /// steps cost alike each and grow less sure with each, do not explore.
 /// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
@@ -351,8 +351,9 @@ impl Drafter {
         let every = if hopeless {
             RARE_PROBE_EVERY
         } else if explores {
-            // Sooner while a longer length that could pay waits to be timed.
-            let first = if wide_probe.is_some() {
+            // Sooner while a longer length waits to be timed and drafts are mostly kept (the
+            // probes make `p` known sooner, and time that length once it could pay).
+            let first = if wider.is_some() && self.p >= WIDE_PROBE_P {
                 PROBE_EVERY / 4
             } else {
                 PROBE_EVERY
@@ -859,15 +860,16 @@ mod tests {
         assert_eq!(y.best_length_at(HOPEFUL_P), 0);
         assert_eq!(y.wider(), Some(2));
         assert!(!y.worth_trying(2, y.p, MIN_GAIN));
-        assert_eq!(probes(&mut y, PLAIN_FIRST + 2 * PROBE_EVERY, 1), 2);
+        // (A quarter of the usual wait apart: the length waits to be timed.)
+        assert_eq!(probes(&mut y, PLAIN_FIRST + 2 * PROBE_EVERY, 1), 8);
         // With drafts kept more often it could, and they time it.
         for _ in 0..4 {
             y.outcome(2, 2);
         }
         assert!(y.worth_trying(2, y.p, MIN_GAIN));
-        // Such probes come a quarter of the usual wait apart, and the first of those outcomes
-        // was the latest probe's, kept whole, which halves that: a probe every step (until one
-        // is timed, which moves the length on).
+        // While such a length waits to be timed, the probes come a quarter of the usual wait
+        // apart; the first of those outcomes was the latest probe's, kept whole, which halves
+        // that: a probe every step (until one is timed, which moves the length on).
         assert_eq!(probes(&mut y, 2 * PROBE_EVERY, 2), 2 * PROBE_EVERY);
         // Drafts always rejected: none either, however cheap the rows; the probes come often,
         // as the text may turn predictable.

@@ -304,6 +304,8 @@ impl Drafter {
         if let Some(k) = self.fixed {
             return k;
         }
+        // (A probe that found nothing to propose had no outcome: the next draft is not one.)
+        self.probing = false;
         if self.plain_left > 0 || self.since_plain >= RETIME_EVERY {
             self.plain_left = self.plain_left.saturating_sub(1);
             self.since_plain = 0;

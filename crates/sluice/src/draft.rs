@@ -90,7 +90,8 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// see whether that has changed; every [`RARE_PROBE_EVERY`] steps when drafts would not pay
 /// even if [`HOPEFUL_P`] of them were kept, as measured over at least [`SURE_AFTER`] drafted
 /// passes (the rows, or the MTP layer's steps, cost too much: only the costs can change that,
-/// and probing them often is what would make drafting slower than none).
+/// and probing them often is what would make drafting slower than none), the wait doubling
+/// after each such probe up to [`RARE_PROBE_MAX`] while the costs stay so.
 ///
 /// Rows are not all alike: where experts stream, a pass over more rows reads the experts they
 /// share once, so each further row costs less than the one before, and a cost per row timed on
@@ -120,6 +121,8 @@ pub(crate) struct Drafter {
     /// the wait for the next ([`PROBE_EVERY`]).
     probing: bool,
     probes_kept: u32,
+    /// The wait before the next probe while the costs are hopeless ([`RARE_PROBE_EVERY`]).
+    rare_every: usize,
     /// Steps since the last draft, while paused.
     idle: usize,
     /// Drafting with the MTP layer (else prompt lookup).
@@ -179,8 +182,12 @@ const MIN_GAIN: f64 = 1.05;
 pub const PROBE_EVERY: usize = 8;
 
 /// While drafting pauses because it would not pay even when [`HOPEFUL_P`] of the draft tokens
-/// were kept, one token is drafted every this many steps.
+/// were kept, one token is drafted after this many steps (a probe of the MTP layer runs it
+/// over its latest rows again: a few passes' worth).
 pub const RARE_PROBE_EVERY: usize = 64;
+
+/// The longest wait between such probes: it doubles after each while the costs stay hopeless.
+pub const RARE_PROBE_MAX: usize = 512;
 
 /// The adaptive length's first [`PLAIN_FIRST`] steps, and one in every this many after drafted
 /// ones, draft nothing: costs are judged against a pass of one row, which a drafter that always
@@ -210,6 +217,7 @@ impl Drafter {
                 since_explore: 0,
                 probing: false,
                 probes_kept: 0,
+                rare_every: RARE_PROBE_EVERY,
                 idle: 0,
                 mtp: matches!(d, Draft::Mtp { .. }).then(MtpDraft::default),
                 per_draft: None,
@@ -319,6 +327,7 @@ impl Drafter {
         let wider = self.wider().filter(|_| explores);
         if k > 0 {
             self.idle = 0;
+            self.rare_every = RARE_PROBE_EVERY;
             self.since_plain += 1;
             self.since_explore += 1;
             // While drafts are mostly kept, twice the length now and then, if it could pay:
@@ -351,7 +360,7 @@ impl Drafter {
             && !wider.is_some_and(hopeful)
             && self.best_length_at(HOPEFUL_P) == 0;
         let every = if hopeless {
-            RARE_PROBE_EVERY
+            self.rare_every
         } else if explores {
             // Sooner while a longer length waits to be timed and drafts are mostly kept (the
             // probes make `p` known sooner, and time that length once it could pay).
@@ -369,6 +378,11 @@ impl Drafter {
         }
         self.idle = 0;
         self.probing = true;
+        if hopeless {
+            self.rare_every = (2 * self.rare_every).min(RARE_PROBE_MAX);
+        } else {
+            self.rare_every = RARE_PROBE_EVERY;
+        }
         wide_probe.unwrap_or(1)
     }
 
@@ -850,8 +864,15 @@ mod tests {
             assert!(lens.iter().all(|&n| n == 0 || n == len), "{lens:?}");
             lens.iter().filter(|&&n| n == len).count()
         };
-        // (Its first steps time a pass of one row.)
-        assert_eq!(probes(&mut e, PLAIN_FIRST + 2 * RARE_PROBE_EVERY, 1), 2);
+        // (Its first steps time a pass of one row.) The wait doubles after each such probe:
+        // after 64 steps, then 128, 256, 512, 512.
+        let lens: Vec<usize> = (0..PLAIN_FIRST + 64 + 128 + 256 + 512 + 512)
+            .map(|_| e.propose(&s, 99).len())
+            .collect();
+        let at: Vec<usize> = (0..lens.len()).filter(|&i| lens[i] > 0).collect();
+        assert!(lens.iter().all(|&n| n <= 1), "{lens:?}");
+        let gaps: Vec<usize> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(gaps, [128, 256, RARE_PROBE_MAX, RARE_PROBE_MAX], "{at:?}");
         // The costs of one length from a single drafted pass are not sure enough: frequent
         // probes. Twice that length is untimed, but at these chances it could not pay even if
         // its second row were free: the probes draft one token.

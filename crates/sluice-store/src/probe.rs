@@ -304,10 +304,9 @@ fn uring_reads(
     use crate::ring::{RingRead, RingReader};
     use std::os::fd::AsRawFd;
 
-    let ring = RingReader::new(depth).map_err(|e| StoreError::Io {
+    let ring = RingReader::new(depth).map_err(|source| StoreError::Ring {
         path: t.files[0].path().to_path_buf(),
-        offset: 0,
-        source: std::io::Error::new(e.kind(), format!("io_uring setup: {e}")),
+        source,
     })?;
     let buf_len = block.div_ceil(4096) * 4096;
     let mut bufs = (0..depth)

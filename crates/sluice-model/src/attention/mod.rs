@@ -396,14 +396,23 @@ pub const TILE_SCORE_FLOATS: usize = 64 * 1024;
 /// activations): tiles of more queries read the cache fewer times.
 pub const PREFILL_TILE_SCORE_FLOATS: usize = 4 * 1024 * 1024;
 
+/// Query rows a tile should have at least, room allowing: every tile reads the whole cache it
+/// attends over, so a tile of one query (a decode step's head, where a model has few heads)
+/// reads it once per head.
+const MIN_TILE_ROWS: usize = 4;
+
 /// Query-head rows per attention tile over `n` cached positions, for `total` rows on
 /// `threads` threads sharing `score_floats` floats of scores: as many as a thread's share holds
-/// scores for (at most 256, at least 1), and few enough that every thread gets several tiles.
+/// scores for (at most 256, at least 1), and few enough that every thread gets several tiles —
+/// but not fewer than [`MIN_TILE_ROWS`] while every thread still gets one.
 pub(crate) fn tile_rows(n: usize, total: usize, threads: usize, score_floats: usize) -> usize {
     let threads = threads.max(1);
+    let balanced = total
+        .div_ceil(4 * threads)
+        .max(MIN_TILE_ROWS.min(total.div_ceil(threads)));
     (score_floats / threads / n.max(1))
         .clamp(1, 256)
-        .min(total.div_ceil(4 * threads))
+        .min(balanced)
         .max(1)
 }
 
@@ -437,5 +446,27 @@ fn rmsnorm_rows(exec: &Exec, x: &mut [f32], w: &[f32], eps: f32) {
     for row in x.chunks_exact_mut(w.len()) {
         exec.kernels().rmsnorm(row, w, eps, &mut tmp);
         row.copy_from_slice(&tmp);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decode step of a model with few heads gets tiles of several heads (each tile reads the
+    /// whole cache), one with many heads several tiles per thread; the room for scores bounds
+    /// both, and a long prefill is capped at 256 rows.
+    #[test]
+    fn tiles_hold_several_queries_while_every_thread_gets_one() {
+        // 8 heads, one row, 2 threads: two tiles of 4, not eight of 1.
+        assert_eq!(tile_rows(512, 8, 2, TILE_SCORE_FLOATS), 4);
+        // 2 heads on 2 threads: one each.
+        assert_eq!(tile_rows(512, 2, 2, TILE_SCORE_FLOATS), 1);
+        // 128 heads: four tiles per thread.
+        assert_eq!(tile_rows(512, 128, 2, TILE_SCORE_FLOATS), 16);
+        // The scores' room comes first: 64 Ki floats over 2 threads and 32 Ki positions.
+        assert_eq!(tile_rows(32 * 1024, 8, 2, TILE_SCORE_FLOATS), 1);
+        // A long prefill.
+        assert_eq!(tile_rows(4096, 4096 * 8, 2, PREFILL_TILE_SCORE_FLOATS), 256);
     }
 }

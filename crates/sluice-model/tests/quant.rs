@@ -9,9 +9,8 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 mod common;
-use common::{Reference, argmax, check_routes, compare};
+use common::argmax;
 use sluice_format::{Checkpoint, Dtype};
-use sluice_kernels::{Isa, Kernels};
 use sluice_model::{Logits, Model, ModelError, ModelOptions, PolicyChoice};
 
 fn fixture(name: &str) -> PathBuf {
@@ -21,125 +20,18 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn open(name: &str, threads: usize) -> Model {
-    let opts = ModelOptions {
-        kernels: Kernels::best(),
-        threads,
-        ..Default::default()
-    };
-    Model::open(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-const REL_TOL: f32 = 1e-4;
-
-/// Prompt logits and routed experts for the three prompts.
-fn check_prompts(name: &str) {
-    let model = open(name, 1);
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let vocab = model.config().vocab;
-    let mut worst_ratio = 0f32;
-    for t in [1, 7, 33] {
-        let ids = r.ids(&format!("prompt{t}.ids"));
-        let mut st = model.new_state();
-        st.routes = Some(Vec::new());
-        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
-        assert_eq!(logits.len(), t * vocab);
-        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
-        worst_ratio = worst_ratio.max(worst / scale);
-        println!(
-            "{name} prompt{t}: worst |Δlogit| = {worst:.3e} (max|logit| {scale:.2}, ratio {:.2e})",
-            worst / scale
-        );
-        assert!(
-            worst <= REL_TOL * scale,
-            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
-        );
-        let routes = st.routes.take().unwrap();
-        let checked = check_routes(name, t, &r, model.config(), &routes);
-        assert!(checked > 0, "{name}: no routes compared");
-    }
-    println!("{name} prompts: worst logit error ratio {worst_ratio:.2e}");
-}
-
-/// 32 greedy tokens with the KV cache, and the logits each was chosen from.
-fn check_greedy(name: &str) {
-    let model = open(name, 1);
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let prompt = r.ids("greedy.prompt_ids");
-    let want = r.ids("greedy.ids");
-    let want_logits = r.f32("greedy.step_logits");
-    let vocab = model.config().vocab;
-    let mut st = model.new_state();
-    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
-    let mut got = Vec::new();
-    let mut worst_ratio = 0f32;
-    for step in 0..want.len() {
-        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
-        worst_ratio = worst_ratio.max(worst / scale);
-        assert!(
-            worst <= REL_TOL * scale,
-            "{name} step {step}: worst {worst} > {REL_TOL} × {scale}"
-        );
-        got.push(argmax(&logits));
-        // Teacher-forced on the reference token so one near-tie cannot derail the rest.
-        logits = model.forward(&mut st, &[want[step]], Logits::Last).unwrap();
-    }
-    println!("{name} greedy: worst step logit error ratio {worst_ratio:.2e}");
-    assert_eq!(got, want, "{name}: greedy ids differ");
-}
-
-/// Chunked prefill, thread counts and ISAs change no bit.
-fn check_invariance(name: &str) {
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let ids = r.ids("prompt33.ids");
-    let base = {
-        let m = open(name, 1);
-        let mut st = m.new_state();
-        m.forward(&mut st, &ids, Logits::All).unwrap()
-    };
-    for threads in [1, 2, 3] {
-        let m = open(name, threads);
-        for chunk in [1, 7, ids.len()] {
-            let mut st = m.new_state();
-            let mut all = Vec::new();
-            for c in ids.chunks(chunk) {
-                all.extend(m.forward(&mut st, c, Logits::All).unwrap());
-            }
-            assert!(
-                all.iter()
-                    .zip(&base)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{name}: threads {threads}, chunk {chunk} changed logits"
-            );
-        }
-    }
-    for isa in Isa::available() {
-        let m = Model::open(
-            fixture(name),
-            ModelOptions {
-                kernels: Kernels::new(isa).unwrap(),
-                threads: 2,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut st = m.new_state();
-        let l = m.forward(&mut st, &ids, Logits::All).unwrap();
-        assert!(
-            l.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{name}: ISA {isa} changed logits"
-        );
-    }
+    common::open_fixture(&fixture(name), threads)
 }
 
 macro_rules! fixture_tests {
     ($($modname:ident => $fixture:literal),* $(,)?) => {$(
         mod $modname {
             #[test]
-            fn prompts() { super::check_prompts($fixture) }
+            fn prompts() { super::common::check_prompts(&super::fixture($fixture), $fixture) }
             #[test]
-            fn greedy() { super::check_greedy($fixture) }
+            fn greedy() { super::common::check_greedy(&super::fixture($fixture), $fixture) }
             #[test]
-            fn invariance() { super::check_invariance($fixture) }
+            fn invariance() { super::common::check_invariance(&super::fixture($fixture), $fixture) }
         }
     )*};
 }

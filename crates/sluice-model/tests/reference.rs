@@ -5,9 +5,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{Reference, argmax, check_routes, compare};
-use sluice_kernels::{Isa, Kernels};
-use sluice_model::{Logits, Model, ModelOptions};
+use common::{check_greedy, check_invariance, check_prompts};
 
 /// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
 /// has a `/` (`kimi/kimi_linear-fp32`).
@@ -20,130 +18,15 @@ fn fixture(name: &str) -> PathBuf {
     }
 }
 
-fn open(name: &str, threads: usize) -> Model {
-    let opts = ModelOptions {
-        kernels: Kernels::best(),
-        threads,
-        ..Default::default()
-    };
-    Model::open(fixture(name), opts).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-const REL_TOL: f32 = 1e-4;
-
-/// Prompt logits and routed experts for the three prompts.
-fn check_prompts(name: &str) {
-    let model = open(name, 1);
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let vocab = model.config().vocab;
-    for t in [1, 7, 33] {
-        let ids = r.ids(&format!("prompt{t}.ids"));
-        let mut st = model.new_state();
-        st.routes = Some(Vec::new());
-        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
-        assert_eq!(logits.len(), t * vocab);
-        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
-        println!(
-            "{name} prompt{t}: worst |Δlogit| = {worst:.3e} (max|logit| {scale:.2}, ratio {:.2e})",
-            worst / scale
-        );
-        assert!(
-            worst <= REL_TOL * scale,
-            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
-        );
-        // Routed experts, per MoE layer and token.
-        let routes = st.routes.take().unwrap();
-        let checked = check_routes(name, t, &r, model.config(), &routes);
-        if model.config().moe_layers() > 0 {
-            assert!(checked > 0, "{name}: no routes compared");
-        } else {
-            assert!(routes.is_empty(), "{name}: a dense model reported routes");
-        }
-    }
-}
-
-/// 32 greedy tokens with the KV cache, and the logits each was chosen from.
-fn check_greedy(name: &str) {
-    let model = open(name, 1);
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let prompt = r.ids("greedy.prompt_ids");
-    let want = r.ids("greedy.ids");
-    let want_logits = r.f32("greedy.step_logits");
-    let vocab = model.config().vocab;
-    let mut st = model.new_state();
-    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
-    let mut got = Vec::new();
-    let mut worst_ratio = 0f32;
-    for step in 0..want.len() {
-        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
-        worst_ratio = worst_ratio.max(worst / scale);
-        assert!(
-            worst <= REL_TOL * scale,
-            "{name} step {step}: worst {worst} > {REL_TOL} × {scale}"
-        );
-        let next = argmax(&logits);
-        got.push(next);
-        // Teacher-forced on the reference token so one near-tie cannot derail the rest.
-        logits = model.forward(&mut st, &[want[step]], Logits::Last).unwrap();
-    }
-    println!("{name} greedy: worst step logit error ratio {worst_ratio:.2e}");
-    assert_eq!(got, want, "{name}: greedy ids differ");
-}
-
-/// Chunked prefill and thread counts change no bit.
-fn check_invariance(name: &str) {
-    let r = Reference::open(&fixture(name).join("reference.safetensors"));
-    let ids = r.ids("prompt33.ids");
-    let base = {
-        let m = open(name, 1);
-        let mut st = m.new_state();
-        m.forward(&mut st, &ids, Logits::All).unwrap()
-    };
-    for threads in [1, 2, 3] {
-        let m = open(name, threads);
-        for chunk in [1, 7, ids.len()] {
-            let mut st = m.new_state();
-            let mut all = Vec::new();
-            for c in ids.chunks(chunk) {
-                all.extend(m.forward(&mut st, c, Logits::All).unwrap());
-            }
-            assert!(
-                all.iter()
-                    .zip(&base)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{name}: threads {threads}, chunk {chunk} changed logits"
-            );
-        }
-    }
-    // Every ISA this CPU has gives the same bits.
-    for isa in Isa::available() {
-        let m = Model::open(
-            fixture(name),
-            ModelOptions {
-                kernels: Kernels::new(isa).unwrap(),
-                threads: 2,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let mut st = m.new_state();
-        let l = m.forward(&mut st, &ids, Logits::All).unwrap();
-        assert!(
-            l.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{name}: ISA {isa} changed logits"
-        );
-    }
-}
-
 macro_rules! arch_tests {
     ($($modname:ident => $fixture:literal),* $(,)?) => {$(
         mod $modname {
             #[test]
-            fn prompts() { super::check_prompts($fixture) }
+            fn prompts() { super::check_prompts(&super::fixture($fixture), $fixture) }
             #[test]
-            fn greedy() { super::check_greedy($fixture) }
+            fn greedy() { super::check_greedy(&super::fixture($fixture), $fixture) }
             #[test]
-            fn invariance() { super::check_invariance($fixture) }
+            fn invariance() { super::check_invariance(&super::fixture($fixture), $fixture) }
         }
     )*};
 }

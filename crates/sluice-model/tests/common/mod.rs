@@ -1,4 +1,5 @@
-//! Helpers shared by the reference tests: reading reference outputs and comparing logits.
+//! Helpers shared by the reference tests: reading reference outputs, comparing logits, and the
+//! checks every fixture gets (prompt logits and routes, greedy steps, bit-invariance).
 //! (Each test binary uses a subset.)
 #![allow(dead_code)]
 
@@ -6,6 +7,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use sluice_format::Dtype;
+use sluice_kernels::{Isa, Kernels};
+use sluice_model::{Logits, Model, ModelOptions};
 
 /// Tensors of a reference file, by name.
 pub struct Reference {
@@ -124,4 +127,124 @@ pub fn check_routes(
         }
     }
     checked
+}
+
+/// A fixture model opened with the best kernels and `threads` threads.
+pub fn open_fixture(dir: &Path, threads: usize) -> Model {
+    let opts = ModelOptions {
+        kernels: Kernels::best(),
+        threads,
+        ..Default::default()
+    };
+    Model::open(dir, opts).unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+}
+
+/// Logits agree with the reference within this share of the largest reference logit.
+pub const REL_TOL: f32 = 1e-4;
+
+/// Prompt logits and routed experts for the three prompts.
+pub fn check_prompts(dir: &Path, name: &str) {
+    let model = open_fixture(dir, 1);
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let vocab = model.config().vocab;
+    let mut worst_ratio = 0f32;
+    for t in [1, 7, 33] {
+        let ids = r.ids(&format!("prompt{t}.ids"));
+        let mut st = model.new_state();
+        st.routes = Some(Vec::new());
+        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
+        assert_eq!(logits.len(), t * vocab);
+        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
+        println!(
+            "{name} prompt{t}: worst |Δlogit| = {worst:.3e} (max|logit| {scale:.2}, ratio {:.2e})",
+            worst / scale
+        );
+        worst_ratio = worst_ratio.max(worst / scale);
+        assert!(
+            worst <= REL_TOL * scale,
+            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
+        );
+        // Routed experts, per MoE layer and token.
+        let routes = st.routes.take().unwrap();
+        let checked = check_routes(name, t, &r, model.config(), &routes);
+        if model.config().moe_layers() > 0 {
+            assert!(checked > 0, "{name}: no routes compared");
+        } else {
+            assert!(routes.is_empty(), "{name}: a dense model reported routes");
+        }
+    }
+    println!("{name} prompts: worst logit error ratio {worst_ratio:.2e}");
+}
+
+/// 32 greedy tokens with the KV cache, and the logits each was chosen from.
+pub fn check_greedy(dir: &Path, name: &str) {
+    let model = open_fixture(dir, 1);
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let prompt = r.ids("greedy.prompt_ids");
+    let want = r.ids("greedy.ids");
+    let want_logits = r.f32("greedy.step_logits");
+    let vocab = model.config().vocab;
+    let mut st = model.new_state();
+    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
+    let mut got = Vec::new();
+    let mut worst_ratio = 0f32;
+    for step in 0..want.len() {
+        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
+        worst_ratio = worst_ratio.max(worst / scale);
+        assert!(
+            worst <= REL_TOL * scale,
+            "{name} step {step}: worst {worst} > {REL_TOL} × {scale}"
+        );
+        let next = argmax(&logits);
+        got.push(next);
+        // Teacher-forced on the reference token so one near-tie cannot derail the rest.
+        logits = model.forward(&mut st, &[want[step]], Logits::Last).unwrap();
+    }
+    println!("{name} greedy: worst step logit error ratio {worst_ratio:.2e}");
+    assert_eq!(got, want, "{name}: greedy ids differ");
+}
+
+/// Chunked prefill, thread counts and ISAs change no bit.
+pub fn check_invariance(dir: &Path, name: &str) {
+    let r = Reference::open(&dir.join("reference.safetensors"));
+    let ids = r.ids("prompt33.ids");
+    let base = {
+        let m = open_fixture(dir, 1);
+        let mut st = m.new_state();
+        m.forward(&mut st, &ids, Logits::All).unwrap()
+    };
+    for threads in [1, 2, 3] {
+        let m = open_fixture(dir, threads);
+        for chunk in [1, 7, ids.len()] {
+            let mut st = m.new_state();
+            let mut all = Vec::new();
+            for c in ids.chunks(chunk) {
+                all.extend(m.forward(&mut st, c, Logits::All).unwrap());
+            }
+            assert!(
+                all.iter()
+                    .zip(&base)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{name}: threads {threads}, chunk {chunk} changed logits"
+            );
+        }
+    }
+    // Every ISA this CPU has gives the same bits.
+    for isa in Isa::available() {
+        let m = Model::open(
+            dir,
+            ModelOptions {
+                kernels: Kernels::new(isa).unwrap(),
+                threads: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let mut st = m.new_state();
+        let l = m.forward(&mut st, &ids, Logits::All).unwrap();
+        assert!(
+            l.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: ISA {isa} changed logits"
+        );
+    }
 }

@@ -91,15 +91,6 @@ pub struct Prefilled {
     pub times: PassTimes,
 }
 
-/// The attention tiles' room: the prefill's when a span has it, else the planned scratch's.
-fn score_floats(wide: bool) -> usize {
-    if wide {
-        crate::attention::PREFILL_TILE_SCORE_FLOATS
-    } else {
-        crate::attention::TILE_SCORE_FLOATS
-    }
-}
-
 /// What a prefill span holds of the pool while it runs, given back on drop.
 enum SpanLease<'a> {
     /// Lent by the expert cache (held only to be dropped).
@@ -532,7 +523,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: crate::attention::TILE_SCORE_FLOATS,
+            score_floats: self.step_score_floats(),
         };
         self.forward_segments(
             &mut [(state, tokens)],
@@ -608,6 +599,23 @@ impl Model {
         Ok(out)
     }
 
+    /// The attention tiles' room in a decode step or a draft's check: the planned scratch's
+    /// under a budget (room for tiles of several heads at the full context), the prefill's
+    /// without one (nothing to plan for).
+    fn step_score_floats(&self) -> usize {
+        self.score_floats(self.plan.pool == u64::MAX)
+    }
+
+    /// The attention tiles' room: the prefill's when a pass has it, else the planned
+    /// scratch's.
+    fn score_floats(&self, wide: bool) -> usize {
+        if wide {
+            crate::attention::PREFILL_TILE_SCORE_FLOATS.max(self.plan.step_score_floats)
+        } else {
+            self.plan.step_score_floats
+        }
+    }
+
     /// The next prefill span for `rest` tokens, what it holds of the pool while it runs, and
     /// the floats of attention scores its tiles may hold.
     fn span_for(
@@ -616,20 +624,20 @@ impl Model {
         rest: usize,
         want: Logits,
     ) -> Result<(usize, Option<SpanLease<'_>>, usize), ModelError> {
-        use crate::attention::{PREFILL_TILE_SCORE_FLOATS, TILE_SCORE_FLOATS};
-        // The plan's scratch holds the activations of this many rows, and tiles of
-        // TILE_SCORE_FLOATS; a span that can also have the larger tiles' room takes it.
+        // The plan's scratch holds the activations of this many rows, and a decode step's
+        // tiles; a span that can also have the larger tiles' room takes it.
         let chunk = self.plan.chunk.max(1);
-        let tiles = ((PREFILL_TILE_SCORE_FLOATS - TILE_SCORE_FLOATS) * 4) as u64;
+        let narrow = self.score_floats(false);
+        let tiles = ((self.score_floats(true) - narrow) * 4) as u64;
         let mut span = rest.min(self.plan.prefill_span.max(chunk));
         if want == Logits::All {
             span = span.min(chunk);
         }
         if self.plan.pool == u64::MAX {
-            return Ok((span, None, PREFILL_TILE_SCORE_FLOATS));
+            return Ok((span, None, self.score_floats(true)));
         }
         if span <= chunk {
-            return Ok((span, None, TILE_SCORE_FLOATS));
+            return Ok((span, None, narrow));
         }
         let per = self.plan.span_bytes_per_token.max(1);
         if self.in_pool {
@@ -645,7 +653,7 @@ impl Model {
                 let free = spare.saturating_sub(used);
                 let n = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
                 if n <= chunk {
-                    return Ok((chunk.min(rest), None, TILE_SCORE_FLOATS));
+                    return Ok((chunk.min(rest), None, narrow));
                 }
                 let mut bytes = (n - chunk) as u64 * per;
                 let wide = free >= bytes + tiles;
@@ -663,7 +671,7 @@ impl Model {
                             counter: &self.span_bytes,
                             bytes,
                         };
-                        return Ok((n, Some(lease), score_floats(wide)));
+                        return Ok((n, Some(lease), self.score_floats(wide)));
                     }
                     Err(now) => used = now,
                 }
@@ -681,12 +689,12 @@ impl Model {
             let bytes = (span - chunk) as u64 * per;
             if lease.grow_to(bytes).is_ok() {
                 let wide = lease.grow_to(bytes + tiles).is_ok();
-                return Ok((span, Some(SpanLease::Pool(lease)), score_floats(wide)));
+                return Ok((span, Some(SpanLease::Pool(lease)), self.score_floats(wide)));
             }
             // Another session took room meanwhile.
             span = (span / 2).max(chunk);
         }
-        Ok((span.min(rest), None, TILE_SCORE_FLOATS))
+        Ok((span.min(rest), None, narrow))
     }
 
     /// One decoding step for several sequences at once (batched decoding): `tokens[i]` is fed
@@ -725,7 +733,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: crate::attention::TILE_SCORE_FLOATS,
+            score_floats: self.step_score_floats(),
         };
         self.forward_segments(
             &mut segs,
@@ -755,7 +763,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: crate::attention::TILE_SCORE_FLOATS,
+            score_floats: self.step_score_floats(),
         };
         self.forward_segments(segs, Logits::All, &mut opts, &mut PassTimes::default())
     }

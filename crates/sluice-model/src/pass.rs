@@ -211,7 +211,7 @@ impl Model {
             cfg,
             segs,
             self.plan().chunk.max(1),
-            crate::attention::TILE_SCORE_FLOATS,
+            self.plan().step_score_floats,
             offset,
             false,
         );

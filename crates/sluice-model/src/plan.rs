@@ -66,6 +66,10 @@ pub struct MemoryPlan {
     pub sequences: usize,
     /// Activations and scratch for a forward pass of `chunk` rows.
     pub scratch: u64,
+    /// Floats of attention scores the tiles of a decode step share (part of `scratch`): enough
+    /// that at the full context a tile still holds several heads (see
+    /// [`crate::attention::step_score_floats`]).
+    pub step_score_floats: usize,
     /// Rows each call inside a layer takes at most (attention, products): what bounds the
     /// scratch. A prefill runs a layer over a whole span of the prompt at a time, in calls of
     /// this many rows.
@@ -256,9 +260,17 @@ impl MemoryPlan {
         let rows = chunk.max(sequences);
         // Embedding rows read on demand need a buffer per row (plus alignment).
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
-        // Attention tiles' scores (see `attention::tile_rows`); a prefill span that gets room
-        // for more takes it with its activations.
-        let tiles = (crate::attention::TILE_SCORE_FLOATS * 4) as u64;
+        // Attention tiles' scores (see `attention::tile_rows`), enough for a decode step at the
+        // full context; a prefill span that gets room for more takes it with its activations.
+        let tiled_heads = cfg
+            .layer_plan
+            .iter()
+            .map(|p| p.attention.tiled_heads())
+            .max()
+            .unwrap_or(0);
+        let step_score_floats =
+            crate::attention::step_score_floats(tiled_heads, opts.threads, context);
+        let tiles = (step_score_floats * 4) as u64;
         let scratch = scratch_bytes(cfg, rows) + row_buf + tiles;
         let max_layer = layer_bytes.iter().copied().max().unwrap_or(0);
         let fixed = recurrent
@@ -445,6 +457,7 @@ impl MemoryPlan {
             context,
             sequences,
             scratch,
+            step_score_floats,
             chunk,
             span_bytes_per_token,
             prefill_span,

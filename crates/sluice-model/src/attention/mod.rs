@@ -174,6 +174,17 @@ impl AttentionConfig {
         }
     }
 
+    /// Query heads whose rows a pass takes in tiles against the cache ([`tile_rows`]); 0 for
+    /// kinds that do not tile.
+    pub fn tiled_heads(&self) -> usize {
+        match self {
+            AttentionConfig::Gqa(g) => g.heads,
+            AttentionConfig::Mla(m) => m.heads,
+            AttentionConfig::Dsa(d) => d.mla.heads,
+            AttentionConfig::Kda(_) | AttentionConfig::Gdn(_) | AttentionConfig::Compressed(_) => 0,
+        }
+    }
+
     /// `(a, b, field, what)`: the product `a × b` the arithmetic multiplies out, which the
     /// config's size checks bound, and the field and words that name it.
     pub fn widest(&self) -> (usize, usize, &'static str, &'static str) {
@@ -388,8 +399,9 @@ impl LayerCache {
     }
 }
 
-/// Floats of attention scores all threads' tiles hold at once in any pass: planned as
-/// scratch (256 KiB).
+/// Floats of attention scores all threads' tiles hold at once in any pass, at the least:
+/// planned as scratch (256 KiB; more for a model with many heads at a long context, see
+/// [`step_score_floats`]).
 pub const TILE_SCORE_FLOATS: usize = 64 * 1024;
 
 /// The same for a prefill pass whose span holds room for more (16 MiB, lent with the span's
@@ -401,19 +413,37 @@ pub const PREFILL_TILE_SCORE_FLOATS: usize = 4 * 1024 * 1024;
 /// reads it once per head.
 const MIN_TILE_ROWS: usize = 4;
 
+/// Rows per tile for `total` query rows on `threads` threads, room aside: few enough that every
+/// thread gets several tiles, but not fewer than [`MIN_TILE_ROWS`] while every thread still
+/// gets one.
+fn balanced_rows(total: usize, threads: usize) -> usize {
+    total
+        .div_ceil(4 * threads)
+        .max(MIN_TILE_ROWS.min(total.div_ceil(threads)))
+        .max(1)
+}
+
 /// Query-head rows per attention tile over `n` cached positions, for `total` rows on
 /// `threads` threads sharing `score_floats` floats of scores: as many as a thread's share holds
-/// scores for (at most 256, at least 1), and few enough that every thread gets several tiles —
-/// but not fewer than [`MIN_TILE_ROWS`] while every thread still gets one.
+/// scores for (at most 256, at least 1), and no more than [`balanced_rows`].
 pub(crate) fn tile_rows(n: usize, total: usize, threads: usize, score_floats: usize) -> usize {
     let threads = threads.max(1);
-    let balanced = total
-        .div_ceil(4 * threads)
-        .max(MIN_TILE_ROWS.min(total.div_ceil(threads)));
     (score_floats / threads / n.max(1))
         .clamp(1, 256)
-        .min(balanced)
+        .min(balanced_rows(total, threads))
         .max(1)
+}
+
+/// Floats of scores a decode step's tiles are planned to share, for a model whose attention
+/// tiles `heads` query heads, on `threads` threads, over up to `context` positions: room for
+/// the tiles [`balanced_rows`] gives one row per head at the full context (every tile reads the
+/// whole cache, so a tile of one head where there are many reads it once per head), between
+/// [`TILE_SCORE_FLOATS`] and [`PREFILL_TILE_SCORE_FLOATS`].
+pub fn step_score_floats(heads: usize, threads: usize, context: usize) -> usize {
+    let threads = threads.max(1);
+    (balanced_rows(heads, threads) * threads)
+        .saturating_mul(context)
+        .clamp(TILE_SCORE_FLOATS, PREFILL_TILE_SCORE_FLOATS)
 }
 
 /// Room for exactly `n` floats in `v` (never less than it holds).
@@ -468,5 +498,23 @@ mod tests {
         assert_eq!(tile_rows(32 * 1024, 8, 2, TILE_SCORE_FLOATS), 1);
         // A long prefill.
         assert_eq!(tile_rows(4096, 4096 * 8, 2, PREFILL_TILE_SCORE_FLOATS), 256);
+    }
+
+    /// The room planned for a decode step gives its tiles the rows [`balanced_rows`] allows at
+    /// the full context, within the bounds.
+    #[test]
+    fn a_step_is_planned_room_for_balanced_tiles_at_the_full_context() {
+        // Few heads or a short context: the least room.
+        assert_eq!(step_score_floats(8, 2, 4096), TILE_SCORE_FLOATS);
+        // 128 heads at 32K positions: tiles of 16 heads, 8 of them, not 128 of one.
+        let room = step_score_floats(128, 2, 32 * 1024);
+        assert_eq!(room, 32 * 32 * 1024);
+        assert_eq!(tile_rows(32 * 1024, 128, 2, room), 16);
+        assert_eq!(tile_rows(32 * 1024, 128, 2, TILE_SCORE_FLOATS), 1);
+        // A very long context is capped at the prefill's room.
+        assert_eq!(
+            step_score_floats(128, 2, 1 << 20),
+            PREFILL_TILE_SCORE_FLOATS
+        );
     }
 }

@@ -602,15 +602,15 @@ impl Model {
     /// The attention tiles' room in a decode step or a draft's check: the planned scratch's
     /// under a budget (room for tiles of several heads at the full context), the prefill's
     /// without one (nothing to plan for).
-    fn step_score_floats(&self) -> usize {
+    pub(crate) fn step_score_floats(&self) -> usize {
         self.score_floats(self.plan.pool == u64::MAX)
     }
 
     /// The attention tiles' room: the prefill's when a pass has it, else the planned
-    /// scratch's.
+    /// scratch's (never more than the prefill's).
     fn score_floats(&self, wide: bool) -> usize {
         if wide {
-            crate::attention::PREFILL_TILE_SCORE_FLOATS.max(self.plan.step_score_floats)
+            crate::attention::PREFILL_TILE_SCORE_FLOATS
         } else {
             self.plan.step_score_floats
         }
@@ -634,7 +634,7 @@ impl Model {
             span = span.min(chunk);
         }
         if self.plan.pool == u64::MAX {
-            return Ok((span, None, self.score_floats(true)));
+            return Ok((span, None, self.step_score_floats()));
         }
         if span <= chunk {
             return Ok((span, None, narrow));

@@ -211,7 +211,7 @@ impl Model {
             cfg,
             segs,
             self.plan().chunk.max(1),
-            self.plan().step_score_floats,
+            self.step_score_floats(),
             offset,
             false,
         );

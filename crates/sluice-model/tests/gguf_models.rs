@@ -7,10 +7,8 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{Reference, argmax, check_routes, compare};
+use common::Reference;
 use sluice_model::{Logits, Model, ModelOptions};
-
-const REL_TOL: f32 = 1e-4;
 
 fn testdata() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata")
@@ -54,43 +52,8 @@ fn fixture(name: &str) -> (PathBuf, Reference, Option<PathBuf>) {
 fn check(name: &str, bitwise: bool) {
     let (gguf, r, dequant) = fixture(name);
     let model = open(&gguf, None);
-    let vocab = model.config().vocab;
-    let mut worst_ratio = 0f32;
-    for t in [1, 7, 33] {
-        let ids = r.ids(&format!("prompt{t}.ids"));
-        let mut st = model.new_state();
-        st.routes = Some(Vec::new());
-        let logits = model.forward(&mut st, &ids, Logits::All).unwrap();
-        let (worst, scale) = compare(&logits, &r.f32(&format!("prompt{t}.logits")));
-        worst_ratio = worst_ratio.max(worst / scale);
-        assert!(
-            worst <= REL_TOL * scale,
-            "{name} prompt{t}: worst {worst} > {REL_TOL} × {scale}"
-        );
-        let routes = st.routes.take().unwrap();
-        let checked = check_routes(name, t, &r, model.config(), &routes);
-        assert_eq!(
-            checked > 0,
-            model.config().moe_layers() > 0,
-            "{name}: routes compared on a MoE model only"
-        );
-    }
-    // Greedy, teacher-forced on the reference's tokens.
-    let prompt = r.ids("greedy.prompt_ids");
-    let want = r.ids("greedy.ids");
-    let want_logits = r.f32("greedy.step_logits");
-    let mut st = model.new_state();
-    let mut logits = model.forward(&mut st, &prompt, Logits::Last).unwrap();
-    let mut got = Vec::new();
-    for (step, &w) in want.iter().enumerate() {
-        let (worst, scale) = compare(&logits, &want_logits[step * vocab..(step + 1) * vocab]);
-        worst_ratio = worst_ratio.max(worst / scale);
-        assert!(worst <= REL_TOL * scale, "{name} step {step}: {worst}");
-        got.push(argmax(&logits));
-        logits = model.forward(&mut st, &[w], Logits::Last).unwrap();
-    }
-    assert_eq!(got, want, "{name}: greedy ids differ");
-    println!("{name}: worst logit error ratio {worst_ratio:.2e}");
+    common::check_prompts_of(&model, &r, name);
+    common::check_greedy_of(&model, &r, name);
 
     let ids = r.ids("prompt33.ids");
     let run = |m: &Model| {

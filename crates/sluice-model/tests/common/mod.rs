@@ -144,8 +144,12 @@ pub const REL_TOL: f32 = 1e-4;
 
 /// Prompt logits and routed experts for the three prompts.
 pub fn check_prompts(dir: &Path, name: &str) {
-    let model = open_fixture(dir, 1);
     let r = Reference::open(&dir.join("reference.safetensors"));
+    check_prompts_of(&open_fixture(dir, 1), &r, name);
+}
+
+/// [`check_prompts`] of a model opened by the caller against its reference.
+pub fn check_prompts_of(model: &Model, r: &Reference, name: &str) {
     let vocab = model.config().vocab;
     let mut worst_ratio = 0f32;
     for t in [1, 7, 33] {
@@ -166,7 +170,7 @@ pub fn check_prompts(dir: &Path, name: &str) {
         );
         // Routed experts, per MoE layer and token.
         let routes = st.routes.take().unwrap();
-        let checked = check_routes(name, t, &r, model.config(), &routes);
+        let checked = check_routes(name, t, r, model.config(), &routes);
         if model.config().moe_layers() > 0 {
             assert!(checked > 0, "{name}: no routes compared");
         } else {
@@ -178,8 +182,12 @@ pub fn check_prompts(dir: &Path, name: &str) {
 
 /// 32 greedy tokens with the KV cache, and the logits each was chosen from.
 pub fn check_greedy(dir: &Path, name: &str) {
-    let model = open_fixture(dir, 1);
     let r = Reference::open(&dir.join("reference.safetensors"));
+    check_greedy_of(&open_fixture(dir, 1), &r, name);
+}
+
+/// [`check_greedy`] of a model opened by the caller against its reference.
+pub fn check_greedy_of(model: &Model, r: &Reference, name: &str) {
     let prompt = r.ids("greedy.prompt_ids");
     let want = r.ids("greedy.ids");
     let want_logits = r.f32("greedy.step_logits");

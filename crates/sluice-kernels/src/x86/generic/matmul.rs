@@ -368,6 +368,8 @@ struct Job<'a, 'm> {
 const RD: usize = 12;
 /// Blocks of columns per range for several activation rows (rounded to whole groups).
 const KC: usize = 32;
+/// Activation rows up to which rows of at most [`KC`] blocks go through [`Job::rows_few`].
+const FEW: usize = 16;
 
 impl Job<'_, '_> {
     /// The padded tails and decoded scales of rows `r0 .. r0 + R`, the scales in `sbuf` slots
@@ -426,6 +428,59 @@ impl Job<'_, '_> {
         // padded buffer, scales from `sbuf`: `tile`'s contract.
         let out = unsafe { tile::<V, C, R, 1>(t, [self.xp.as_ptr()], g) };
         self.write(r0, 0, &out);
+    }
+
+    /// Rows `r0 .. r0 + R` against a few activation rows whose blocks all stay in L1 (an
+    /// attention tile's queries against the cached keys), decoding as they stream in: no
+    /// decoded copy of the rows and no accumulators parked in memory, each tile of `R` rows
+    /// taken against the activations four at a time. Each pair's arithmetic is
+    /// [`Self::rows_one`]'s.
+    #[inline(always)]
+    unsafe fn rows_few<V: Vector, C: Codec<V>, const R: usize>(&mut self, r0: usize) {
+        // SAFETY: the caller guarantees the ISA.
+        let (tails, scales) = unsafe { self.prepare::<V, C, R>(r0, 0) };
+        let m = self.m;
+        let t = Rows {
+            w: std::array::from_fn(|i| m.row(r0 + i).as_ptr()),
+            tails: &tails,
+            scales,
+            next: if r0 + 2 * R <= m.rows() {
+                m.row(r0 + R).as_ptr()
+            } else {
+                std::ptr::null()
+            },
+            streams: false,
+        };
+        let g = self.geom;
+        let x0 = self.xp.as_ptr();
+        let x = |b: usize| x0.wrapping_add(b * LANES);
+        let mut b = 0;
+        // SAFETY: rows and tails come from the validated matrix, the activations from the
+        // padded buffer (row `b`'s block `k` at `16 (k × batch + b)`), scales from `sbuf`:
+        // `tile`'s contract.
+        unsafe {
+            while b + 4 <= self.batch {
+                let out = tile::<V, C, R, 4>(t, std::array::from_fn(|i| x(b + i)), g);
+                self.write(r0, b, &out);
+                b += 4;
+            }
+            match self.batch - b {
+                0 => {}
+                1 => {
+                    let out = tile::<V, C, R, 1>(t, [x(b)], g);
+                    self.write(r0, b, &out);
+                }
+                2 => {
+                    let out = tile::<V, C, R, 2>(t, [x(b), x(b + 1)], g);
+                    self.write(r0, b, &out);
+                }
+                n => {
+                    debug_assert_eq!(n, 3);
+                    let out = tile::<V, C, R, 3>(t, [x(b), x(b + 1), x(b + 2)], g);
+                    self.write(r0, b, &out);
+                }
+            }
+        }
     }
 
     /// Rows `r0 + i × q` (`i < R`) of a dense matrix against the one activation row. Over
@@ -710,6 +765,15 @@ pub(crate) unsafe fn matmul<
             }
             while r < rows.end {
                 job.rows_one::<V, C, 1>(r);
+                r += 1;
+            }
+        } else if batch <= FEW && nblocks <= KC {
+            while r + R1 <= rows.end {
+                job.rows_few::<V, C, R1>(r);
+                r += R1;
+            }
+            while r < rows.end {
+                job.rows_few::<V, C, 1>(r);
                 r += 1;
             }
         } else {

@@ -2,13 +2,16 @@
 //!
 //! Each (output row, activation row) pair owns its own 16-lane accumulator (and, for quantized
 //! codes, its own group accumulator), fed in column order exactly as [`crate::scalar::dot_row`] does.
-//! Two paths share that arithmetic:
+//! Three paths share that arithmetic:
 //!
 //! - one activation row (decode): `R1` rows at a time, each block decoded as it streams in and
 //!   multiplied with activations loaded once for all `R1` rows, the next tile prefetched; for
 //!   dense codes over enough rows, tiles of `RS` rows spread evenly over the range instead, so
 //!   that the `RS` rows of a tile are `RS` long sequential streams through memory (each
 //!   prefetched a fixed distance ahead), not `RS` short neighbouring ones;
+//! - a few ([`FEW`] at most) over rows of at most [`KC`] blocks (a decode step's attention
+//!   tile: its queries against the cached positions): `R1` rows at a time decoded as they
+//!   stream in, against the activations four at a time, the accumulators in registers;
 //! - several (prefill): [`RD`] rows decoded once into f32, then tiles of `RB` (or `RQ`) rows ×
 //!   `BB` activation rows over [`KC`]-block column ranges, each pair's accumulator parked in
 //!   memory between ranges.
@@ -674,7 +677,9 @@ impl Job<'_, '_> {
 
 /// `y[b, r − rows.start] = m[r] · x[b]` by the contract: for one activation row, `R1` rows at
 /// a time decoded as they stream in (dense codes over at least `4 × RS` rows: `RS` strided
-/// streams, [`Job::rows_strided`]); for several, [`RD`] rows at a time decoded once and
+/// streams, [`Job::rows_strided`]); for up to [`FEW`] over rows of at most [`KC`] blocks, the
+/// same `R1` rows against four activation rows at a time ([`Job::rows_few`]); for more, or
+/// longer rows, [`RD`] rows at a time decoded once and
 /// multiplied in tiles of `RB` rows (`RQ` for quantized codes, which need a group accumulator
 /// per pair as well) × `BB` activation rows (`BB` ≤ 4).
 ///

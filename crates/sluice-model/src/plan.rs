@@ -4,7 +4,7 @@
 use sluice_store::io::plan_reads;
 use sluice_store::{Piece, Reader, StoreError};
 
-use crate::config::{MlpKind, ModelConfig, Residual};
+use crate::config::{LayerPlan, MlpKind, ModelConfig, Residual};
 use crate::options::ModelOptions;
 use crate::weights::WeightLayout;
 
@@ -163,27 +163,22 @@ pub fn span_bytes_per_token(cfg: &ModelConfig) -> u64 {
     (floats * 4) as u64
 }
 
+/// The largest of `f` over the model's layers (0 without layers).
+fn widest(cfg: &ModelConfig, f: impl Fn(&LayerPlan) -> usize) -> usize {
+    cfg.layer_plan.iter().map(f).max().unwrap_or(0)
+}
+
 /// Scratch for a forward pass over `chunk` tokens: hidden states, projections, expert
 /// activations and one row of logits per token (an estimate with margin).
 pub fn scratch_bytes(cfg: &ModelConfig, chunk: usize) -> u64 {
-    let widest_attn = cfg
-        .layer_plan
-        .iter()
-        .map(|p| p.attention.scratch_floats())
-        .max()
-        .unwrap_or(0);
-    let widest_ffn = cfg
-        .layer_plan
-        .iter()
-        .map(|p| match p.mlp {
-            MlpKind::Dense { intermediate } => intermediate,
-            MlpKind::Moe => cfg
-                .moe
-                .intermediate
-                .max(cfg.moe.shared.as_ref().map_or(0, |s| s.intermediate)),
-        })
-        .max()
-        .unwrap_or(0);
+    let widest_attn = widest(cfg, |p| p.attention.scratch_floats());
+    let widest_ffn = widest(cfg, |p| match p.mlp {
+        MlpKind::Dense { intermediate } => intermediate,
+        MlpKind::Moe => cfg
+            .moe
+            .intermediate
+            .max(cfg.moe.shared.as_ref().map_or(0, |s| s.intermediate)),
+    });
     let attn_res = residual_floats(cfg);
     let latent = cfg.moe.latent.map_or(0, |l| 2 * l.dim);
     let per_token = 8 * cfg.hidden
@@ -262,12 +257,7 @@ impl MemoryPlan {
         let row_buf = (rows as u64) * (layout.embed_spec.cols as u64 * 4 + 8192);
         // Attention tiles' scores (see `attention::tile_rows`), enough for a decode step at the
         // full context; a prefill span that gets room for more takes it with its activations.
-        let tiled_heads = cfg
-            .layer_plan
-            .iter()
-            .map(|p| p.attention.tiled_heads())
-            .max()
-            .unwrap_or(0);
+        let tiled_heads = widest(cfg, |p| p.attention.tiled_heads());
         let step_score_floats =
             crate::attention::step_score_floats(tiled_heads, opts.threads, context);
         let tiles = (step_score_floats * 4) as u64;

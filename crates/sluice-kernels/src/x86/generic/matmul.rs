@@ -405,15 +405,19 @@ impl Job<'_, '_> {
         (tails, scales)
     }
 
-    /// Rows `r0 .. r0 + R` against the one activation row, decoding as they stream in.
+    /// Rows `r0 .. r0 + R` of the matrix as a tile's weights, the next `R` rows (when the
+    /// matrix has them) prefetched while it computes.
     #[inline(always)]
-    unsafe fn rows_one<V: Vector, C: Codec<V>, const R: usize>(&mut self, r0: usize) {
-        // SAFETY: the caller guarantees the ISA.
-        let (tails, scales) = unsafe { self.prepare::<V, C, R>(r0, 0) };
+    fn rows_at<'t, const R: usize>(
+        &self,
+        r0: usize,
+        tails: &'t [[u8; 64]; R],
+        scales: [*const f32; R],
+    ) -> Rows<'t, R> {
         let m = self.m;
-        let t = Rows {
+        Rows {
             w: std::array::from_fn(|i| m.row(r0 + i).as_ptr()),
-            tails: &tails,
+            tails,
             scales,
             next: if r0 + 2 * R <= m.rows() {
                 m.row(r0 + R).as_ptr()
@@ -421,7 +425,15 @@ impl Job<'_, '_> {
                 std::ptr::null()
             },
             streams: false,
-        };
+        }
+    }
+
+    /// Rows `r0 .. r0 + R` against the one activation row, decoding as they stream in.
+    #[inline(always)]
+    unsafe fn rows_one<V: Vector, C: Codec<V>, const R: usize>(&mut self, r0: usize) {
+        // SAFETY: the caller guarantees the ISA.
+        let (tails, scales) = unsafe { self.prepare::<V, C, R>(r0, 0) };
+        let t = self.rows_at(r0, &tails, scales);
         // One activation row: its blocks are 16 apart (a constant the loop can use).
         let g = Geom {
             xstride: LANES,
@@ -442,18 +454,7 @@ impl Job<'_, '_> {
     unsafe fn rows_few<V: Vector, C: Codec<V>, const R: usize>(&mut self, r0: usize) {
         // SAFETY: the caller guarantees the ISA.
         let (tails, scales) = unsafe { self.prepare::<V, C, R>(r0, 0) };
-        let m = self.m;
-        let t = Rows {
-            w: std::array::from_fn(|i| m.row(r0 + i).as_ptr()),
-            tails: &tails,
-            scales,
-            next: if r0 + 2 * R <= m.rows() {
-                m.row(r0 + R).as_ptr()
-            } else {
-                std::ptr::null()
-            },
-            streams: false,
-        };
+        let t = self.rows_at(r0, &tails, scales);
         let g = self.geom;
         let x0 = self.xp.as_ptr();
         let x = |b: usize| x0.wrapping_add(b * LANES);

@@ -48,7 +48,8 @@ fn main() {
             "expert_stream: the kernel refused the page-size advice; figures are for its default"
         );
     }
-    // Normal BF16 values of magnitude 2^-7 .. 2^-4 (no subnormals, whose products are slow).
+    // Normal BF16 values, either sign, of magnitude 2^-7 to just under 2 (no subnormals: an FMA
+    // on one takes a microcode assist, which would make the products look compute-bound).
     for (i, b) in map.iter_mut().enumerate() {
         let r = (i.wrapping_mul(2_654_435_761) >> 13) as u8;
         *b = if i % 2 == 1 { 0x3c | (r & 0x83) } else { r };

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use sluice_kernels::{Codes, Isa, Kernels, Matrix, probe};
+use sluice_kernels::{Codes, Kernels, Matrix, probe};
 
 const POOL: usize = 1 << 30;
 const HIDDEN: usize = 1024;
@@ -58,6 +58,15 @@ fn main() {
     let (gate, down) = (INTER * HIDDEN * 2, HIDDEN * INTER * 2);
     let per = 2 * gate + down;
     let n = POOL / per;
+    // A stride prime to `n` visits every expert once per round in a scattered order, as routed
+    // experts come.
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    let stride = (37..).find(|&s| gcd(s, n) == 1).unwrap_or(1);
     let x: Vec<f32> = (0..HIDDEN).map(|i| (i as f32 * 1e-3).sin()).collect();
     let h: Vec<f32> = (0..INTER).map(|i| (i as f32 * 2e-3).cos()).collect();
     let words: &[u64] = bytemuck::cast_slice(pool);
@@ -74,7 +83,7 @@ fn main() {
             let part = words.len() / threads;
             for t in 0..threads {
                 let w = &words[t * part..(t + 1) * part];
-                s.spawn(move || std::hint::black_box(probe::read_sum(Isa::best(), w)));
+                s.spawn(move || std::hint::black_box(probe::read_sum(k.isa(), w)));
             }
         });
         let read = POOL as f64 / t0.elapsed().as_secs_f64() / 1e9;
@@ -87,8 +96,7 @@ fn main() {
                     let mut y = vec![0f32; gr.len()];
                     let mut z = vec![0f32; dr.len()];
                     for i in 0..n {
-                        // A scattered order (37 is prime to n), as routed experts are.
-                        let base = (i * 37 % n) * per;
+                        let base = (i * stride % n) * per;
                         let m = |o: usize, len: usize, rows: usize, cols: usize| {
                             Matrix::dense(Codes::BF16, &pool[base + o..base + o + len], rows, cols)
                                 .expect("a valid matrix")

@@ -359,11 +359,11 @@ impl Codec<V512> for I8 {
 /// Output rows per tile for one activation row.
 const R1: usize = 4;
 /// Rows per strided tile (dense codes, one activation row): `RS` sequential streams. Four, as
-/// on AVX2: with eight, a thread streaming weights that sit on 2 MiB pages (the store asks for
-/// them) read 11% slower than with four (14.7 against 16.7 GB/s, BF16 expert matrices, one
-/// thread), as eight evenly spaced streams in physically contiguous memory crowd the same DRAM
-/// banks (presumably: on 4 KiB pages, placed apart physically, and on two threads, where the
-/// bus is the limit, the two are level).
+/// on AVX2: on the 2 MiB pages the store asks for, one thread streamed BF16 expert matrices at
+/// 14.1–14.3 GB/s with eight and 15.1–15.7 with four (six: 13.4–13.6); on 4 KiB pages, and on
+/// two threads, where the bus is the limit, they are level (`examples/expert_stream.rs`;
+/// docs/PERFORMANCE.md). Presumably the streams of a tile, in physically contiguous memory,
+/// fall on DRAM banks that conflict.
 const RS: usize = 4;
 /// Output rows (dense, quantized) × activation rows per tile for several activation rows.
 const RQ: usize = 4;

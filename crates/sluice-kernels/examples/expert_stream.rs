@@ -66,7 +66,9 @@ fn main() {
         }
         a
     };
-    let stride = (37..).find(|&s| gcd(s, n) == 1).unwrap_or(1);
+    let stride = (37..)
+        .find(|&s| gcd(s, n) == 1)
+        .expect("some stride is prime to the expert count");
     let x: Vec<f32> = (0..HIDDEN).map(|i| (i as f32 * 1e-3).sin()).collect();
     let h: Vec<f32> = (0..INTER).map(|i| (i as f32 * 2e-3).cos()).collect();
     let words: &[u64] = bytemuck::cast_slice(pool);

@@ -82,8 +82,10 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// (each kept one counts 1, the first rejected one 0), so a draft of `k` tokens is expected to
 /// give `E(k) = 1 + p + … + p^k` tokens per pass. A pass over `1 + k` rows costs `t₁ + c(k)`
 /// seconds (plus `k` steps of the MTP layer, when it drafts), with `t₁` (one row) learnt from
-/// passes of one row and `c` from the drafted passes, per number of further rows: between the
-/// lengths timed `c` is interpolated, past the longest it grows as that length's cost per row.
+/// passes of one row and `c` from the drafted passes, per number of further rows: each is the
+/// least of its latest [`PLAIN_KEPT`] timings (a pass is slowed by what else runs on the host,
+/// never sped up, and single timings spread 2–3× on a busy one); between the lengths timed `c`
+/// is interpolated, past the longest it grows as that length's cost per row.
 /// The draft length is the `k` that makes the most tokens per second, `E(k) / (1 + c(k)/t₁)` —
 /// none when no draft beats a pass of one row by 5% (a model whose rows cost the same each,
 /// say, or text too unpredictable), and then a probe is drafted every [`PROBE_EVERY`] steps to
@@ -101,7 +103,9 @@ pub(crate) fn lookup(seq: &[u32], k: usize) -> Vec<u32> {
 /// best length if even free further rows would let it beat the best; while drafting pauses, its
 /// probes (while `p` ≥ [`WIDE_PROBE_P`]) time lengths doubling for as long as doubling makes
 /// rows cheaper each and the next could pay (a quarter of the usual wait apart while a longer
-/// length waits to be timed), and each probe kept whole halves the wait for the next. A length judged hopeless needs every such length timed. The MTP layer's drafts, whose
+/// length waits to be timed), and each probe kept whole halves the wait for the next. A length
+/// stops the doubling, or is held not worth trying, only once timed [`JUDGED_AFTER`] times. A
+/// length judged hopeless needs every such length timed. The MTP layer's drafts, whose
 /// steps cost alike each and grow less sure with each, do not explore.
 /// Timing steers only which drafts are made, never which tokens come out.
 #[derive(Clone, Debug)]
@@ -113,8 +117,9 @@ pub(crate) struct Drafter {
     /// cost of one row, as a pass is slowed by what else runs, never sped up).
     plain: Vec<f64>,
     /// Per number of further rows `r` (up to [`MAX_DRAFT`]), the seconds they added to a pass
-    /// of one row (moving average), once timed.
-    row_cost: Vec<Option<f64>>,
+    /// of one row in the latest passes that had them ([`PLAIN_KEPT`] of them; their least is
+    /// what they cost, see [`Drafter::row_cost`]).
+    row_times: Vec<Vec<f64>>,
     /// Drafted passes since the drafter last tried a longer draft ([`EXPLORE_EVERY`]).
     since_explore: usize,
     /// Whether the latest draft was a probe, and the probes kept whole in a row: each halves
@@ -138,7 +143,7 @@ pub(crate) struct Drafter {
 }
 
 /// While drafts are mostly kept ([`EXPLORE_P`]), every this many drafted passes try twice the
-/// best length while its cost is untimed (twice this many once timed).
+/// best length until its cost is judged ([`JUDGED_AFTER`]; twice this many after).
 pub const EXPLORE_EVERY: usize = 2;
 
 /// The kept-token chance from which drafted passes try longer drafts.
@@ -155,7 +160,7 @@ const WIDE_PROBE_P: f64 = 0.5;
 /// Drafted passes timed before the costs may rule drafting out for long ([`RARE_PROBE_EVERY`]).
 const SURE_AFTER: usize = 4;
 
-/// Passes of one row whose time is kept.
+/// Passes of one row, and of each number of further rows, whose times are kept.
 const PLAIN_KEPT: usize = 3;
 
 /// Steps without a draft a generation starts with: the first pass after the prompt's is often
@@ -164,6 +169,11 @@ const PLAIN_FIRST: usize = 2;
 
 /// How fast the moving averages follow what happens (the weight of each new observation).
 const RATE: f64 = 0.15;
+
+/// Passes of a draft length timed before its cost may stop the drafter trying it or longer
+/// ones: a single pass's time spreads 2–3× on a busy host (docs/PERFORMANCE.md, a trace of the
+/// drafts).
+const JUDGED_AFTER: usize = 2;
 
 /// The kept-token chance a drafter starts with.
 const START_P: f64 = 0.6;
@@ -213,7 +223,7 @@ impl Drafter {
                 fixed: tokens.map(|t| t.min(MAX_DRAFT)),
                 p: START_P,
                 plain: Vec::with_capacity(PLAIN_KEPT),
-                row_cost: vec![None; MAX_DRAFT + 1],
+                row_times: vec![Vec::new(); MAX_DRAFT + 1],
                 since_explore: 0,
                 probing: false,
                 probes_kept: 0,
@@ -243,7 +253,7 @@ impl Drafter {
     /// interpolated between the lengths timed around it, or past the longest timed at its cost
     /// per row (before any: [`START_COST`] of a pass each); never under [`MIN_COST`] each.
     fn extra_cost(&self, r: usize, t: f64) -> f64 {
-        let timed = |i: usize| self.row_cost[i].map(|c| (i, c));
+        let timed = |i: usize| self.row_cost(i).map(|c| (i, c));
         let below = (1..=r.min(MAX_DRAFT)).rev().find_map(timed);
         let above = (r + 1..=MAX_DRAFT).find_map(timed);
         let rf = r as f64;
@@ -302,7 +312,7 @@ impl Drafter {
         let unit = self.unit();
         let floor = (1..=w)
             .rev()
-            .find_map(|i| self.row_cost[i])
+            .find_map(|i| self.row_cost(i).filter(|_| i < w || self.judged(i)))
             .unwrap_or(0.0)
             .max(MIN_COST * unit * w as f64);
         self.rate(w, p, floor) > than
@@ -331,10 +341,10 @@ impl Drafter {
             self.since_plain += 1;
             self.since_explore += 1;
             // While drafts are mostly kept, twice the length now and then, if it could pay:
-            // often while its cost is untimed, less often after (it may have been timed when
-            // all ran slow).
+            // often until its cost is judged, less often after (it may have been timed when all
+            // ran slow).
             let w = (2 * k).min(MAX_DRAFT);
-            let every = if self.row_cost[w].is_none() {
+            let every = if !self.judged(w) {
                 EXPLORE_EVERY
             } else {
                 2 * EXPLORE_EVERY
@@ -393,7 +403,7 @@ impl Drafter {
     fn wider(&self) -> Option<usize> {
         let mut timed = (1..=MAX_DRAFT)
             .rev()
-            .filter_map(|i| self.row_cost[i].map(|c| (i, c)));
+            .filter_map(|i| self.row_cost(i).map(|c| (i, c)));
         let Some((longest, c)) = timed.next() else {
             return Some(1);
         };
@@ -403,9 +413,22 @@ impl Drafter {
         if let Some((shorter, cs)) = timed.next()
             && c / longest as f64 >= CHEAPER * cs / shorter as f64
         {
-            return None;
+            // Not cheaper per row: once sure of it (else time that length again).
+            return (!self.judged(longest)).then_some(longest);
         }
         Some((2 * longest).min(MAX_DRAFT))
+    }
+
+    /// Whether `r` further rows have been timed often enough to be judged ([`JUDGED_AFTER`]).
+    fn judged(&self, r: usize) -> bool {
+        self.row_times[r].len() >= JUDGED_AFTER
+    }
+
+    /// The seconds `r` further rows add to a pass of one row, once timed: the least of their
+    /// latest timings, as with a pass of one row (a pass is slowed by what else runs, never
+    /// sped up).
+    fn row_cost(&self, r: usize) -> Option<f64> {
+        self.row_times[r].iter().copied().reduce(f64::min)
     }
 
     /// A draft of at most `limit` tokens to follow `seq` (prompt lookup).
@@ -474,8 +497,11 @@ impl Drafter {
             }
             (r, Some(t)) => {
                 // (More further rows than a draft has, chosen tokens run again, are not kept.)
-                if let Some(c) = self.row_cost.get_mut(r) {
-                    *c = Some(average(*c, (seconds - t).max(0.0)));
+                if let Some(times) = self.row_times.get_mut(r) {
+                    if times.len() == PLAIN_KEPT {
+                        times.remove(0);
+                    }
+                    times.push((seconds - t).max(0.0));
                 }
                 self.row_samples += 1;
             }
@@ -953,6 +979,38 @@ mod tests {
         // Rows at 0.95 of a pass each, kept or not: nothing longer than a probe.
         let lens = run(&|r| 0.095 * r as f64);
         assert!(lens[20..].iter().all(|&n| n <= 2), "{lens:?}");
+    }
+
+    /// A single slow pass (the host busy for a moment) does not stop the doubling: a length is
+    /// judged on two timings at least, and costs the least of its latest, so a four-row pass
+    /// timed once at three times its cost is tried again, and drafts still grow long.
+    #[test]
+    fn one_slow_pass_does_not_hold_drafts_short() {
+        let s: Vec<u32> = (0..40).chain(0..40).collect();
+        let cost = |r: usize| 0.3 * (1.0 - 0.7f64.powi(r as i32));
+        let mut d = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
+        let (mut lens, mut slow) = (Vec::new(), true);
+        for _ in 0..40 {
+            let n = d.propose(&s[..41], 99).len();
+            let t = if n == 4 && std::mem::take(&mut slow) {
+                0.1 + 3.0 * cost(n)
+            } else {
+                0.1 + cost(n)
+            };
+            d.timed(n, t);
+            d.outcome(n, n);
+            lens.push(n);
+        }
+        assert!(!slow, "a four-row draft was timed: {lens:?}");
+        assert!(lens[20..].iter().any(|&n| n >= 16), "{lens:?}");
+        // Judged once, that length would have been held not cheaper per row than two.
+        let mut e = Drafter::new(Draft::Ngram { tokens: None }).unwrap();
+        e.timed(0, 0.1);
+        e.timed(2, 0.1 + cost(2));
+        e.timed(4, 0.1 + 3.0 * cost(4));
+        assert_eq!(e.wider(), Some(4), "timed again");
+        e.timed(4, 0.1 + 3.0 * cost(4));
+        assert_eq!(e.wider(), None, "judged");
     }
 
     /// The MTP drafter's bookkeeping: what it proposes, catching up over the rows passes left

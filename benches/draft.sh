@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Speculative decoding against plain decoding: `sluice run --json` with `--draft off` and
-# `--draft ngram` (or `--draft mtp`: DRAFT=mtp), in alternating pairs (REPS per setting),
+# `--draft ngram` (or `--draft mtp`: DRAFT=mtp), in alternating pairs (REPS per setting, which
+# of the two runs first alternating from pair to pair),
 # medians of the decode rate, the drafts kept, and the bytes read from disk per generated token
 # (experts and trunk, prefill excluded). The two runs must give the same ids; the script stops if they do not.
 #
@@ -37,8 +38,12 @@ one() {
 
 summary=$(mktemp)
 trap 'rm -f "$summary"' EXIT
-for _ in $(seq "$REPS"); do
-    for d in off "$DRAFT"; do
+for i in $(seq "$REPS"); do
+    # Which runs first alternates: a pair's second run tends to be the faster on a busy host
+    # (the same flags twice gave a median second ÷ first of 1.05–1.09).
+    order=(off "$DRAFT")
+    [ $((i % 2)) = 1 ] || order=("$DRAFT" off)
+    for d in "${order[@]}"; do
         flags=() mem=$memory
         [ "$d" = off ] || { flags=("${draft_flags[@]}"); mem=$draft_memory; }
         one "$mem" --draft "$d" "${flags[@]}" "$@" | python3 -c '

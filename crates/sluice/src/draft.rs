@@ -115,11 +115,11 @@ pub(crate) struct Drafter {
     p: f64,
     /// Seconds of the latest passes of one row ([`PLAIN_KEPT`] of them; their least is the
     /// cost of one row, as a pass is slowed by what else runs, never sped up).
-    plain: Vec<f64>,
+    plain: Latest,
     /// Per number of further rows `r` (up to [`MAX_DRAFT`]), the seconds they added to a pass
     /// of one row in the latest passes that had them ([`PLAIN_KEPT`] of them; their least is
     /// what they cost, see [`Drafter::row_cost`]).
-    row_times: Vec<Vec<f64>>,
+    row_times: Vec<Latest>,
     /// Drafted passes since the drafter last tried a longer draft ([`EXPLORE_EVERY`]).
     since_explore: usize,
     /// Whether the latest draft was a probe, and the probes kept whole in a row: each halves
@@ -207,6 +207,24 @@ pub const RETIME_EVERY: usize = 16;
 /// The kept-token chance against which the costs are judged hopeless.
 pub const HOPEFUL_P: f64 = 0.9;
 
+/// The latest [`PLAIN_KEPT`] timings of one kind of pass; their least is its cost, as a pass is
+/// slowed by what else runs on the host, never sped up.
+#[derive(Clone, Debug, Default)]
+struct Latest(Vec<f64>);
+
+impl Latest {
+    fn push(&mut self, seconds: f64) {
+        if self.0.len() == PLAIN_KEPT {
+            self.0.remove(0);
+        }
+        self.0.push(seconds);
+    }
+
+    fn least(&self) -> Option<f64> {
+        self.0.iter().copied().reduce(f64::min)
+    }
+}
+
 fn average(old: Option<f64>, x: f64) -> f64 {
     match old {
         Some(a) => a + RATE * (x - a),
@@ -222,8 +240,8 @@ impl Drafter {
             Draft::Ngram { tokens } | Draft::Mtp { tokens } => Some(Drafter {
                 fixed: tokens.map(|t| t.min(MAX_DRAFT)),
                 p: START_P,
-                plain: Vec::with_capacity(PLAIN_KEPT),
-                row_times: vec![Vec::new(); MAX_DRAFT + 1],
+                plain: Latest::default(),
+                row_times: vec![Latest::default(); MAX_DRAFT + 1],
                 since_explore: 0,
                 probing: false,
                 probes_kept: 0,
@@ -246,7 +264,7 @@ impl Drafter {
 
     /// Seconds of a pass of one row, once one has been timed.
     fn one_row(&self) -> Option<f64> {
-        self.plain.iter().copied().reduce(f64::min)
+        self.plain.least()
     }
 
     /// The seconds `r` further rows add to a pass of one row taking `t`: as timed at `r`,
@@ -421,14 +439,14 @@ impl Drafter {
 
     /// Whether `r` further rows have been timed often enough to be judged ([`JUDGED_AFTER`]).
     fn judged(&self, r: usize) -> bool {
-        self.row_times[r].len() >= JUDGED_AFTER
+        self.row_times[r].0.len() >= JUDGED_AFTER
     }
 
     /// The seconds `r` further rows add to a pass of one row, once timed: the least of their
     /// latest timings, as with a pass of one row (a pass is slowed by what else runs, never
     /// sped up).
     fn row_cost(&self, r: usize) -> Option<f64> {
-        self.row_times[r].iter().copied().reduce(f64::min)
+        self.row_times[r].least()
     }
 
     /// A draft of at most `limit` tokens to follow `seq` (prompt lookup).
@@ -489,18 +507,10 @@ impl Drafter {
     /// (its draft, and chosen tokens run again).
     pub(crate) fn timed(&mut self, extra: usize, seconds: f64) {
         match (extra, self.one_row()) {
-            (0, _) => {
-                if self.plain.len() == PLAIN_KEPT {
-                    self.plain.remove(0);
-                }
-                self.plain.push(seconds);
-            }
+            (0, _) => self.plain.push(seconds),
             (r, Some(t)) => {
                 // (More further rows than a draft has, chosen tokens run again, are not kept.)
                 if let Some(times) = self.row_times.get_mut(r) {
-                    if times.len() == PLAIN_KEPT {
-                        times.remove(0);
-                    }
                     times.push((seconds - t).max(0.0));
                 }
                 self.row_samples += 1;

@@ -10,7 +10,12 @@ use sluice::PolicyChoice;
 
 /// Run mixture-of-experts language models far larger than RAM on one CPU.
 #[derive(Parser, Debug)]
-#[command(name = "sluice", version, about, long_about = None)]
+#[command(
+    name = "sluice",
+    version,
+    about = "Run mixture-of-experts language models far larger than RAM on one CPU: run, chat, batch, serve, inspect, pack, synth, doctor, bench.",
+    long_about = None
+)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]

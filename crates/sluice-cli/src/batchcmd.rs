@@ -14,6 +14,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use sluice::batch::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, GenerateOptions, Message};
@@ -27,7 +28,9 @@ pub const MAX_LINE: usize = 16 << 20;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Line {
-    id: Value,
+    /// Kept as written: a number past what a float holds exactly (`1180591620717411303424`)
+    /// comes back unchanged.
+    id: Box<RawValue>,
     prompt: Option<String>,
     messages: Option<Vec<Message>>,
     max_tokens: Option<usize>,
@@ -45,19 +48,24 @@ struct Line {
     response_format: Option<Value>,
 }
 
-fn id_key(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Number(n) => Some(n.to_string()),
+/// What identifies a job: a string id's text, a number id's JSON text as written.
+fn id_key(raw: &RawValue) -> Option<String> {
+    match serde_json::from_str::<Value>(raw.get()) {
+        Ok(Value::String(s)) => Some(s),
+        Ok(Value::Number(_)) => Some(raw.get().trim().to_owned()),
         _ => None,
     }
 }
 
 /// The id of a finished result line, if it is one.
 fn result_id(line: &[u8]) -> Option<String> {
-    serde_json::from_slice::<Value>(line)
+    #[derive(Deserialize)]
+    struct Result {
+        id: Box<RawValue>,
+    }
+    serde_json::from_slice::<Result>(line)
         .ok()
-        .and_then(|v| v.get("id").and_then(id_key))
+        .and_then(|r| id_key(&r.id))
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> Failure + '_ {
@@ -212,7 +220,7 @@ fn next_line(
 pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<(), Failure> {
     let Files { mut input, done } = files;
     // Parse every line first: bad lines are reported and skipped.
-    let mut jobs: Vec<(usize, String, Value, OwnedPrompt, GenerateOptions)> = Vec::new();
+    let mut jobs: Vec<(usize, String, Box<RawValue>, OwnedPrompt, GenerateOptions)> = Vec::new();
     let mut seen: HashSet<String> = HashSet::new();
     let mut order: Vec<String> = Vec::new();
     let defaults = engine.default_sampling().clone();
@@ -330,7 +338,12 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
     }
 
     let batcher = Batcher::new(engine, a.batch_size)?;
-    let (tx, rx) = mpsc::channel::<(String, Value, Result<sluice::batch::Finished, String>)>();
+    type Outcome = (
+        String,
+        Box<RawValue>,
+        Result<sluice::batch::Finished, String>,
+    );
+    let (tx, rx) = mpsc::channel::<Outcome>();
     let mut submitted = 0;
     let mut rejected = HashSet::new();
     for (n, key, id, prompt, opts) in jobs {
@@ -385,7 +398,6 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
             Ok(f) => {
                 tokens += f.ids.len() as u64;
                 let line = json!({
-                    "id": id,
                     "text": f.text,
                     "finish_reason": f.finish,
                     "prompt_tokens": f.prompt_ids.len(),
@@ -403,7 +415,9 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                 }
                 // Written as soon as it finishes, the whole line in one write: an interruption
                 // leaves at most a torn last line, which the next run drops and redoes.
-                let mut text = line.to_string();
+                // The id first, as it was written in the input.
+                let rest = line.to_string();
+                let mut text = format!("{{\"id\":{},{}", id.get().trim(), &rest[1..]);
                 text.push('\n');
                 out.write_all(text.as_bytes()).map_err(io(&a.output))?;
             }

@@ -148,10 +148,36 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
             model.display()
         )));
     }
-    if a.prompt_tokens == 0 || a.max_tokens < 2 || a.prefill_chunk == 0 {
-        return Err(usage(
-            "bench: need --prompt-tokens ≥ 1, --max-tokens ≥ 2, --prefill-chunk ≥ 1",
-        ));
+    const MAX_TOKENS: usize = 1 << 20;
+    if !(1..=MAX_TOKENS).contains(&a.prompt_tokens)
+        || !(2..=MAX_TOKENS).contains(&a.max_tokens)
+        || !(1..=MAX_TOKENS).contains(&a.prefill_chunk)
+    {
+        return Err(usage(format!(
+            "bench: need --prompt-tokens 1 to {MAX_TOKENS}, --max-tokens 2 to {MAX_TOKENS}, --prefill-chunk 1 to {MAX_TOKENS}"
+        )));
+    }
+    // Every flag is checked here, before minutes of measuring, not by the first child run.
+    if let Some(t) = a.threads {
+        let (max, cores) = sluice::max_threads();
+        if t == 0 || t > max {
+            return Err(usage(format!(
+                "--threads {t}: give 1 to {max} (8 × the {cores} available cores)"
+            )));
+        }
+    }
+    let sampling = sluice::SamplingOptions {
+        temperature: a.temperature,
+        ..Default::default()
+    };
+    sampling
+        .validate()
+        .map_err(|e| usage(format!("--temperature: {e}")))?;
+    if !(a.disk_seconds.is_finite() && a.disk_seconds > 0.0 && a.disk_seconds <= 600.0) {
+        return Err(usage(format!(
+            "--disk-seconds {}: give a number of seconds in (0, 600]",
+            a.disk_seconds
+        )));
     }
     let policies = &a.policies;
     let prefetch = list("--prefetch", &a.prefetch, |x| {
@@ -176,7 +202,11 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
             x if x.ends_with('%') => {
                 let pct: f64 = x[..x.len() - 1]
                     .parse()
-                    .map_err(|_| usage(format!("--ladder: `{x}` is not a percentage")))?;
+                    .ok()
+                    .filter(|p: &f64| p.is_finite() && *p > 0.0)
+                    .ok_or_else(|| {
+                        usage(format!("--ladder: `{x}` is not a positive percentage"))
+                    })?;
                 Some((info.checkpoint_bytes as f64 * pct / 100.0) as u64)
             }
             x => Some(
@@ -244,8 +274,18 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
     let ids = prompt_ids(a.prompt_tokens, info.vocab);
     let ids_arg = ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
     let exe = std::env::current_exe().map_err(|e| fail(format!("cannot find myself: {e}")))?;
-    let tmp = std::env::temp_dir().join(format!("sluice-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&tmp).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    // A fresh private directory (mode 0700, a name no other process holds), removed with what
+    // is in it when done: never a directory of the user's, nor one a symlink points elsewhere.
+    let tmp_dir = tempfile::Builder::new()
+        .prefix("sluice-bench-")
+        .tempdir()
+        .map_err(|e| {
+            fail(format!(
+                "cannot make a temporary directory in {}: {e}",
+                std::env::temp_dir().display()
+            ))
+        })?;
+    let tmp = tmp_dir.path().to_path_buf();
     let mut rows = Vec::new();
     let result = (|| -> Result<(), Failure> {
         for (io, gbps) in &disk {
@@ -301,7 +341,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         }
         Ok(())
     })();
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(tmp_dir);
     result?;
     let identical_output = rows.windows(2).all(|w| w[0].ids == w[1].ids);
     let report = Report {
@@ -324,7 +364,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<(), Failure> {
         identical_output,
     };
     if a.json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&report).unwrap_or_default());
     } else {
         print_tables(&report);
     }
@@ -474,7 +514,7 @@ fn opt(x: Option<f64>, prec: usize) -> String {
 }
 
 fn print_tables(r: &Report) {
-    println!(
+    outln!(
         "model {}: {} ({} trunk, {} experts of {}); {} threads, {}",
         r.model,
         fmt_bytes(r.checkpoint_bytes),
@@ -485,31 +525,31 @@ fn print_tables(r: &Report) {
         r.cpu
     );
     for (io, g) in &r.disk_gbps {
-        println!("disk ({io}): {g:.2} GB/s, random expert-sized reads, 4 in flight");
+        outln!("disk ({io}): {g:.2} GB/s, random expert-sized reads, 4 in flight");
     }
-    println!(
+    outln!(
         "memory: {:.1} GB/s ({} threads); a decode step in RAM reads {} of weights: ceiling {:.4} s/token",
         r.memory_gbps,
         r.threads,
         fmt_bytes(r.decode_touched_bytes_per_token),
         r.ram_ceiling_s_per_token
     );
-    println!(
+    outln!(
         "prompt {} tokens, {} generated; output identical across all {} runs: {}",
         r.prompt_tokens,
         r.max_tokens,
         r.runs.len(),
         if r.identical_output { "yes" } else { "NO" }
     );
-    println!();
-    println!(
+    outln!();
+    outln!(
         "| io | rung | budget | trunk | cache | policy | prefetch | prefill tok/s | decode s/tok | tok/s | hits | resident hits | Belady | MB/token | GB/s | ÷ floor | of RAM ceiling | prefill read ÷ touched | peak RSS |"
     );
-    println!(
+    outln!(
         "|---|---|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for x in &r.runs {
-        println!(
+        outln!(
             "| {} | {} | {} | {} | {} | {} | {} | {:.1} | {:.3} | {:.2} | {:.1}% | {:.1}% | {:.1}% | {:.1} | {:.2} | {} | {} | {} | {} |",
             x.io,
             x.rung,

@@ -32,7 +32,14 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         })?,
         buffered: !a.no_buffered,
         uring: !a.no_uring,
-        seconds: a.seconds.clamp(0.05, 60.0),
+        seconds: if a.seconds.is_finite() && (0.05..=60.0).contains(&a.seconds) {
+            a.seconds
+        } else {
+            return Err(usage(format!(
+                "--seconds {}: give a number of seconds from 0.05 to 60",
+                a.seconds
+            )));
+        },
         ..Default::default()
     };
     let quiet = a.json;
@@ -42,18 +49,18 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         }
     })?;
     if a.json {
-        println!("{}", serde_json::to_string(&r).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&r).unwrap_or_default());
         return Ok(());
     }
     let c = &r.cpu;
-    println!("CPU      {} ({} threads)", c.model, c.threads);
-    println!("         flags: {}", c.flags.join(" "));
-    println!(
+    outln!("CPU      {} ({} threads)", c.model, c.threads);
+    outln!("         flags: {}", c.flags.join(" "));
+    outln!(
         "         sluice kernels: {} (auto picks {})",
         c.isas.join(", "),
         c.best_isa
     );
-    println!(
+    outln!(
         "         FMA ceiling {:.1} G multiply-adds/s per thread ({}), {:.1} G on {} threads",
         c.fma_gmacs_per_thread,
         c.best_isa,
@@ -61,7 +68,7 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         c.threads
     );
     let m = &r.memory;
-    println!(
+    outln!(
         "memory   {} total, {} available; read bandwidth {:.1} GB/s (1 thread), {:.1} GB/s ({} threads)",
         fmt_bytes(m.total_bytes),
         fmt_bytes(m.available_bytes),
@@ -69,17 +76,23 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         m.read_gbps_all_threads,
         c.threads
     );
-    println!(
+    outln!(
         "reads    random, {} ({}), pages dropped after each buffered read:",
         r.read_target,
         fmt_bytes(r.read_target_bytes)
     );
-    println!(
+    outln!(
         "         {:>9} {:>9} {:>6} {:>6} {:>7} {:>11} {:>10}",
-        "mode", "engine", "block", "depth", "GB/s", "latency ms", "CPU s/GB"
+        "mode",
+        "engine",
+        "block",
+        "depth",
+        "GB/s",
+        "latency ms",
+        "CPU s/GB"
     );
     for row in &r.reads {
-        println!(
+        outln!(
             "         {:>9} {:>9} {:>6} {:>6} {:>7.2} {:>11.2} {:>10.3}",
             row.mode,
             row.engine,
@@ -91,19 +104,27 @@ pub(crate) fn doctor(a: DoctorArgs) -> Result<(), Failure> {
         );
     }
     if let Some(e) = &r.uring_error {
-        println!("         io_uring not measured: {e}");
+        outln!("         io_uring not measured: {e}");
     }
-    println!(
+    outln!(
         "disk     best random-read bandwidth {:.2} GB/s (reader threads, as the store reads)",
         r.disk_gbps
     );
-    println!(
-        "budget   --memory auto = {} (MemAvailable minus 10%, at least 512 MiB of headroom)",
-        fmt_bytes(m.auto_budget_bytes)
-    );
+    match (m.cgroup_limit_bytes, m.cgroup_used_bytes) {
+        (Some(limit), Some(used)) if limit.saturating_sub(used) < m.available_bytes => outln!(
+            "budget   --memory auto = {} (the memory cgroup's limit {} less the {} it holds, minus 10%, at least 64 MiB of headroom)",
+            fmt_bytes(m.auto_budget_bytes),
+            fmt_bytes(limit),
+            fmt_bytes(used)
+        ),
+        _ => outln!(
+            "budget   --memory auto = {} (MemAvailable minus 10%, at least 512 MiB of headroom)",
+            fmt_bytes(m.auto_budget_bytes)
+        ),
+    }
     if let Some(i) = &r.model_plan {
         let p = &i.plan;
-        println!(
+        outln!(
             "         for {}: trunk {} of {} pinned, expert cache {} ({} experts, {:.0}% of all)",
             i.dir,
             fmt_bytes(p.trunk_pinned),

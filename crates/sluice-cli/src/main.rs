@@ -2,6 +2,18 @@
 
 #![forbid(unsafe_code)]
 
+/// `println!` for a command's output on stdout: a reader that has gone away (`sluice inspect |
+/// head -1`) ends the process quietly with exit 0, as a closed pipe ends `cat` or `rg`, instead of
+/// a panic; any other write error is one line and exit 1.
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!(""))
+    };
+    ($($t:tt)*) => {
+        $crate::write_stdout(format_args!($($t)*))
+    };
+}
+
 mod args;
 mod batchcmd;
 mod bench;
@@ -30,6 +42,18 @@ impl From<Error> for Failure {
             code: if e.is_input_error() { 2 } else { 1 },
             msg: e.to_string(),
         }
+    }
+}
+
+/// Writes one line to stdout (see [`outln!`]).
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: stdout: {e}");
+        std::process::exit(1);
     }
 }
 
@@ -120,33 +144,45 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         a.prefix_cache.as_deref().map(prefix_cache).transpose()?,
     )?;
     if a.json {
-        println!("{}", serde_json::to_string(&i).unwrap_or_default());
+        outln!("{}", serde_json::to_string(&i).unwrap_or_default());
         return Ok(());
     }
     let b = sluice::tools::fmt_bytes;
     let p = &i.plan;
-    println!(
+    outln!(
         "{} ({}, {} shards, {} I/O)",
-        i.dir, i.model_type, i.shards, i.io_mode
+        i.dir,
+        i.model_type,
+        i.shards,
+        i.io_mode
     );
     if i.moe_layers == 0 {
-        println!(
+        outln!(
             "  {} layers, dense (no experts), hidden {}, vocab {}, {} attention",
-            i.layers, i.hidden, i.vocab, i.attention
+            i.layers,
+            i.hidden,
+            i.vocab,
+            i.attention
         );
     } else {
         let zero = match i.zero_experts {
             0 => String::new(),
             n => format!(" (+{n} zero-compute, nothing to read)"),
         };
-        println!(
+        outln!(
             "  {} layers ({} with experts), hidden {}, vocab {}, {} experts{zero} top-{}, {} attention",
-            i.layers, i.moe_layers, i.hidden, i.vocab, i.experts, i.top_k, i.attention
+            i.layers,
+            i.moe_layers,
+            i.hidden,
+            i.vocab,
+            i.experts,
+            i.top_k,
+            i.attention
         );
     }
-    println!("  checkpoint        {}", b(i.checkpoint_bytes));
+    outln!("  checkpoint        {}", b(i.checkpoint_bytes));
     if i.mtp_layers > 0 {
-        println!(
+        outln!(
             "  MTP layers        {} ({}; {})",
             i.mtp_layers,
             b(i.mtp_bytes),
@@ -157,9 +193,9 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             }
         );
     }
-    println!("  trunk             {}", b(i.trunk_bytes));
+    outln!("  trunk             {}", b(i.trunk_bytes));
     if i.moe_layers > 0 {
-        println!(
+        outln!(
             "  routed experts    {} ({} each; {} per token at top-{} when nothing is cached)",
             b(i.expert_bytes),
             b(i.bytes_per_expert),
@@ -168,7 +204,7 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     if i.recurrent_layers > 0 {
-        println!(
+        outln!(
             "  layer plan        {} softmax-attention layers (KV cache), {} {} layers (recurrent state)",
             i.full_attention_layers,
             i.recurrent_layers,
@@ -176,15 +212,15 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     if let Some(bs) = i.attn_res_block_size {
-        println!("  attention residuals over blocks of {bs} layers");
+        outln!("  attention residuals over blocks of {bs} layers");
     }
     if let Some(n) = i.hyper_streams {
-        println!(
+        outln!(
             "  hyper-connections {n} residual streams per token (in each prefill span's activations)"
         );
     }
     if let Some(c) = &i.compressed_attention {
-        println!(
+        outln!(
             "  compressed attn   a window of {} positions; {} layers window only, {} also every \
              entry of {} positions, {} an indexer's best {} entries of {} (the window's keys and \
              the open windows' projections are a fixed state; the entries grow with the context)",
@@ -198,12 +234,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     if i.hash_routed_layers > 0 {
-        println!(
+        outln!(
             "  hash routing      {} layers take their experts from the token (prefetched exactly)",
             i.hash_routed_layers
         );
     }
-    println!(
+    outln!(
         "  KV cache          {} per position{}",
         b(i.kv_bytes_per_position),
         match i.shared_kv_layers {
@@ -212,12 +248,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         }
     );
     if i.recurrent_bytes > 0 {
-        println!(
+        outln!(
             "  recurrent state   {} per sequence (fixed; with its one-step snapshot)",
             b(i.recurrent_bytes)
         );
     }
-    println!(
+    outln!(
         "plan for {}:",
         if p.budget == 0 {
             "an unlimited budget".to_owned()
@@ -226,12 +262,12 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         }
     );
     // The exact bytes too: the rounded figure can be just below what a budget must hold.
-    println!(
+    outln!(
         "  minimum budget    {} (--memory {} or more)",
         b(p.minimum),
         p.minimum
     );
-    println!(
+    outln!(
         "  trunk pinned      {} ({} of {} layers, embeddings {})",
         b(p.trunk_pinned),
         p.layers_pinned,
@@ -243,37 +279,37 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         }
     );
     if p.ring_slots > 0 {
-        println!(
+        outln!(
             "  layer ring        {} slot(s) of {}",
             p.ring_slots,
             b(p.ring_slot_bytes)
         );
     }
     if p.recurrent > 0 {
-        println!("  recurrent state   {}", b(p.recurrent));
+        outln!("  recurrent state   {}", b(p.recurrent));
     }
-    println!(
+    outln!(
         "  scratch           {} (calls of {} rows)",
         b(p.scratch),
         p.chunk
     );
-    println!(
+    outln!(
         "  prefill span      {} tokens per pass ({} per token, lent by the expert cache)",
         p.prefill_span,
         b(p.span_bytes_per_token)
     );
     if p.tokenizer > 0 {
-        println!("  tokenizer         {}", b(p.tokenizer));
+        outln!("  tokenizer         {}", b(p.tokenizer));
     }
     let share = |x: u64| 100.0 * x as f64 / i.expert_bytes.max(1) as f64;
-    println!(
+    outln!(
         "  at the start      expert cache {} ({} experts, {:.1}% of all), KV cache 0",
         b(p.expert_cache),
         p.expert_cache_experts,
         share(p.expert_cache)
     );
     if p.context_fit < p.context {
-        println!(
+        outln!(
             "  at full context   the KV cache fits {} of {} positions ({} per position) beside the expert cache's floor of {}",
             p.context_fit,
             p.context,
@@ -281,7 +317,7 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
             b(p.expert_floor)
         );
     } else {
-        println!(
+        outln!(
             "  at full context   expert cache {} ({} experts, {:.1}% of all), KV cache {} for {} positions",
             b(p.expert_cache_full_context),
             p.expert_cache_full_context_experts,
@@ -291,7 +327,7 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     if p.prefix_cache > 0 {
-        println!(
+        outln!(
             "  prefix cache      up to {} of recent prompts' state (--prefix-cache; the expert cache uses what it does not)",
             b(p.prefix_cache)
         );
@@ -513,7 +549,15 @@ fn engine(
         })?;
         b = b.isa(i);
     }
-    Ok(b.build()?)
+    let engine = b.build()?;
+    if let Some(e) = &engine.model().layout().mtp_error {
+        // Loaded only to draft with: the model runs without it.
+        eprintln!(
+            "warning: {}: the multi-token-prediction layer is damaged and not loaded ({e}); --draft mtp is unavailable",
+            engine.dir().display()
+        );
+    }
+    Ok(engine)
 }
 
 /// The model's sampling defaults with the flags given on top.

@@ -543,7 +543,7 @@ impl Checkpoint {
 /// The GGUF file to open for `path`: `path` itself when it is a `.gguf` file; in a directory
 /// without `config.json`, its one `.gguf` file or the first part of its one split set (more
 /// than one model there is refused, naming them). `None` otherwise.
-fn gguf_in(path: &Path) -> Result<Option<PathBuf>, FormatError> {
+pub fn gguf_in(path: &Path) -> Result<Option<PathBuf>, FormatError> {
     let is_gguf = |p: &Path| {
         p.extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))

@@ -33,7 +33,8 @@ pub mod packed;
 pub mod safetensors;
 
 pub use checkpoint::{
-    Checkpoint, INDEX_FILE, SINGLE_FILE, Shard, ShardIndex, TensorInfo, parse_index, read_json,
+    Checkpoint, INDEX_FILE, SINGLE_FILE, Shard, ShardIndex, TensorInfo, gguf_in, parse_index,
+    read_json,
 };
 pub use dtype::Dtype;
 pub use error::FormatError;

@@ -56,6 +56,11 @@ pub(crate) struct MtpRun {
 impl MtpRun {
     /// The run of the checkpoint's first MTP layer, or why it cannot run.
     pub(crate) fn new(cfg: &ModelConfig, layout: &WeightLayout) -> Result<MtpRun, ModelError> {
+        if let Some(e) = &layout.mtp_error {
+            return Err(ModelError::Mtp(format!(
+                "the checkpoint's multi-token-prediction layer is damaged: {e}"
+            )));
+        }
         let (Some(m), Some(ml)) = (&cfg.mtp, &layout.mtp) else {
             return Err(ModelError::Mtp(
                 "the checkpoint has no multi-token-prediction layers sluice can run".into(),

@@ -300,14 +300,21 @@ impl State {
                 return Err(format!("layer {i}: {n} buffers"));
             }
             let mut parts = Vec::with_capacity(n);
-            for _ in 0..n {
+            for b in 0..n {
                 let len = r.u64()? as usize;
                 let raw = r.take(len.checked_mul(4).ok_or("a buffer length overflows")?)?;
-                parts.push(
-                    raw.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                );
+                let part: Vec<f32> = raw
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                // A model never caches a non-finite value (a pass that makes one fails), so
+                // one here was written into the file, not computed.
+                if let Some(j) = part.iter().position(|x| !x.is_finite()) {
+                    return Err(format!(
+                        "layer {i}: element {j} of buffer {b} is NaN or infinite"
+                    ));
+                }
+                parts.push(part);
             }
             l.restore(parts, pos)
                 .map_err(|e| format!("layer {i}: {e}"))?;

@@ -399,29 +399,52 @@ fn uring_reads(
     })
 }
 
-/// A scratch file for [`measure_reads`], removed when dropped.
+/// A scratch file for [`measure_reads`]. Its name is removed as soon as the file is created,
+/// and the readers open it again through `/proc/self/fd`, so the space comes back however the
+/// process ends (SIGTERM, SIGKILL, a crash) and nothing is left behind in the directory. Where
+/// `/proc` is missing the name stays until the file is dropped.
 #[derive(Debug)]
 pub struct ProbeFile {
+    /// Kept open: the only reference to the file once its name is gone.
+    _file: std::fs::File,
+    /// The path readers open: `/proc/self/fd/N`, or the name where `/proc` is missing.
     path: PathBuf,
+    /// The name, while it still exists (removed when dropped).
+    named: Option<PathBuf>,
 }
 
 impl ProbeFile {
     /// Writes `bytes` of incompressible data to a new file in `dir`, syncs it and drops its
     /// pages from the page cache.
     pub fn create(dir: &Path, bytes: u64) -> Result<ProbeFile, StoreError> {
-        let path = dir.join(format!(".sluice-doctor-{}.tmp", std::process::id()));
+        use std::os::fd::AsRawFd;
+        let name = dir.join(format!(".sluice-doctor-{}.tmp", std::process::id()));
         let io = |e: std::io::Error| StoreError::Write {
-            path: path.clone(),
+            path: name.clone(),
             source: e,
         };
-        // A new file only (a file of the user's by that name is neither overwritten nor, by
-        // the guard below, removed).
+        // A new file only (a file of the user's by that name is neither overwritten nor
+        // removed).
         let mut f = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
-            .open(&path)
+            .open(&name)
             .map_err(io)?;
-        let file = ProbeFile { path: path.clone() };
+        let proc = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+        let file = if proc.exists() && std::fs::remove_file(&name).is_ok() {
+            ProbeFile {
+                _file: f.try_clone().map_err(io)?,
+                path: proc,
+                named: None,
+            }
+        } else {
+            ProbeFile {
+                _file: f.try_clone().map_err(io)?,
+                path: name.clone(),
+                named: Some(name.clone()),
+            }
+        };
         let mut chunk = vec![0u8; 8 << 20];
         let mut rng = 0x5eed_u64;
         let mut left = bytes;
@@ -438,15 +461,22 @@ impl ProbeFile {
         Ok(file)
     }
 
-    /// Its path.
+    /// The path to read it by.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether its name is still in the directory (only where `/proc` is missing).
+    pub fn is_named(&self) -> bool {
+        self.named.is_some()
     }
 }
 
 impl Drop for ProbeFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if let Some(n) = &self.named {
+            let _ = std::fs::remove_file(n);
+        }
     }
 }
 
@@ -471,6 +501,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let f = ProbeFile::create(d.path(), 4 << 20).unwrap();
         let p = f.path().to_path_buf();
+        // The name is gone at once: a killed process leaves nothing behind.
+        assert!(!f.is_named());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 4 << 20);
         for (direct, engine) in [
             (true, ReadEngine::Threads),
             (false, ReadEngine::Threads),
@@ -492,7 +526,7 @@ mod tests {
             assert!(measure_reads(std::slice::from_ref(&p), &big).is_err());
         }
         drop(f);
-        assert!(!p.exists());
+        assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 0);
     }
 
     /// The bytes each engine hands over are the file's bytes at the offset it names, for reads

@@ -861,6 +861,13 @@ pub(crate) fn build(meta: &Gguf, path: &Path) -> Result<(tokenizers::Tokenizer, 
     }
     let mut user: Vec<AddedToken> = Vec::new();
     for (i, tok) in tokens.iter().enumerate() {
+        if matches!(type_of(i), TYPE_CONTROL | TYPE_USER_DEFINED) {
+            crate::tokenizer::check_added_token(
+                path,
+                &format!("`tokenizer.ggml.tokens`[{i}] (a control or user-defined token)"),
+                tok,
+            )?;
+        }
         match type_of(i) {
             TYPE_CONTROL if special_seen.insert(tok) => {
                 special.push(AddedToken::from(tok.as_str(), true).normalized(false));

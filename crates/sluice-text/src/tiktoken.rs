@@ -112,6 +112,11 @@ impl Tiktoken {
                         msg: format!("added_tokens_decoder: bad entry `{id}`"),
                     });
                 };
+                crate::tokenizer::check_added_token(
+                    &cfg_path,
+                    &format!("added_tokens_decoder `{id}`"),
+                    content,
+                )?;
                 specials.push((content.to_owned(), id));
             }
         }
@@ -530,6 +535,26 @@ mod tests {
     fn toy() -> Tiktoken {
         let t = table(&["he", "ll", "hell", "hello", " w", "or"]);
         Tiktoken::new(&t, vec![("<|end|>".into(), 300)], KIMI_PATTERN).unwrap()
+    }
+
+    /// Issue 59: special tokens are capped before the special-token regex is built.
+    #[test]
+    fn an_overlong_special_token_is_refused_naming_it() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("tiktoken.model"), table(&[])).unwrap();
+        let cfg = |content: String| {
+            serde_json::json!({"added_tokens_decoder": {"300": {"content": content, "special": true}}})
+                .to_string()
+        };
+        let path = d.path().join("tokenizer_config.json");
+        std::fs::write(&path, cfg(format!("<|{}|>", "x".repeat(2000)))).unwrap();
+        let e = Tiktoken::from_dir(d.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("tokenizer_config.json") && e.contains("`300`") && e.contains("1024"),
+            "{e}"
+        );
+        std::fs::write(&path, cfg("<|end|>".into())).unwrap();
+        Tiktoken::from_dir(d.path()).unwrap();
     }
 
     #[test]

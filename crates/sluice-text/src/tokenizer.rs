@@ -68,6 +68,28 @@ fn is_byte_token(s: &str) -> bool {
         && u8::from_str_radix(&s[3..5], 16).is_ok()
 }
 
+/// The longest added or special token accepted, in bytes (1 KiB; those of released
+/// vocabularies are at most a few dozen bytes). Matching added tokens takes an automaton that
+/// grows with their length — about 170 bytes of memory per byte, so a 60 MB token would take
+/// 10 GB — and the longest token sets how much text a prompt may hold, so longer ones are
+/// refused, naming the token, before anything is built.
+pub const MAX_ADDED_TOKEN_BYTES: usize = 1024;
+
+/// Refuses an added or special token longer than [`MAX_ADDED_TOKEN_BYTES`]; `what` names it
+/// (`added token 4095`).
+pub(crate) fn check_added_token(path: &Path, what: &str, content: &str) -> Result<(), Error> {
+    if content.len() > MAX_ADDED_TOKEN_BYTES {
+        return Err(Error::Tokenizer {
+            path: path.to_path_buf(),
+            msg: format!(
+                "{what} is {} bytes long; sluice accepts added and special tokens of at most {MAX_ADDED_TOKEN_BYTES} bytes",
+                content.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The largest `tokenizer.json` read (256 MiB; released ones are at most a few tens of MB).
 pub const MAX_TOKENIZER_LEN: u64 = 256 << 20;
 
@@ -105,6 +127,23 @@ impl Tokenizer {
     /// Loads a `tokenizer.json` (a regular file of at most [`MAX_TOKENIZER_LEN`] bytes).
     pub fn from_file(path: &Path) -> Result<Tokenizer, Error> {
         let bytes = sluice_format::file::read_capped(path, MAX_TOKENIZER_LEN)?;
+        // The added tokens' lengths first: only they are read, everything else is skipped.
+        #[derive(serde::Deserialize)]
+        struct Added {
+            id: Option<serde_json::Value>,
+            content: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Head {
+            #[serde(default)]
+            added_tokens: Vec<Added>,
+        }
+        if let Ok(h) = serde_json::from_slice::<Head>(&bytes) {
+            for a in &h.added_tokens {
+                let id = a.id.as_ref().map_or_else(String::new, |i| format!(" {i}"));
+                check_added_token(path, &format!("added token{id}"), &a.content)?;
+            }
+        }
         let t = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
             msg: e.to_string(),

@@ -1058,6 +1058,37 @@ fn refused(kvs: Vec<(String, Value)>, fragments: &[&str]) {
     }
 }
 
+/// Issue 59: a long control token took quadratic time and memory to build (25 s at 20 KB,
+/// 6 GB at 60 MB). Control and user-defined tokens are capped before anything is built;
+/// ordinary tokens are not added tokens and are left alone.
+#[test]
+fn overlong_control_and_user_tokens_are_refused() {
+    let long = format!("<|{}|>", "x".repeat(5000));
+    for kind in [3, 4] {
+        let mut kvs = set(
+            tiny_gpt2(),
+            "tokenizer.ggml.tokens",
+            Some(strs(&["a", "b", "ab", &long, "Ġ"])),
+        );
+        kvs = set(
+            kvs,
+            "tokenizer.ggml.token_type",
+            Some(Value::Array(Array::I32(vec![1, 1, 1, kind, 1]))),
+        );
+        refused(
+            kvs,
+            &["`tokenizer.ggml.tokens`[3]", "5004 bytes", "at most 1024"],
+        );
+    }
+    let ok = format!("<|{}|>", "x".repeat(1020));
+    let kvs = set(
+        tiny_gpt2(),
+        "tokenizer.ggml.tokens",
+        Some(strs(&["a", "b", "ab", &ok, "Ġ"])),
+    );
+    Tokenizer::from_gguf(&gguf_of(&kvs), Path::new("synthetic.gguf")).unwrap();
+}
+
 #[test]
 fn bad_metadata_is_refused_naming_the_key() {
     let g = tiny_gpt2;

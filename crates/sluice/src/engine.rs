@@ -78,19 +78,13 @@ pub fn resolve_memory(m: Memory) -> Result<Option<u64>, Error> {
     })
 }
 
-/// Headroom `Memory::Auto` leaves for the rest of the system: 10% of what is available, at
-/// least 512 MiB.
+/// The budget `Memory::Auto` gives: what this process may use (the machine's `MemAvailable`,
+/// or its memory cgroup's room when that is smaller) less headroom
+/// ([`crate::sysmem::Available::auto_budget`]).
 fn auto_budget() -> Result<u64, Error> {
-    let text = std::fs::read_to_string("/proc/meminfo")
-        .map_err(|e| Error::Usage(format!("--memory auto needs /proc/meminfo: {e}")))?;
-    let kb = text
-        .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse::<u64>().ok())
-        .ok_or_else(|| Error::Usage("--memory auto: no MemAvailable in /proc/meminfo".into()))?;
-    let avail = kb * 1024;
-    Ok(avail.saturating_sub((avail / 10).max(512 << 20)))
+    crate::sysmem::available()
+        .map(|a| a.auto_budget())
+        .map_err(|e| Error::Usage(format!("--memory auto: {e}")))
 }
 
 impl EngineBuilder {

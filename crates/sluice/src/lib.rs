@@ -32,6 +32,7 @@ mod saved;
 pub mod server;
 mod session;
 mod stats;
+pub mod sysmem;
 pub mod toolcall;
 pub mod tools;
 
@@ -215,6 +216,23 @@ impl Error {
                 S::BudgetTooSmall { .. } | S::UnknownPolicy(_) | S::Corrupt(_)
             )
         };
+        fn model_input(m: &M, store_input: &dyn Fn(&S) -> bool) -> bool {
+            match m {
+                M::Store(s) => store_input(s),
+                // A tensor of a GGUF file: the file's fault as much as the tensor's.
+                M::InFile { source, .. } => model_input(source, store_input),
+                m => matches!(
+                    m,
+                    M::Config { .. }
+                        | M::Tensor { .. }
+                        | M::Token { .. }
+                        | M::Format(_)
+                        | M::ContextFull { .. }
+                        | M::NonFinite { .. }
+                        | M::Mtp(_)
+                ),
+            }
+        }
         match self {
             Error::Usage(_)
             | Error::Tokenizer { .. }
@@ -223,17 +241,8 @@ impl Error {
             | Error::Sequences { .. }
             | Error::Format(_) => true,
             Error::Grammar(g) => matches!(g, sluice_grammar::Error::Grammar { .. }),
-            Error::Model(M::Store(s)) | Error::Store(s) => store_input(s),
-            Error::Model(m) => matches!(
-                m,
-                M::Config { .. }
-                    | M::Tensor { .. }
-                    | M::Token { .. }
-                    | M::Format(_)
-                    | M::ContextFull { .. }
-                    | M::NonFinite { .. }
-                    | M::Mtp(_)
-            ),
+            Error::Store(s) => store_input(s),
+            Error::Model(m) => model_input(m, &store_input),
             Error::Io { .. }
             | Error::BatcherStopped
             | Error::Thread { .. }

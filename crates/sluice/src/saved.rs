@@ -31,14 +31,20 @@ const VERSION: u32 = 1;
 /// The most bytes of a safetensors header hashed for the fingerprint.
 const MAX_HEADER: u64 = 100 << 20;
 
-/// The model's identity: its `config.json`, a pack's manifest, and every safetensors shard's
-/// name, size and header (the tensor names, shapes, types and offsets). A session is only ever
-/// resumed on a model with the same fingerprint.
+/// The model's identity, from what it is made of whatever its format: for a checkpoint
+/// directory its `config.json`, a pack's manifest, and every safetensors shard's name, size and
+/// header (the tensor names, shapes, types and offsets); for a GGUF model (a `.gguf` file, or
+/// a directory holding one) every part's name, size and header (its metadata — tokenizer and
+/// chat template included — and tensor infos). A session is only ever resumed on a model with
+/// the same fingerprint.
 pub(crate) fn fingerprint(dir: &Path) -> Result<[u8; 16], Error> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| Error::Io { path, source }
     };
+    if let Some(first) = sluice_format::gguf_in(dir)? {
+        return gguf_fingerprint(&first);
+    }
     let mut h = Xxh3::new();
     for name in ["config.json", sluice_format::packed::MANIFEST] {
         let p = dir.join(name);
@@ -72,6 +78,31 @@ pub(crate) fn fingerprint(dir: &Path) -> Result<[u8; 16], Error> {
     Ok(h.digest128().to_le_bytes())
 }
 
+/// [`fingerprint`] of a GGUF model whose (first) file is `first`.
+fn gguf_fingerprint(first: &Path) -> Result<[u8; 16], Error> {
+    use std::io::Read;
+    let set = sluice_format::gguf::GgufSet::open(first)?;
+    let mut h = Xxh3::new();
+    h.update(b"gguf");
+    for part in &set.parts {
+        let g = &part.header;
+        let io = |source| Error::Io {
+            path: g.path.clone(),
+            source,
+        };
+        let mut header = Vec::new();
+        sluice_format::file::open_regular(&g.path)?
+            .take(g.data_start)
+            .read_to_end(&mut header)
+            .map_err(io)?;
+        h.update(g.path.file_name().map_or(&[][..], |n| n.as_encoded_bytes()));
+        h.update(&g.file_len.to_le_bytes());
+        h.update(&(header.len() as u64).to_le_bytes());
+        h.update(&header);
+    }
+    Ok(h.digest128().to_le_bytes())
+}
+
 /// What a session file holds.
 pub(crate) struct Saved {
     pub(crate) tokens: Vec<u32>,
@@ -95,22 +126,50 @@ pub(crate) fn write(path: &Path, model: &[u8; 16], s: &Saved) -> Result<(), Erro
     out.extend_from_slice(&s.extra);
     let sum = xxh3_64(&out);
     out.extend_from_slice(&sum.to_le_bytes());
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
     let err = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
+    // A symlink stays a symlink: the file it points to is the one replaced.
+    let target = resolve_links(path).map_err(err)?;
+    let dir = match target.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    // A new file gets the usual mode (0666 less the umask); a file replaced keeps its own.
     let mut tmp = tempfile::Builder::new()
         .prefix(".sluice-session-")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666))
         .tempfile_in(dir)
         .map_err(err)?;
+    if let Ok(m) = std::fs::metadata(&target) {
+        tmp.as_file()
+            .set_permissions(m.permissions())
+            .map_err(err)?;
+    }
     tmp.write_all(&out).map_err(err)?;
     tmp.as_file().sync_all().map_err(err)?;
-    tmp.persist(path).map_err(|e| err(e.error))?;
+    tmp.persist(&target).map_err(|e| err(e.error))?;
     Ok(())
+}
+
+/// The path a write to `path` lands on: `path`, or where its symlinks (a chain of them, each
+/// relative to the directory holding it) end up. A loop is an error.
+fn resolve_links(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let to = std::fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(d) if to.is_relative() => d.join(to),
+                    _ => to,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(std::io::Error::other("too many levels of symbolic links"))
 }
 
 /// Reads and checks a session file for the model `model`.

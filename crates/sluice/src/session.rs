@@ -68,7 +68,7 @@ impl Session {
         let cfg = self.engine.model().config();
         let mut state = State::from_bytes(cfg, &saved.state).map_err(|e| {
             Error::Usage(format!(
-                "{}: the saved state does not fit the model: {e}",
+                "{}: the saved state cannot be used: {e}",
                 path.display()
             ))
         })?;

@@ -114,7 +114,9 @@ impl GgufSet {
         let mut parts = Vec::with_capacity(count as usize);
         for n in 1..=count {
             let p = dir.join(format!("{prefix}-{n:05}-of-{count:05}.gguf"));
-            if !p.exists() {
+            // Missing only when there is no such name: a symlink that cannot be followed (a
+            // loop, a dangling link) is opened and refused for what it is.
+            if !crate::file::present(&p) {
                 return Err(FormatError::MissingFile { path: p });
             }
             let f = GgufFile::open(&p)?;

@@ -482,6 +482,16 @@ fn opens_a_split_set_and_refuses_inconsistent_ones() {
     // Missing part.
     let e = GgufSet::open(dir.path().join("m-00001-of-00002.gguf")).unwrap_err();
     assert!(matches!(e, FormatError::MissingFile { .. }), "{e}");
+    // A part that is a symlink loop is that, not missing (issue 59).
+    let second = dir.path().join("m-00002-of-00002.gguf");
+    std::os::unix::fs::symlink(&second, &second).unwrap();
+    let e = GgufSet::open(dir.path().join("m-00001-of-00002.gguf")).unwrap_err();
+    assert!(!matches!(e, FormatError::MissingFile { .. }), "{e}");
+    assert!(
+        e.to_string().contains("m-00002-of-00002.gguf") && e.to_string().contains("symbolic links"),
+        "{e}"
+    );
+    std::fs::remove_file(&second).unwrap();
     // Wrong split.no.
     w("m-00002-of-00002.gguf", part(0, 2, 2, &["b"]));
     let e = GgufSet::open(dir.path().join("m-00001-of-00002.gguf")).unwrap_err();

@@ -447,6 +447,10 @@ pub struct WeightLayout {
     /// The multi-token-prediction layers, when the checkpoint has them
     /// ([`crate::config::MtpConfig`]): found and checked; only `--draft mtp` runs them.
     pub mtp: Option<MtpLayout>,
+    /// Why the checkpoint's multi-token-prediction layers could not be laid out (a missing or
+    /// misshapen tensor), when it has some. The model runs without them; only `--draft mtp`
+    /// is refused, with this error.
+    pub mtp_error: Option<Box<ModelError>>,
 }
 
 /// Where a checkpoint's multi-token-prediction layers are.
@@ -611,11 +615,15 @@ impl WeightLayout {
             expert_specs.push(ls);
         }
         let (head, head_spec) = build_part(&ctx, |p| head(p, cfg, &embed_name))?;
-        let mtp = match &cfg.mtp {
+        // The MTP layers are loaded only to draft with: a damaged one leaves the model as it is.
+        let (mtp, mtp_error) = match &cfg.mtp {
             Some(m) if ck.names().any(|n| n.starts_with(&mtp_prefix(cfg, m))) => {
-                Some(mtp_layout(&ctx, cfg, m)?)
+                match mtp_layout(&ctx, cfg, m) {
+                    Ok(l) => (Some(l), None),
+                    Err(e) => (None, Some(Box::new(e))),
+                }
             }
-            _ => None,
+            _ => (None, None),
         };
         Ok(WeightLayout {
             embed,
@@ -627,6 +635,7 @@ impl WeightLayout {
             experts,
             expert_specs,
             mtp,
+            mtp_error,
         })
     }
 

@@ -80,7 +80,13 @@ pub struct MemoryReport {
     pub read_gbps_1_thread: f64,
     /// Read bandwidth of all threads, GB/s.
     pub read_gbps_all_threads: f64,
-    /// The budget `--memory auto` gives: `MemAvailable` minus 10% (at least 512 MiB).
+    /// The limit of the memory cgroup (a container's) that leaves this process the least
+    /// room, when one is set.
+    pub cgroup_limit_bytes: Option<u64>,
+    /// What that cgroup holds (its usage less inactive page cache).
+    pub cgroup_used_bytes: Option<u64>,
+    /// The budget `--memory auto` gives: `MemAvailable` (or the cgroup's room, when smaller)
+    /// less headroom ([`crate::sysmem::Available::auto_budget`]).
     pub auto_budget_bytes: u64,
 }
 
@@ -285,28 +291,57 @@ pub fn expert_read_bandwidth(
 
 /// Measures this machine. `progress` hears what is being measured.
 pub fn doctor(opts: &DoctorOptions, progress: &mut dyn FnMut(&str)) -> Result<DoctorReport, Error> {
+    let shards = opts.model.as_deref().map(model_shards).transpose()?;
+    if shards.is_none() && !opts.dir.is_dir() {
+        return Err(Error::Usage(format!(
+            "{}: not a directory",
+            opts.dir.display()
+        )));
+    }
+    // Every read size must fit the file read, checked before the scratch file is written.
+    let largest = match &shards {
+        Some(s) => s
+            .iter()
+            .filter_map(|p| std::fs::metadata(p).ok())
+            .map(|m| m.len())
+            .max()
+            .unwrap_or(0),
+        None => opts.file_bytes,
+    };
+    if let Some(&b) = opts.blocks.iter().find(|&&b| b == 0 || b as u64 > largest) {
+        return Err(Error::Usage(format!(
+            "--blocks: a read of {b} bytes does not fit the {} file read (give 1 to {largest} bytes)",
+            crate::tools::fmt_bytes(largest)
+        )));
+    }
+    if let Some(&d) = opts.depths.iter().find(|&&d| !(1..=256).contains(&d)) {
+        return Err(Error::Usage(format!("--depths: {d} is not 1 to 256")));
+    }
+    if !(opts.seconds.is_finite() && opts.seconds > 0.0 && opts.seconds <= 600.0) {
+        return Err(Error::Usage(format!(
+            "--seconds: {} is not a number of seconds in (0, 600]",
+            opts.seconds
+        )));
+    }
     let cpu = cpu_report();
     progress("memory bandwidth");
     let one = memory_bandwidth(1, opts.memory_test_bytes);
     let all = memory_bandwidth(cpu.threads, opts.memory_test_bytes);
+    let avail = crate::sysmem::available().map_err(Error::Usage)?;
     let memory = MemoryReport {
         total_bytes: meminfo("MemTotal:"),
         available_bytes: meminfo("MemAvailable:"),
         read_gbps_1_thread: one,
         read_gbps_all_threads: all,
+        cgroup_limit_bytes: avail.cgroup.as_ref().map(|c| c.limit_bytes),
+        cgroup_used_bytes: avail.cgroup.as_ref().map(|c| c.used_bytes),
         auto_budget_bytes: resolve_memory(Memory::Auto)?.unwrap_or(0),
     };
     let scratch;
-    let (paths, target) = match &opts.model {
-        Some(m) => (model_shards(m)?, format!("shards of {}", m.display())),
-        None => {
+    let (paths, target) = match (&opts.model, shards) {
+        (Some(m), Some(s)) => (s, format!("shards of {}", m.display())),
+        _ => {
             progress("writing the scratch file");
-            if !opts.dir.is_dir() {
-                return Err(Error::Usage(format!(
-                    "{}: not a directory",
-                    opts.dir.display()
-                )));
-            }
             scratch = ProbeFile::create(&opts.dir, opts.file_bytes)?;
             (
                 vec![scratch.path().to_path_buf()],

@@ -221,6 +221,15 @@ pub fn pack(
         config: _,
         layout,
     } = Description::open(&src)?;
+    if let Some(g) = ck.gguf() {
+        // A pack copies safetensors tensors as they are stored; a GGUF's are block-quantized
+        // under llama.cpp's names and run from the file itself.
+        return Err(Error::Usage(format!(
+            "{} holds a GGUF model ({}); a GGUF file is run in place (pack takes a safetensors checkpoint directory)",
+            src.display(),
+            g.header().path.display()
+        )));
+    }
     let total = layout.trunk_bytes();
 
     if tmp.exists() {

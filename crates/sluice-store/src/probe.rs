@@ -425,26 +425,28 @@ impl ProbeFile {
         };
         // A new file only (a file of the user's by that name is neither overwritten nor
         // removed).
-        let mut f = std::fs::OpenOptions::new()
+        let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .open(&name)
             .map_err(io)?;
+        // The descriptor kept open below is the one the path names.
         let proc = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
         let file = if proc.exists() && std::fs::remove_file(&name).is_ok() {
             ProbeFile {
-                _file: f.try_clone().map_err(io)?,
+                _file: f,
                 path: proc,
                 named: None,
             }
         } else {
             ProbeFile {
-                _file: f.try_clone().map_err(io)?,
+                _file: f,
                 path: name.clone(),
                 named: Some(name.clone()),
             }
         };
+        let mut f = &file._file;
         let mut chunk = vec![0u8; 8 << 20];
         let mut rng = 0x5eed_u64;
         let mut left = bytes;
@@ -457,7 +459,7 @@ impl ProbeFile {
             left -= n as u64;
         }
         f.sync_all().map_err(io)?;
-        let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
+        let _ = rustix::fs::fadvise(f, 0, None, rustix::fs::Advice::DontNeed);
         Ok(file)
     }
 

@@ -221,6 +221,8 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
     let Files { mut input, done } = files;
     // Parse every line first: bad lines are reported and skipped.
     let mut jobs: Vec<(usize, String, Box<RawValue>, OwnedPrompt, GenerateOptions)> = Vec::new();
+    let mut compiled: std::collections::HashMap<String, sluice::CompiledGrammar> =
+        std::collections::HashMap::new();
     let mut seen: HashSet<String> = HashSet::new();
     let mut order: Vec<String> = Vec::new();
     let defaults = engine.default_sampling().clone();
@@ -284,12 +286,26 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                 continue;
             }
         };
-        if let Some(g) = &grammar
-            && let Err(e) = engine.constrain(g)
-        {
-            bad(e.to_string());
-            continue;
-        }
+        // Compiled once per distinct grammar in the file, shared by every line that gives it.
+        let grammar = match grammar {
+            None => None,
+            Some(g) => {
+                let key = format!("{g:?}");
+                match compiled.get(&key) {
+                    Some(c) => Some(c.clone()),
+                    None => match engine.compile_grammar(&g) {
+                        Ok(c) => {
+                            compiled.insert(key, c.clone());
+                            Some(c)
+                        }
+                        Err(e) => {
+                            bad(e.to_string());
+                            continue;
+                        }
+                    },
+                }
+            }
+        };
         order.push(key.clone());
         if done.contains(&key) {
             continue;

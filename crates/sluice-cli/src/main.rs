@@ -702,8 +702,8 @@ fn run(a: RunArgs) -> Result<(), Failure> {
     let grammar = grammar_file(&a)?;
     let draft = draft(&a.draft)?;
     let engine = engine(&a.engine, a.trace.is_some(), 1, &a.draft)?;
-    if let Some(g) = &grammar {
-        engine.constrain(g).map_err(|e| {
+    let grammar = grammar.map(|g| {
+        engine.compile_grammar(&g).map_err(|e| {
             let flag = if a.grammar.is_some() {
                 "--grammar"
             } else {
@@ -715,8 +715,9 @@ fn run(a: RunArgs) -> Result<(), Failure> {
                 .or(a.json_schema.as_ref())
                 .map(|p| p.display().to_string());
             usage(format!("{flag} {}: {e}", path.unwrap_or_default()))
-        })?;
-    }
+        })
+    });
+    let grammar = grammar.transpose()?;
     let opts = GenerateOptions {
         max_tokens: a.max_tokens,
         sampling: sampling(&engine, &a.sampling),

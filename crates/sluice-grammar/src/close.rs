@@ -1,15 +1,11 @@
-//! The shortest way to finish a JSON text, from any prefix of one.
+//! The shortest way to finish a JSON text, from any prefix of one, ignoring any schema.
 //!
-//! A JSON grammar can only end when its value is whole. A model that never closes its
-//! strings or objects would otherwise run to `max_tokens` and return JSON that does not parse.
-//! [`JsonPrefix`] follows the bytes written so far. [`JsonPrefix::suffix`] gives the fewest
-//! bytes that complete them, written with the grammar's separators: close the string (`"`),
-//! give a key its value (`: null`), complete a number (`0`) or a literal (`rue`), then close
-//! every open object and array.
-//!
-//! Every token is at least one byte, so while the suffix is no longer than the tokens left,
-//! the output can still be finished in time. The constraint uses this to keep, near the end,
-//! only the tokens after which that still holds.
+//! [`JsonPrefix`] follows the bytes written so far; [`JsonPrefix::suffix`] gives the fewest
+//! bytes that complete them as JSON, written with the grammar's separators: close the string
+//! (`"`), give a key its value (`: null`), complete a number (`0`) or a literal (`rue`), then
+//! close every open object and array. It guides the constraint's search for a completion
+//! through the grammar itself (which adds what a schema requires): the byte it would write is
+//! tried first.
 
 /// An open container.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,24 +300,6 @@ impl JsonPrefix {
         }
         Some(s)
     }
-
-    /// Whether the prefix is inside a string with no escape pending: bytes without `"`, `\` or
-    /// control characters leave its suffix as it is.
-    pub(crate) fn in_plain_string(&self) -> bool {
-        !self.broken
-            && matches!(
-                self.state,
-                State::Str {
-                    escape: Escape::None,
-                    ..
-                }
-            )
-    }
-}
-
-/// Whether `bytes` can sit inside a JSON string without ending it or starting an escape.
-pub(crate) fn plain(bytes: &[u8]) -> bool {
-    bytes.iter().all(|&b| b != b'"' && b != b'\\' && b >= 0x20)
 }
 
 #[cfg(test)]

@@ -115,10 +115,26 @@ fn refused(extra: Tensors, names: &str) {
     refused_dir(with(extra), names);
 }
 
+/// A damaged MTP layer is loaded only to draft with: the model opens and runs as without it
+/// (issue 59: it used to refuse the whole model), and only `--draft mtp` is refused, naming
+/// the tensor.
 fn refused_dir(d: tempfile::TempDir, names: &str) {
-    let e = Description::open(d.path()).unwrap_err().to_string();
+    let desc = Description::open(d.path()).unwrap();
+    assert!(desc.layout.mtp.is_none());
+    let e = desc
+        .layout
+        .mtp_error
+        .as_ref()
+        .expect("no error kept")
+        .to_string();
     assert!(e.contains(names), "`{names}` not named in: {e}");
-    assert!(Model::open(d.path(), ModelOptions::default()).is_err());
+    Model::open(d.path(), ModelOptions::default()).unwrap();
+    let opts = ModelOptions {
+        mtp: true,
+        ..ModelOptions::default()
+    };
+    let e = Model::open(d.path(), opts).unwrap_err().to_string();
+    assert!(e.contains(names), "`{names}` not named in: {e}");
 }
 
 #[test]
@@ -140,7 +156,7 @@ fn present_mtp_layers_are_checked_and_change_nothing() {
 }
 
 #[test]
-fn a_damaged_mtp_layer_is_refused_naming_the_tensor() {
+fn a_damaged_mtp_layer_is_refused_only_for_drafting_naming_the_tensor() {
     // fc of the wrong shape.
     let mut bad = mtp();
     let fc = bad.iter_mut().find(|t| t.0 == "mtp.fc.weight").unwrap();
@@ -215,7 +231,7 @@ fn deepseek_v4_without_its_mtp_layer_gives_the_same_bits() {
 }
 
 #[test]
-fn a_damaged_deepseek_v4_mtp_layer_is_refused_naming_the_tensor() {
+fn a_damaged_deepseek_v4_mtp_layer_is_refused_only_for_drafting_naming_the_tensor() {
     let src = fixture_dir("deepseek_v4-fp32");
     let without = |stored: &str| -> tempfile::TempDir {
         rewrite(

@@ -31,7 +31,7 @@ pub enum OwnedPrompt {
 }
 
 impl OwnedPrompt {
-    fn as_prompt(&self) -> Prompt<'_> {
+    pub(crate) fn as_prompt(&self) -> Prompt<'_> {
         match self {
             OwnedPrompt::Text(t) => Prompt::Text(t),
             OwnedPrompt::Ids(i) => Prompt::Ids(i),

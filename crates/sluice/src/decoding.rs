@@ -45,11 +45,9 @@ pub(crate) fn check_stops(stop: &[String]) -> Result<(), Error> {
 impl Decoding {
     pub(crate) fn new(engine: &Engine, opts: &GenerateOptions) -> Result<Decoding, Error> {
         check_stops(&opts.stop)?;
-        let constraint = opts
-            .grammar
-            .as_ref()
-            .map(|g| engine.constrain(g))
-            .transpose()?;
+        let _ = engine;
+        // Compiled once (by the caller); each generation starts its own copy.
+        let constraint = opts.grammar.as_ref().map(|g| g.compiled.start());
         Ok(Decoding {
             opts: opts.clone(),
             sampler: Sampler::new(opts.sampling.clone())?,
@@ -66,9 +64,10 @@ impl Decoding {
     ///
     /// Under a grammar the tokens it does not allow get −∞ first, and the grammar's end (its
     /// completion, or an end-of-sequence token it allowed) ends the generation whatever
-    /// `stop_at_eos` says. Under a JSON grammar the last tokens before `max_tokens` are kept
-    /// to those that still let the JSON be finished in time; a generation so steered ends with
-    /// [`FinishReason::Length`], its JSON whole.
+    /// `stop_at_eos` says. Near `max_tokens` a token after which the grammar could not be
+    /// finished in the tokens left is drawn again without it (the distribution is the one the
+    /// mask of every such token would give); a generation so steered ends with
+    /// [`FinishReason::Length`], its output whole.
     pub(crate) fn choose(
         &mut self,
         logits: &mut [f32],
@@ -79,33 +78,65 @@ impl Decoding {
             return Ok(Choice::Finish(FinishReason::Length));
         }
         let left = self.opts.max_tokens - self.ids.len();
-        if let Some(c) = &mut self.constraint
-            && c.mask(logits, Some(left))? == Next::End
-        {
-            // JSON closed early to fit `max_tokens` was cut short: it says so.
+        let Some(c) = &mut self.constraint else {
+            let id = self.sampler.sample(logits, history);
+            return Ok(self.emit_id(id, eos));
+        };
+        let next = c.mask(logits)?;
+        if let Some(g) = &self.opts.grammar {
+            g.keep_charged()?;
+        }
+        if next == Next::End {
+            // Output finished early to fit `max_tokens` was cut short: it says so.
             return Ok(Choice::Finish(if c.steered() {
                 FinishReason::Length
             } else {
                 FinishReason::Eos
             }));
         }
-        let mut id = self.sampler.sample(logits, history);
-        if let Some(c) = &mut self.constraint {
-            if !c.allows(id) {
-                // Every allowed logit was −∞ or NaN, so the sampler could not tell them from
-                // the masked ones: the lowest allowed id, as an argmax over equals would pick.
-                id = c.first_allowed().unwrap_or(id);
+        // Each refusal leaves one token fewer to draw from, and once every allowed token is
+        // refused the plan's first token is taken (it always fits), so this ends.
+        let mut refused = Vec::new();
+        let id = loop {
+            let mut id = self.sampler.sample(logits, history);
+            if !c.allows(id) || refused.contains(&id) {
+                // Every allowed logit left is −∞ or NaN, so the sampler could not tell them
+                // from the masked ones: the lowest allowed id not yet refused, as an argmax
+                // over equals would pick; with none left, the plan's.
+                match c.first_allowed_except(&refused) {
+                    Some(a) => id = a,
+                    None => {
+                        let p = c.planned_token().ok_or_else(|| {
+                            sluice_grammar::Error::Step(
+                                "every token the grammar allows was refused".into(),
+                            )
+                        })?;
+                        c.commit(p)?;
+                        break p;
+                    }
+                }
             }
-            c.commit(id)?;
-            if eos.contains(&id) {
-                return Ok(Choice::Finish(FinishReason::Eos));
+            match c.commit_within(id, left)? {
+                sluice_grammar::Commit::Taken => break id,
+                sluice_grammar::Commit::Refused => {
+                    logits[id as usize] = f32::NEG_INFINITY;
+                    refused.push(id);
+                }
             }
-        }
-        if self.opts.stop_at_eos && eos.contains(&id) {
+        };
+        if eos.contains(&id) {
             return Ok(Choice::Finish(FinishReason::Eos));
         }
+        Ok(self.emit_id(id, eos))
+    }
+
+    /// A token chosen: the end of the generation if it is an end-of-sequence id that ends it.
+    fn emit_id(&mut self, id: u32, eos: &[u32]) -> Choice {
+        if self.opts.stop_at_eos && eos.contains(&id) {
+            return Choice::Finish(FinishReason::Eos);
+        }
         self.ids.push(id);
-        Ok(Choice::Token(id))
+        Choice::Token(id)
     }
 
     /// Whether the token just chosen needs the next position's logits.

@@ -324,6 +324,59 @@ impl EngineBuilder {
     }
 }
 
+/// A grammar compiled for an engine ([`Engine::compile_grammar`]): cheap to clone, and under a
+/// memory budget holding the memory it is lent by the expert cache until the last clone goes.
+#[derive(Clone, Debug)]
+pub struct CompiledGrammar {
+    pub(crate) compiled: sluice_grammar::Compiled,
+    lease: Arc<Mutex<Option<sluice_store::Lease>>>,
+}
+
+impl CompiledGrammar {
+    /// Under a budget, grows what the grammar is lent to what it holds now (its lexer grows as
+    /// generations explore it); a cache that cannot give that up fails the generation.
+    pub(crate) fn keep_charged(&self) -> Result<(), Error> {
+        let mut lease = match self.lease.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        let Some(l) = lease.as_mut() else {
+            return Ok(());
+        };
+        let want = self.compiled.memory_bytes();
+        if want > l.bytes() {
+            l.grow_to(want).map_err(|e| {
+                Error::Usage(format!(
+                    "{}: the grammar's lexer grew to {:.1} MiB and the expert cache cannot give that up ({e}): raise --memory or simplify the grammar",
+                    self.kind(),
+                    want as f64 / (1u64 << 20) as f64
+                ))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the memory budget the grammar holds (0 without a budget).
+    pub fn charged_bytes(&self) -> u64 {
+        let lease = match self.lease.lock() {
+            Ok(l) => l,
+            Err(p) => p.into_inner(),
+        };
+        lease.as_ref().map_or(0, |l| l.bytes())
+    }
+
+    /// What was given: `json_object`, `json_schema`, `grammar`.
+    pub fn kind(&self) -> &'static str {
+        self.compiled.kind()
+    }
+
+    /// The length in bytes of the grammar's smallest sentence the search found
+    /// ([`sluice_grammar::Compiled::smallest`]).
+    pub fn smallest(&self) -> Option<usize> {
+        self.compiled.smallest()
+    }
+}
+
 /// The vocabulary's index for grammars and the expert-cache lease that pays for it.
 struct GrammarIndex {
     vocab: sluice_grammar::Vocab,
@@ -440,16 +493,21 @@ impl Engine {
         &self.inner.eos
     }
 
-    /// Compiles a grammar against the model's vocabulary and starts following it: what a
-    /// generation with [`GenerateOptions::grammar`](crate::GenerateOptions::grammar) does
-    /// before it prefills, so a caller may call it first to refuse a bad grammar early. The
-    /// vocabulary is indexed once, at the first call; under a memory budget the index's memory
-    /// ([`sluice_grammar::index_bytes`]) is lent by the expert cache from then on, as KV pages
-    /// are, and a budget whose cache cannot give it up is an error.
-    pub fn constrain(
+    /// Compiles a grammar against the model's vocabulary: checked against
+    /// [`sluice_grammar::limits`], compiled and its first step taken on a thread of its own
+    /// (never the caller's: see [`sluice_grammar::Vocab::compile`]), at most
+    /// [`sluice_grammar::COMPILE_SECONDS`]. The result goes in
+    /// [`GenerateOptions::grammar`](crate::GenerateOptions::grammar); one compiled grammar
+    /// serves any number of generations (a request's choices, a batch's lines).
+    ///
+    /// The vocabulary is indexed once, at the first call; under a memory budget the index's
+    /// memory ([`sluice_grammar::index_bytes`]) is lent by the expert cache from then on, as KV
+    /// pages are, and so is each compiled grammar's ([`sluice_grammar::Compiled::memory_bytes`])
+    /// for as long as it is held: a budget whose cache cannot give it up refuses the grammar.
+    pub fn compile_grammar(
         &self,
         grammar: &sluice_grammar::Grammar,
-    ) -> Result<sluice_grammar::Constraint, Error> {
+    ) -> Result<CompiledGrammar, Error> {
         let index = {
             let mut slot = match self.inner.grammar.lock() {
                 Ok(g) => g,
@@ -464,7 +522,26 @@ impl Engine {
                 }
             }
         };
-        Ok(index.vocab.constrain(grammar)?)
+        let compiled = index.vocab.compile(grammar)?;
+        let lease = match self.budget() {
+            None => None,
+            Some(_) => {
+                let bytes = compiled.memory_bytes();
+                let mut l = self.model().experts().lease();
+                l.grow_to(bytes).map_err(|e| {
+                    Error::Usage(format!(
+                        "{}: the grammar needs {:.1} MiB of the memory budget and the expert cache cannot give it up ({e}): raise --memory or simplify the grammar",
+                        grammar.kind(),
+                        bytes as f64 / (1u64 << 20) as f64
+                    ))
+                })?;
+                Some(l)
+            }
+        };
+        Ok(CompiledGrammar {
+            compiled,
+            lease: Arc::new(Mutex::new(lease)),
+        })
     }
 
     /// The model's identity for session files (`saved.rs`'s `fingerprint`).

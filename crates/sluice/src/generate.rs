@@ -54,11 +54,15 @@ pub struct GenerateOptions {
     /// raw logits, before temperature or any filter) and this many most likely alternatives
     /// ([`Token::logprobs`]); `None` reports nothing. At most [`MAX_TOP_LOGPROBS`].
     pub logprobs: Option<usize>,
-    /// Constrain the output to a grammar (a JSON schema, any JSON object, a Lark grammar): at
-    /// each step the tokens it does not allow get −∞ before sampling, and the generation ends
-    /// when the grammar is complete and allows nothing more (finish reason `Eos`). The
-    /// log-probabilities reported are still the model's own, before the mask.
-    pub grammar: Option<crate::Grammar>,
+    /// Constrain the output to a grammar (a JSON schema, any JSON object, a Lark grammar),
+    /// compiled once by [`crate::Engine::compile_grammar`]: at each step the tokens it does
+    /// not allow get −∞ before sampling, and the generation ends when the grammar is complete
+    /// and allows nothing more (finish reason `Eos`). Near `max_tokens` a token after which
+    /// the grammar could not be finished in the tokens left is drawn again without it, so a
+    /// reply cut by `max_tokens` is still whole whenever `max_tokens` allows the grammar's
+    /// smallest sentence (finish reason `Length`). The log-probabilities reported are still
+    /// the model's own, before the mask.
+    pub grammar: Option<crate::CompiledGrammar>,
     /// Speculative decoding ([`crate::Draft`]): drafts checked in one pass with the token
     /// before them. It changes the speed, never the output. In the continuous batcher each
     /// sequence drafts on its own and one pass runs every sequence's rows.

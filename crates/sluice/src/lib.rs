@@ -40,7 +40,9 @@ pub mod tools;
 // trace replay) live in `tools`.
 pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
 pub use draft::Draft;
-pub use engine::{Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory};
+pub use engine::{
+    CompiledGrammar, Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory,
+};
 pub use generate::{
     FinishReason, GenerateOptions, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress, Token,
     TokenLogprobs,
@@ -240,7 +242,8 @@ impl Error {
             | Error::Sampler(_)
             | Error::Sequences { .. }
             | Error::Format(_) => true,
-            Error::Grammar(g) => matches!(g, sluice_grammar::Error::Grammar { .. }),
+            // A grammar that fails part-way (its limits reached) is the caller's grammar too.
+            Error::Grammar(g) => !matches!(g, sluice_grammar::Error::Vocab(_)),
             Error::Store(s) => store_input(s),
             Error::Model(m) => model_input(m, &store_input),
             Error::Io { .. }

@@ -412,22 +412,106 @@ fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| bad(format!("bad request body: {e}")))
 }
 
-/// Submits a job whose events flow into a channel; the job is cancelled when the receiver goes.
-/// Submits `n` jobs of one prompt, choice `i` sampling with seed `seed + i` (so choice 0 is
-/// what `n: 1` gives), their events tagged with the choice.
+/// A prompt as a request gives it, before it is tokenized.
+enum PromptSpec {
+    /// Text, token ids, or plain chat messages (through the template).
+    Owned(OwnedPrompt),
+    /// A chat with tools or a history of calls: the messages as OpenAI sent them, rendered
+    /// with the template's `tools` variable set; `plain` for finding the system messages' end.
+    Rich {
+        full: Vec<Value>,
+        plain: Vec<Message>,
+        tools: Option<Vec<Value>>,
+    },
+}
+
+/// A request's prompt tokenized and its grammar compiled.
+struct Prepared {
+    ids: Vec<u32>,
+    cache_prefix: Option<usize>,
+    grammar: Option<crate::CompiledGrammar>,
+}
+
+/// Renders and tokenizes a prompt and compiles its grammar — once for every choice, and on
+/// the blocking pool, never on the server's two async workers, so `/health` and every other
+/// request go on answering meanwhile. Compilation is bounded (see
+/// [`crate::Engine::compile_grammar`]); so is rendering (the template's own limits).
+async fn prepare(
+    app: &App,
+    prompt: PromptSpec,
+    grammar: Option<crate::Grammar>,
+) -> Result<Prepared, ApiError> {
+    let engine = app.batcher.engine().clone();
+    let work = move || -> Result<Prepared, ApiError> {
+        let grammar = grammar.map(|g| engine.compile_grammar(&g)).transpose()?;
+        let (ids, cache_prefix) = match prompt {
+            PromptSpec::Owned(p) => {
+                let ids = engine.encode(&p.as_prompt())?;
+                let cache = match &p {
+                    OwnedPrompt::Chat(m) => engine.chat_system_end(m, &ids),
+                    _ => None,
+                };
+                (ids, cache)
+            }
+            PromptSpec::Rich { full, plain, tools } => {
+                let tpl = engine
+                    .chat_template()
+                    .ok_or_else(|| bad("this model has no chat template"))?;
+                let tok = engine
+                    .tokenizer()
+                    .ok_or_else(|| bad("this model has no tokenizer"))?;
+                let text = tpl
+                    .render_with(&full, true, &json!({"tools": tools}))
+                    .map_err(|e| bad(e.to_string()))?;
+                tok.check_fits(&text, engine.model().max_positions())
+                    .map_err(|e| bad(e.to_string()))?;
+                let ids = tok.encode(&text, false).map_err(|e| bad(e.to_string()))?;
+                // Where the system messages end (with the tools, as the template puts them): a
+                // recurrent model's prefix cache keeps the state there for requests that
+                // share them.
+                let cache = engine.system_boundary(&plain).and_then(|system| {
+                    tpl.render_with(&full[..system], false, &json!({"tools": tools}))
+                        .ok()
+                        .and_then(|t| engine.prefix_end(&t, &ids))
+                });
+                (ids, cache)
+            }
+        };
+        Ok(Prepared {
+            ids,
+            cache_prefix,
+            grammar,
+        })
+    };
+    tokio::task::spawn_blocking(work).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("preparing the request failed: {e}"),
+        )
+    })?
+}
+
+/// Submits `n` jobs of one prepared prompt, choice `i` sampling with seed `seed + i` (so
+/// choice 0 is what `n: 1` gives), their events tagged with the choice; the jobs are
+/// cancelled when the receiver goes.
 fn submit(
     app: &App,
-    prompt: &OwnedPrompt,
-    opts: GenerateOptions,
+    prepared: Prepared,
+    mut opts: GenerateOptions,
     n: usize,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
+    if opts.cache_prefix.is_none() {
+        opts.cache_prefix = prepared.cache_prefix;
+    }
+    opts.grammar = prepared.grammar;
+    let prompt = OwnedPrompt::Ids(prepared.ids);
     for i in 0..n {
         let mut o = opts.clone();
         o.sampling.seed = opts.sampling.seed.wrapping_add(i as u64);
         let tx = tx.clone();
         app.batcher
-            .submit(prompt, o, Box::new(move |e| tx.send((i, e)).is_ok()))?;
+            .submit(&prompt, o, Box::new(move |e| tx.send((i, e)).is_ok()))?;
     }
     Ok(rx)
 }
@@ -471,7 +555,8 @@ async fn completions(
         PromptField::Texts(_) => return Err(bad("`prompt`: give one prompt per request")),
     };
     let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Completions)?;
-    let rx = submit(&app, &prompt, opts, n)?;
+    let prepared = prepare(&app, PromptSpec::Owned(prompt), None).await?;
+    let rx = submit(&app, prepared, opts, n)?;
     let id = app.id("cmpl");
     let name = app.opts.model_name.clone();
     let created = now();
@@ -589,7 +674,7 @@ async fn chat_completions(
         full.push(v);
         plain.push(Message::new(m.role, content));
     }
-    let (mut opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
+    let (opts, n, stream, include_usage) = app.options(&req.common, Endpoint::Chat)?;
     // A forced call's grammar wins over `response_format`.
     let (grammar, calls) = match forced {
         Some((g, c)) => (Some(g), Some(c)),
@@ -604,38 +689,15 @@ async fn chat_completions(
             }),
         ),
     };
-    if let Some(g) = &grammar {
-        // A grammar that does not compile is refused before anything runs.
-        app.batcher.engine().constrain(g)?;
-    }
-    opts.grammar = grammar;
-    let prompt = if rich {
-        let engine = app.batcher.engine();
-        let tpl = engine
-            .chat_template()
-            .ok_or_else(|| bad("this model has no chat template"))?;
-        let tok = engine
-            .tokenizer()
-            .ok_or_else(|| bad("this model has no tokenizer"))?;
-        let text = tpl
-            .render_with(&full, true, &json!({"tools": tools}))
-            .map_err(|e| bad(e.to_string()))?;
-        tok.check_fits(&text, engine.model().max_positions())
-            .map_err(|e| bad(e.to_string()))?;
-        let ids = tok.encode(&text, false).map_err(|e| bad(e.to_string()))?;
-        // Where the system messages end (with the tools, as the template puts them): a
-        // recurrent model's prefix cache keeps the state there for requests that share them.
-        if let Some(system) = engine.system_boundary(&plain) {
-            opts.cache_prefix = tpl
-                .render_with(&full[..system], false, &json!({"tools": tools}))
-                .ok()
-                .and_then(|t| engine.prefix_end(&t, &ids));
-        }
-        OwnedPrompt::Ids(ids)
+    // The grammar is compiled and the prompt rendered before anything runs: what fails is
+    // refused with a 400.
+    let spec = if rich {
+        PromptSpec::Rich { full, plain, tools }
     } else {
-        OwnedPrompt::Chat(plain)
+        PromptSpec::Owned(OwnedPrompt::Chat(plain))
     };
-    let rx = submit(&app, &prompt, opts, n)?;
+    let prepared = prepare(&app, spec, grammar).await?;
+    let rx = submit(&app, prepared, opts, n)?;
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();

@@ -209,22 +209,48 @@ pub fn forced_schema(
     if fns.is_empty() {
         return Err("`tool_choice: required` needs `tools`".into());
     }
+    // Each tool's parameters move under `$defs/tool{i}` of the combined schema, their local
+    // references (`#/$defs/Loc`, pydantic's nested models, or `#` itself) rewritten to point
+    // there: nested under `anyOf` as they are, they would point at the combined root.
+    let mut defs = serde_json::Map::new();
     let items: Vec<Value> = fns
         .into_iter()
-        .map(|(name, params)| {
+        .enumerate()
+        .map(|(i, (name, mut params))| {
+            let at = format!("#/$defs/tool{i}");
+            rebase_refs(&mut params, &at);
+            defs.insert(format!("tool{i}"), params);
             serde_json::json!({
                 "type": "object",
-                "properties": {"name": {"const": name}, "arguments": params},
+                "properties": {"name": {"const": name}, "arguments": {"$ref": at}},
                 "required": ["name", "arguments"],
                 "additionalProperties": false
             })
         })
         .collect();
-    let mut schema = serde_json::json!({"type": "array", "items": {"anyOf": items}, "minItems": 1});
+    let mut schema = serde_json::json!({"$defs": defs, "type": "array", "items": {"anyOf": items}, "minItems": 1});
     if !parallel {
         schema["maxItems"] = serde_json::json!(1);
     }
     Ok((schema, Calls::Required))
+}
+
+/// Rewrites every local `$ref` in `schema` (`#`, `#/…`) to the same place under `at`.
+fn rebase_refs(schema: &mut Value, at: &str) {
+    match schema {
+        Value::Object(m) => {
+            for (k, v) in m.iter_mut() {
+                match v {
+                    Value::String(r) if k == "$ref" && r.starts_with('#') => {
+                        *r = format!("{at}{}", &r[1..]);
+                    }
+                    v => rebase_refs(v, at),
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|v| rebase_refs(v, at)),
+        _ => {}
+    }
 }
 
 /// `arguments` as OpenAI writes it: an object, compact.
@@ -453,6 +479,51 @@ mod tests {
             name: name.into(),
             arguments: arguments.into(),
         }
+    }
+
+    /// Issue 59: `tool_choice: "required"` nested each tool's parameters under `anyOf`, so
+    /// pydantic's `#/$defs/Loc` pointed at the combined root: "Pointer '/$defs/Loc' does not
+    /// exist". Two tools with different models of the same name each keep their own.
+    #[test]
+    fn required_keeps_each_tools_defs_apart() {
+        let tool = |name: &str, loc: Value| {
+            serde_json::json!({"type": "function", "function": {"name": name, "parameters": {
+                "$defs": {"Loc": loc},
+                "type": "object",
+                "properties": {"at": {"$ref": "#/$defs/Loc"}, "again": {"$ref": "#"}},
+                "required": ["at"]
+            }}})
+        };
+        let tools = [
+            tool(
+                "a",
+                serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+            ),
+            tool("b", serde_json::json!({"type": "integer"})),
+        ];
+        let (schema, _) = forced_schema(&tools, None, true).unwrap();
+        let at = |p: &str| schema.pointer(p).cloned().unwrap_or(Value::Null);
+        assert_eq!(
+            at("/$defs/tool0/properties/at/$ref"),
+            "#/$defs/tool0/$defs/Loc"
+        );
+        assert_eq!(at("/$defs/tool0/properties/again/$ref"), "#/$defs/tool0");
+        assert_eq!(
+            at("/$defs/tool1/properties/at/$ref"),
+            "#/$defs/tool1/$defs/Loc"
+        );
+        assert_eq!(at("/$defs/tool1/$defs/Loc/type"), "integer");
+        // It compiles, and the search finishes it with tool `a`'s call, its city required.
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        tokens.push(b"<eos>".to_vec());
+        let mut special = vec![false; 257];
+        special[256] = true;
+        let v =
+            sluice_grammar::Vocab::new(&sluice_text::VocabBytes { tokens, special }, &[256], 257)
+                .unwrap();
+        let c = v.compile(&crate::Grammar::JsonSchema(schema)).unwrap();
+        let smallest = r#"[{"name": "a", "arguments": {"at": {"city": ""}}}]"#;
+        assert_eq!(c.smallest(), Some(smallest.len()));
     }
 
     #[test]

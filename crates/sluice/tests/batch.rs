@@ -165,11 +165,27 @@ fn bad_jobs_are_refused_at_submit() {
     );
 }
 
+/// The grammars of [`constrained_job`], each compiled once for all the jobs that use it
+/// (each compiled grammar is lent memory by the expert cache while it is held).
+fn grammars(engine: &Engine) -> Vec<Option<sluice::CompiledGrammar>> {
+    (0..4)
+        .map(|i| grammar(i).map(|g| engine.compile_grammar(&g).unwrap()))
+        .collect()
+}
+
 /// Jobs under grammars (a schema, a Lark grammar, any object) and without, greedy and sampled.
-fn constrained_job(i: usize) -> (OwnedPrompt, GenerateOptions) {
+fn constrained_job(
+    grammars: &[Option<sluice::CompiledGrammar>],
+    i: usize,
+) -> (OwnedPrompt, GenerateOptions) {
     let (p, mut o) = job(i);
     o.max_tokens = 40;
-    o.grammar = match i % 4 {
+    o.grammar = grammars[i % 4].clone();
+    (p, o)
+}
+
+fn grammar(i: usize) -> Option<sluice::Grammar> {
+    match i % 4 {
         0 => Some(sluice::Grammar::JsonSchema(serde_json::json!({
             "type": "object",
             "properties": {"mood": {"enum": ["calm", "cross"]},
@@ -181,8 +197,7 @@ fn constrained_job(i: usize) -> (OwnedPrompt, GenerateOptions) {
         )),
         2 => Some(sluice::Grammar::JsonObject),
         _ => None,
-    };
-    (p, o)
+    }
 }
 
 #[test]
@@ -195,8 +210,9 @@ fn constrained_sequences_batched_equal_solo_under_a_budget() {
         .sequences(8)
         .build()
         .unwrap();
+    let compiled = grammars(&engine);
     let run_solo = |i: usize| {
-        let (p, o) = constrained_job(i);
+        let (p, o) = constrained_job(&compiled, i);
         let OwnedPrompt::Text(t) = &p else {
             unreachable!()
         };
@@ -228,7 +244,11 @@ fn constrained_sequences_batched_equal_solo_under_a_budget() {
         assert!(want[i].1.starts_with("{\""), "{}", want[i].1);
     }
     for n in [3, 8] {
-        let got = common::batched(&engine, n, (0..8).map(constrained_job).collect());
+        let got = common::batched(
+            &engine,
+            n,
+            (0..8).map(|i| constrained_job(&compiled, i)).collect(),
+        );
         for (i, f) in got.into_iter().enumerate() {
             assert_eq!(
                 (f.ids, f.text, Some(f.finish)),

@@ -271,24 +271,24 @@ fn the_grammar_index_is_paid_for_out_of_the_expert_cache_under_a_budget() {
     // A budget whose cache cannot spare the index says so.
     let tight = build(Memory::Bytes((16 << 20) + common::text(64, 1)));
     let err = tight
-        .constrain(&sluice::Grammar::JsonObject)
+        .compile_grammar(&sluice::Grammar::JsonObject)
         .unwrap_err()
         .to_string();
     assert!(err.contains("raise --memory"), "{err}");
     let e = build(Memory::Bytes((24 << 20) + common::text(64, 1)));
     let before = e.model().experts().capacity();
     let g = sluice::Grammar::JsonObject;
-    e.constrain(&g).unwrap();
+    e.compile_grammar(&g).unwrap();
     let want = sluice_grammar_index_bytes(e.tokenizer().unwrap().vocab_size());
     assert_eq!(before - e.model().experts().capacity(), want);
     // Indexed once: a second grammar takes nothing more.
-    e.constrain(&sluice::Grammar::Lark("start: \"x\"".into()))
+    e.compile_grammar(&sluice::Grammar::Lark("start: \"x\"".into()))
         .unwrap();
     assert_eq!(before - e.model().experts().capacity(), want);
     // Unlimited memory lends nothing.
     let u = build(Memory::Unlimited);
     let c = u.model().experts().capacity();
-    u.constrain(&g).unwrap();
+    u.compile_grammar(&g).unwrap();
     assert_eq!(u.model().experts().capacity(), c);
 }
 

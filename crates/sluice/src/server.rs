@@ -569,17 +569,47 @@ async fn completions(
         return Ok(sse(rx, n, chunk, Vec::new(), include_usage).into_response());
     }
     let done = collect(rx, n).await?;
-    let choices: Vec<Value> = done
-        .iter()
-        .enumerate()
-        .map(|(i, (f, lp))| json!({"index": i, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": completion_logprobs(&engine, lp)}))
-        .collect();
-    Ok(axum::Json(json!({
-        "id": id, "object": "text_completion", "created": created, "model": name,
-        "choices": choices,
-        "usage": usage(done.iter().map(|d| &d.0)),
-    }))
-    .into_response())
+    let u = usage(done.iter().map(|d| &d.0));
+    let choices = done.into_iter().enumerate().map(move |(i, (f, lp))| {
+        json!({"index": i, "text": f.text, "finish_reason": finish_str(f.finish), "logprobs": completion_logprobs(&engine, &lp)})
+            .to_string()
+    });
+    Ok(json_stream(
+        json!({"id": id, "object": "text_completion", "created": created, "model": name}),
+        "choices",
+        choices,
+        "usage",
+        u,
+    ))
+}
+
+/// A JSON object response written as it is sent: the fields of `head`, then `list` as an
+/// array whose items (JSON texts) are made one at a time as the body goes out, then `tail`
+/// under its name. A reply of many choices with log-probabilities (16 × 400 tokens × 21
+/// alternatives is 10 MB of JSON) is never held whole, as a tree or as text.
+fn json_stream<I>(head: Value, list: &str, items: I, tail_name: &str, tail: Value) -> Response
+where
+    I: Iterator<Item = String> + Send + 'static,
+{
+    let head = head.to_string();
+    let open = format!(
+        "{}{}\"{list}\":[",
+        &head[..head.len() - 1],
+        if head.len() > 2 { "," } else { "" }
+    );
+    let close = format!("],\"{tail_name}\":{tail}}}");
+    let mut first = true;
+    let chunks = std::iter::once(open)
+        .chain(items.map(move |item| {
+            let sep = if std::mem::take(&mut first) { "" } else { "," };
+            format!("{sep}{item}")
+        }))
+        .chain(std::iter::once(close))
+        .map(|s| Ok::<_, Infallible>(Bytes::from(s)));
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(futures_util::stream::iter(chunks)))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 async fn chat_completions(
@@ -736,23 +766,21 @@ async fn chat_completions(
         return Ok(sse(rx, n, chunk, first, include_usage).into_response());
     }
     let done = collect(rx, n).await?;
-    let choices: Vec<Value> = done
-        .iter()
-        .enumerate()
-        .map(|(i, (f, lp))| {
-            let mut choice = json!({"index": i, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)});
-            if let Some(l) = chat_logprobs(&engine, lp) {
-                choice["logprobs"] = l;
-            }
-            choice
-        })
-        .collect();
-    Ok(axum::Json(json!({
-        "id": id, "object": "chat.completion", "created": created, "model": name,
-        "choices": choices,
-        "usage": usage(done.iter().map(|d| &d.0)),
-    }))
-    .into_response())
+    let u = usage(done.iter().map(|d| &d.0));
+    let choices = done.into_iter().enumerate().map(move |(i, (f, lp))| {
+        let mut choice = json!({"index": i, "message": {"role": "assistant", "content": f.text}, "finish_reason": finish_str(f.finish)});
+        if let Some(l) = chat_logprobs(&engine, &lp) {
+            choice["logprobs"] = l;
+        }
+        choice.to_string()
+    });
+    Ok(json_stream(
+        json!({"id": id, "object": "chat.completion", "created": created, "model": name}),
+        "choices",
+        choices,
+        "usage",
+        u,
+    ))
 }
 
 /// A chat reply when the request gave tools: each choice, once finished, parsed for calls (in
@@ -772,14 +800,16 @@ async fn tool_reply(
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, ApiError> {
+    let (head_id, head_name) = (id.clone(), name.clone());
     let done = collect(rx, n).await?;
-    let mut choices = Vec::with_capacity(n);
-    let mut chunks = Vec::new();
-    let chunk = |choice: Value| {
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
-            .to_string()
-    };
-    for (i, (f, lp)) in done.iter().enumerate() {
+    let u = usage(done.iter().map(|d| &d.0));
+    let engine = engine.clone();
+    // Each choice is parsed and written when its turn comes, as a message and as its chunks.
+    let parts = done.into_iter().enumerate().map(move |(i, (f, lp))| {
+        let chunk = |choice: Value| {
+            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
+                .to_string()
+        };
         let parsed = calls.parse(&f.text);
         let calls: Vec<Value> = parsed
             .calls
@@ -805,15 +835,14 @@ async fn tool_reply(
             message["tool_calls"] = json!(calls);
         }
         let mut choice = json!({"index": i, "message": message, "finish_reason": finish});
-        let logprobs = chat_logprobs(engine, lp);
+        let logprobs = chat_logprobs(&engine, &lp);
         if let Some(l) = &logprobs {
             choice["logprobs"] = l.clone();
         }
-        choices.push(choice);
         // The same as a stream.
-        chunks.push(chunk(
+        let mut chunks = vec![chunk(
             json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
-        ));
+        )];
         if !parsed.content.is_empty() {
             let mut c =
                 json!({"index": i, "delta": {"content": parsed.content}, "finish_reason": null});
@@ -839,23 +868,26 @@ async fn tool_reply(
         chunks.push(chunk(
             json!({"index": i, "delta": {}, "finish_reason": finish}),
         ));
-    }
-    let u = usage(done.iter().map(|d| &d.0));
+        (choice.to_string(), chunks)
+    });
     if !stream {
-        return Ok(axum::Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": name,
-            "choices": choices,
-            "usage": u,
-        }))
-        .into_response());
+        return Ok(json_stream(
+            json!({"id": head_id, "object": "chat.completion", "created": created, "model": head_name}),
+            "choices",
+            parts.map(|(choice, _)| choice),
+            "usage",
+            u,
+        ));
     }
+    let mut tail = Vec::new();
     if include_usage {
-        chunks.push(json!({"choices": [], "usage": u}).to_string());
+        tail.push(json!({"choices": [], "usage": u}).to_string());
     }
-    chunks.push("[DONE]".into());
+    tail.push("[DONE]".into());
     let events = futures_util::stream::iter(
-        chunks
-            .into_iter()
+        parts
+            .flat_map(|(_, chunks)| chunks)
+            .chain(tail)
             .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d))),
     );
     Ok(Sse::new(events).into_response())

@@ -2,105 +2,14 @@
 //! completions, malformed requests, a disconnect mid-stream, and concurrent requests that batch
 //! together yet each get exactly what a solo run gives.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 mod common;
-use common::{demo, solo};
+use common::{Server, chat_model, copy_model, demo, events, health, post, solo, start, url};
 use serde_json::{Value, json};
-
-/// A scratch copy of the files of a model directory.
-fn copy_model(src: &Path) -> tempfile::TempDir {
-    let d = tempfile::tempdir().unwrap();
-    for e in std::fs::read_dir(src).unwrap() {
-        let p = e.unwrap().path();
-        std::fs::copy(&p, d.path().join(p.file_name().unwrap())).unwrap();
-    }
-    d
-}
-
-/// The demo model plus a ChatML chat template, so the chat endpoint has something to render.
-fn chat_model() -> tempfile::TempDir {
-    let d = copy_model(&demo());
-    let cfg = d.path().join("tokenizer_config.json");
-    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-    c["chat_template"] = "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}".into();
-    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
-    d
-}
-
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(model: &Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .args([
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--port",
-            "0",
-            "--threads",
-            "2",
-        ])
-        .args(extra)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    let port = line
-        .split("http://127.0.0.1:")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {line:?}"));
-    std::thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = err.read_to_string(&mut rest);
-    });
-    Server { child, port }
-}
-
-fn url(s: &Server, path: &str) -> String {
-    format!("http://127.0.0.1:{}{path}", s.port)
-}
-
-/// POSTs JSON; returns (status, body).
-fn post(s: &Server, path: &str, body: &str) -> (u16, String) {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into();
-    let mut r = agent
-        .post(&url(s, path))
-        .header("content-type", "application/json")
-        .send(body)
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.body_mut().read_to_string().unwrap())
-}
-
-/// The `data:` payloads of a server-sent-event body.
-fn events(body: &str) -> Vec<String> {
-    body.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .map(str::to_owned)
-        .collect()
-}
 
 #[test]
 fn completions_stream_and_not() {
@@ -365,16 +274,6 @@ fn post_typed(s: &Server, path: &str, content_type: Option<&str>, body: &str) ->
     let mut r = r.send(body).unwrap();
     let status = r.status().as_u16();
     (status, r.body_mut().read_to_string().unwrap())
-}
-
-fn health(s: &Server) -> Value {
-    ureq::Agent::new_with_defaults()
-        .get(&url(s, "/health"))
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_json()
-        .unwrap()
 }
 
 /// Issue 18 class 7: only `application/json` bodies are taken (a web page in the user's

@@ -591,3 +591,91 @@ impl Drop for Cgroup {
         }
     }
 }
+
+/// The demo model with `template` as its `chat_template.jinja`.
+fn with_template(template: &str) -> tempfile::TempDir {
+    let demo = common::demo();
+    let d = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&demo).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path(), d.path().join(e.file_name())).unwrap();
+    }
+    std::fs::write(d.path().join("chat_template.jinja"), template).unwrap();
+    d
+}
+
+/// Hostile templates of issue 59: a loop that never ends, a string doubled until the process
+/// aborted (6 GB, then SIGABRT), 56 MB of output at `--memory 16MiB`.
+const HOSTILE_TEMPLATES: [&str; 3] = [
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}",
+    "{% for i in range(100000) %}{{ messages[0].content * 200 }}{% endfor %}",
+];
+
+#[test]
+fn hostile_chat_templates_are_refused_in_one_line() {
+    for t in HOSTILE_TEMPLATES {
+        let d = with_template(t);
+        let t0 = Instant::now();
+        let o = bin()
+            .args(["run", "--model"])
+            .arg(d.path())
+            .args(["Hello there", "--max-tokens", "2", "--memory", "16MiB"])
+            .output()
+            .unwrap();
+        let e = one_line_error(&o);
+        assert!(e.contains("chat_template.jinja"), "{t}: {e}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{t}: {:?}",
+            t0.elapsed()
+        );
+    }
+}
+
+/// In `serve`, two such requests stopped `/health` from answering and Ctrl-C from stopping it.
+#[test]
+fn serve_stays_responsive_under_hostile_templates_and_stops_on_ctrl_c() {
+    let d = with_template(HOSTILE_TEMPLATES[0]);
+    let mut s = common::start(d.path(), &[]);
+    let port = s.port;
+    let body = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}"#;
+    let t0 = Instant::now();
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (status, text) = common::post_to(port, "/v1/chat/completions", body);
+                (status, text, t0.elapsed())
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(common::health(&s)["status"], "ok");
+    let answered = t0.elapsed();
+    for c in clients {
+        let (status, text, done) = c.join().unwrap();
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains("fuel"), "{text}");
+        assert!(
+            answered < done,
+            "/health at {answered:?}, a render ended at {done:?}"
+        );
+    }
+    // Ctrl-C stops it.
+    Command::new("kill")
+        .args(["-INT", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = s.child.try_wait().unwrap() {
+            assert!(st.success(), "{st:?}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "Ctrl-C did not stop the server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

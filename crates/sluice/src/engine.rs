@@ -298,6 +298,15 @@ impl EngineBuilder {
         eos.sort_unstable();
         eos.dedup();
         let sampling = gen_cfg.as_ref().map(sampling_defaults).unwrap_or_default();
+        // A template (untrusted: it comes with the model) writes at most what a prompt of the
+        // context can hold, beyond what it is given (see `RenderLimits`).
+        let template = template.map(|t| match &tokenizer {
+            Some(tok) => {
+                let bytes = tok.max_prompt_bytes(model.max_positions());
+                t.with_limits(sluice_text::chat::RenderLimits::for_prompt_bytes(bytes))
+            }
+            None => t,
+        });
         Ok(Engine {
             inner: Arc::new(Inner {
                 dir,

@@ -39,9 +39,12 @@ use serde_json::Value as Json;
 
 use crate::Error;
 
+mod limits;
 mod python;
 mod strftime;
 mod tojson;
+
+pub use limits::RenderLimits;
 
 use python::{py_str, py_trim, python_formatter, python_method};
 use strftime::strftime;
@@ -85,7 +88,12 @@ pub struct ChatTemplate {
     special_tokens: Vec<(String, String)>,
     path: PathBuf,
     source: String,
+    limits: RenderLimits,
 }
+
+/// How deep macros and recursive loops may nest while rendering (minijinja allows 500, more
+/// than a thread's stack holds).
+const RECURSION_LIMIT: usize = 200;
 
 impl std::fmt::Debug for ChatTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -238,6 +246,53 @@ impl ChatTemplate {
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(python_method);
         env.set_formatter(python_formatter);
+        let limits = RenderLimits::default();
+        env.set_fuel(Some(limits.fuel));
+        env.set_recursion_limit(RECURSION_LIMIT);
+        // The counting the rendered instructions call (see `limits`), and the filters whose
+        // result can be far larger than their inputs, checked first.
+        env.add_function(limits::BUILT, limits::built);
+        env.add_function(limits::CALLED, limits::called);
+        env.add_function(limits::WRITTEN, limits::written);
+        env.add_function(limits::MUL, limits::mul);
+        type Check = fn(&[JValue]) -> Result<(), minijinja::Error>;
+        for (name, check, orig) in [
+            (
+                "replace",
+                limits::filter_replace as Check,
+                JValue::from_function(minijinja::filters::replace),
+            ),
+            (
+                "join",
+                limits::filter_join,
+                JValue::from_function(minijinja::filters::join),
+            ),
+            (
+                "indent",
+                limits::filter_indent,
+                JValue::from_function(minijinja::filters::indent),
+            ),
+            (
+                "format",
+                limits::filter_format,
+                JValue::from_function(minijinja::filters::format),
+            ),
+            (
+                "slice",
+                limits::filter_slice,
+                JValue::from_function(minijinja::filters::slice),
+            ),
+        ] {
+            env.add_filter(
+                name,
+                move |state: &minijinja::State<'_, '_>,
+                      args: minijinja::value::Rest<JValue>|
+                      -> Result<JValue, minijinja::Error> {
+                    check(&args)?;
+                    orig.call(state, &args)
+                },
+            );
+        }
         env.add_filter("tojson", tojson);
         env.add_filter("trim", py_trim);
         env.add_filter("string", |v: JValue| py_str(&v));
@@ -250,6 +305,10 @@ impl ChatTemplate {
                 .map_or(0, |d| d.as_secs() as i64);
             strftime(&format, now)
         });
+        limits::check_source(source).map_err(|msg| Error::Template {
+            path: path.clone(),
+            msg,
+        })?;
         env.add_template_owned("chat", source.to_owned())
             .map_err(|e| Error::Template {
                 path: path.clone(),
@@ -260,7 +319,21 @@ impl ChatTemplate {
             special_tokens,
             path,
             source: source.to_owned(),
+            limits,
         })
+    }
+
+    /// The same template under other limits (the engine sets the text written to the longest
+    /// prompt its context can take).
+    pub fn with_limits(mut self, limits: RenderLimits) -> ChatTemplate {
+        self.env.set_fuel(Some(limits.fuel));
+        self.limits = limits;
+        self
+    }
+
+    /// The limits each render runs under.
+    pub fn limits(&self) -> RenderLimits {
+        self.limits
     }
 
     /// The template's Jinja source.
@@ -301,6 +374,7 @@ impl ChatTemplate {
             path: self.path.clone(),
             msg: error_text(&e),
         };
+        let input = json_len(messages).saturating_add(json_len(kwargs));
         let mut ctx: Vec<(String, JValue)> = self
             .special_tokens
             .iter()
@@ -335,8 +409,66 @@ impl ChatTemplate {
             "add_generation_prompt".into(),
             JValue::from(add_generation_prompt),
         ));
+        // An honest template writes about what it is given: its limits grow with the input,
+        // so that a long conversation meets the context's limit, not the template's.
+        let mut limits = self.limits;
+        limits.output_bytes = limits
+            .output_bytes
+            .max(input.saturating_mul(2).saturating_add(64 << 10));
+        limits.built_bytes = limits
+            .built_bytes
+            .max(limits.output_bytes.saturating_mul(8));
         let t = self.env.get_template("chat").map_err(err)?;
-        t.render(JValue::from_iter(ctx)).map_err(err)
+        let compiled = minijinja::machinery::get_compiled_template(&t);
+        let instructions = limits::counted(&compiled.instructions);
+        let blocks: std::collections::BTreeMap<_, _> = compiled
+            .blocks
+            .iter()
+            .map(|(k, v)| (*k, limits::counted(v)))
+            .collect();
+        let mut out = String::new();
+        limits::with_budget(limits, || {
+            let mut o = minijinja::machinery::make_string_output(&mut out);
+            minijinja::machinery::Vm::new(&self.env)
+                .eval(
+                    &instructions,
+                    JValue::from_iter(ctx),
+                    &blocks,
+                    &mut o,
+                    compiled.initial_auto_escape,
+                )
+                .map(drop)
+        })
+        .map_err(|e| match e.kind() {
+            ErrorKind::OutOfFuel => Error::Template {
+                path: self.path.clone(),
+                msg: format!(
+                    "rendering ran past its fuel of {} instructions (a loop that does not end?)",
+                    limits.fuel
+                ),
+            },
+            _ => err(e),
+        })?;
+        Ok(out)
+    }
+}
+
+/// The length of a value as JSON (0 if it does not serialize).
+fn json_len<T: Serialize + ?Sized>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, v) {
+        Ok(()) => c.0,
+        Err(_) => 0,
     }
 }
 
@@ -419,6 +551,129 @@ mod tests {
             t.render(&[Message::new("user", "  abc ")], false).unwrap(),
             "True"
         );
+    }
+
+    /// Renders `src` (one user message "hi") under `limits`; the error text when it fails.
+    fn hostile(src: &str, limits: RenderLimits) -> Result<String, String> {
+        let t = ChatTemplate::new(src, String::new(), String::new(), "t".into())
+            .map_err(|e| e.to_string())?
+            .with_limits(limits);
+        t.render(&[Message::new("user", "hi")], true)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Issue 59: templates ran without limits. Each of these looped for ever, allocated until
+    /// the process aborted, or wrote tens of megabytes; each is now refused in one line, and
+    /// quickly.
+    #[test]
+    fn hostile_templates_are_refused_in_one_line() {
+        let small = RenderLimits::for_prompt_bytes(8 << 10);
+        for (src, says) in [
+            // Nested loops: 10^10 iterations.
+            (
+                "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+                "fuel",
+            ),
+            // Doubling a string: 2^64 bytes.
+            (
+                "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+                "built more than",
+            ),
+            (
+                "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+                "built more than",
+            ),
+            // Doubling through captures and lists.
+            (
+                "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set t %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = t %}{% endfor %}",
+                "wrote more than",
+            ),
+            (
+                "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+                "built more than",
+            ),
+            // A macro calling itself twice: 2^25 calls.
+            (
+                "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}{{ f(25) }}",
+                "fuel",
+            ),
+            // Single operations far larger than their inputs.
+            ("{{ 'x' * 100000000 }}", "constant expression"),
+            ("{{ ('x' * 60000) ~ ('x' * 60000) }}", "constant expression"),
+            ("{% set n = 100000000 %}{{ 'x' * n }}", "`*`"),
+            ("{% set n = 1000000000 %}{{ ([1] * n) | join }}", "`*`"),
+            (
+                "{% set x = 'x' * 10000 %}{{ x | replace('', x) }}",
+                "`replace`",
+            ),
+            (
+                "{% set x = 'x' * 10000 %}{{ x.replace('', x) }}",
+                "`replace`",
+            ),
+            ("{{ 'x' | indent(100000000) }}", "`indent`"),
+            ("{{ '%100000000s' | format('a') }}", "`format`"),
+            ("{{ '{:>100000000}'.format(1) }}", "`format`"),
+            (
+                "{% set s = 'ab' * 1000 %}{{ s.join(range(100000) | map('string')) }}",
+                "`join`",
+            ),
+            ("{{ [1, 2] | slice(100000000) }}", "`slice`"),
+            ("{{ messages | tojson(indent=100000000) }}", "indent"),
+            // 56 MB of output from a tiny input, for a context holding 8 KiB.
+            (
+                "{% for i in range(100000) %}{{ 'x' * 560 }}{% endfor %}",
+                "wrote more than",
+            ),
+            // A template too large to be one.
+            (
+                &*Box::leak(format!("{{# {} #}}", "x".repeat(2 << 20)).into_boxed_str()),
+                "bytes; at most",
+            ),
+            (
+                "{% for i in range(100000) %}xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx{% endfor %}",
+                "wrote more than",
+            ),
+            // Recursion deeper than a thread's stack holds.
+            (
+                "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+                "recursion",
+            ),
+        ] {
+            let t0 = std::time::Instant::now();
+            // On a thread with the default 2 MiB stack of spawned threads.
+            let e = std::thread::spawn(move || hostile(src, small))
+                .join()
+                .unwrap()
+                .unwrap_err();
+            assert!(e.contains(says), "{src}: {e}");
+            assert!(!e.contains('\n'), "{e}");
+            assert!(t0.elapsed().as_secs() < 30, "{src} took {:?}", t0.elapsed());
+        }
+    }
+
+    /// The limits leave real templates alone, and grow with what a template is given.
+    #[test]
+    fn limits_leave_honest_templates_alone() {
+        let small = RenderLimits::for_prompt_bytes(1 << 10);
+        let echo = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(echo, String::new(), String::new(), "t".into())
+            .unwrap()
+            .with_limits(small);
+        // Far more than the limit, but it is what the template was given.
+        let long = "y".repeat(100_000);
+        let out = t
+            .render(&[Message::new("user", long.clone())], false)
+            .unwrap();
+        assert_eq!(out, format!("<|user|>{long}"));
+        // Counting text built out of the input: the same template with a string built.
+        let ok = "{% set ns = namespace(s='') %}{% for m in messages %}{% set ns.s = ns.s ~ m.content ~ '|' %}{% endfor %}{{ ns.s }}";
+        let msgs: Vec<Message> = (0..200)
+            .map(|i| Message::new("user", format!("m{i}")))
+            .collect();
+        let t = ChatTemplate::new(ok, String::new(), String::new(), "t".into())
+            .unwrap()
+            .with_limits(small);
+        assert!(t.render(&msgs, false).unwrap().ends_with("m199|"));
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub(super) fn python_method(
             _ => {}
         }
     }
+    super::limits::check_method(value, method, args)?;
     minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
 }
 
@@ -53,12 +54,19 @@ pub(super) fn py_trim(s: String, chars: Option<String>) -> String {
     }
 }
 
-/// Prints values as Python's `str()` would.
+/// Prints values as Python's `str()` would, counting what it writes against the render's
+/// limit ([`super::limits`]).
 pub(super) fn python_formatter(
     out: &mut minijinja::Output<'_>,
     state: &State<'_, '_>,
     value: &JValue,
 ) -> Result<(), minijinja::Error> {
+    let written = match value.kind() {
+        ValueKind::String => value.as_str().map_or(0, str::len),
+        ValueKind::Undefined | ValueKind::None => 4,
+        _ => py_str(value).len(),
+    };
+    super::limits::charge_written(written)?;
     match value.kind() {
         ValueKind::None | ValueKind::Bool | ValueKind::Seq | ValueKind::Map => out
             .write_str(&py_str(value))

@@ -36,8 +36,24 @@ pub(super) fn tojson(
     let ensure_ascii = opt[0].is_true();
     let indent: Option<String> = match opt[1].kind() {
         ValueKind::None | ValueKind::Undefined => None,
+        ValueKind::String if opt[1].as_str().is_some_and(|s| s.len() > 64) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: an indent of more than 64 characters",
+            ));
+        }
         ValueKind::String => Some(opt[1].as_str().unwrap_or_default().to_owned()),
-        ValueKind::Number => Some(" ".repeat(opt[1].as_i64().unwrap_or(0).max(0) as usize)),
+        ValueKind::Number => {
+            // An indent is at most 64 spaces: each line of the output carries it per level.
+            let n = opt[1].as_i64().unwrap_or(0).max(0);
+            if n > 64 {
+                return Err(minijinja::Error::new(
+                    ErrorKind::InvalidOperation,
+                    "tojson: an indent of more than 64 spaces",
+                ));
+            }
+            Some(" ".repeat(n as usize))
+        }
         _ => {
             return Err(minijinja::Error::new(
                 ErrorKind::InvalidOperation,

@@ -354,10 +354,12 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
     }
 
     let batcher = Batcher::new(engine, a.batch_size)?;
+    /// A job's result, or why it failed and whether the line was at fault (a grammar that
+    /// fails part-way is the line's, and would fail again: a bad line, not one to retry).
     type Outcome = (
         String,
         Box<RawValue>,
-        Result<sluice::batch::Finished, String>,
+        Result<sluice::batch::Finished, (String, bool)>,
     );
     let (tx, rx) = mpsc::channel::<Outcome>();
     let mut submitted = 0;
@@ -375,7 +377,8 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                         let _ = tx.send((k2.clone(), id2.clone(), Ok(*f)));
                     }
                     Event::Failed(e) => {
-                        let _ = tx.send((k2.clone(), id2.clone(), Err(e.to_string())));
+                        let input = e.is_input_error();
+                        let _ = tx.send((k2.clone(), id2.clone(), Err((e.to_string(), input))));
                     }
                 }
                 true
@@ -437,7 +440,12 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
                 text.push('\n');
                 out.write_all(text.as_bytes()).map_err(io(&a.output))?;
             }
-            Err(e) => {
+            Err((e, true)) => {
+                bad_lines += 1;
+                rejected.insert(key);
+                bar.suspend(|| eprintln!("id {id}: {e}; skipped"));
+            }
+            Err((e, false)) => {
                 failed += 1;
                 failed_ids.insert(key);
                 bar.suspend(|| eprintln!("id {id}: {e}"));

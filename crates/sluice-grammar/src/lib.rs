@@ -394,7 +394,10 @@ impl Vocab {
             .factory
             .create_parser(g.top_level())
             .map_err(|e| refuse(e.to_string()))?;
-        // A second handle on the same lexer, to read its size as it grows.
+        // The parser at its start, sharing the lexer the first step and the search below
+        // build: each generation starts from a deep copy of it (its own lexer, so a
+        // generation's steps do not depend on what others explored).
+        let keep = parser.clone();
         let probe = parser.clone();
         let mut m = Matcher::new(Ok(parser));
         if let Some(e) = m.get_error() {
@@ -405,6 +408,7 @@ impl Vocab {
         let json = matches!(g, Grammar::JsonObject | Grammar::JsonSchema(_));
         let mut c = Constraint {
             m,
+            probe,
             eos: v.eos.clone(),
             logits: v.logits,
             mask: None,
@@ -430,10 +434,11 @@ impl Vocab {
         }
         c.checking = smallest.is_some();
         c.plan = smallest.clone();
+        let lexer_bytes = c.lexer_bytes();
         Ok(Compiled {
             inner: Arc::new(CompiledInner {
-                start: Mutex::new(c),
-                probe: Mutex::new(probe),
+                start: Mutex::new((keep, c)),
+                lexer_bytes,
                 kind: g.kind(),
                 smallest: smallest.map(|s| s.len()),
                 source_bytes: g.source_bytes(),
@@ -493,10 +498,11 @@ pub struct Compiled {
 }
 
 struct CompiledInner {
-    /// The constraint at the start, cloned for each generation.
-    start: Mutex<Constraint>,
-    /// A parser sharing the lexer of every generation, for [`Compiled::lexer_bytes`].
-    probe: Mutex<llguidance::TokenParser>,
+    /// The parser at the start, and the constraint that took the first step: each generation
+    /// is a deep copy of the first with the rest of the second.
+    start: Mutex<(llguidance::TokenParser, Constraint)>,
+    /// Bytes of the lexer the compilation built (each generation starts with a copy).
+    lexer_bytes: u64,
     kind: &'static str,
     smallest: Option<usize>,
     source_bytes: usize,
@@ -523,11 +529,15 @@ pub const COMPILED_BYTES_PER_SOURCE_BYTE: u64 = 384;
 impl Compiled {
     /// A fresh generation following the grammar.
     pub fn start(&self) -> Constraint {
-        self.inner
-            .start
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .shallow_copy()
+        let start = self.inner.start.lock().unwrap_or_else(|p| p.into_inner());
+        let (keep, c) = &*start;
+        let parser = keep.deep_clone();
+        let probe = parser.clone();
+        Constraint {
+            m: Matcher::new(Ok(parser)),
+            probe,
+            ..c.shallow_copy()
+        }
     }
 
     /// What was given: `json_object`, `json_schema`, `grammar`.
@@ -535,11 +545,10 @@ impl Compiled {
         self.inner.kind
     }
 
-    /// Bytes the lexer's automaton holds now: it is shared by every generation of the
-    /// grammar and grows (up to llguidance's limit on its states) as they explore it.
+    /// Bytes of the lexer's automaton compiling built: each generation starts with a copy
+    /// of it, and grows its own ([`Constraint::lexer_bytes`]).
     pub fn lexer_bytes(&self) -> u64 {
-        let p = self.inner.probe.lock().unwrap_or_else(|p| p.into_inner());
-        p.parser.lexer_stats().num_bytes as u64
+        self.inner.lexer_bytes
     }
 
     /// The length in bytes of the smallest sentence of the grammar the search found (for a
@@ -549,10 +558,10 @@ impl Compiled {
         self.inner.smallest
     }
 
-    /// The memory the grammar and the generations following it hold now, as charged:
-    /// [`COMPILED_BASE_BYTES`], [`COMPILED_BYTES_PER_SOURCE_BYTE`] per byte of its source, and
-    /// its lexer's automaton as it stands ([`Compiled::lexer_bytes`]; it grows as generations
-    /// explore it, up to [`MAX_LEXER_STATES`] states). An estimate from measurements.
+    /// The memory the compiled grammar holds, as charged: [`COMPILED_BASE_BYTES`],
+    /// [`COMPILED_BYTES_PER_SOURCE_BYTE`] per byte of its source, and its lexer's automaton
+    /// ([`Compiled::lexer_bytes`]). An estimate from measurements. Each generation holds its
+    /// own copy of the lexer besides ([`Constraint::lexer_bytes`]).
     pub fn memory_bytes(&self) -> u64 {
         COMPILED_BASE_BYTES
             + COMPILED_BYTES_PER_SOURCE_BYTE.saturating_mul(self.inner.source_bytes as u64)
@@ -595,6 +604,8 @@ pub enum Commit {
 /// One generation following a grammar.
 pub struct Constraint {
     m: Matcher,
+    /// A parser sharing the matcher's lexer, to read the lexer's size.
+    probe: llguidance::TokenParser,
     eos: Vec<u32>,
     logits: usize,
     /// The mask of the last [`Constraint::mask`], until the token it allowed is committed.
@@ -624,6 +635,7 @@ impl Constraint {
     fn shallow_copy(&self) -> Constraint {
         Constraint {
             m: self.m.clone(),
+            probe: self.probe.clone(),
             eos: self.eos.clone(),
             logits: self.logits,
             mask: None,
@@ -672,6 +684,12 @@ impl Constraint {
         }
         self.mask = Some(mask);
         Ok(Next::Sample)
+    }
+
+    /// Bytes this generation's lexer automaton holds now: it starts as a copy of the compiled
+    /// grammar's and grows (up to [`MAX_LEXER_STATES`] states) as the generation explores it.
+    pub fn lexer_bytes(&self) -> u64 {
+        self.probe.parser.lexer_stats().num_bytes as u64
     }
 
     /// Whether tokens were refused so that the output could be finished within the tokens

@@ -28,6 +28,23 @@ pub(crate) struct Decoding {
     pub(crate) finish: Option<FinishReason>,
     /// The grammar the output follows, if any.
     constraint: Option<sluice_grammar::Constraint>,
+    /// Under a budget, what the constraint's own lexer is lent by the expert cache.
+    lexer_lease: Option<sluice_store::Lease>,
+}
+
+/// Grows what a generation's lexer is lent to what it holds now (it grows as the generation
+/// explores the grammar); a cache that cannot give that up fails the generation.
+fn grow_lexer(l: &mut sluice_store::Lease, c: &sluice_grammar::Constraint) -> Result<(), Error> {
+    let want = c.lexer_bytes();
+    if want > l.bytes() {
+        l.grow_to(want).map_err(|e| {
+            Error::Usage(format!(
+                "the grammar's lexer grew to {:.1} MiB and the expert cache cannot give that up ({e}): raise --memory or simplify the grammar",
+                want as f64 / (1u64 << 20) as f64
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// Stop strings must be non-empty: an empty one would match before any text, so every
@@ -45,9 +62,17 @@ pub(crate) fn check_stops(stop: &[String]) -> Result<(), Error> {
 impl Decoding {
     pub(crate) fn new(engine: &Engine, opts: &GenerateOptions) -> Result<Decoding, Error> {
         check_stops(&opts.stop)?;
-        let _ = engine;
-        // Compiled once (by the caller); each generation starts its own copy.
+        // Compiled once (by the caller); each generation starts its own copy, its lexer's
+        // memory lent by the expert cache under a budget.
         let constraint = opts.grammar.as_ref().map(|g| g.compiled.start());
+        let lexer_lease = match (&constraint, engine.budget()) {
+            (Some(c), Some(_)) => {
+                let mut l = engine.model().experts().lease();
+                grow_lexer(&mut l, c)?;
+                Some(l)
+            }
+            _ => None,
+        };
         Ok(Decoding {
             opts: opts.clone(),
             sampler: Sampler::new(opts.sampling.clone())?,
@@ -57,6 +82,7 @@ impl Decoding {
             text: String::new(),
             finish: None,
             constraint,
+            lexer_lease,
         })
     }
 
@@ -83,8 +109,8 @@ impl Decoding {
             return Ok(self.emit_id(id, eos));
         };
         let next = c.mask(logits)?;
-        if let Some(g) = &self.opts.grammar {
-            g.keep_charged()?;
+        if let Some(l) = &mut self.lexer_lease {
+            grow_lexer(l, c)?;
         }
         if next == Next::End {
             // Output finished early to fit `max_tokens` was cut short: it says so.

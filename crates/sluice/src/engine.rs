@@ -338,42 +338,10 @@ impl EngineBuilder {
 #[derive(Clone, Debug)]
 pub struct CompiledGrammar {
     pub(crate) compiled: sluice_grammar::Compiled,
-    lease: Arc<Mutex<Option<sluice_store::Lease>>>,
+    _lease: Arc<Option<sluice_store::Lease>>,
 }
 
 impl CompiledGrammar {
-    /// Under a budget, grows what the grammar is lent to what it holds now (its lexer grows as
-    /// generations explore it); a cache that cannot give that up fails the generation.
-    pub(crate) fn keep_charged(&self) -> Result<(), Error> {
-        let mut lease = match self.lease.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
-        let Some(l) = lease.as_mut() else {
-            return Ok(());
-        };
-        let want = self.compiled.memory_bytes();
-        if want > l.bytes() {
-            l.grow_to(want).map_err(|e| {
-                Error::Usage(format!(
-                    "{}: the grammar's lexer grew to {:.1} MiB and the expert cache cannot give that up ({e}): raise --memory or simplify the grammar",
-                    self.kind(),
-                    want as f64 / (1u64 << 20) as f64
-                ))
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Bytes of the memory budget the grammar holds (0 without a budget).
-    pub fn charged_bytes(&self) -> u64 {
-        let lease = match self.lease.lock() {
-            Ok(l) => l,
-            Err(p) => p.into_inner(),
-        };
-        lease.as_ref().map_or(0, |l| l.bytes())
-    }
-
     /// What was given: `json_object`, `json_schema`, `grammar`.
     pub fn kind(&self) -> &'static str {
         self.compiled.kind()
@@ -383,6 +351,11 @@ impl CompiledGrammar {
     /// ([`sluice_grammar::Compiled::smallest`]).
     pub fn smallest(&self) -> Option<usize> {
         self.compiled.smallest()
+    }
+
+    /// Bytes of the memory budget the compiled grammar holds (0 without a budget).
+    pub fn charged_bytes(&self) -> u64 {
+        self._lease.as_ref().as_ref().map_or(0, |l| l.bytes())
     }
 }
 
@@ -512,7 +485,8 @@ impl Engine {
     /// The vocabulary is indexed once, at the first call; under a memory budget the index's
     /// memory ([`sluice_grammar::index_bytes`]) is lent by the expert cache from then on, as KV
     /// pages are, and so is each compiled grammar's ([`sluice_grammar::Compiled::memory_bytes`])
-    /// for as long as it is held: a budget whose cache cannot give it up refuses the grammar.
+    /// for as long as it is held, and each generation's copy of its lexer while it runs: a
+    /// budget whose cache cannot give it up refuses the grammar (or fails the generation).
     pub fn compile_grammar(
         &self,
         grammar: &sluice_grammar::Grammar,
@@ -549,7 +523,7 @@ impl Engine {
         };
         Ok(CompiledGrammar {
             compiled,
-            lease: Arc::new(Mutex::new(lease)),
+            _lease: Arc::new(lease),
         })
     }
 

@@ -421,11 +421,16 @@ impl Vocab {
         // The smallest sentence, searched for on a copy: a search that runs into llguidance's
         // limits (the lexer's states) is a grammar nothing could finish.
         let mut probe_c = c.shallow_copy();
-        let smallest = probe_c.completion(MAX_COMPLETION);
+        let search = probe_c.completion(MAX_COMPLETION, SMALLEST_OPS);
         if let Some(e) = probe_c.m.get_error() {
             return Err(refuse(format!("no sentence of it fits the limits: {e}")));
         }
-        if json && smallest.is_none() {
+        let not_found = matches!(search, Search::NotFound);
+        let smallest = match search {
+            Search::Found(p) => Some(p),
+            Search::NotFound | Search::GaveUp => None,
+        };
+        if json && not_found {
             // For JSON the search follows the schema closely: a schema it cannot finish has no
             // document of a usable size (or none at all: a required property containing itself).
             return Err(refuse(format!(
@@ -648,6 +653,35 @@ impl Constraint {
     }
 }
 
+/// What a search for a way to finish found.
+enum Search {
+    /// These bytes finish the grammar.
+    Found(Vec<u8>),
+    /// None within the bytes allowed (there may be one the search missed).
+    NotFound,
+    /// It ran out of operations first.
+    GaveUp,
+}
+
+/// Takes `n` from `ops`; false when there are not that many.
+fn spend(ops: &mut usize, n: usize) -> bool {
+    match ops.checked_sub(n) {
+        Some(rest) => {
+            *ops = rest;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Parser operations one search during generation may spend (about 4,096 bytes of a JSON
+/// completion, fewer of a Lark one): searching costs time on every step, so a grammar whose
+/// completions are long and costly to find is not checked.
+pub const SEARCH_OPS: usize = 16 << 10;
+
+/// Parser operations the search for a grammar's smallest sentence may spend when it compiles.
+pub const SMALLEST_OPS: usize = 256 << 10;
+
 /// Bytes tried, in this order, when the search for a completion has no better guide: closing
 /// what is open, then the shortest values.
 const PREFERRED: &[u8] = b"\"}])>,:0 nft[{-";
@@ -754,15 +788,18 @@ impl Constraint {
     ///
     /// The guarantee needs a known way to finish: from the start, the grammar's smallest
     /// sentence when it fits `left`. Without one (none was found, or it is longer than the
-    /// tokens left) every token is taken, as [`Constraint::commit`] takes it.
+    /// tokens left), or once a search would cost more than [`SEARCH_OPS`] parser operations,
+    /// every token is taken, as [`Constraint::commit`] takes it ([`Constraint::is_checking`]).
     pub fn commit_within(&mut self, id: u32, left: usize) -> Result<Commit, Error> {
         if self.checking && self.plan.as_ref().is_none_or(|p| p.len() > left) {
             // A plan is known while checking, and it fits: keep it so, or stop checking.
-            self.plan = self
-                .plan
-                .take()
-                .filter(|p| p.len() <= left)
-                .or_else(|| self.completion(left));
+            self.plan = match self.plan.take().filter(|p| p.len() <= left) {
+                Some(p) => Some(p),
+                None => match self.completion(left, SEARCH_OPS) {
+                    Search::Found(p) => Some(p),
+                    Search::NotFound | Search::GaveUp => None,
+                },
+            };
             self.checking = self.plan.is_some();
         }
         if !self.checking || self.eos.contains(&id) {
@@ -776,12 +813,17 @@ impl Constraint {
         if self.plan.as_ref().is_some_and(|p| p.len() <= room) {
             return Ok(Commit::Taken);
         }
-        match self.completion(room) {
-            Some(p) => {
+        match self.completion(room, SEARCH_OPS) {
+            Search::Found(p) => {
                 self.plan = Some(p);
                 Ok(Commit::Taken)
             }
-            None => {
+            Search::GaveUp => {
+                // Too costly to check: taken, and no more tokens are checked.
+                self.checking = false;
+                Ok(Commit::Taken)
+            }
+            Search::NotFound => {
                 self.m.rollback(1).map_err(|e| self.err(e))?;
                 (self.json, self.plan, self.mask) = before;
                 self.steered = true;
@@ -800,72 +842,118 @@ impl Constraint {
     /// Looks for a way to finish the grammar from here in at most `limit` bytes, one
     /// single-byte token each: at each step the byte the JSON guide would write next, else one
     /// after which the grammar may end, else the first the grammar allows of [`PREFERRED`] and
-    /// then of every byte in order. Leaves the constraint as it was. `None` when none is found
-    /// within `limit` bytes (there may still be one the search missed).
-    fn completion(&mut self, limit: usize) -> Option<Vec<u8>> {
+    /// then of every byte in order. Leaves the constraint as it was. Spends at most `ops`
+    /// parser operations (each a token checked, taken or tested for the end): a search that
+    /// would spend more gives up.
+    fn completion(&mut self, limit: usize, ops: usize) -> Search {
         let mut guide = self.json.clone();
         let mut out = Vec::new();
+        let mut left = ops;
         let found = loop {
+            if !spend(&mut left, 1) {
+                break Search::GaveUp;
+            }
             match self.m.is_accepting() {
-                Ok(true) => break true,
+                Ok(true) => break Search::Found(Vec::new()),
                 Ok(false) => {}
-                Err(_) => break false,
+                Err(_) => break Search::NotFound,
             }
             if out.len() >= limit.min(MAX_COMPLETION) {
-                break false;
+                break Search::NotFound;
             }
-            let Some(b) = self.next_byte(guide.as_ref()) else {
-                break false;
+            let b = match self.next_byte(guide.as_ref(), &mut left) {
+                Ok(Some(b)) => b,
+                Ok(None) => break Search::NotFound,
+                Err(()) => break Search::GaveUp,
             };
             let Some(t) = self.texts.byte_token[b as usize] else {
-                break false;
+                break Search::NotFound;
             };
+            if !spend(&mut left, 1) {
+                break Search::GaveUp;
+            }
             if self.m.consume_token(t).is_err() {
-                break false;
+                break Search::NotFound;
             }
             out.push(b);
             if let Some(g) = &mut guide {
                 g.push(&[b]);
             }
         };
-        let n = out.len();
-        if self.m.rollback(n).is_err() {
-            return None;
+        if self.m.rollback(out.len()).is_err() {
+            return Search::NotFound;
         }
-        found.then_some(out)
+        match found {
+            Search::Found(_) => Search::Found(out),
+            other => other,
+        }
     }
 
-    /// The byte the completion search takes next (see [`Constraint::completion`]).
-    fn next_byte(&mut self, guide: Option<&close::JsonPrefix>) -> Option<u8> {
+    /// The byte the completion search takes next (see [`Constraint::completion`]); `Err` when
+    /// `ops` runs out first.
+    fn next_byte(
+        &mut self,
+        guide: Option<&close::JsonPrefix>,
+        ops: &mut usize,
+    ) -> Result<Option<u8>, ()> {
         let texts = self.texts.clone();
-        let allowed = |m: &mut Matcher, b: u8| -> bool {
-            texts.byte_token[b as usize].is_some_and(|t| m.validate_tokens(&[t]).ok() == Some(1))
+        let allowed = |m: &mut Matcher, b: u8, ops: &mut usize| -> Result<bool, ()> {
+            let Some(t) = texts.byte_token[b as usize] else {
+                return Ok(false);
+            };
+            if !spend(ops, 1) {
+                return Err(());
+            }
+            Ok(m.validate_tokens(&[t]).ok() == Some(1))
         };
         if let Some(b) = guide
             .and_then(|g| g.suffix())
             .and_then(|s| s.first().copied())
-            && allowed(&mut self.m, b)
+            && allowed(&mut self.m, b, ops)?
         {
-            return Some(b);
+            return Ok(Some(b));
+        }
+        // What the grammar forces (a required key, a literal's rest) costs one operation.
+        if !spend(ops, 1) {
+            return Err(());
+        }
+        if let Some(&b) = self.m.compute_ff_bytes().first()
+            && texts.byte_token[b as usize].is_some()
+        {
+            return Ok(Some(b));
         }
         let mut order: Vec<u8> = PREFERRED.to_vec();
         order.extend((0..=255u8).filter(|b| !PREFERRED.contains(b)));
-        let allowed: Vec<u8> = order
-            .into_iter()
-            .filter(|&b| allowed(&mut self.m, b))
-            .collect();
+        let mut bytes = Vec::new();
+        for b in order {
+            if allowed(&mut self.m, b, ops)? {
+                bytes.push(b);
+            }
+        }
         // A byte after which the grammar may end, if there is one; else the first allowed.
-        for &b in allowed.iter().take(64) {
-            let t = texts.byte_token[b as usize]?;
+        for &b in bytes.iter().take(64) {
+            let Some(t) = texts.byte_token[b as usize] else {
+                continue;
+            };
+            if !spend(ops, 2) {
+                return Err(());
+            }
             if self.m.consume_token(t).is_ok() {
                 let ends = self.m.is_accepting().unwrap_or(false);
                 let _ = self.m.rollback(1);
                 if ends {
-                    return Some(b);
+                    return Ok(Some(b));
                 }
             }
         }
-        allowed.first().copied()
+        Ok(bytes.first().copied())
+    }
+
+    /// Whether tokens are still checked for leaving a way to finish in the tokens left
+    /// ([`Constraint::commit_within`]): from the start when the grammar's smallest sentence
+    /// was found and fits, until a search costs more than [`SEARCH_OPS`].
+    pub fn is_checking(&self) -> bool {
+        self.checking
     }
 
     /// Whether the output so far is a complete sentence of the grammar (it may end here).

@@ -449,6 +449,15 @@ impl Sampler {
         let generated = self.drawn.min(history.len());
         self.sample_with(logits, history, generated)
     }
+
+    /// Draws again for the step of the last [`Sampler::sample`], whose token was not taken (a
+    /// constraint refused it): the same tokens count as generated, and the next draw of the
+    /// random stream decides. `logits` must be the row as the last draw got it (before its
+    /// penalties), with the refused tokens at −∞.
+    pub fn redraw(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.drawn = self.drawn.saturating_sub(1);
+        self.sample(logits, history)
+    }
 }
 
 /// A candidate: its id and `v`, its scaled logit `s` through top-k, then `exp(s − max)`.
@@ -513,6 +522,42 @@ mod tests {
             seed: 42,
             ..Default::default()
         }
+    }
+
+    /// A redraw after a refused token applies the penalties once, to the row as it was, and
+    /// counts one generated token, not two: the same as drawing from the row with the refused
+    /// token masked in the first place.
+    #[test]
+    fn a_redraw_counts_the_step_once() {
+        let o = SamplingOptions {
+            frequency_penalty: 1.5,
+            ..Default::default()
+        };
+        // Token 0 was generated once: 4.0 − 1.5 = 2.5 beside token 2's 3.0.
+        let row = [4.0f32, 2.9, 3.0, 0.0];
+        let history = [3, 0];
+        let mut a = Sampler::new(o.clone()).unwrap();
+        a.drawn = 1;
+        let mut l = row;
+        assert_eq!(a.sample(&mut l, &history), 2);
+        // 2 refused: the row as it was, 2 masked.
+        let mut l = row;
+        l[2] = f32::NEG_INFINITY;
+        let got = a.redraw(&mut l, &history);
+        let mut b = Sampler::new(o).unwrap();
+        b.drawn = 1;
+        let mut m = row;
+        m[2] = f32::NEG_INFINITY;
+        assert_eq!(got, b.sample(&mut m, &history));
+        assert_eq!(
+            got, 1,
+            "2.9 beats 4.0 − 1.5 once (a second penalty would make it 1.0)"
+        );
+        // The next step counts the same generated tokens in both.
+        let history = [3, 0, 1];
+        let (mut la, mut lb) = (row, row);
+        assert_eq!(a.sample(&mut la, &history), b.sample(&mut lb, &history));
+        assert_eq!(la, lb);
     }
 
     #[test]

@@ -121,10 +121,21 @@ impl Decoding {
             }));
         }
         // Each refusal leaves one token fewer to draw from, and once every allowed token is
-        // refused the plan's first token is taken (it always fits), so this ends.
-        let mut refused = Vec::new();
+        // refused the plan's first token is taken (it always fits), so this ends. A redraw
+        // starts from the row as the first draw got it (a draw applies the penalties in place).
+        let saved = c.is_checking().then(|| logits.to_vec());
+        let mut refused: Vec<u32> = Vec::new();
         let id = loop {
-            let mut id = self.sampler.sample(logits, history);
+            let mut id = match &saved {
+                Some(row) if !refused.is_empty() => {
+                    logits.copy_from_slice(row);
+                    for &r in &refused {
+                        logits[r as usize] = f32::NEG_INFINITY;
+                    }
+                    self.sampler.redraw(logits, history)
+                }
+                _ => self.sampler.sample(logits, history),
+            };
             if !c.allows(id) || refused.contains(&id) {
                 // Every allowed logit left is −∞ or NaN, so the sampler could not tell them
                 // from the masked ones: the lowest allowed id not yet refused, as an argmax
@@ -144,10 +155,7 @@ impl Decoding {
             }
             match c.commit_within(id, left)? {
                 sluice_grammar::Commit::Taken => break id,
-                sluice_grammar::Commit::Refused => {
-                    logits[id as usize] = f32::NEG_INFINITY;
-                    refused.push(id);
-                }
+                sluice_grammar::Commit::Refused => refused.push(id),
             }
         };
         if eos.contains(&id) {

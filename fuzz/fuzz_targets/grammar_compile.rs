@@ -138,7 +138,6 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => return,
         }
     };
-    if std::env::var_os("PRINT_GRAMMAR").is_some() { eprintln!("GRAMMAR {g:?}"); }
     let v = vocab();
     let compiled = match v.compile(&g) {
         Ok(c) => c,
@@ -155,7 +154,6 @@ fuzz_target!(|data: &[u8]| {
     };
     let prefs: Vec<u8> = u.bytes(4).unwrap_or(b"x[{\"").to_vec();
     let max = smallest + u.int_in_range(0..=24usize).unwrap_or(0);
-    if std::env::var_os("PRINT_GRAMMAR").is_some() { eprintln!("MAX {max} SMALLEST {smallest} PREFS {prefs:?}"); }
     let mut c = compiled.start();
     let width = 264;
     for i in 0..max {

@@ -1127,6 +1127,28 @@ mod tests {
         }
     }
 
+    /// Found by the `grammar_compile` fuzz target: a Lark chain of 500 rules after a long
+    /// regex has a smallest sentence of 736 bytes, and each step searched that far anew (about
+    /// 300 parser operations a byte without JSON to guide it): one generation took minutes.
+    /// Searches now spend at most `SEARCH_OPS`; past that the generation is no longer checked.
+    #[test]
+    fn a_costly_lark_completion_is_bounded() {
+        let mut g = String::from("start: r0\nr0: /[a-z]{1,236}/ r1\n");
+        for i in 1..500 {
+            g.push_str(&format!("r{i}: \"a\" r{}\n", i + 1));
+        }
+        g.push_str("r500: \"e\"\n");
+        let g = Grammar::Lark(g);
+        let smallest = vocab().compile(&g).unwrap().smallest().unwrap();
+        let (out, ended, _) = within(&g, b"x[{\"", smallest);
+        assert!(out.len() <= smallest + 1, "{}", out.len());
+        let mut c = constrain(&vocab(), &g);
+        for &b in &out {
+            c.commit(b as u32).unwrap();
+        }
+        assert!(ended || c.is_complete() || out.len() == smallest, "{out:?}");
+    }
+
     #[test]
     fn a_json_that_closes_by_itself_is_not_steered() {
         // The logits write `{}` at once.

@@ -73,8 +73,9 @@ pub const COMPILE_SECONDS: u64 = 10;
 const COMPILE_STACK: usize = 512 << 20;
 
 /// Grammars compiled at once, at most; more wait their turn (their wait counts against
-/// [`COMPILE_SECONDS`]).
-const COMPILE_THREADS: usize = 2;
+/// [`COMPILE_SECONDS`]). One: what a compilation holds before the grammar is charged to the
+/// budget (see [`parser_limits`]) is then held once.
+const COMPILE_THREADS: usize = 1;
 
 /// The longest completion looked for near `max_tokens`, in bytes.
 pub const MAX_COMPLETION: usize = 16 << 10;
@@ -84,11 +85,16 @@ pub const MAX_COMPLETION: usize = 16 << 10;
 /// ([`limits::MAX_LITERAL_BYTES`]) takes about as many states as bytes.
 pub const MAX_LEXER_STATES: usize = 10_000;
 
-/// llguidance's limits as sluice sets them: its defaults, with errors kept to one line (no
-/// parser state dumps) and fewer lexer states (each 1–2 kB; 250,000 is half a gigabyte).
+/// llguidance's limits as sluice sets them: errors kept to one line (no parser state dumps),
+/// fewer lexer states (each 1–3 kB; 250,000 is half a gigabyte), and less lexer fuel, the work
+/// of building the lexer's expressions (about 170 bytes a point: llguidance's 1,000,000 at
+/// compile time let `(a{1000}){1000}` take 173 MB before it was refused; 200,000 bounds a
+/// compilation near 35 MB, 100,000 a step near 17 MB).
 fn parser_limits() -> ParserLimits {
     ParserLimits {
         max_lexer_states: MAX_LEXER_STATES,
+        initial_lexer_fuel: 200_000,
+        step_lexer_fuel: 100_000,
         max_grammar_size: 250_000,
         verbose_errors: false,
         ..ParserLimits::default()
@@ -682,6 +688,10 @@ pub const SEARCH_OPS: usize = 16 << 10;
 /// Parser operations the search for a grammar's smallest sentence may spend when it compiles.
 pub const SMALLEST_OPS: usize = 256 << 10;
 
+/// The most a lexer may hold while a search goes on, in bytes: a search that explores more of
+/// the grammar gives up.
+pub const SEARCH_LEXER_BYTES: u64 = 32 << 20;
+
 /// Bytes tried, in this order, when the search for a completion has no better guide: closing
 /// what is open, then the shortest values.
 const PREFERRED: &[u8] = b"\"}])>,:0 nft[{-";
@@ -813,6 +823,14 @@ impl Constraint {
         if self.plan.as_ref().is_some_and(|p| p.len() <= room) {
             return Ok(Commit::Taken);
         }
+        // The way to finish from before this token often still finishes after it (text
+        // inside a string, a digit of a number): checking it costs less than a search.
+        if let Some(p) = before.1.as_ref().filter(|p| p.len() <= room)
+            && self.finishes(p)
+        {
+            self.plan = Some(p.clone());
+            return Ok(Commit::Taken);
+        }
         match self.completion(room, SEARCH_OPS) {
             Search::Found(p) => {
                 self.plan = Some(p);
@@ -837,6 +855,20 @@ impl Constraint {
     pub fn planned_token(&self) -> Option<u32> {
         let b = *self.plan.as_ref()?.first()?;
         self.texts.byte_token[b as usize]
+    }
+
+    /// Whether `bytes`, one single-byte token each, finish the grammar from here: the tokens
+    /// and an end-of-sequence after them are checked in one speculative walk, nothing taken.
+    fn finishes(&mut self, bytes: &[u8]) -> bool {
+        let mut tokens = Vec::with_capacity(bytes.len() + 1);
+        for &b in bytes {
+            match self.texts.byte_token[b as usize] {
+                Some(t) => tokens.push(t),
+                None => return false,
+            }
+        }
+        tokens.push(self.eos[0]);
+        self.m.validate_tokens(&tokens).ok() == Some(tokens.len())
     }
 
     /// Looks for a way to finish the grammar from here in at most `limit` bytes, one
@@ -874,6 +906,10 @@ impl Constraint {
             }
             if self.m.consume_token(t).is_err() {
                 break Search::NotFound;
+            }
+            if self.lexer_bytes() > SEARCH_LEXER_BYTES {
+                out.push(b);
+                break Search::GaveUp;
             }
             out.push(b);
             if let Some(g) = &mut guide {
@@ -1147,6 +1183,19 @@ mod tests {
             c.commit(b as u32).unwrap();
         }
         assert!(ended || c.is_complete() || out.len() == smallest, "{out:?}");
+    }
+
+    /// A plan is reused only when it still finishes the grammar: checked with an end of
+    /// sequence after it, so an unfinished or an invalid one is not taken.
+    #[test]
+    fn finishes_checks_the_end_too() {
+        let g = Grammar::JsonSchema(json!({"type": "object",
+            "properties": {"a": {"type": "integer"}}, "required": ["a"]}));
+        let mut c = constrain(&vocab(), &g);
+        assert!(c.finishes(b"{\"a\": 1}"));
+        assert!(!c.finishes(b"{\"a\": 1"), "not closed");
+        assert!(!c.finishes(b"{}"), "a required");
+        assert!(!c.finishes(b"{\"a\": \"x\"}"), "not an integer");
     }
 
     #[test]

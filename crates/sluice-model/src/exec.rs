@@ -50,6 +50,9 @@ impl Exec {
                 rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .thread_name(|i| format!("sluice-compute-{i}"))
+                    // The main thread's 8 MiB rather than rayon's 2 MiB: an unoptimised build's
+                    // forward pass needs more than 2 MiB (the stack is reserved, not used).
+                    .stack_size(8 << 20)
                     .build()
                     .map_err(|e| ModelError::Threads(e.to_string()))?,
             )

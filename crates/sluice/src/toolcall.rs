@@ -19,6 +19,8 @@
 //!
 //! A call whose arguments are not a JSON object, or a syntax left unclosed, is not a call: the
 //! whole text comes back as content, so a malformed call is an answer, never a server error.
+//! (One exception, as in vLLM: a last Hermes `<tool_call>` left open is a call when the JSON
+//! after it is whole — a model may end right after its JSON.)
 
 use serde_json::Value;
 
@@ -293,7 +295,21 @@ fn blocks<'t>(text: &'t str, open: &str, close: &str) -> Option<(String, Vec<&'t
 }
 
 fn hermes(text: &str) -> Option<(String, Vec<ToolCall>)> {
-    let (outside, inside) = blocks(text, "<tool_call>", "</tool_call>")?;
+    const OPEN: &str = "<tool_call>";
+    const CLOSE: &str = "</tool_call>";
+    // A last call left open counts when its JSON is whole (a model may end right after it, as
+    // vLLM's parser allows): everything before it must parse as closed calls and text.
+    let ((outside, mut inside), last) = match blocks(text, OPEN, CLOSE) {
+        Some(b) => (b, None),
+        None => {
+            let i = text.rfind(OPEN)?;
+            (
+                blocks(&text[..i], OPEN, CLOSE)?,
+                Some(&text[i + OPEN.len()..]),
+            )
+        }
+    };
+    inside.extend(last);
     let calls = inside
         .iter()
         .map(|b| call_of(&serde_json::from_str(b.trim()).ok()?))
@@ -572,6 +588,15 @@ mod tests {
         let p = Syntax::Hermes
             .parse(r#"<tool_call>{"name": "f", "arguments": "{\"x\": 1}"}</tool_call>"#);
         assert_eq!(p.calls, vec![one("f", r#"{"x":1}"#)]);
+        // A last call left open counts when its JSON is whole; a half-written one does not.
+        let p = Syntax::Hermes.parse(
+            "Sure.<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {\"y\": 2}}\n",
+        );
+        assert_eq!(p.content, "Sure.");
+        assert_eq!(p.calls, vec![one("a", "{}"), one("b", r#"{"y":2}"#)]);
+        let half = "<tool_call>{\"name\": \"b\", \"arguments\": {\"y\"";
+        assert_eq!(Syntax::Hermes.parse(half).calls, vec![]);
+        assert_eq!(Syntax::Hermes.parse(half).content, half);
     }
 
     #[test]

@@ -851,6 +851,23 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         .file_name()
         .map_or_else(|| "model".to_owned(), |n| n.to_string_lossy().into_owned());
     let max_tokens_limit = a.max_tokens_limit.min(engine.model().max_positions());
+    let api_key = match a.api_key {
+        Some(k) if k.trim().is_empty() => {
+            return Err(usage("--api-key (or SLUICE_API_KEY) is empty"));
+        }
+        Some(k) if k.trim() != k || k.chars().any(char::is_control) => {
+            return Err(usage(
+                "--api-key (or SLUICE_API_KEY): a key with control characters or spaces at its ends cannot be sent in a header",
+            ));
+        }
+        k => k,
+    };
+    if api_key.is_none() && !ip.is_loopback() {
+        eprintln!(
+            "warning: --host {ip} serves beyond this machine with no --api-key: anyone who can \
+             reach the port can use the model"
+        );
+    }
     let opts = sluice::server::ServerOptions {
         addr: std::net::SocketAddr::new(ip, a.port),
         batch_size: a.batch_size,
@@ -860,6 +877,7 @@ fn serve(a: args::ServeArgs) -> Result<(), Failure> {
         model_name: name,
         read_timeout: std::time::Duration::from_secs(a.read_timeout),
         draft,
+        api_key,
     };
     Ok(sluice::server::serve(engine, opts)?)
 }

@@ -33,3 +33,12 @@ class GetWeather(pydantic.BaseModel):
 
     city: str = pydantic.Field(max_length=12)
     unit: Literal["celsius", "fahrenheit"]
+
+
+class Review(pydantic.BaseModel):
+    """A review, in choices alone: the `anthropic` SDK moves bounds (lengths, minimum and
+    maximum) out of the schema it sends and into descriptions, which no grammar reads."""
+
+    mood: Literal["happy", "sad", "calm"]
+    stars: Literal[1, 2, 3, 4, 5]
+    recommend: bool

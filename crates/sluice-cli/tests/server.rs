@@ -5,10 +5,13 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 mod common;
-use common::{Server, chat_model, copy_model, demo, events, health, post, solo, start, url};
+use common::{
+    Server, chat_model, copy_model, demo, events, health, post, python_client, solo, start,
+    tool_model, url,
+};
 use serde_json::{Value, json};
 
 #[test]
@@ -626,22 +629,6 @@ fn several_choices_are_the_seeds_in_turn_stream_or_not() {
     assert_eq!(streamed, msgs);
 }
 
-/// The demo model with a template that renders `tools` and calls in the Hermes syntax.
-fn tool_model() -> tempfile::TempDir {
-    let d = chat_model();
-    let cfg = d.path().join("tokenizer_config.json");
-    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
-    c["chat_template"] = concat!(
-        "{% if tools %}<|system|>\nTools: {{ tools | tojson }}\n{% endif %}",
-        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}",
-        "{% if m.tool_calls %}{% for t in m.tool_calls %}<tool_call>{{ t.function | tojson }}</tool_call>{% endfor %}{% endif %}\n",
-        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-    )
-    .into();
-    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
-    d
-}
-
 #[test]
 fn tools_reach_the_template_and_tool_messages_render() {
     let d = tool_model();
@@ -1040,39 +1027,6 @@ fn forced_tool_calls_validate_against_the_tools_at_any_budget() {
     }
 }
 
-/// Runs the Python client `tests/clients/SCRIPT` against a server on the tool model, when a
-/// Python with `modules` is at hand: `SLUICE_PYTHON`, else `python3`. Without one the test
-/// says so on stderr and checks nothing more; the HTTP tests above are the floor.
-fn python_client(test: &str, script: &str, modules: &str) {
-    let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has = Command::new(&python)
-        .args(["-c", &format!("import {modules}")])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has {
-        eprintln!("SKIPPED {test}: `{python}` cannot import {modules} (set SLUICE_PYTHON)");
-        return;
-    }
-    let d = tool_model();
-    let s = start(d.path(), &[]);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/clients")
-        .join(script);
-    let out = Command::new(&python)
-        .arg(script)
-        .arg(url(&s, "/v1"))
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    println!("{text}");
-    assert!(out.status.success(), "{text}");
-}
-
 /// The official `openai` Python client (tests/clients/openai_client.py): chat, streams,
 /// logprobs, choices, tools, the structured-output helper and a tool round trip.
 #[test]
@@ -1081,6 +1035,8 @@ fn the_official_openai_client_works_unchanged() {
         "the_official_openai_client_works_unchanged",
         "openai_client.py",
         "openai, pydantic",
+        &[],
+        |s| vec![url(s, "/v1")],
     );
 }
 
@@ -1092,6 +1048,8 @@ fn langchain_works_unchanged() {
         "langchain_works_unchanged",
         "langchain_client.py",
         "langchain_openai, pydantic",
+        &[],
+        |s| vec![url(s, "/v1")],
     );
 }
 

@@ -52,6 +52,22 @@ pub fn chat_model() -> tempfile::TempDir {
     d
 }
 
+/// The demo model with a template that renders `tools` and calls in the Hermes syntax.
+pub fn tool_model() -> tempfile::TempDir {
+    let d = chat_model();
+    let cfg = d.path().join("tokenizer_config.json");
+    let mut c: Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+    c["chat_template"] = concat!(
+        "{% if tools %}<|system|>\nTools: {{ tools | tojson }}\n{% endif %}",
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}",
+        "{% if m.tool_calls %}{% for t in m.tool_calls %}<tool_call>{{ t.function | tojson }}</tool_call>{% endfor %}{% endif %}\n",
+        "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    .into();
+    std::fs::write(&cfg, serde_json::to_vec(&c).unwrap()).unwrap();
+    d
+}
+
 pub struct Server {
     pub child: Child,
     pub port: u16,
@@ -137,4 +153,49 @@ pub fn health(s: &Server) -> Value {
         .body_mut()
         .read_json()
         .unwrap()
+}
+
+/// Runs the Python client `tests/clients/SCRIPT` against a server on the tool model (started
+/// with `server_args`; the script's arguments from `argv`), when a Python with `modules` is at
+/// hand: `SLUICE_PYTHON`, else `python3`. Without one the test says so on stderr and checks
+/// nothing more (the HTTP tests are the floor) — unless `SLUICE_REQUIRE_CLIENTS` is set, as
+/// `.ci/run` sets it, when that is a failure.
+pub fn python_client(
+    test: &str,
+    script: &str,
+    modules: &str,
+    server_args: &[&str],
+    argv: impl Fn(&Server) -> Vec<String>,
+) {
+    let python = std::env::var("SLUICE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has = Command::new(&python)
+        .args(["-c", &format!("import {modules}")])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has {
+        assert!(
+            std::env::var_os("SLUICE_REQUIRE_CLIENTS").is_none(),
+            "{test}: `{python}` cannot import {modules}, and SLUICE_REQUIRE_CLIENTS is set"
+        );
+        eprintln!("SKIPPED {test}: `{python}` cannot import {modules} (set SLUICE_PYTHON)");
+        return;
+    }
+    let d = tool_model();
+    let s = start(d.path(), server_args);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/clients")
+        .join(script);
+    let out = Command::new(&python)
+        .arg(script)
+        .args(argv(&s))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
 }

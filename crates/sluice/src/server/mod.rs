@@ -295,6 +295,241 @@ pub fn serve(engine: Engine, opts: ServerOptions) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    /// Words the dialects' requests are made of: field names, roles, block and item types.
+    const WORDS: &[&str] = &[
+        "model",
+        "messages",
+        "role",
+        "content",
+        "type",
+        "text",
+        "tool_use",
+        "tool_result",
+        "tool_use_id",
+        "id",
+        "name",
+        "input",
+        "input_schema",
+        "tools",
+        "tool_choice",
+        "system",
+        "max_tokens",
+        "stream",
+        "thinking",
+        "stop_sequences",
+        "temperature",
+        "top_p",
+        "top_k",
+        "metadata",
+        "output_config",
+        "format",
+        "schema",
+        "instructions",
+        "function_call",
+        "function_call_output",
+        "call_id",
+        "arguments",
+        "output",
+        "max_output_tokens",
+        "previous_response_id",
+        "reasoning",
+        "effort",
+        "options",
+        "num_predict",
+        "seed",
+        "stop",
+        "repeat_last_n",
+        "think",
+        "prompt",
+        "raw",
+        "context",
+        "template",
+        "suffix",
+        "images",
+        "tool_calls",
+        "function",
+        "tool_name",
+        "parameters",
+        "user",
+        "assistant",
+        "tool",
+        "developer",
+        "message",
+        "auto",
+        "any",
+        "none",
+        "required",
+        "json",
+        "json_schema",
+        "json_object",
+        "enabled",
+        "disabled",
+        "adaptive",
+        "keep_alive",
+        "logprobs",
+        "n",
+        "response_format",
+        "tool_call_id",
+        "parallel_tool_calls",
+        "input_text",
+        "image",
+        "string",
+        "object",
+        "properties",
+        "max_completion_tokens",
+    ];
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let word = prop::sample::select(WORDS);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            word.prop_map(Value::from),
+            ".{0,6}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                prop::collection::vec((prop::sample::select(WORDS), inner), 0..7).prop_map(|kv| {
+                    Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    /// Valid requests of every dialect, to mutate: a change deep inside one reaches the
+    /// checks that arbitrary JSON, refused at its top, never does.
+    fn seeds() -> Vec<Value> {
+        let tool =
+            serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        vec![
+            serde_json::json!({"model": "m", "max_tokens": 8, "system": [{"type": "text", "text": "s"}],
+                "messages": [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "ok"}]}],
+                "tools": [{"name": "f", "input_schema": tool}], "tool_choice": {"type": "tool", "name": "f"},
+                "thinking": {"type": "enabled", "budget_tokens": 1024}, "stop_sequences": ["x"],
+                "output_config": {"format": {"type": "json_schema", "schema": tool}}}),
+            serde_json::json!({"model": "m", "instructions": "i", "input": [
+                    {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                    {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+                "tools": [{"type": "function", "name": "f", "parameters": tool}, {"type": "web_search"}],
+                "tool_choice": {"type": "function", "name": "f"}, "max_output_tokens": 8,
+                "text": {"format": {"type": "json_schema", "name": "x", "schema": tool}},
+                "reasoning": {"effort": "low"}}),
+            serde_json::json!({"model": "m", "stream": false, "think": true, "format": tool,
+                "messages": [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]},
+                    {"role": "tool", "content": "ok", "tool_name": "f"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": tool}}],
+                "options": {"num_predict": 8, "temperature": 0.5, "stop": ["x"], "repeat_last_n": -1}}),
+            serde_json::json!({"model": "m", "prompt": "Hi", "system": "s", "context": [1, 2],
+                "format": "json", "options": {"seed": 3}}),
+            serde_json::json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"},
+                    {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                        "function": {"name": "f", "arguments": "{}"}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": tool}}],
+                "tool_choice": "required", "response_format": {"type": "json_object"}}),
+        ]
+    }
+
+    /// Every place in a JSON tree, as the path of keys and indexes to it.
+    fn places(v: &Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(at.clone());
+        match v {
+            Value::Object(m) => m.iter().for_each(|(k, x)| {
+                at.push(k.clone());
+                places(x, at, out);
+                at.pop();
+            }),
+            Value::Array(a) => a.iter().enumerate().for_each(|(i, x)| {
+                at.push(i.to_string());
+                places(x, at, out);
+                at.pop();
+            }),
+            _ => {}
+        }
+    }
+
+    fn replace(v: &mut Value, path: &[String], with: Value) {
+        match path.split_first() {
+            None => *v = with,
+            Some((k, rest)) => {
+                let next = match v {
+                    Value::Object(m) => m.get_mut(k),
+                    Value::Array(a) => k.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+                    _ => None,
+                };
+                if let Some(n) = next {
+                    replace(n, rest, with);
+                }
+            }
+        }
+    }
+
+    /// Runs every dialect's request parser on `v`: none may panic, and each refusal is a 4xx
+    /// with a message.
+    fn every_parser(v: &Value) -> Result<(), TestCaseError> {
+        let openai = serde_json::from_value::<openai::ChatRequest>(v.clone())
+            .map_err(|e| core::bad(e.to_string()))
+            .and_then(openai::chat_turn)
+            .err();
+        let errors = [
+            anthropic::parse_request(v, false).err(),
+            anthropic::parse_request(v, true).err(),
+            responses::parse_request(v).err(),
+            ollama::parse_chat(v).err(),
+            ollama::parse_generate(v).err(),
+            openai,
+        ];
+        for e in errors.into_iter().flatten() {
+            prop_assert!(e.0.is_client_error(), "{}: {}", e.0, e.1);
+            prop_assert!(!e.1.is_empty());
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn every_dialects_parser_takes_any_json(v in any_json()) {
+            every_parser(&v)?;
+        }
+
+        #[test]
+        fn every_dialects_parser_takes_any_change_to_a_valid_request(
+            seed in 0..5usize,
+            changes in prop::collection::vec((any::<prop::sample::Index>(), any_json()), 1..4),
+        ) {
+            let mut v = seeds()[seed].clone();
+            for (at, with) in changes {
+                let mut all = Vec::new();
+                places(&v, &mut Vec::new(), &mut all);
+                let path = at.get(&all).clone();
+                replace(&mut v, &path, with);
+            }
+            every_parser(&v)?;
+        }
+    }
+
+    #[test]
+    fn the_seed_requests_are_valid() {
+        let s = seeds();
+        assert!(anthropic::parse_request(&s[0], false).is_ok());
+        assert!(responses::parse_request(&s[1]).is_ok());
+        assert!(ollama::parse_chat(&s[2]).is_ok());
+        assert!(ollama::parse_generate(&s[3]).is_ok());
+        let chat = serde_json::from_value::<openai::ChatRequest>(s[4].clone()).unwrap();
+        assert!(openai::chat_turn(chat).is_ok());
+    }
 
     #[test]
     fn keys_are_compared_whole() {

@@ -43,7 +43,7 @@ enum PromptField {
 /// does not use are accepted only with their neutral values.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-struct Common {
+pub(super) struct Common {
     model: Option<String>,
     max_tokens: Option<usize>,
     max_completion_tokens: Option<usize>,
@@ -114,7 +114,7 @@ struct Part {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct ChatRequest {
+pub(super) struct ChatRequest {
     messages: Vec<ChatMessage>,
     /// Function tools, given to the chat template as its `tools` variable.
     tools: Option<Vec<Value>>,
@@ -365,13 +365,9 @@ pub(super) fn tool_choice(v: Option<&Value>) -> Result<ToolChoice, ApiError> {
     }
 }
 
-pub(super) async fn chat_completions(
-    State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let body = read_body(&app, &headers, body).await?;
-    let req: ChatRequest = parse(&body)?;
+/// A chat request's turn (its messages in the core's shape, tools, how they may be used, the
+/// response format) and its sampling fields.
+pub(super) fn chat_turn(req: ChatRequest) -> Result<(Turn, Common), ApiError> {
     if req.messages.is_empty() {
         return Err(bad("`messages` is empty"));
     }
@@ -381,7 +377,9 @@ pub(super) async fn chat_completions(
         None => None,
     };
     let mut messages = Vec::with_capacity(req.messages.len());
-    for m in req.messages {
+    // The ids of the calls made so far: a tool message answers one of them.
+    let mut called = std::collections::HashSet::new();
+    for (i, m) in req.messages.into_iter().enumerate() {
         let content = match m.content {
             None => String::new(),
             Some(Content::Text(t)) => t,
@@ -404,16 +402,23 @@ pub(super) async fn chat_completions(
             v["name"] = json!(n);
         }
         if let Some(c) = m.tool_calls {
+            called.extend(
+                c.iter()
+                    .filter_map(|c| c.get("id").and_then(Value::as_str))
+                    .map(str::to_owned),
+            );
             v["tool_calls"] = Value::Array(c);
         }
         if let Some(id) = m.tool_call_id {
+            if !called.contains(&id) {
+                return Err(bad(format!(
+                    "messages[{i}].tool_call_id `{id}` answers no earlier tool call"
+                )));
+            }
             v["tool_call_id"] = json!(id);
         }
         messages.push(v);
     }
-    let asked = app.openai_sampling(&req.common, Endpoint::Chat)?;
-    let opts = app.options(&asked.sampling)?;
-    let (n, stream, include_usage) = (asked.n, asked.stream, asked.include_usage);
     let turn = Turn {
         messages,
         tools: req.tools.unwrap_or_default(),
@@ -423,6 +428,20 @@ pub(super) async fn chat_completions(
         thinking: None,
         continue_final: false,
     };
+    Ok((turn, req.common))
+}
+
+pub(super) async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read_body(&app, &headers, body).await?;
+    let req: ChatRequest = parse(&body)?;
+    let (turn, common) = chat_turn(req)?;
+    let asked = app.openai_sampling(&common, Endpoint::Chat)?;
+    let opts = app.options(&asked.sampling)?;
+    let (n, stream, include_usage) = (asked.n, asked.stream, asked.include_usage);
     let (prepared, back) = prepare_turn(&app, turn).await?;
     let rx = submit(&app, prepared, opts, n)?;
     let id = app.id("chatcmpl");

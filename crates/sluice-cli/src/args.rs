@@ -428,7 +428,7 @@ pub struct ServeArgs {
     /// sends half a request is closed after it.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86400))]
     pub read_timeout: u64,
-    /// Every endpoint but /health asks for this key (`Authorization: Bearer KEY` or
+    /// Every endpoint but /health and / asks for this key (`Authorization: Bearer KEY` or
     /// `x-api-key: KEY`). The environment variable keeps it out of the process list.
     #[arg(
         long,

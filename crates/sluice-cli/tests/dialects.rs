@@ -516,7 +516,7 @@ fn bad_input_gets_a_4xx_in_each_dialects_own_shape() {
         ("anthropic", "/v1/messages", json!({"max_tokens": 8, "messages": [{"role": "user",
             "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "aGk="}}]}]}).to_string(), 400, "image"),
         ("anthropic", "/v1/messages", json!({"max_tokens": 8, "messages": [user], "x": big}).to_string(), 413, "4096"),
-        ("anthropic", "/v1/messages", json!({"max_tokens": 100000, "messages": [user]}).to_string(), 400, "limit"),
+        ("anthropic", "/v1/messages", json!({"max_tokens": 8, "messages": [user], "temperature": "hot"}).to_string(), 400, "temperature"),
         ("anthropic", "/v1/messages/count_tokens", json!({"messages": 3}).to_string(), 400, "messages"),
         // OpenAI's Responses.
         ("openai", "/v1/responses", "[".into(), 400, "bad request body"),
@@ -580,6 +580,10 @@ fn bad_input_gets_a_4xx_in_each_dialects_own_shape() {
         }
     }
     assert_eq!(send(&s, "GET", "/health", &[], "").0, 200);
+    assert_eq!(
+        send(&s, "GET", "/", &[], ""),
+        (200, "sluice is running\n".into())
+    );
     // Unknown paths: 404 in the shape of the API their prefix names.
     refused(
         "ollama",
@@ -607,6 +611,70 @@ fn bad_input_gets_a_4xx_in_each_dialects_own_shape() {
         &json!({"input": "Hi", "max_output_tokens": 2}).to_string(),
     );
     assert_eq!(st, 200, "{b}");
+}
+
+/// Agents ask for lengths as upper bounds (Claude Code's `max_tokens` is 32,000; Codex and
+/// Ollama's clients give none): each is held to the server's limit and to what the context
+/// leaves, where chat completions would refuse one over the limit.
+#[test]
+fn an_agents_length_is_an_upper_bound() {
+    let d = tool_model();
+    let s = start(d.path(), &["--max-tokens-limit", "20"]);
+    let user = json!({"role": "user", "content": "Tell me of Elizabeth."});
+    let a = post(
+        &s,
+        "/v1/messages",
+        &json!({"max_tokens": 32000, "messages": [user], "temperature": 0}),
+    );
+    let n = a["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(
+        n <= 20 && (n == 20) == (a["stop_reason"] == "max_tokens"),
+        "{a}"
+    );
+    let r = post(
+        &s,
+        "/v1/responses",
+        &json!({"input": "Tell me of Elizabeth.", "temperature": 0}),
+    );
+    assert!(r["usage"]["output_tokens"].as_u64().unwrap() <= 20, "{r}");
+    let o = post(
+        &s,
+        "/api/chat",
+        &json!({"model": "m", "stream": false, "messages": [user],
+        "options": {"temperature": 0}}),
+    );
+    assert!(o["eval_count"].as_u64().unwrap() <= 20, "{o}");
+    // The same request, greedy, through chat completions at the limit: the same reply.
+    let c = post(
+        &s,
+        "/v1/chat/completions",
+        &json!({"max_tokens": 20, "messages": [user], "temperature": 0}),
+    );
+    assert_eq!(chat_said(&c).text, anthropic_said(&a).text);
+    let (st, b) = send(
+        &s,
+        "POST",
+        "/v1/chat/completions",
+        &[JSON],
+        &json!({"max_tokens": 32000, "messages": [user]}).to_string(),
+    );
+    assert!(refused("openai", st, &b, 400).contains("limit"));
+    // A prompt that leaves less room than the limit gets what it leaves (the demo's context is
+    // 512 tokens).
+    let d2 = tool_model();
+    let s2 = start(d2.path(), &["--max-tokens-limit", "512"]);
+    let long = "Tell me of Elizabeth and of Darcy. ".repeat(50);
+    let a = post(
+        &s2,
+        "/v1/messages",
+        &json!({"max_tokens": 32000, "temperature": 0,
+        "messages": [{"role": "user", "content": long}]}),
+    );
+    let (i, o) = (
+        a["usage"]["input_tokens"].as_u64().unwrap(),
+        a["usage"]["output_tokens"].as_u64().unwrap(),
+    );
+    assert!(i > 100 && i + o <= 512, "{a}");
 }
 
 /// Ollama's users post with `curl -d`, a form's content type: taken when no browser sent it.

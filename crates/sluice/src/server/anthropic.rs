@@ -30,6 +30,8 @@ pub(super) struct Parsed {
     pub turn: Turn,
     pub sampling: Sampling,
     pub stream: bool,
+    /// Tools skipped (Anthropic's server tools), for the note on stderr.
+    pub skipped: Vec<String>,
 }
 
 /// A field's text (a string, or text blocks joined), naming the field when it is neither.
@@ -183,6 +185,7 @@ pub(super) fn parse_request(v: &Value, count: bool) -> Result<Parsed, ApiError> 
         }
     }
     let mut tools = Vec::new();
+    let mut skipped = Vec::new();
     if let Some(t) = field(v, "tools") {
         let list = t.as_array().ok_or_else(|| bad("`tools` must be a list"))?;
         for (i, t) in list.iter().enumerate() {
@@ -190,6 +193,15 @@ pub(super) fn parse_request(v: &Value, count: bool) -> Result<Parsed, ApiError> 
                 .get("name")
                 .and_then(Value::as_str)
                 .ok_or_else(|| bad(format!("tools[{i}].name must be a string")))?;
+            // Anthropic's own tools (`web_search_…`, `bash_…`, `text_editor_…`) run on its
+            // servers: skipped, with a note, as the Responses API skips OpenAI's.
+            match t.get("type").and_then(Value::as_str) {
+                None | Some("custom") => {}
+                Some(kind) => {
+                    skipped.push(format!("tool `{name}` of type `{kind}`"));
+                    continue;
+                }
+            }
             let schema = t
                 .get("input_schema")
                 .filter(|s| s.is_object())
@@ -303,9 +315,11 @@ pub(super) fn parse_request(v: &Value, count: bool) -> Result<Parsed, ApiError> 
             top_p: number(v, "top_p")?,
             top_k,
             stop,
+            up_to: true,
             ..Default::default()
         },
         stream,
+        skipped,
     })
 }
 
@@ -356,11 +370,17 @@ async fn messages_inner(
     let body = read_body(app, headers, body).await?;
     let v: Value = parse(&body)?;
     let p = parse_request(&v, false)?;
+    if !p.skipped.is_empty() {
+        eprintln!(
+            "note: /v1/messages: skipped {} (only custom tools are run)",
+            p.skipped.join(", ")
+        );
+    }
     let opts = app.options(&p.sampling)?;
     let stops = opts.stop.clone();
     let (prepared, back) = prepare_turn(app, p.turn).await?;
     let prompt_len = prepared.ids.len();
-    let rx = submit(app, prepared, opts, 1)?;
+    let rx = submit(app, prepared, opts, 1, true)?;
     let id = app.id("msg").replace('-', "_");
     let model = app.opts.model_name.clone();
     let engine = app.batcher.engine().clone();
@@ -540,7 +560,8 @@ mod tests {
                     {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]},
                     {"type": "text", "text": "And tomorrow?"}]}
             ],
-            "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}}],
+            "tools": [{"name": "get_weather", "description": "Weather", "input_schema": {"type": "object"}},
+                      {"type": "web_search_20250305", "name": "web_search", "max_uses": 5}],
             "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
             "stop_sequences": ["\n\n"], "temperature": 0.5, "top_k": 5,
             "thinking": {"type": "enabled", "budget_tokens": 1000}
@@ -564,7 +585,12 @@ mod tests {
         assert_eq!(p.turn.choice, ToolChoice::Required);
         assert!(!p.turn.parallel);
         assert_eq!(p.turn.thinking, Some(true));
+        assert_eq!(p.turn.tools.len(), 1);
         assert_eq!(p.turn.tools[0]["function"]["name"], "get_weather");
+        assert_eq!(
+            p.skipped,
+            vec!["tool `web_search` of type `web_search_20250305`"]
+        );
         assert_eq!(p.sampling.max_tokens, Some(64));
         assert_eq!(p.sampling.top_k, Some(5));
         assert_eq!(p.sampling.stop, vec!["\n\n".to_owned()]);

@@ -163,14 +163,25 @@ pub(super) struct Sampling {
     pub stop: Vec<String>,
     /// Each token's log-probability with this many alternatives.
     pub logprobs: Option<usize>,
+    /// The length is an upper bound, as agents mean it (Anthropic's, the Responses API's,
+    /// Ollama's): none, or one over the server's limit, is as long as the server allows, and
+    /// a reply that would not fit the context is held to what it leaves ([`submit`]'s `fit`).
+    /// Otherwise (OpenAI's chat and completions) none is the server's default and one over
+    /// the limit is refused.
+    pub up_to: bool,
 }
 
 impl App {
     /// Generation options from a request's sampling: the model's defaults with the request's
     /// values on top, `max_tokens` within the server's limit, every value checked.
     pub(super) fn options(&self, s: &Sampling) -> Result<GenerateOptions, ApiError> {
-        let max = s.max_tokens.unwrap_or(self.opts.default_max_tokens);
-        if max > self.opts.max_tokens_limit {
+        let limit = self.opts.max_tokens_limit;
+        let max = match (s.max_tokens, s.up_to) {
+            (Some(n), true) => n.min(limit),
+            (None, true) => limit,
+            (m, false) => m.unwrap_or(self.opts.default_max_tokens),
+        };
+        if max > limit {
             return Err(bad(format!(
                 "`max_tokens` {max} is over this server's limit of {}",
                 self.opts.max_tokens_limit
@@ -470,14 +481,25 @@ pub(super) async fn prepare_turn(app: &App, turn: Turn) -> Result<(Prepared, Rea
 
 /// Submits `n` jobs of one prepared prompt, choice `i` sampling with seed `seed + i` (so
 /// choice 0 is what `n: 1` gives), their events tagged with the choice; the jobs are
-/// cancelled when the receiver goes.
+/// cancelled when the receiver goes. With `fit` ([`Sampling::up_to`]), `max_tokens` is held
+/// to what the context leaves after the prompt.
 pub(super) fn submit(
     app: &App,
     prepared: Prepared,
     mut opts: GenerateOptions,
     n: usize,
+    fit: bool,
 ) -> Result<mpsc::UnboundedReceiver<(usize, Event)>, ApiError> {
     let (tx, rx) = mpsc::unbounded_channel();
+    let left = app
+        .batcher
+        .engine()
+        .model()
+        .max_positions()
+        .saturating_sub(prepared.ids.len());
+    if fit && left > 0 {
+        opts.max_tokens = opts.max_tokens.min(left);
+    }
     if opts.cache_prefix.is_none() {
         opts.cache_prefix = prepared.cache_prefix;
     }

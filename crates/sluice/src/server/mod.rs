@@ -2,7 +2,7 @@
 //! (`core`): OpenAI's chat completions, completions and Responses (`openai`, `responses`),
 //! Anthropic's Messages (`anthropic`), and Ollama's (`ollama`); plus `/health`. Every
 //! dialect's requests decode together through one [`Batcher`]; a client that disconnects
-//! frees its slot. With an API key, every endpoint but `/health` asks for it.
+//! frees its slot. With an API key, every endpoint but `/health` and `/` asks for it.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,7 +49,7 @@ pub struct ServerOptions {
     pub read_timeout: Duration,
     /// Speculative decoding for every request ([`crate::Draft`]).
     pub draft: crate::Draft,
-    /// When set, every endpoint but `/health` asks for this key, as `Authorization: Bearer
+    /// When set, every endpoint but `/health` and `/` asks for this key, as `Authorization: Bearer
     /// KEY` or `x-api-key: KEY` (401 in the endpoint's API's error shape otherwise).
     pub api_key: Option<String>,
 }
@@ -149,20 +149,26 @@ async fn health(State(app): State<Arc<App>>) -> impl IntoResponse {
     }))
 }
 
+/// `GET /` (and `HEAD /`): a plain answer that the server is up, which Ollama's CLI and some
+/// of its clients ask before anything else. Like `/health`, it needs no key.
+async fn root() -> &'static str {
+    "sluice is running\n"
+}
+
 /// Whether `given` is `key`, in time that does not depend on where they differ.
 fn same_key(given: &[u8], key: &[u8]) -> bool {
     given.len() == key.len() && given.iter().zip(key).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
 }
 
-/// With an API key set, every endpoint but `/health` asks for it: `Authorization: Bearer KEY`
-/// (OpenAI's and Ollama's clients) or `x-api-key: KEY` (Anthropic's), compared in constant
-/// time; a 401 in the endpoint's own error shape otherwise.
+/// With an API key set, every endpoint but `/health` and `/` asks for it: `Authorization:
+/// Bearer KEY` (OpenAI's and Ollama's clients) or `x-api-key: KEY` (Anthropic's), compared in
+/// constant time; a 401 in the endpoint's own error shape otherwise.
 async fn authorize(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let Some(key) = &app.opts.api_key else {
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" {
+    if path == "/health" || path == "/" {
         return next.run(req).await;
     }
     let h = req.headers();
@@ -206,6 +212,7 @@ pub fn router(engine: Engine, opts: ServerOptions) -> Result<Router, Error> {
     });
     Ok(Router::new()
         .route("/health", get(health))
+        .route("/", get(root))
         .route("/v1/models", get(openai::models))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/chat/completions", post(openai::chat_completions))

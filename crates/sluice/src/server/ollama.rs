@@ -48,7 +48,10 @@ fn created_at() -> String {
 /// are checked.
 fn options(v: &Value) -> Result<Sampling, ApiError> {
     let Some(o) = field(v, "options") else {
-        return Ok(Sampling::default());
+        return Ok(Sampling {
+            up_to: true,
+            ..Default::default()
+        });
     };
     if !o.is_object() {
         return Err(bad("`options` must be an object"));
@@ -65,7 +68,7 @@ fn options(v: &Value) -> Result<Sampling, ApiError> {
     let num = |name: &str| -> Result<Option<f32>, ApiError> {
         number(o, name).map_err(|_| bad(format!("`options.{name}` must be a number")))
     };
-    // -1 (and -2, "fill the context"): as long as the server allows.
+    // None, -1 ("no limit") and -2 ("fill the context"): as long as the server allows.
     let max_tokens = int("num_predict")?.and_then(|n| usize::try_from(n).ok().filter(|&n| n > 0));
     let top_k = match int("top_k")? {
         None => None,
@@ -85,6 +88,7 @@ fn options(v: &Value) -> Result<Sampling, ApiError> {
         // A negative seed is Ollama's "random": sluice's default stream.
         seed: int("seed")?.and_then(|s| u64::try_from(s).ok()),
         stop: stop_list(field(o, "stop"), "options.stop")?,
+        up_to: true,
         ..Default::default()
     };
     match int("repeat_last_n")? {
@@ -607,7 +611,7 @@ pub(super) async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: 
         };
         let stops = opts.stop.clone();
         let (prepared, back) = prepare_turn(&app, turn).await?;
-        let rx = submit(&app, prepared, opts, 1)?;
+        let rx = submit(&app, prepared, opts, 1, true)?;
         reply(
             &app,
             Kind::Chat,
@@ -662,7 +666,7 @@ pub(super) async fn generate(
             prepared.ids = ids;
             prepared.cache_prefix = None;
         }
-        let rx = submit(&app, prepared, opts, 1)?;
+        let rx = submit(&app, prepared, opts, 1, true)?;
         let context = p.context;
         reply(
             &app,

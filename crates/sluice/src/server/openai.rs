@@ -206,6 +206,7 @@ impl App {
                 stop,
                 logprobs,
                 penalty_last_n: None,
+                up_to: false,
             },
             n,
             stream: c.stream.unwrap_or(false),
@@ -275,7 +276,7 @@ pub(super) async fn completions(
     let opts = app.options(&asked.sampling)?;
     let (n, stream, include_usage) = (asked.n, asked.stream, asked.include_usage);
     let prepared = prepare(&app, PromptSpec::Owned(prompt), None).await?;
-    let rx = submit(&app, prepared, opts, n)?;
+    let rx = submit(&app, prepared, opts, n, false)?;
     let id = app.id("cmpl");
     let name = app.opts.model_name.clone();
     let created = now();
@@ -443,7 +444,7 @@ pub(super) async fn chat_completions(
     let opts = app.options(&asked.sampling)?;
     let (n, stream, include_usage) = (asked.n, asked.stream, asked.include_usage);
     let (prepared, back) = prepare_turn(&app, turn).await?;
-    let rx = submit(&app, prepared, opts, n)?;
+    let rx = submit(&app, prepared, opts, n, false)?;
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();

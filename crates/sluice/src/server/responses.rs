@@ -283,6 +283,7 @@ pub(super) fn parse_request(v: &Value) -> Result<Parsed, ApiError> {
             max_tokens,
             temperature: number(v, "temperature")?,
             top_p: number(v, "top_p")?,
+            up_to: true,
             ..Default::default()
         },
         stream,
@@ -372,7 +373,7 @@ pub(super) async fn responses(
     }
     let opts = app.options(&p.sampling)?;
     let (prepared, back) = prepare_turn(&app, p.turn).await?;
-    let rx = submit(&app, prepared, opts, 1)?;
+    let rx = submit(&app, prepared, opts, 1, true)?;
     let id = app.id("r").replace('-', "");
     let model = app.opts.model_name.clone();
     let engine = app.batcher.engine().clone();

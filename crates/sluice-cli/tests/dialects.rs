@@ -363,6 +363,73 @@ fn the_same_request_gives_the_same_tokens_in_every_dialect_greedy_and_sampled() 
     assert_ne!(ask(0.0), ask(1.5));
 }
 
+/// An agent's request always has tools; a reply that calls none streams its text as it comes
+/// (what could begin a call held back), and carries what the whole reply does.
+#[test]
+fn with_tools_a_reply_streams_its_text_as_it_comes() {
+    let d = tool_model();
+    let s = start(d.path(), &[]);
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let user = "Tell me of Elizabeth.";
+    let anthropic = json!({"model": "m", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": user}],
+        "tools": [{"name": "get_weather", "input_schema": schema}]});
+    let whole = anthropic_said(&post(&s, "/v1/messages", &anthropic));
+    assert!(
+        whole.calls.is_empty() && !whole.text.is_empty(),
+        "{whole:?}"
+    );
+    let mut streamed = anthropic.clone();
+    streamed["stream"] = json!(true);
+    let body = post_raw(&s, "/v1/messages", &streamed);
+    let deltas = sse(&body)
+        .iter()
+        .filter(|e| e["delta"]["type"] == "text_delta")
+        .count();
+    assert!(deltas > 5, "{body}");
+    assert_eq!(anthropic_said(&anthropic_stream(&body)).text, whole.text);
+
+    let responses = json!({"model": "m", "input": user, "max_output_tokens": 24, "temperature": 0,
+        "tools": [{"type": "function", "name": "get_weather", "parameters": schema}]});
+    let whole_r = responses_said(&post(&s, "/v1/responses", &responses));
+    assert_eq!(whole_r.text, whole.text);
+    let mut streamed = responses.clone();
+    streamed["stream"] = json!(true);
+    let body = post_raw(&s, "/v1/responses", &streamed);
+    let deltas = sse(&body)
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .count();
+    assert!(deltas > 5, "{body}");
+    assert_eq!(responses_said(&responses_stream(&body)), whole_r);
+
+    let ollama = json!({"model": "m", "messages": [{"role": "user", "content": user}],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}],
+        "options": {"num_predict": 24, "temperature": 0}});
+    let body = post_raw(&s, "/api/chat", &ollama);
+    assert!(body.lines().count() > 5, "{body}");
+    assert_eq!(ollama_said(&ollama_stream(&body)).text, whole.text);
+
+    let chat = json!({"messages": [{"role": "user", "content": user}], "max_tokens": 24,
+        "temperature": 0, "stream": true,
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]});
+    let body = post_raw(&s, "/v1/chat/completions", &chat);
+    let chunks = sse(&body);
+    let content: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert!(content.len() > 5, "{body}");
+    assert_eq!(content.concat(), whole.text);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "length"),
+        "{body}"
+    );
+}
+
 #[test]
 fn forced_calls_are_the_same_call_in_every_dialect_streamed_or_not() {
     let d = tool_model();

@@ -91,6 +91,19 @@ impl Syntax {
         }
     }
 
+    /// The marker a call (or the calls' section) opens with, before which a reply is plain
+    /// content — what a stream may send before the reply is whole. `None` for harmony, whose
+    /// answer is itself in a channel.
+    pub fn opener(self) -> Option<&'static str> {
+        match self {
+            Syntax::Hermes | Syntax::Glm => Some("<tool_call>"),
+            Syntax::Mistral => Some("[TOOL_CALLS]"),
+            Syntax::DeepSeek => Some(DS_CALLS_BEGIN),
+            Syntax::Kimi => Some(KIMI_BEGIN),
+            Syntax::Harmony => None,
+        }
+    }
+
     /// Splits a finished generation into content and calls (see the module doc).
     pub fn parse(self, text: &str) -> Parsed {
         let calls = match self {

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::core::{
-    self, ApiError, Dialect, Readback, Reply, Sampling, ToolChoice, Turn, bad, collect, field,
-    flag, number, positive, prepare_turn, submit,
+    self, ApiError, Dialect, Part, Readback, Reply, Sampling, ToolChoice, Turn, Unfold, bad,
+    collect, field, flag, number, positive, prepare_turn, submit,
 };
 use super::{App, parse, read_body};
 use crate::batch::Event;
@@ -412,9 +412,9 @@ fn event(data: Value) -> SseEvent {
     SseEvent::default().event(name).data(data.to_string())
 }
 
-/// The Messages stream: `message_start`, `ping`, the content blocks (text as it comes when
-/// the reply is plain text; thinking and calls, which are known only at the end, whole when
-/// it ends), `message_delta` with the stop reason and usage, `message_stop`.
+/// The Messages stream: `message_start`, `ping`, the content blocks as [`Unfold`] lets them
+/// go (thinking whole once closed, text as it comes, calls whole at the end), `message_delta`
+/// with the stop reason and usage, `message_stop`.
 fn stream(
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     back: Readback,
@@ -427,12 +427,59 @@ fn stream(
     struct St {
         rx: mpsc::UnboundedReceiver<(usize, Event)>,
         queue: std::collections::VecDeque<SseEvent>,
-        /// Text streams as it comes: no calls to parse, no thinking to split.
-        live: bool,
-        open: bool,
+        unfold: Unfold,
+        /// The next block's index.
+        next: usize,
+        /// The text block's index, while it is open.
+        text: Option<usize>,
         done: bool,
     }
-    let live = back.calls.is_none() && !back.think;
+    impl St {
+        /// A whole block: its start, one delta, its stop.
+        fn block(&mut self, start: Value, delta: Value) {
+            let i = self.next;
+            self.next += 1;
+            self.queue.push_back(event(
+                json!({"type": "content_block_start", "index": i, "content_block": start}),
+            ));
+            self.queue.push_back(event(
+                json!({"type": "content_block_delta", "index": i, "delta": delta}),
+            ));
+            self.queue
+                .push_back(event(json!({"type": "content_block_stop", "index": i})));
+        }
+        fn thinking(&mut self, t: &str) {
+            self.block(
+                json!({"type": "thinking", "thinking": "", "signature": ""}),
+                json!({"type": "thinking_delta", "thinking": t}),
+            );
+        }
+        fn text(&mut self, t: &str) {
+            let i = match self.text {
+                Some(i) => i,
+                None => {
+                    let i = self.next;
+                    self.next += 1;
+                    self.text = Some(i);
+                    self.queue
+                        .push_back(event(json!({"type": "content_block_start",
+                        "index": i, "content_block": {"type": "text", "text": ""}})));
+                    i
+                }
+            };
+            if !t.is_empty() {
+                self.queue
+                    .push_back(event(json!({"type": "content_block_delta",
+                    "index": i, "delta": {"type": "text_delta", "text": t}})));
+            }
+        }
+        fn close_text(&mut self) {
+            if let Some(i) = self.text.take() {
+                self.queue
+                    .push_back(event(json!({"type": "content_block_stop", "index": i})));
+            }
+        }
+    }
     let mut queue = std::collections::VecDeque::new();
     queue.push_back(event(json!({"type": "message_start", "message": {
         "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
@@ -442,8 +489,9 @@ fn stream(
     let st = St {
         rx,
         queue,
-        live,
-        open: false,
+        unfold: Unfold::new(&back),
+        next: 0,
+        text: None,
         done: false,
     };
     let stream = futures_util::stream::unfold(st, move |mut st| {
@@ -457,55 +505,33 @@ fn stream(
                     return None;
                 }
                 match st.rx.recv().await {
-                    Some((_, Event::Token(t))) if st.live && !t.text.is_empty() => {
-                        if !st.open {
-                            st.open = true;
-                            st.queue
-                                .push_back(event(json!({"type": "content_block_start",
-                                "index": 0, "content_block": {"type": "text", "text": ""}})));
+                    Some((_, Event::Token(t))) => {
+                        for part in st.unfold.push(&t.text) {
+                            match part {
+                                Part::Reasoning(r) => st.thinking(&r),
+                                Part::Text(t) => st.text(&t),
+                            }
                         }
-                        st.queue
-                            .push_back(event(json!({"type": "content_block_delta",
-                            "index": 0, "delta": {"type": "text_delta", "text": t.text}})));
                     }
-                    Some((_, Event::Token(_))) => {}
                     Some((_, Event::Done(f))) => {
                         let r = core::reply(&engine, &f, &back, &stops);
-                        if st.live {
-                            if !st.open {
-                                st.queue
-                                    .push_back(event(json!({"type": "content_block_start",
-                                    "index": 0, "content_block": {"type": "text", "text": ""}})));
-                            }
-                            st.queue.push_back(event(
-                                json!({"type": "content_block_stop", "index": 0}),
-                            ));
-                        } else {
-                            for (i, b) in blocks(&r, &id).into_iter().enumerate() {
-                                let (start, delta) = match b["type"].as_str() {
-                                    Some("thinking") => (
-                                        json!({"type": "thinking", "thinking": ""}),
-                                        json!({"type": "thinking_delta", "thinking": b["thinking"]}),
-                                    ),
-                                    Some("tool_use") => (
-                                        json!({"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}),
-                                        json!({"type": "input_json_delta", "partial_json": b["input"].to_string()}),
-                                    ),
-                                    _ => (
-                                        json!({"type": "text", "text": ""}),
-                                        json!({"type": "text_delta", "text": b["text"]}),
-                                    ),
-                                };
-                                st.queue
-                                    .push_back(event(json!({"type": "content_block_start",
-                                    "index": i, "content_block": start})));
-                                st.queue
-                                    .push_back(event(json!({"type": "content_block_delta",
-                                    "index": i, "delta": delta})));
-                                st.queue.push_back(event(
-                                    json!({"type": "content_block_stop", "index": i}),
-                                ));
-                            }
+                        if let (Some(t), false) = (&r.reasoning, st.unfold.reasoning_sent()) {
+                            st.thinking(t);
+                        }
+                        let rest = st.unfold.rest(&r).to_owned();
+                        // A text block when the reply has text, or nothing else.
+                        if !rest.is_empty() || (r.calls.is_empty() && st.text.is_none()) {
+                            st.text(&rest);
+                        }
+                        st.close_text();
+                        for b in blocks(&r, &id)
+                            .into_iter()
+                            .filter(|b| b["type"] == "tool_use")
+                        {
+                            st.block(
+                                json!({"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}),
+                                json!({"type": "input_json_delta", "partial_json": b["input"].to_string()}),
+                            );
                         }
                         st.queue.push_back(event(json!({"type": "message_delta",
                             "delta": {"stop_reason": stop_reason(&r), "stop_sequence": r.stop},

@@ -564,23 +564,7 @@ pub(super) struct Reply {
 /// continued assistant text and the reply together (a prefill may open a call); the content
 /// is the reply's own, without that text.
 pub(super) fn reply(engine: &Engine, f: &Finished, back: &Readback, stops: &[String]) -> Reply {
-    let whole = format!("{}{}", back.prefill, f.text);
-    let (reasoning, text) = if back.think {
-        split_thinking(&whole)
-    } else {
-        (None, whole)
-    };
-    let (content, calls) = match &back.calls {
-        Some(c) => {
-            let p = c.parse(&text);
-            (p.content, p.calls)
-        }
-        None => (text, Vec::new()),
-    };
-    let content = match content.strip_prefix(back.prefill.as_str()) {
-        Some(own) if !back.prefill.is_empty() => own.to_owned(),
-        _ => content,
-    };
+    let (reasoning, content, calls) = read_back(&f.text, back);
     let stop = (f.finish == FinishReason::Stop)
         .then(|| stop_sequence(engine, f, stops))
         .flatten();
@@ -590,6 +574,150 @@ pub(super) fn reply(engine: &Engine, f: &Finished, back: &Readback, stops: &[Str
         calls,
         finish: f.finish,
         stop,
+    }
+}
+
+/// A reply's text read back: its reasoning, its content and its calls (see [`reply`]).
+fn read_back(generated: &str, back: &Readback) -> (Option<String>, String, Vec<ToolCall>) {
+    let whole = format!("{}{}", back.prefill, generated);
+    let (reasoning, text) = if back.think {
+        split_thinking(&whole)
+    } else {
+        (None, whole)
+    };
+    // Read for calls, the content starts at its first word (as a stream of it does, which
+    // cannot know whether leading spaces come before a call).
+    let (content, calls) = match &back.calls {
+        Some(c) => {
+            let p = c.parse(&text);
+            (p.content.trim_start().to_owned(), p.calls)
+        }
+        None => (text, Vec::new()),
+    };
+    let prefill = match back.calls {
+        Some(_) => back.prefill.trim_start(),
+        None => back.prefill.as_str(),
+    };
+    let content = match content.strip_prefix(prefill) {
+        Some(own) if !prefill.is_empty() => own.to_owned(),
+        _ => content,
+    };
+    (reasoning, content, calls)
+}
+
+/// What a stream may send of a reply while it is being written: its reasoning once the model
+/// has closed it (`</think>`), then its content as it comes — less, when the reply may hold
+/// calls, a tail that could begin a call's marker, the spaces at its ends, and everything
+/// from the first marker on. What was sent is always the start of the reply read back whole
+/// ([`Unfold::rest`]), so a stream carries the same text and calls as a whole reply. Forced
+/// calls, harmony's channels and continued prefills are sent whole at the end.
+pub(super) struct Unfold {
+    live: bool,
+    think: bool,
+    opener: Option<&'static str>,
+    text: String,
+    /// Where the content begins in `text`, once the reasoning (if any) has closed.
+    content_at: Option<usize>,
+    /// Bytes of content sent.
+    sent: usize,
+    /// A call has begun: nothing more is sent live.
+    held: bool,
+}
+
+/// A piece [`Unfold`] lets a stream send.
+#[derive(Debug, PartialEq)]
+pub(super) enum Part {
+    /// The whole reasoning, sent once.
+    Reasoning(String),
+    /// More content.
+    Text(String),
+}
+
+impl Unfold {
+    pub(super) fn new(back: &Readback) -> Unfold {
+        let (live, opener) = match &back.calls {
+            None => (true, None),
+            Some(Calls::Syntax(s)) => (s.opener().is_some(), s.opener()),
+            Some(_) => (false, None),
+        };
+        Unfold {
+            live: live && back.prefill.is_empty(),
+            think: back.think,
+            opener,
+            text: String::new(),
+            content_at: (!back.think).then_some(0),
+            sent: 0,
+            held: false,
+        }
+    }
+
+    /// A token's text; what may be sent now.
+    pub(super) fn push(&mut self, delta: &str) -> Vec<Part> {
+        self.text.push_str(delta);
+        let mut out = Vec::new();
+        if !self.live || self.held {
+            return out;
+        }
+        let at = match self.content_at {
+            Some(at) => at,
+            None => {
+                let Some(i) = self.text.find("</think>") else {
+                    return out;
+                };
+                let (reasoning, _) = split_thinking(&self.text);
+                out.push(Part::Reasoning(reasoning.unwrap_or_default()));
+                i + "</think>".len()
+            }
+        };
+        // Content read back from reasoning or for calls starts at its first word.
+        let at = if self.sent == 0 && (self.think || self.opener.is_some()) {
+            at + (self.text[at..].len() - self.text[at..].trim_start().len())
+        } else {
+            at
+        };
+        self.content_at = Some(at);
+        let region = &self.text[at..];
+        let end = match self.opener {
+            None => region.len(),
+            Some(o) => {
+                let end = match region.find(o) {
+                    Some(j) => {
+                        self.held = true;
+                        j
+                    }
+                    // Hold back a tail that may be the marker's start.
+                    None => (1..o.len().min(region.len() + 1))
+                        .rev()
+                        .find(|&k| {
+                            region.is_char_boundary(region.len() - k)
+                                && o.starts_with(&region[region.len() - k..])
+                        })
+                        .map_or(region.len(), |k| region.len() - k),
+                };
+                region[..end].trim_end().len()
+            }
+        };
+        if end > self.sent {
+            out.push(Part::Text(region[self.sent..end].to_owned()));
+            self.sent = end;
+        }
+        out
+    }
+
+    /// Whether the reasoning was sent.
+    pub(super) fn reasoning_sent(&self) -> bool {
+        self.live && self.think && self.content_at.is_some()
+    }
+
+    /// The content of the whole reply `r` still to send.
+    pub(super) fn rest<'r>(&self, r: &'r Reply) -> &'r str {
+        let sent = self
+            .content_at
+            .and_then(|at| self.text.get(at..at + self.sent))
+            .unwrap_or_default();
+        // What was sent is the content's start (see the type's doc); were it not, the
+        // content would be sent again whole rather than lost.
+        r.content.strip_prefix(sent).unwrap_or(&r.content)
     }
 }
 
@@ -674,6 +802,118 @@ mod tests {
             (Some("weigh it".into()), "Yes.".into())
         );
         assert_eq!(split_thinking("Yes."), (None, "Yes.".into()));
+    }
+
+    /// Streams `text` split at `cuts` through an [`Unfold`]; what was sent, and whether it is
+    /// what the whole reply reads back as (its reasoning; its content, with the rest).
+    fn unfold(text: &str, cuts: &[usize], back: &Readback) -> (Vec<Part>, bool) {
+        let mut bounds: Vec<usize> = cuts
+            .iter()
+            .map(|&c| c % (text.len() + 1))
+            .filter(|&c| text.is_char_boundary(c))
+            .collect();
+        bounds.extend([0, text.len()]);
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut u = Unfold::new(back);
+        let mut parts = Vec::new();
+        for w in bounds.windows(2) {
+            parts.extend(u.push(&text[w[0]..w[1]]));
+        }
+        let (reasoning, content, calls) = read_back(text, back);
+        let r = Reply {
+            content,
+            reasoning,
+            calls,
+            finish: FinishReason::Eos,
+            stop: None,
+        };
+        let sent: String = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_str()),
+                Part::Reasoning(_) => None,
+            })
+            .collect();
+        let reasoning: Vec<&Part> = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Reasoning(_)))
+            .collect();
+        let same_reasoning = match (&r.reasoning, u.reasoning_sent()) {
+            (Some(t), true) => reasoning == [&Part::Reasoning(t.clone())],
+            (_, false) => reasoning.is_empty(),
+            (None, true) => false,
+        };
+        let whole = format!("{sent}{}", u.rest(&r));
+        (
+            parts,
+            same_reasoning && whole == r.content && r.content.starts_with(&sent),
+        )
+    }
+
+    fn hermes() -> Readback {
+        Readback {
+            calls: Some(Calls::Syntax(crate::toolcall::Syntax::Hermes)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_stream_sends_text_before_a_call_and_keeps_the_call() {
+        let text = "  Let me look.\n<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        let every: Vec<usize> = (0..text.len()).collect();
+        let (parts, same) = unfold(text, &every, &hermes());
+        assert!(same);
+        let sent: String = parts
+            .iter()
+            .map(|p| match p {
+                Part::Text(t) => t.as_str(),
+                Part::Reasoning(_) => "",
+            })
+            .collect();
+        assert_eq!(sent, "Let me look.");
+        // A thinking model's reasoning goes out whole once closed, then its text.
+        let back = Readback {
+            think: true,
+            ..hermes()
+        };
+        let (parts, same) = unfold("<think>hmm</think>\n\nYes, this.", &every, &back);
+        assert!(same);
+        assert_eq!(parts[0], Part::Reasoning("hmm".into()));
+        // The text as it came, a part per character (the space held until a word follows).
+        let texts: Vec<&Part> = parts[1..].iter().collect();
+        assert_eq!(texts.len(), "Yes, this.".len() - 1, "{parts:?}");
+        assert_eq!(texts[4], &Part::Text(" t".into()));
+    }
+
+    proptest::proptest! {
+        /// Whatever the reply and however its tokens split it, a stream sends the start of
+        /// what the whole reply reads back as, and never a call's text.
+        #[test]
+        fn a_stream_sends_only_the_start_of_the_whole_reply(
+            pieces in proptest::collection::vec(proptest::sample::select(vec![
+                "Hi", " there", "\n", "  ", "<tool_call>", "</tool_call>", "<tool", "_call>",
+                "{\"name\": \"f\", \"arguments\": {\"x\": 1}}", "<think>", "</think>",
+                "</th", "ink>", "é", "[TOOL_CALLS]", "<", ">",
+            ]), 0..12),
+            cuts in proptest::collection::vec(0usize..200, 0..12),
+            think in proptest::bool::ANY,
+            tools in proptest::bool::ANY,
+        ) {
+            let text: String = pieces.concat();
+            let back = Readback {
+                calls: tools.then_some(Calls::Syntax(crate::toolcall::Syntax::Hermes)),
+                think,
+                ..Default::default()
+            };
+            let (parts, same) = unfold(&text, &cuts, &back);
+            proptest::prop_assert!(same, "{text:?} {parts:?}");
+            for p in &parts {
+                if let Part::Text(t) = p {
+                    proptest::prop_assert!(!(tools && t.contains("<tool_call>")), "{text:?} {parts:?}");
+                }
+            }
+        }
     }
 
     #[test]

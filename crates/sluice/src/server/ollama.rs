@@ -21,8 +21,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::core::{
-    self, ApiError, Dialect, PromptSpec, Readback, Reply, Sampling, ToolChoice, Turn, bad, collect,
-    field, flag, number, prepare, prepare_turn, submit,
+    self, ApiError, Dialect, Part, PromptSpec, Readback, Reply, Sampling, ToolChoice, Turn, Unfold,
+    bad, collect, field, flag, number, prepare, prepare_turn, submit,
 };
 use super::{App, parse, read_ollama_body as read_body};
 use crate::batch::{Event, Finished, OwnedPrompt};
@@ -507,9 +507,9 @@ fn ndjson(
     r
 }
 
-/// A reply: one object (`stream: false`), or NDJSON lines — the text as it comes when the
-/// reply is plain text, else (thinking to split, calls to parse) the whole of it in one line
-/// when it ends — then the last object.
+/// A reply: one object (`stream: false`), or NDJSON lines as [`Unfold`] lets them go (the
+/// thinking once closed, the text as it comes, the calls in one line at the end), then the
+/// last object.
 #[allow(clippy::too_many_arguments)]
 async fn reply(
     app: &App,
@@ -537,12 +537,13 @@ async fn reply(
     struct St {
         rx: mpsc::UnboundedReceiver<(usize, Event)>,
         queue: std::collections::VecDeque<Value>,
+        unfold: Unfold,
         done: bool,
     }
-    let live = back.calls.is_none() && !back.think;
     let st = St {
         rx,
         queue: Default::default(),
+        unfold: Unfold::new(&back),
         done: false,
     };
     let lines = futures_util::stream::unfold(st, move |mut st| {
@@ -569,18 +570,24 @@ async fn reply(
                     v
                 };
                 match st.rx.recv().await {
-                    Some((_, Event::Token(t))) if live && !t.text.is_empty() => {
-                        st.queue.push_back(part(&t.text, None, Vec::new()));
+                    Some((_, Event::Token(t))) => {
+                        for p in st.unfold.push(&t.text) {
+                            let line = match &p {
+                                Part::Reasoning(r) => part("", Some(r), Vec::new()),
+                                Part::Text(t) => part(t, None, Vec::new()),
+                            };
+                            st.queue.push_back(line);
+                        }
                     }
-                    Some((_, Event::Token(_))) => {}
                     Some((_, Event::Done(f))) => {
-                        if !live {
-                            let r = core::reply(&engine, &f, &back, &stops);
-                            st.queue.push_back(part(
-                                &r.content,
-                                r.reasoning.as_deref(),
-                                calls_json(&r),
-                            ));
+                        let r = core::reply(&engine, &f, &back, &stops);
+                        let reasoning = r
+                            .reasoning
+                            .as_deref()
+                            .filter(|_| !st.unfold.reasoning_sent());
+                        let rest = st.unfold.rest(&r);
+                        if !rest.is_empty() || reasoning.is_some() || !r.calls.is_empty() {
+                            st.queue.push_back(part(rest, reasoning, calls_json(&r)));
                         }
                         let mut end = last(kind, &model, &f, started, &context);
                         merge(&mut end, payload(kind, "", None, Vec::new()));

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::core::{
-    self, ApiError, MAX_CHOICES, PromptSpec, Readback, Sampling, ToolChoice, Turn, Usage, bad,
-    collect, now, prepare, prepare_turn, submit, token_text,
+    self, ApiError, MAX_CHOICES, PromptSpec, Readback, Sampling, ToolChoice, Turn, Unfold, Usage,
+    bad, collect, now, prepare, prepare_turn, submit, token_text,
 };
 use super::{App, parse, read_body};
 use crate::Engine;
@@ -448,6 +448,12 @@ pub(super) async fn chat_completions(
     let id = app.id("chatcmpl");
     let name = app.opts.model_name.clone();
     let created = now();
+    if back.calls.is_some() && stream && asked.sampling.logprobs.is_none() {
+        let engine = app.batcher.engine().clone();
+        return Ok(
+            tool_stream(engine, rx, n, back, id, name, created, include_usage).into_response(),
+        );
+    }
     if back.calls.is_some() {
         return tool_reply(
             app.batcher.engine(),
@@ -500,12 +506,87 @@ pub(super) async fn chat_completions(
     ))
 }
 
-/// A chat reply when the request gave tools: each choice, once finished, parsed for calls (in
-/// the template's syntax, or the JSON a forced call's grammar wrote) — `message.tool_calls`
-/// (ids `call_…`, `function.arguments` a JSON string) and `finish_reason: "tool_calls"` when
-/// it made any, plain content otherwise. A stream carries the same as chunks (role, content,
-/// one `delta.tool_calls` per choice, the finish), sent when the choice is complete: a call is
-/// not streamed half-written.
+/// A chat choice of a request with tools, read back: the choice (its message — `content`,
+/// `reasoning_content` when a thinking template's reasoning was split off, `tool_calls` with
+/// ids `call_…` and `function.arguments` a JSON string — and `finish_reason`, `"tool_calls"`
+/// when it made any), and the stream's deltas that end it, after what `sent` (a live stream's
+/// [`Unfold`]) sent already; with no `sent`, the deltas from the role on.
+fn tool_choice_reply(
+    engine: &Engine,
+    i: usize,
+    f: &Finished,
+    lp: &[(Token, usize)],
+    back: &Readback,
+    id: &str,
+    sent: Option<&Unfold>,
+) -> (Value, Vec<Value>) {
+    let r = core::reply(engine, f, back, &[]);
+    let calls: Vec<Value> = r
+        .calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| {
+            json!({"id": format!("call_{id}_{i}_{k}"), "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments}})
+        })
+        .collect();
+    let finish = if calls.is_empty() {
+        finish_str(f.finish)
+    } else {
+        "tool_calls"
+    };
+    let content = if calls.is_empty() || !r.content.is_empty() {
+        json!(r.content)
+    } else {
+        Value::Null
+    };
+    let mut message = json!({"role": "assistant", "content": content});
+    if let Some(t) = &r.reasoning {
+        message["reasoning_content"] = json!(t);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = json!(calls);
+    }
+    let mut choice = json!({"index": i, "message": message, "finish_reason": finish});
+    let logprobs = chat_logprobs(engine, lp);
+    if let Some(l) = &logprobs {
+        choice["logprobs"] = l.clone();
+    }
+    // The same as a stream's deltas.
+    let mut deltas = Vec::new();
+    if sent.is_none() {
+        deltas.push(json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}));
+    }
+    if let (Some(t), false) = (&r.reasoning, sent.is_some_and(Unfold::reasoning_sent)) {
+        deltas.push(json!({"index": i, "delta": {"reasoning_content": t}, "finish_reason": null}));
+    }
+    let rest = sent.map_or(r.content.as_str(), |u| u.rest(&r));
+    if !rest.is_empty() {
+        let mut c = json!({"index": i, "delta": {"content": rest}, "finish_reason": null});
+        if let Some(l) = logprobs {
+            c["logprobs"] = l;
+        }
+        deltas.push(c);
+    }
+    if !calls.is_empty() {
+        let calls: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| {
+                let mut c = c.clone();
+                c["index"] = json!(k);
+                c
+            })
+            .collect();
+        deltas.push(json!({"index": i, "delta": {"tool_calls": calls}, "finish_reason": null}));
+    }
+    deltas.push(json!({"index": i, "delta": {}, "finish_reason": finish}));
+    (choice, deltas)
+}
+
+/// A chat reply when the request gave tools, whole or as a stream sent when each choice is
+/// complete (log-probabilities asked for, which go with the content whole): see
+/// [`tool_choice_reply`]; a call is never streamed half-written.
 #[allow(clippy::too_many_arguments)]
 async fn tool_reply(
     engine: &Engine,
@@ -524,67 +605,15 @@ async fn tool_reply(
     let engine = engine.clone();
     // Each choice is parsed and written when its turn comes, as a message and as its chunks.
     let parts = done.into_iter().enumerate().map(move |(i, (f, lp))| {
-        let chunk = |choice: Value| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": name, "choices": [choice]})
+        let (choice, deltas) = tool_choice_reply(&engine, i, &f, &lp, &back, &id, None);
+        let chunks: Vec<String> = deltas
+            .into_iter()
+            .map(|d| {
+                json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                    "model": name, "choices": [d]})
                 .to_string()
-        };
-        let r = core::reply(&engine, &f, &back, &[]);
-        let calls: Vec<Value> = r
-            .calls
-            .iter()
-            .enumerate()
-            .map(|(k, c)| {
-                json!({"id": format!("call_{id}_{i}_{k}"), "type": "function",
-                "function": {"name": c.name, "arguments": c.arguments}})
             })
             .collect();
-        let finish = if calls.is_empty() {
-            finish_str(f.finish)
-        } else {
-            "tool_calls"
-        };
-        let content = if calls.is_empty() || !r.content.is_empty() {
-            json!(r.content)
-        } else {
-            Value::Null
-        };
-        let mut message = json!({"role": "assistant", "content": content});
-        if !calls.is_empty() {
-            message["tool_calls"] = json!(calls);
-        }
-        let mut choice = json!({"index": i, "message": message, "finish_reason": finish});
-        let logprobs = chat_logprobs(&engine, &lp);
-        if let Some(l) = &logprobs {
-            choice["logprobs"] = l.clone();
-        }
-        // The same as a stream.
-        let mut chunks = vec![chunk(
-            json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}),
-        )];
-        if !r.content.is_empty() {
-            let mut c = json!({"index": i, "delta": {"content": r.content}, "finish_reason": null});
-            if let Some(l) = logprobs {
-                c["logprobs"] = l;
-            }
-            chunks.push(chunk(c));
-        }
-        if !calls.is_empty() {
-            let deltas: Vec<Value> = calls
-                .iter()
-                .enumerate()
-                .map(|(k, c)| {
-                    let mut c = c.clone();
-                    c["index"] = json!(k);
-                    c
-                })
-                .collect();
-            chunks.push(chunk(
-                json!({"index": i, "delta": {"tool_calls": deltas}, "finish_reason": null}),
-            ));
-        }
-        chunks.push(chunk(
-            json!({"index": i, "delta": {}, "finish_reason": finish}),
-        ));
         (choice.to_string(), chunks)
     });
     if !stream {
@@ -608,6 +637,98 @@ async fn tool_reply(
             .map(|d| Ok::<_, Infallible>(SseEvent::default().data(d))),
     );
     Ok(Sse::new(events).into_response())
+}
+
+/// A chat stream when the request gave tools (and no log-probabilities): each choice's text as
+/// [`Unfold`] lets it go — reasoning (`delta.reasoning_content`) once closed, content as it
+/// comes, what could begin a call held back — and its calls and finish when it ends.
+#[allow(clippy::too_many_arguments)]
+fn tool_stream(
+    engine: Engine,
+    rx: mpsc::UnboundedReceiver<(usize, Event)>,
+    n: usize,
+    back: Readback,
+    id: String,
+    name: String,
+    created: u64,
+    include_usage: bool,
+) -> Sse<impl futures_util::Stream<Item = Result<SseEvent, Infallible>>> {
+    struct St {
+        rx: mpsc::UnboundedReceiver<(usize, Event)>,
+        queue: std::collections::VecDeque<Value>,
+        unfold: Vec<Unfold>,
+        finished: Vec<Option<Finished>>,
+        done: bool,
+    }
+    let st = St {
+        rx,
+        queue: (0..n)
+            .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": null}))
+            .collect(),
+        unfold: (0..n).map(|_| Unfold::new(&back)).collect(),
+        finished: (0..n).map(|_| None).collect(),
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, move |mut st| {
+        let (engine, back, id, name) = (engine.clone(), back.clone(), id.clone(), name.clone());
+        async move {
+            loop {
+                if let Some(d) = st.queue.pop_front() {
+                    // A choice's delta is wrapped as a chunk; a usage chunk or [DONE] is as is.
+                    let data = match d {
+                        Value::String(s) => s,
+                        d if d.get("usage").is_some() => d.to_string(),
+                        d => {
+                            json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                            "model": name, "choices": [d]})
+                            .to_string()
+                        }
+                    };
+                    return Some((Ok(SseEvent::default().data(data)), st));
+                }
+                if st.done {
+                    return None;
+                }
+                match st.rx.recv().await {
+                    Some((i, Event::Token(t))) => {
+                        for part in st.unfold[i].push(&t.text) {
+                            let delta = match part {
+                                core::Part::Reasoning(r) => json!({"reasoning_content": r}),
+                                core::Part::Text(t) => json!({"content": t}),
+                            };
+                            st.queue.push_back(
+                                json!({"index": i, "delta": delta, "finish_reason": null}),
+                            );
+                        }
+                    }
+                    Some((i, Event::Done(f))) => {
+                        let (_, deltas) =
+                            tool_choice_reply(&engine, i, &f, &[], &back, &id, Some(&st.unfold[i]));
+                        st.queue.extend(deltas);
+                        st.finished[i] = Some(*f);
+                        if st.finished.iter().all(Option::is_some) {
+                            if include_usage {
+                                let u = usage(st.finished.iter().flatten());
+                                st.queue.push_back(json!({"choices": [], "usage": u}));
+                            }
+                            st.queue.push_back(json!("[DONE]"));
+                            st.done = true;
+                        }
+                    }
+                    Some((_, Event::Failed(e))) => {
+                        st.queue.push_back(json!(
+                            json!({"error": {"message": e.to_string(), "type": "server_error"}})
+                                .to_string()
+                        ));
+                        st.queue.push_back(json!("[DONE]"));
+                        st.done = true;
+                    }
+                    None => return None,
+                }
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 /// Chat's `logprobs` object for some tokens (`None` when none carries log-probabilities):

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::core::{
-    self, ApiError, Readback, Reply, Sampling, ToolChoice, Turn, bad, collect, field, flag, now,
-    number, positive, prepare_turn, submit,
+    self, ApiError, Part, Readback, Reply, Sampling, ToolChoice, Turn, Unfold, bad, collect, field,
+    flag, now, number, positive, prepare_turn, submit,
 };
 use super::{App, parse, read_body};
 use crate::batch::{Event, Finished};
@@ -292,15 +292,17 @@ pub(super) fn parse_request(v: &Value) -> Result<Parsed, ApiError> {
     })
 }
 
+fn reasoning_item(id: &str, t: &str) -> Value {
+    json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
+        "content": [{"type": "reasoning_text", "text": t}]})
+}
+
 /// The output items of a reply: its reasoning, its message (unless it only calls), its calls.
 fn output(r: &Reply, id: &str, done: bool) -> Vec<Value> {
     let status = if done { "completed" } else { "in_progress" };
     let mut out = Vec::new();
     if let Some(t) = &r.reasoning {
-        out.push(
-            json!({"type": "reasoning", "id": format!("rs_{id}"), "summary": [],
-            "content": [{"type": "reasoning_text", "text": t}]}),
-        );
+        out.push(reasoning_item(id, t));
     }
     if !r.content.is_empty() || r.calls.is_empty() {
         out.push(
@@ -386,12 +388,12 @@ pub(super) async fn responses(
     Ok(axum::Json(response(&id, &model, &p.echo, Some((&r, f)))).into_response())
 }
 
-/// The Responses stream: `response.created` and `response.in_progress`; the message's text as
-/// it comes (`response.output_item.added`, `response.content_part.added`,
-/// `response.output_text.delta` …) when the reply is plain text, else each output item whole
-/// when it ends (a call's arguments in one `response.function_call_arguments.delta`); then
-/// `response.completed` (or `response.incomplete`) with the whole response. Every event has
-/// its `sequence_number`.
+/// The Responses stream: `response.created` and `response.in_progress`; the output items as
+/// [`Unfold`] lets them go — reasoning whole once closed, the message's text as it comes
+/// (`response.output_item.added`, `response.content_part.added`, `response.output_text.delta`
+/// … `.done`), each call whole at the end (its arguments in one
+/// `response.function_call_arguments.delta`); then `response.completed` (or
+/// `response.incomplete`) with the whole response. Every event has its `sequence_number`.
 fn stream(
     rx: mpsc::UnboundedReceiver<(usize, Event)>,
     back: Readback,
@@ -404,12 +406,79 @@ fn stream(
         rx: mpsc::UnboundedReceiver<(usize, Event)>,
         queue: std::collections::VecDeque<Value>,
         seq: u64,
-        live: bool,
-        opened: bool,
-        text: String,
+        unfold: Unfold,
+        msg_id: String,
+        /// The next item's index.
+        next: usize,
+        /// The message's index, while it is open.
+        msg: Option<usize>,
         done: bool,
     }
-    let live = back.calls.is_none() && !back.think;
+    impl St {
+        fn whole(&mut self, item: &Value) {
+            let i = self.next;
+            self.next += 1;
+            let mut added = item.clone();
+            if item["type"] == "function_call" {
+                added["arguments"] = json!("");
+                added["status"] = json!("in_progress");
+            }
+            self.queue.push_back(
+                json!({"type": "response.output_item.added", "output_index": i, "item": added}),
+            );
+            if item["type"] == "function_call" {
+                self.queue
+                    .push_back(json!({"type": "response.function_call_arguments.delta",
+                    "item_id": item["id"], "output_index": i, "delta": item["arguments"]}));
+                self.queue
+                    .push_back(json!({"type": "response.function_call_arguments.done",
+                    "item_id": item["id"], "output_index": i, "arguments": item["arguments"]}));
+            }
+            self.queue.push_back(
+                json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+            );
+        }
+        fn text(&mut self, t: &str) {
+            let i = match self.msg {
+                Some(i) => i,
+                None => {
+                    let i = self.next;
+                    self.next += 1;
+                    self.msg = Some(i);
+                    self.queue
+                        .push_back(json!({"type": "response.output_item.added",
+                        "output_index": i, "item": {"type": "message", "id": self.msg_id,
+                        "status": "in_progress", "role": "assistant", "content": []}}));
+                    self.queue
+                        .push_back(json!({"type": "response.content_part.added",
+                        "item_id": self.msg_id, "output_index": i, "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []}}));
+                    i
+                }
+            };
+            if !t.is_empty() {
+                self.queue
+                    .push_back(json!({"type": "response.output_text.delta",
+                    "item_id": self.msg_id, "output_index": i, "content_index": 0,
+                    "delta": t, "logprobs": []}));
+            }
+        }
+        fn close_message(&mut self, item: &Value) {
+            if let Some(i) = self.msg.take() {
+                let part = &item["content"][0];
+                self.queue
+                    .push_back(json!({"type": "response.output_text.done",
+                    "item_id": self.msg_id, "output_index": i, "content_index": 0,
+                    "text": part["text"], "logprobs": []}));
+                self.queue
+                    .push_back(json!({"type": "response.content_part.done",
+                    "item_id": self.msg_id, "output_index": i, "content_index": 0, "part": part}));
+                self.queue.push_back(
+                    json!({"type": "response.output_item.done", "output_index": i, "item": item}),
+                );
+            }
+        }
+    }
     let created = response(&id, &model, &echo, None);
     let st = St {
         rx,
@@ -419,20 +488,19 @@ fn stream(
         ]
         .into(),
         seq: 0,
-        live,
-        opened: false,
-        text: String::new(),
+        unfold: Unfold::new(&back),
+        msg_id: format!("msg_{id}"),
+        next: 0,
+        msg: None,
         done: false,
     };
-    let msg_id = format!("msg_{id}");
     let stream = futures_util::stream::unfold(st, move |mut st| {
-        let (back, id, model, engine, echo, msg_id) = (
+        let (back, id, model, engine, echo) = (
             back.clone(),
             id.clone(),
             model.clone(),
             engine.clone(),
             echo.clone(),
-            msg_id.clone(),
         );
         async move {
             loop {
@@ -445,83 +513,36 @@ fn stream(
                 if st.done {
                     return None;
                 }
-                let open = |q: &mut std::collections::VecDeque<Value>| {
-                    q.push_back(
-                        json!({"type": "response.output_item.added", "output_index": 0,
-                        "item": {"type": "message", "id": msg_id, "status": "in_progress",
-                                 "role": "assistant", "content": []}}),
-                    );
-                    q.push_back(
-                        json!({"type": "response.content_part.added", "item_id": msg_id,
-                        "output_index": 0, "content_index": 0,
-                        "part": {"type": "output_text", "text": "", "annotations": []}}),
-                    );
-                };
                 match st.rx.recv().await {
-                    Some((_, Event::Token(t))) if st.live && !t.text.is_empty() => {
-                        if !st.opened {
-                            st.opened = true;
-                            open(&mut st.queue);
+                    Some((_, Event::Token(t))) => {
+                        for part in st.unfold.push(&t.text) {
+                            match part {
+                                Part::Reasoning(t) => st.whole(&reasoning_item(&id, &t)),
+                                Part::Text(t) => st.text(&t),
+                            }
                         }
-                        st.text.push_str(&t.text);
-                        st.queue
-                            .push_back(json!({"type": "response.output_text.delta",
-                            "item_id": msg_id, "output_index": 0, "content_index": 0,
-                            "delta": t.text, "logprobs": []}));
                     }
-                    Some((_, Event::Token(_))) => {}
                     Some((_, Event::Done(f))) => {
                         let r = core::reply(&engine, &f, &back, &[]);
                         let items = output(&r, &id, true);
-                        for (i, item) in items.iter().enumerate() {
-                            match item["type"].as_str() {
-                                Some("message") => {
-                                    let text = item["content"][0]["text"].clone();
-                                    if !(st.live && st.opened) {
-                                        // The whole message at once.
-                                        if st.live || i > 0 || !st.opened {
-                                            st.queue.push_back(json!({"type": "response.output_item.added",
-                                                "output_index": i, "item": {"type": "message", "id": msg_id,
-                                                "status": "in_progress", "role": "assistant", "content": []}}));
-                                            st.queue.push_back(json!({"type": "response.content_part.added",
-                                                "item_id": msg_id, "output_index": i, "content_index": 0,
-                                                "part": {"type": "output_text", "text": "", "annotations": []}}));
-                                        }
-                                        st.queue.push_back(json!({"type": "response.output_text.delta",
-                                            "item_id": msg_id, "output_index": i, "content_index": 0,
-                                            "delta": text, "logprobs": []}));
-                                    }
-                                    st.queue
-                                        .push_back(json!({"type": "response.output_text.done",
-                                        "item_id": msg_id, "output_index": i, "content_index": 0,
-                                        "text": text, "logprobs": []}));
-                                    st.queue.push_back(
-                                        json!({"type": "response.content_part.done",
-                                        "item_id": msg_id, "output_index": i, "content_index": 0,
-                                        "part": item["content"][0]}),
-                                    );
-                                }
-                                Some("function_call") => {
-                                    let mut added = item.clone();
-                                    added["arguments"] = json!("");
-                                    added["status"] = json!("in_progress");
-                                    st.queue
-                                        .push_back(json!({"type": "response.output_item.added",
-                                        "output_index": i, "item": added}));
-                                    st.queue.push_back(json!({"type": "response.function_call_arguments.delta",
-                                        "item_id": item["id"], "output_index": i, "delta": item["arguments"]}));
-                                    st.queue.push_back(json!({"type": "response.function_call_arguments.done",
-                                        "item_id": item["id"], "output_index": i, "arguments": item["arguments"]}));
-                                }
-                                _ => {
-                                    st.queue
-                                        .push_back(json!({"type": "response.output_item.added",
-                                        "output_index": i, "item": item}));
-                                }
+                        let mut items = items.iter();
+                        if r.reasoning.is_some() {
+                            let item = items.next();
+                            if let (Some(item), false) = (item, st.unfold.reasoning_sent()) {
+                                st.whole(item);
                             }
-                            st.queue
-                                .push_back(json!({"type": "response.output_item.done",
-                                "output_index": i, "item": item}));
+                        }
+                        let rest = st.unfold.rest(&r).to_owned();
+                        if !rest.is_empty() || (r.calls.is_empty() && st.msg.is_none()) {
+                            st.text(&rest);
+                        }
+                        if st.msg.is_some()
+                            && let Some(item) = items.next()
+                        {
+                            st.close_message(item);
+                        }
+                        for item in items {
+                            st.whole(item);
                         }
                         let whole = response(&id, &model, &echo, Some((&r, &f)));
                         let kind = if whole["status"] == "incomplete" {

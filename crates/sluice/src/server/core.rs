@@ -1,7 +1,8 @@
 //! The request core every API dialect shares: sampling options, a chat turn (messages, tools,
-//! a forced call, a response format, thinking), preparing it off the request workers,
-//! submitting its choices to the batcher, and reading a finished choice back as content,
-//! reasoning and calls. A dialect (`openai`, `anthropic`, `ollama`) only translates its
+//! a forced call, a response format, thinking, a continued prefill), preparing it off the
+//! request workers, submitting its choices to the batcher, reading a finished choice back as
+//! content, reasoning and calls, and what a stream may send of it before it is whole
+//! ([`Unfold`]). A dialect (`openai`, `responses`, `anthropic`, `ollama`) only translates its
 //! request into these and these into its replies: the same request in any dialect gives the
 //! same tokens.
 

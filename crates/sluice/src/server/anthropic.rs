@@ -533,9 +533,14 @@ fn stream(
                                 json!({"type": "input_json_delta", "partial_json": b["input"].to_string()}),
                             );
                         }
+                        // The prompt's split between the prefix cache and the rest is known
+                        // now; the SDKs take it from here over `message_start`'s.
+                        let cached = f.stats.cached_tokens;
                         st.queue.push_back(event(json!({"type": "message_delta",
                             "delta": {"stop_reason": stop_reason(&r), "stop_sequence": r.stop},
-                            "usage": {"output_tokens": f.ids.len()}})));
+                            "usage": {"output_tokens": f.ids.len(),
+                                "input_tokens": f.prompt_ids.len().saturating_sub(cached),
+                                "cache_read_input_tokens": cached}})));
                         st.queue.push_back(event(json!({"type": "message_stop"})));
                         st.done = true;
                     }

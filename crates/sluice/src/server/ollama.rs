@@ -316,8 +316,8 @@ pub(super) fn parse_chat(v: &Value) -> Result<ChatParsed, ApiError> {
 
 /// What `/api/generate` generates from.
 pub(super) enum GenPrompt {
-    /// `raw`: the prompt as it is, no template.
-    Raw(String),
+    /// `raw`: the prompt as it is, no template (and a response format).
+    Raw(String, Option<crate::Grammar>),
     /// The prompt (and `system`) through the chat template.
     Turn(Turn),
 }
@@ -374,12 +374,7 @@ pub(super) fn parse_generate(v: &Value) -> Result<GenParsed, ApiError> {
     let prompt = if prompt.is_empty() {
         None
     } else if raw {
-        if format.is_some() {
-            return Err(bad(
-                "`format` needs the template: it is not taken with `raw`",
-            ));
-        }
-        Some(GenPrompt::Raw(prompt.to_owned()))
+        Some(GenPrompt::Raw(prompt.to_owned(), format))
     } else {
         let mut messages = Vec::new();
         if let Some(s) = system.filter(|s| !s.is_empty()) {
@@ -474,13 +469,13 @@ fn merge(into: &mut Value, from: Value) {
 
 /// A reply's last object: `done`, why, the counts and durations (and for generate, the
 /// `context` to continue from).
-fn last(kind: Kind, model: &str, f: &Finished, started: Instant, context: &[u32]) -> Value {
+fn last(kind: Kind, model: &str, f: &Finished, started: Instant) -> Value {
     let mut v = json!({"model": model, "created_at": created_at(), "done": true,
         "done_reason": done_reason(f)});
     merge(&mut v, figures(f, started));
     if kind == Kind::Generate {
-        let mut ids = context.to_vec();
-        ids.extend_from_slice(&f.prompt_ids[context.len().min(f.prompt_ids.len())..]);
+        // The prompt's ids (a given `context` is their start) and the reply's.
+        let mut ids = f.prompt_ids.clone();
         ids.extend_from_slice(&f.ids);
         v["context"] = json!(ids);
     }
@@ -510,7 +505,6 @@ fn ndjson(
 /// A reply: one object (`stream: false`), or NDJSON lines as [`Unfold`] lets them go (the
 /// thinking once closed, the text as it comes, the calls in one line at the end), then the
 /// last object.
-#[allow(clippy::too_many_arguments)]
 async fn reply(
     app: &App,
     kind: Kind,
@@ -519,7 +513,6 @@ async fn reply(
     stops: Vec<String>,
     stream: bool,
     started: Instant,
-    context: Vec<u32>,
 ) -> Result<Response, ApiError> {
     let model = app.opts.model_name.clone();
     let engine = app.batcher.engine().clone();
@@ -527,7 +520,7 @@ async fn reply(
         let done = collect(rx, 1).await?;
         let f = &done[0].0;
         let r = core::reply(&engine, f, &back, &stops);
-        let mut v = last(kind, &model, f, started, &context);
+        let mut v = last(kind, &model, f, started);
         merge(
             &mut v,
             payload(kind, &r.content, r.reasoning.as_deref(), calls_json(&r)),
@@ -547,13 +540,8 @@ async fn reply(
         done: false,
     };
     let lines = futures_util::stream::unfold(st, move |mut st| {
-        let (back, stops, model, engine, context) = (
-            back.clone(),
-            stops.clone(),
-            model.clone(),
-            engine.clone(),
-            context.clone(),
-        );
+        let (back, stops, model, engine) =
+            (back.clone(), stops.clone(), model.clone(), engine.clone());
         async move {
             loop {
                 if let Some(v) = st.queue.pop_front() {
@@ -589,7 +577,7 @@ async fn reply(
                         if !rest.is_empty() || reasoning.is_some() || !r.calls.is_empty() {
                             st.queue.push_back(part(rest, reasoning, calls_json(&r)));
                         }
-                        let mut end = last(kind, &model, &f, started, &context);
+                        let mut end = last(kind, &model, &f, started);
                         merge(&mut end, payload(kind, "", None, Vec::new()));
                         st.queue.push_back(end);
                         st.done = true;
@@ -619,17 +607,7 @@ pub(super) async fn chat(State(app): State<Arc<App>>, headers: HeaderMap, body: 
         let stops = opts.stop.clone();
         let (prepared, back) = prepare_turn(&app, turn).await?;
         let rx = submit(&app, prepared, opts, 1, true)?;
-        reply(
-            &app,
-            Kind::Chat,
-            rx,
-            back,
-            stops,
-            p.stream,
-            started,
-            Vec::new(),
-        )
-        .await
+        reply(&app, Kind::Chat, rx, back, stops, p.stream, started).await
     }
     .await;
     r.unwrap_or_else(|e| e.into_dialect(Dialect::Ollama))
@@ -649,10 +627,10 @@ pub(super) async fn generate(
         let stops = opts.stop.clone();
         let (mut prepared, back) = match p.prompt {
             None => return Ok(loaded(Kind::Generate, &app.opts.model_name)),
-            Some(GenPrompt::Raw(text)) => {
+            Some(GenPrompt::Raw(text, format)) => {
                 let back = Readback::default();
                 let prompt = PromptSpec::Owned(OwnedPrompt::Text(text));
-                (prepare(&app, prompt, None).await?, back)
+                (prepare(&app, prompt, format).await?, back)
             }
             Some(GenPrompt::Turn(turn)) => prepare_turn(&app, turn).await?,
         };
@@ -674,18 +652,7 @@ pub(super) async fn generate(
             prepared.cache_prefix = None;
         }
         let rx = submit(&app, prepared, opts, 1, true)?;
-        let context = p.context;
-        reply(
-            &app,
-            Kind::Generate,
-            rx,
-            back,
-            stops,
-            p.stream,
-            started,
-            context,
-        )
-        .await
+        reply(&app, Kind::Generate, rx, back, stops, p.stream, started).await
     }
     .await;
     r.unwrap_or_else(|e| e.into_dialect(Dialect::Ollama))
@@ -870,7 +837,12 @@ mod tests {
         assert_eq!(p.context, vec![1, 2]);
         assert_eq!(p.sampling.max_tokens, None);
         let p = parse_generate(&json!({"prompt": "Hi", "raw": true})).unwrap();
-        assert!(matches!(p.prompt, Some(GenPrompt::Raw(ref s)) if s == "Hi"));
+        assert!(matches!(p.prompt, Some(GenPrompt::Raw(ref s, None)) if s == "Hi"));
+        let p = parse_generate(&json!({"prompt": "Hi", "raw": true, "format": "json"})).unwrap();
+        assert!(matches!(
+            p.prompt,
+            Some(GenPrompt::Raw(_, Some(crate::Grammar::JsonObject)))
+        ));
         assert!(
             parse_generate(&json!({"prompt": ""}))
                 .unwrap()
@@ -934,10 +906,6 @@ mod tests {
             ),
             (json!({"prompt": "x", "suffix": "y"}), "`suffix`"),
             (json!({"prompt": "x", "context": [-1]}), "`context`"),
-            (
-                json!({"prompt": "x", "raw": true, "format": "json"}),
-                "`raw`",
-            ),
             (json!({"prompt": "x", "images": ["aGk="]}), "images"),
         ] {
             let e = parse_generate(&v).err().unwrap_or_else(|| panic!("{v}"));

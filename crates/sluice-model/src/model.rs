@@ -18,7 +18,7 @@ use crate::exec::Exec;
 use crate::plan::MemoryPlan;
 use crate::rope::Rope;
 use crate::state::State;
-use crate::weights::{FfnSpec, WeightLayout};
+use crate::weights::{FfnSpec, MoeSpec, WeightLayout};
 
 pub use crate::options::{ModelOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
@@ -129,7 +129,7 @@ pub struct Model {
     /// Expert reads of O_DIRECT shards go through an io_uring.
     io_uring: bool,
     /// Every expert fits in the cache: a layer's experts are taken as a group and computed
-    /// together (see `moe`).
+    /// together (see `ffn::schedule`).
     gather_experts: bool,
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
@@ -433,7 +433,7 @@ impl Model {
         self.local_rope.as_ref()
     }
 
-    /// Whether a layer's experts are taken as a group (every expert fits; see [`moe`]).
+    /// Whether a layer's experts are taken as a group (every expert fits; see `ffn::schedule`).
     pub(crate) fn gathers_experts(&self) -> bool {
         self.gather_experts
     }
@@ -797,7 +797,7 @@ impl Model {
         // docs/PERFORMANCE.md those wake-ups cost a 50%-budget decode a quarter of its CPU
         // time), when nothing can nest another session's pass under it:
         // - with everything resident: a pass never waits for another session, and with every
-        //   expert fitting the experts are gathered (see `moe`), so a pass has landed every
+        //   expert fitting the experts are gathered (see `ffn::schedule`), so a pass has landed every
         //   read it started before it enters a parallel call;
         // - or when no other pass is running as it starts. Otherwise a pass that can wait for
         //   another session (pins of a full expert cache, trunk ring slots) runs from outside
@@ -860,9 +860,9 @@ impl Model {
         };
         let blob: &Blob = &part;
         let spec = &self.layout.layer_specs[l];
-        let FfnSpec::Moe {
+        let FfnSpec::Moe(MoeSpec {
             router, bias, hash, ..
-        } = &spec.ffn
+        }) = &spec.ffn
         else {
             return Ok(None);
         };
@@ -888,7 +888,7 @@ impl Model {
         let bias = bias.map(|b| b.to_f32(blob));
         let mut score: BTreeMap<u32, f32> = BTreeMap::new();
         for lg in logits.chunks_exact_mut(ne) {
-            for (e, w) in crate::moe::route(&self.cfg, lg, bias.as_deref()) {
+            for (e, w) in crate::ffn::route(&self.cfg, lg, bias.as_deref()) {
                 // Zero-compute experts have nothing to read.
                 if (e as usize) < self.cfg.moe.experts {
                     *score.entry(e).or_default() += w;

@@ -17,8 +17,8 @@ use sluice_store::{Blob, Guess};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::ffn::{Ahead, MidGuess, MoeLayer, Run, glu_rows};
 use crate::model::{Logits, Model};
-use crate::moe::{Ahead, MidGuess, glu_rows, moe};
 use crate::residual::{Mixing, Stream};
 use crate::rope::Angles;
 use crate::state::State;
@@ -481,7 +481,7 @@ impl Model {
                     None,
                 ))
             }
-            moe_spec @ FfnSpec::Moe { .. } => {
+            FfnSpec::Moe(moe_spec) => {
                 // Routes come back with their row index as position.
                 let mut routes = pass.recording_routes.then(Vec::new);
                 // The mid guess: the next layer's router input estimated from this layer's
@@ -506,23 +506,22 @@ impl Model {
                     early: next.as_ref(),
                     mid: guess_mid.then_some(&mid as &MidGuess<'_>),
                 };
-                let y = moe(
-                    self.exec(),
+                let layer = MoeLayer {
+                    exec: self.exec(),
                     cfg,
-                    l,
-                    moe_spec,
+                    layer: l,
+                    spec: moe_spec,
                     blob,
-                    self.experts(),
-                    self.expert_specs_of(l),
-                    &x,
-                    &pass.tokens,
-                    0,
-                    routes.as_mut(),
+                    store: self.experts(),
+                    experts: self.expert_specs_of(l),
+                };
+                let run = Run {
                     ahead,
-                    self.gathers_experts(),
-                    pass.chunk,
-                    &pass.expert_seconds,
-                )?;
+                    gather: self.gathers_experts(),
+                    rows_per_call: pass.chunk,
+                    expert_seconds: &pass.expert_seconds,
+                };
+                let y = layer.forward(&x, &pass.tokens, routes.as_mut(), run)?;
                 let starts = &pass.starts;
                 for mut r in routes.into_iter().flatten() {
                     let si = starts.partition_point(|&s| s <= r.pos) - 1;

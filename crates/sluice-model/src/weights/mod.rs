@@ -379,21 +379,26 @@ pub enum FfnSpec {
     /// A dense block.
     Dense(MlpSpec),
     /// The trunk side of a mixture of experts.
-    Moe {
-        /// Router weight [experts, hidden].
-        router: MatSpec,
-        /// DeepSeek's selection-only `e_score_correction_bias`, or GPT-OSS's router bias (added
-        /// to the logits).
-        bias: Option<VecSpec>,
-        /// Shared expert.
-        shared: Option<MlpSpec>,
-        /// Shared-expert gate [1, hidden] (Qwen2-MoE).
-        shared_gate: Option<MatSpec>,
-        /// Latent projections (Kimi K3).
-        latent: Option<LatentSpec>,
-        /// The token-to-experts table of a hash-routed layer (`gate.tid2eid`).
-        hash: Option<TableSpec>,
-    },
+    Moe(MoeSpec),
+}
+
+/// The trunk side of a mixture of experts: what every token's routing and the block around
+/// the routed experts read (the experts themselves are in the store).
+#[derive(Clone, Debug)]
+pub struct MoeSpec {
+    /// Router weight [experts, hidden].
+    pub router: MatSpec,
+    /// DeepSeek's selection-only `e_score_correction_bias`, or GPT-OSS's router bias (added
+    /// to the logits).
+    pub bias: Option<VecSpec>,
+    /// Shared expert.
+    pub shared: Option<MlpSpec>,
+    /// Shared-expert gate [1, hidden] (Qwen2-MoE).
+    pub shared_gate: Option<MatSpec>,
+    /// Latent projections (Kimi K3).
+    pub latent: Option<LatentSpec>,
+    /// The token-to-experts table of a hash-routed layer (`gate.tid2eid`).
+    pub hash: Option<TableSpec>,
 }
 
 /// The trunk weights of one layer.
@@ -826,14 +831,14 @@ fn layer(
                 }),
                 None => None,
             };
-            FfnSpec::Moe {
+            FfnSpec::Moe(MoeSpec {
                 router,
                 bias,
                 shared,
                 shared_gate,
                 latent,
                 hash,
-            }
+            })
         }
     };
     Ok(LayerSpec {

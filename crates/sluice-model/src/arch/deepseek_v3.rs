@@ -6,8 +6,8 @@ use super::Family;
 use super::common::{Base, check_groups, mla_softmax_scale, top_k};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    MtpConfig, RouterKind, TensorNames, read_rope,
+    AttentionConfig, Cfg, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, MtpConfig,
+    RouterKind, TensorNames, read_rope,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -114,16 +114,8 @@ pub(super) fn read_with(
         })
         .collect();
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router,
         shared,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(experts, top_k, intermediate, router)
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

@@ -385,16 +385,9 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let shared = super::common::shared_experts(c, n_shared, intermediate)?;
     let limit = super::common::swiglu_limit(c)?;
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router,
         shared,
         activation: ExpertActivation::SwiGluInputsClamped { limit },
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(experts, top_k, intermediate, router)
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

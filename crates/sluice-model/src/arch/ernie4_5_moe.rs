@@ -10,8 +10,8 @@ use super::Family;
 use super::common::{Base, gqa_rope, uniform_plan};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, RouterKind,
-    SharedExpert, TensorNames, shared_width,
+    AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, RouterKind, SharedExpert, TensorNames,
+    shared_width,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -81,16 +81,13 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let mlp = (0..base.layers).map(|l| MlpKind::moe_or_dense(is_moe(l), dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router: RouterKind::SoftmaxBiased { norm_min },
         shared,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(
+            experts,
+            top_k,
+            intermediate,
+            RouterKind::SoftmaxBiased { norm_min },
+        )
     };
     let names = TensorNames {
         router_bias: Some("moe_statics.e_score_correction_bias"),

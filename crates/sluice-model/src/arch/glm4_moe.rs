@@ -10,8 +10,8 @@ use super::Family;
 use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, MlpKind, ModelConfig, MoeConfig, MtpConfig, QkNorm,
-    RouterKind, TensorNames,
+    AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, MtpConfig, QkNorm, RouterKind,
+    TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -64,16 +64,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let mlp = (0..base.layers).map(|l| MlpKind::moe_or_dense(l >= first_dense, dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router,
         shared,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(experts, top_k, intermediate, router)
     };
     let names = TensorNames {
         router_bias: Some("gate.e_score_correction_bias"),

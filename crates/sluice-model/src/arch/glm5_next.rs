@@ -167,21 +167,19 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let n_shared = c.opt_usize("n_shared_experts")?.unwrap_or(1);
     let limit = super::common::swiglu_limit(c)?;
     let moe = MoeConfig {
-        experts,
-        top_k: k,
-        intermediate,
-        router: RouterKind::SigmoidGroup {
-            n_group,
-            topk_group,
-            norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
-            routed_scaling_factor: c.opt_f32("routed_scaling_factor")?.unwrap_or(2.5),
-        },
         shared: super::common::shared_experts(c, n_shared, intermediate)?,
         activation: ExpertActivation::SwiGluInputsClamped { limit },
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(
+            experts,
+            k,
+            intermediate,
+            RouterKind::SigmoidGroup {
+                n_group,
+                topk_group,
+                norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
+                routed_scaling_factor: c.opt_f32("routed_scaling_factor")?.unwrap_or(2.5),
+            },
+        )
     };
     let sparse = layer_kinds(c, "mlp_layer_types", layers, ["sparse", "dense"], |l| {
         l >= 3

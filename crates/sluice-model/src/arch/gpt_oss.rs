@@ -50,16 +50,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         return Err(c.err("swiglu_limit", "must be positive"));
     }
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router: RouterKind::TopKSoftmax,
-        shared: None,
         activation: ExpertActivation::ClampedSwiGlu { alpha, limit },
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(experts, top_k, intermediate, RouterKind::TopKSoftmax)
     };
     let layer_plan = sliding
         .iter()

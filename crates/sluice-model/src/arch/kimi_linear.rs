@@ -460,21 +460,20 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         local_rope: None,
         layer_plan,
         moe: MoeConfig {
-            experts,
-            top_k,
-            intermediate,
-            router: RouterKind::SigmoidGroup {
-                n_group,
-                topk_group,
-                norm_topk_prob: renormalize,
-                routed_scaling_factor,
-            },
             shared,
             activation,
             latent,
-            weight_on_input: false,
-            zero_experts: 0,
-            shortcut: false,
+            ..MoeConfig::routed(
+                experts,
+                top_k,
+                intermediate,
+                RouterKind::SigmoidGroup {
+                    n_group,
+                    topk_group,
+                    norm_topk_prob: renormalize,
+                    routed_scaling_factor,
+                },
+            )
         },
         bos_token_id,
         eos_token_ids,

@@ -14,8 +14,8 @@ use super::Family;
 use super::common::{Base, gqa_rope, text_config, top_k};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, MlpKind, ModelConfig,
-    MoeConfig, RouterKind, SharedExpert, TensorNames,
+    AttentionConfig, Cfg, ExpertNames, LayerPlan, MlpKind, ModelConfig, MoeConfig, RouterKind,
+    SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -121,19 +121,17 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         0
     };
     let moe = MoeConfig {
-        experts,
-        top_k: top_k(c, experts)?,
-        intermediate,
-        router: RouterKind::TopKSigmoid,
         shared: Some(SharedExpert {
             intermediate,
             gated: false,
         }),
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
         weight_on_input: true,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(
+            experts,
+            top_k(c, experts)?,
+            intermediate,
+            RouterKind::TopKSigmoid,
+        )
     };
     let layer_plan = (0..layers)
         .map(|l| {

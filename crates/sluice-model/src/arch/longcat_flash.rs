@@ -22,8 +22,8 @@ use super::Family;
 use super::common::{Base, mla_softmax_scale};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig,
-    RouterKind, SharedExpert, TensorNames, read_rope,
+    AttentionConfig, Cfg, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, RouterKind,
+    SharedExpert, TensorNames, read_rope,
 };
 use crate::quant::{self, Quantization};
 
@@ -168,22 +168,21 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         })
         .collect();
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate: c.pos_usize("expert_ffn_hidden_size")?,
-        router: RouterKind::SoftmaxScaled {
-            routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
-        },
         // The first sublayer's MLP, added now; the routed sum waits for the second.
         shared: Some(SharedExpert {
             intermediate: dense,
             gated: false,
         }),
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
         zero_experts,
         shortcut: true,
+        ..MoeConfig::routed(
+            experts,
+            top_k,
+            c.pos_usize("expert_ffn_hidden_size")?,
+            RouterKind::SoftmaxScaled {
+                routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
+            },
+        )
     };
     let names = TensorNames {
         dense: &["mlps"],

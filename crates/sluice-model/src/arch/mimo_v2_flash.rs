@@ -11,8 +11,8 @@ use super::Family;
 use super::common::{Base, check_groups, gqa_config, layer_kinds, top_k, typed_rope};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig,
-    RouterKind, TensorNames,
+    AttentionConfig, Cfg, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig, RouterKind,
+    TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -91,23 +91,17 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         None | Some(Value::Null) => 1.0,
         Some(_) => c.pos_f32("routed_scaling_factor")?,
     };
-    let moe = MoeConfig {
+    let moe = MoeConfig::routed(
         experts,
         top_k,
         intermediate,
-        router: RouterKind::SigmoidGroup {
+        RouterKind::SigmoidGroup {
             n_group,
             topk_group,
             norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
             routed_scaling_factor: scaling,
         },
-        shared: None,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
-    };
+    );
     let dense = if sparse.iter().all(|&s| s) {
         0
     } else {

@@ -8,8 +8,7 @@ use super::Family;
 use super::common::{Base, all_moe, check_groups, gqa_rope_partial, top_k, uniform_plan};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, ExpertNames, ModelConfig, MoeConfig, QkNorm,
-    RouterKind, TensorNames,
+    AttentionConfig, Cfg, ExpertNames, ModelConfig, MoeConfig, QkNorm, RouterKind, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -56,23 +55,17 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     let intermediate = c.pos_usize("intermediate_size")?;
     let top_k = top_k(c, experts)?;
     check_groups(c, experts, top_k, 1, 1)?;
-    let moe = MoeConfig {
+    let moe = MoeConfig::routed(
         experts,
         top_k,
         intermediate,
-        router: RouterKind::SigmoidGroup {
+        RouterKind::SigmoidGroup {
             n_group: 1,
             topk_group: 1,
             norm_topk_prob: true,
             routed_scaling_factor: 1.0,
         },
-        shared: None,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
-    };
+    );
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
     let names = TensorNames {
         moe: "block_sparse_moe",

@@ -5,8 +5,7 @@ use super::Family;
 use super::common::{Base, all_moe, check_window, gqa_rope, top_k, uniform_plan};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, ExpertNames, ModelConfig, MoeConfig, RouterKind,
-    TensorNames,
+    AttentionConfig, Cfg, ExpertNames, ModelConfig, MoeConfig, RouterKind, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -22,21 +21,15 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     check_window(c, gqa.window)?;
     let experts = c.pos_usize("num_local_experts")?;
     let intermediate = c.pos_usize("intermediate_size")?;
-    let moe = MoeConfig {
+    let moe = MoeConfig::routed(
         experts,
-        top_k: top_k(c, experts)?,
+        top_k(c, experts)?,
         intermediate,
         // Mixtral always renormalises.
-        router: RouterKind::Softmax {
+        RouterKind::Softmax {
             norm_topk_prob: true,
         },
-        shared: None,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
-    };
+    );
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
     let names = TensorNames {
         moe: "block_sparse_moe",

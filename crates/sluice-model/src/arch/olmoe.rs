@@ -4,9 +4,7 @@
 use super::Family;
 use super::common::{Base, all_moe, gqa_rope, softmax_router, top_k, uniform_plan};
 use crate::ModelError;
-use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, ModelConfig, MoeConfig, QkNorm, TensorNames,
-};
+use crate::config::{AttentionConfig, Cfg, ModelConfig, MoeConfig, QkNorm, TensorNames};
 
 pub(super) const FAMILY: Family = Family {
     name: "olmoe",
@@ -24,19 +22,13 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     gqa.clip_qkv = c.opt_f32("clip_qkv")?;
     let experts = c.pos_usize("num_experts")?;
     let intermediate = c.pos_usize("intermediate_size")?;
-    let moe = MoeConfig {
+    let moe = MoeConfig::routed(
         experts,
-        top_k: top_k(c, experts)?,
+        top_k(c, experts)?,
         intermediate,
         // transformers default: norm_topk_prob = false.
-        router: softmax_router(c, false)?,
-        shared: None,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
-    };
+        softmax_router(c, false)?,
+    );
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), all_moe(base.layers));
     base.finish(
         c,

@@ -10,8 +10,8 @@ use super::common::{
 };
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig,
-    QkNorm, SharedExpert, TensorNames,
+    AttentionConfig, Cfg, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig, QkNorm,
+    SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -80,16 +80,8 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         .map(|l| MlpKind::moe_or_dense(!only.contains(&l) && (l + 1).is_multiple_of(step), dense));
     let layer_plan = uniform_plan(&AttentionConfig::Gqa(gqa), mlp);
     let moe = MoeConfig {
-        experts,
-        top_k,
-        intermediate,
-        router,
         shared,
-        activation: ExpertActivation::SwiGlu,
-        latent: None,
-        weight_on_input: false,
-        zero_experts: 0,
-        shortcut: false,
+        ..MoeConfig::routed(experts, top_k, intermediate, router)
     };
     let names = TensorNames {
         shared: "shared_expert",

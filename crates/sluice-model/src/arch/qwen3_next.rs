@@ -18,8 +18,8 @@ use super::common::{
 use crate::ModelError;
 use crate::attention::GdnConfig;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, LayerPlan, MlpKind, ModelConfig, MoeConfig, MtpConfig,
-    MtpHead, QkNorm, SharedExpert, TensorNames,
+    AttentionConfig, Cfg, LayerPlan, MlpKind, ModelConfig, MoeConfig, MtpConfig, MtpHead, QkNorm,
+    SharedExpert, TensorNames,
 };
 
 pub(super) const FAMILY: Family = Family {
@@ -73,20 +73,17 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         let intermediate = c.pos_usize("moe_intermediate_size")?;
         let shared = c.usize("shared_expert_intermediate_size")?;
         let moe = MoeConfig {
-            experts,
-            top_k: top_k(c, experts)?,
-            intermediate,
-            // transformers default: norm_topk_prob = true.
-            router: softmax_router(c, true)?,
             shared: (shared > 0).then_some(SharedExpert {
                 intermediate: shared,
                 gated: true,
             }),
-            activation: ExpertActivation::SwiGlu,
-            latent: None,
-            weight_on_input: false,
-            zero_experts: 0,
-            shortcut: false,
+            ..MoeConfig::routed(
+                experts,
+                top_k(c, experts)?,
+                intermediate,
+                // transformers default: norm_topk_prob = true.
+                softmax_router(c, true)?,
+            )
         };
         let step = match c.opt_usize("decoder_sparse_step")? {
             Some(0) => return Err(c.err("decoder_sparse_step", "must be positive")),

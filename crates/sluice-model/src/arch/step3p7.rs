@@ -28,8 +28,8 @@ use super::Family;
 use super::common::{Base, check_groups, gqa_heads, kinds_of, top_k, typed_rope};
 use crate::ModelError;
 use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluLimits, GqaConfig, LayerPlan, MlpKind,
-    ModelConfig, MoeConfig, QkNorm, RopeConfig, RouterKind, SharedExpert, TensorNames, read_rope,
+    AttentionConfig, Cfg, ExpertNames, GluLimits, GqaConfig, LayerPlan, MlpKind, ModelConfig,
+    MoeConfig, QkNorm, RopeConfig, RouterKind, SharedExpert, TensorNames, read_rope,
 };
 use crate::quant::{self, Quantization};
 
@@ -185,24 +185,21 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             Some(_) => c.pos_f32("moe_router_scaling_factor")?,
         };
         MoeConfig {
-            experts,
-            top_k,
-            intermediate: c.pos_usize("moe_intermediate_size")?,
-            router: RouterKind::SigmoidGroup {
-                n_group: 1,
-                topk_group: 1,
-                norm_topk_prob: true,
-                routed_scaling_factor: scaling,
-            },
             shared: Some(SharedExpert {
                 intermediate: c.pos_usize("share_expert_dim")?,
                 gated: false,
             }),
-            activation: ExpertActivation::SwiGlu,
-            latent: None,
-            weight_on_input: false,
-            zero_experts: 0,
-            shortcut: false,
+            ..MoeConfig::routed(
+                experts,
+                top_k,
+                c.pos_usize("moe_intermediate_size")?,
+                RouterKind::SigmoidGroup {
+                    n_group: 1,
+                    topk_group: 1,
+                    norm_topk_prob: true,
+                    routed_scaling_factor: scaling,
+                },
+            )
         }
     } else {
         MoeConfig::none()

@@ -565,6 +565,24 @@ impl MoeConfig {
         }
     }
 
+    /// Routed experts with `router`, each a SwiGLU block of `intermediate`, and nothing else:
+    /// the base a family's mixture starts from (`MoeConfig { shared, ..MoeConfig::routed(..) }`),
+    /// so a new field is one edit here.
+    pub fn routed(
+        experts: usize,
+        top_k: usize,
+        intermediate: usize,
+        router: RouterKind,
+    ) -> MoeConfig {
+        MoeConfig {
+            experts,
+            top_k,
+            intermediate,
+            router,
+            ..MoeConfig::none()
+        }
+    }
+
     /// The router's outputs: the routed experts and the zero-compute ones.
     pub fn router_width(&self) -> usize {
         self.experts + self.zero_experts

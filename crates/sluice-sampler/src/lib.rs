@@ -10,7 +10,7 @@
 //! order (penalties, temperature, top-k, top-p, min-p), and [`Sampler::candidates`] keeps the same
 //! tokens with the same probabilities as its logits processors (`tests/transformers.rs` checks
 //! that against fixtures made with them). Presence and frequency penalties follow OpenAI and
-//! count generated tokens only. README.md's "Sampling" section states every rule.
+//! count generated tokens only. docs/SAMPLING.md states every rule.
 //!
 //! ```
 //! use sluice_sampler::{Sampler, SamplingOptions};

@@ -293,3 +293,8 @@ mod tests {
 #[cfg(doctest)]
 #[doc = include_str!("../../../README.md")]
 struct ReadmeDoctests;
+
+/// docs/LIBRARY.md's examples compile against this crate (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/LIBRARY.md")]
+struct LibraryDoctests;

@@ -1,13 +1,11 @@
 //! sluice's mixture-of-experts transformers.
 //!
 //! This crate computes the forward pass — prefill over a chunk of tokens and incremental decode
-//! with a KV cache — for DeepSeek-V3 / Kimi K2 (multi-head latent attention on a compressed
-//! cache, sigmoid group routing, shared experts), Qwen3-MoE, Qwen2-MoE, Mixtral, OLMoE,
-//! GPT-OSS (attention sinks, alternating sliding-window layers, clamped SwiGLU experts), and
-//! Kimi Linear / Kimi K3 (Kimi Delta Attention layers with a fixed-size recurrent state mixed
-//! with MLA layers without rotary embeddings; for K3 also gated MLA, attention residuals,
-//! SiTU-GLU and experts in a latent space), and matches Hugging Face transformers (and, for
-//! K3, Moonshot's own modeling code) on the fixtures under `testdata/`.
+//! with a KV cache or recurrent state — for every family in [`arch::FAMILIES`] (one module each
+//! under `arch/`, each listing the models it runs and what is distinctive in them; README.md's
+//! model table is checked against that list), and matches Hugging Face transformers (and, for
+//! Kimi K3, Moonshot's own modeling code) on the fixtures under `testdata/`. What mixes tokens
+//! is one module per kind under [`attention`]; the feed-forward blocks are under `ffn/`.
 //!
 //! Checkpoints load as released: FP8 E4M3 with block scales (DeepSeek-V3, Kimi K2),
 //! compressed-tensors pack-quantized INT4 (Kimi K2 Thinking, K2.5) and MXFP4 (Kimi K3,

@@ -24,16 +24,30 @@ fn open(name: &str, threads: usize) -> Model {
 }
 
 macro_rules! fixture_tests {
-    ($($modname:ident => $fixture:literal),* $(,)?) => {$(
-        mod $modname {
-            #[test]
-            fn prompts() { super::common::check_prompts(&super::fixture($fixture), $fixture) }
-            #[test]
-            fn greedy() { super::common::check_greedy(&super::fixture($fixture), $fixture) }
-            #[test]
-            fn invariance() { super::common::check_invariance(&super::fixture($fixture), $fixture) }
-        }
-    )*};
+    ($($modname:ident => $fixture:literal),* $(,)?) => {
+        $(
+            mod $modname {
+                #[test]
+                fn prompts() { super::common::check_prompts(&super::fixture($fixture), $fixture) }
+                #[test]
+                fn greedy() { super::common::check_greedy(&super::fixture($fixture), $fixture) }
+                #[test]
+                fn invariance() { super::common::check_invariance(&super::fixture($fixture), $fixture) }
+            }
+        )*
+        /// Every fixture checked here.
+        const FIXTURES: &[&str] = &[$($fixture),*];
+    };
+}
+
+/// The list below is the common table's (`common::REFERENCE_FIXTURES`).
+#[test]
+fn the_fixtures_are_the_common_tables() {
+    let want = common::reference_fixtures(&["quant"], "quant");
+    assert_eq!(
+        FIXTURES, want,
+        "tests/quant.rs and common::REFERENCE_FIXTURES differ"
+    );
 }
 
 fixture_tests! {

@@ -19,16 +19,30 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 macro_rules! arch_tests {
-    ($($modname:ident => $fixture:literal),* $(,)?) => {$(
-        mod $modname {
-            #[test]
-            fn prompts() { super::check_prompts(&super::fixture($fixture), $fixture) }
-            #[test]
-            fn greedy() { super::check_greedy(&super::fixture($fixture), $fixture) }
-            #[test]
-            fn invariance() { super::check_invariance(&super::fixture($fixture), $fixture) }
-        }
-    )*};
+    ($($modname:ident => $fixture:literal),* $(,)?) => {
+        $(
+            mod $modname {
+                #[test]
+                fn prompts() { super::check_prompts(&super::fixture($fixture), $fixture) }
+                #[test]
+                fn greedy() { super::check_greedy(&super::fixture($fixture), $fixture) }
+                #[test]
+                fn invariance() { super::check_invariance(&super::fixture($fixture), $fixture) }
+            }
+        )*
+        /// Every fixture checked here.
+        const FIXTURES: &[&str] = &[$($fixture),*];
+    };
+}
+
+/// The list above is the common table's (`common::REFERENCE_FIXTURES`).
+#[test]
+fn the_fixtures_are_the_common_tables() {
+    let want = common::reference_fixtures(&["models", "kimi"], "models");
+    assert_eq!(
+        FIXTURES, want,
+        "tests/reference.rs and common::REFERENCE_FIXTURES differ"
+    );
 }
 
 arch_tests! {

@@ -2,8 +2,8 @@
 //! YaRN, sigmoid group routing (`noaux_tc`) with a selection-only bias, shared experts, the
 //! first `first_k_dense_replace` layers dense.
 
-use super::Family;
 use super::common::{Base, check_groups, mla_softmax_scale, top_k};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, MtpConfig,
@@ -12,7 +12,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "deepseek_v3",
-    model_types: &["deepseek_v3", "kimi_k2"],
+    models: &[Models {
+        model_types: &["deepseek_v3", "kimi_k2"],
+        names: "DeepSeek-V3/R1, Kimi K2 / K2.5",
+        features: "multi-head latent attention on the compressed cache, YaRN, sigmoid group routing with a selection bias, shared experts; FP8 and INT4 releases; the MTP layer after the last (`num_nextn_predict_layers`) drafts with `--draft mtp`",
+    }],
     read,
 };
 

@@ -4,14 +4,18 @@
 //! query attends to. The dense and MoE layers follow `mlp_layer_types`, by default the first
 //! `first_k_dense_replace` dense, as in DeepSeek-V3.
 
-use super::Family;
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::{DsaConfig, IndexerQuery};
 use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig};
 
 pub(super) const FAMILY: Family = Family {
     name: "deepseek_v32",
-    model_types: &["deepseek_v32"],
+    models: &[Models {
+        model_types: &["deepseek_v32"],
+        names: "DeepSeek-V3.2",
+        features: "DeepSeek-V3's blocks with DeepSeek Sparse Attention: a lightning indexer (its own projections and key cache) picks the `index_topk` positions each query attends to",
+    }],
     read,
 };
 

@@ -33,8 +33,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, top_k};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::{CompressedConfig, Compressor, Indexer};
 use crate::config::{
@@ -45,7 +45,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "deepseek_v4",
-    model_types: &["deepseek_v4"],
+    models: &[Models {
+        model_types: &["deepseek_v4"],
+        names: "DeepSeek-V4-Flash / Pro",
+        features: "one shared key-value head over a sliding window with sinks, beside heavily compressed entries (one per 128 positions) or an indexer's top-k of overlapping compressed entries, per layer; the grouped output projection; mHC hyper-connections with the gated head; √softplus routing, the first layers hash-routed from the token id (their experts prefetched exactly); bounded SwiGLU; DeepSeek's tensor names; FP8 with UE8M0 scales and FP4 experts as released; the MTP layer (`mtp.0.*`) drafts with `--draft mtp`",
+    }],
     read,
 };
 

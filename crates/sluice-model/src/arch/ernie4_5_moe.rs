@@ -6,8 +6,8 @@
 //! `moe_layer_start_index` to `moe_layer_end_index` every `moe_layer_interval`, the others
 //! dense; embeddings tied by default.
 
-use super::Family;
 use super::common::{Base, gqa_rope, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, RouterKind, SharedExpert, TensorNames,
@@ -16,7 +16,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "ernie4_5_moe",
-    model_types: &["ernie4_5_moe"],
+    models: &[Models {
+        model_types: &["ernie4_5_moe"],
+        names: "ERNIE 4.5 MoE",
+        features: "interleaved rotary pairs, softmax routing with a selection bias, MoE layers by start/end/interval, tied embeddings",
+    }],
     read,
 };
 

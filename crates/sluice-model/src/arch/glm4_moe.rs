@@ -6,8 +6,8 @@
 //! `num_nextn_predict_layers`) may follow the last layer in the checkpoint: DeepSeek-V3's kind,
 //! run by `--draft mtp` ([`crate::config::MtpHead::Trailing`]).
 
-use super::Family;
 use super::common::{Base, check_groups, gqa_rope_partial, top_k, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, MtpConfig, QkNorm, RouterKind,
@@ -16,7 +16,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "glm4_moe",
-    model_types: &["glm4_moe"],
+    models: &[Models {
+        model_types: &["glm4_moe"],
+        names: "GLM-4.5, GLM-4.6",
+        features: "grouped-query attention rotating half of each head, DeepSeek routing, shared experts; the MTP layer after the last drafts with `--draft mtp`",
+    }],
     read,
 };
 

@@ -28,8 +28,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, check_groups, kinds_of, layer_kinds, text_config, top_k};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::dsa::INDEXER_EPS;
 use crate::attention::{DsaConfig, IndexerQuery, KeyPool, MlaConfig};
@@ -41,7 +41,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "glm5_next",
-    model_types: &["glm5_next"],
+    models: &[Models {
+        model_types: &["glm5_next"],
+        names: "GLM-5.3-Flash",
+        features: "Kimi Delta Attention layers beside NoPE sparse MLA whose indexer scores pools of keys (plus the tail); hyper-connections with a Sinkhorn-normalised mixing matrix (mHC); bounded SwiGLU inputs in every MLP; the multimodal checkpoint's text model (vision tower not read) or a flat text config",
+    }],
     read,
 };
 

@@ -8,14 +8,18 @@
 
 use serde_json::Value;
 
-use super::Family;
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::IndexerQuery;
 use crate::config::{Cfg, ModelConfig};
 
 pub(super) const FAMILY: Family = Family {
     name: "glm_moe_dsa",
-    model_types: &["glm_moe_dsa"],
+    models: &[Models {
+        model_types: &["glm_moe_dsa"],
+        names: "GLM-5",
+        features: "DeepSeek-V3.2's sparse attention with interleaved indexer rotation; layers that reuse the top-k of the last layer with an indexer (`indexer_types`)",
+    }],
     read,
 };
 

@@ -3,8 +3,8 @@
 //! softmax over them; clamped SwiGLU experts fused per layer (`gate_up_proj` interleaved by
 //! row, with biases), in BF16 or as MXFP4 blocks (`quant_method` `mxfp4`).
 
-use super::Family;
 use super::common::{Base, all_moe, check_window, gqa_rope, read_layer_types, top_k};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, ModelConfig, MoeConfig,
@@ -13,7 +13,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "gpt_oss",
-    model_types: &["gpt_oss"],
+    models: &[Models {
+        model_types: &["gpt_oss"],
+        names: "GPT-OSS",
+        features: "attention sinks, alternating sliding layers, clamped SwiGLU, fused MXFP4 experts",
+    }],
     read,
 };
 

@@ -20,7 +20,7 @@
 //!   and every MLP's gate projection); they are renamed as the checkpoint opens ([`canonical`]).
 //!   The multi-token-prediction layers (`model.mtp_layers.*`) are not read.
 
-use super::Family;
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::IndexerQuery;
 use crate::config::{
@@ -29,7 +29,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "hy_v4",
-    model_types: &["hy_v4"],
+    models: &[Models {
+        model_types: &["hy_v4"],
+        names: "Hy4",
+        features: "GLM-5's sparse attention with per-head sinks and an output gate, the indexer's rotated part last; hyper-connections (several residual streams per token, gated in and out of each block, collapsed by a hyper head); SwiGLU of bounded inputs in the routed experts; Tencent's tensor names",
+    }],
     read,
 };
 

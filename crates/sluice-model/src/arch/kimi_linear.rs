@@ -16,7 +16,7 @@
 
 use serde_json::Value;
 
-use super::Family;
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, GluActivation, KdaConfig, KdaGate,
@@ -27,7 +27,11 @@ use crate::quant::{self, Quantization};
 
 pub(super) const FAMILY: Family = Family {
     name: "kimi_linear",
-    model_types: &["kimi_linear", "kimi_k3"],
+    models: &[Models {
+        model_types: &["kimi_linear", "kimi_k3"],
+        names: "Kimi Linear, Kimi K3",
+        features: "Kimi Delta Attention (recurrent state) beside gated MLA, attention residuals, latent MXFP4 experts",
+    }],
     read: |c, model_type| read(c, model_type == "kimi_k3"),
 };
 

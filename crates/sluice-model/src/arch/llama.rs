@@ -3,14 +3,18 @@
 //! Llama 3's rope scaling, Mistral with a sliding window on every layer (`sliding_window`).
 //! No layer has experts: the whole model is trunk, tiered like any trunk when it does not fit.
 
-use super::Family;
 use super::common::{Base, check_window, gqa_rope, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, TensorNames};
 
 pub(super) const FAMILY: Family = Family {
     name: "llama",
-    model_types: &["llama", "mistral"],
+    models: &[Models {
+        model_types: &["llama", "mistral"],
+        names: "Llama 2/3 (Llama 3 rope scaling), Mistral, SmolLM2",
+        features: "dense",
+    }],
     read,
 };
 

@@ -10,8 +10,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, gqa_rope, text_config, top_k};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertNames, LayerPlan, MlpKind, ModelConfig, MoeConfig, RouterKind,
@@ -20,7 +20,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "llama4",
-    model_types: &["llama4_text", "llama4"],
+    models: &[Models {
+        model_types: &["llama4", "llama4_text"],
+        names: "Llama 4 Scout / Maverick (text model; the multimodal checkpoint's vision tower not read)",
+        features: "chunked attention, NoPE layers with attention temperature, top-1 experts whose weight scales their input, experts fused `x @ W`",
+    }],
     read,
 };
 

@@ -18,8 +18,8 @@
 //! transformers saves the zero experts' unused `gate_proj`/`up_proj` rows as
 //! `experts.{n_routed..}`. They are not read, and a checkpoint without them reads the same.
 
-use super::Family;
 use super::common::{Base, mla_softmax_scale};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, RouterKind,
@@ -29,7 +29,11 @@ use crate::quant::{self, Quantization};
 
 pub(super) const FAMILY: Family = Family {
     name: "longcat_flash",
-    model_types: &["longcat_flash"],
+    models: &[Models {
+        model_types: &["longcat_flash"],
+        names: "LongCat-Flash",
+        features: "two sublayers per layer (each MLA with LoRA scaling and a dense MLP), a shortcut MoE whose routed sum joins after the second, zero-compute experts",
+    }],
     read,
 };
 

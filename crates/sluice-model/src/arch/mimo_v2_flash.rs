@@ -7,8 +7,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, check_groups, gqa_config, layer_kinds, top_k, typed_rope};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, LayerPlan, MlpKind, ModelConfig, MoeConfig, RopeConfig, RouterKind,
@@ -17,7 +17,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "mimo_v2_flash",
-    model_types: &["mimo_v2_flash"],
+    models: &[Models {
+        model_types: &["mimo_v2_flash"],
+        names: "MiMo-V2-Flash",
+        features: "sliding layers with sinks, twice the KV heads and their own rotary table beside full attention; values narrower than keys",
+    }],
     read,
 };
 

@@ -4,8 +4,8 @@
 //! `w1/w3/w2`) routed by sigmoid scores with a selection-only `e_score_correction_bias`, the
 //! top-k weights renormalised — DeepSeek's routing with one group and no scaling.
 
-use super::Family;
 use super::common::{Base, all_moe, check_groups, gqa_rope_partial, top_k, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertNames, ModelConfig, MoeConfig, QkNorm, RouterKind, TensorNames,
@@ -13,7 +13,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "minimax_m2",
-    model_types: &["minimax_m2"],
+    models: &[Models {
+        model_types: &["minimax_m2"],
+        names: "MiniMax-M2",
+        features: "q/k norms over the whole projection, partial rotary (`rotary_dim`), sigmoid routing with a bias; its FP8 release",
+    }],
     read,
 };
 

@@ -31,8 +31,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, layer_list, text_config};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::IndexerQuery;
 use crate::config::{
@@ -41,7 +41,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "mistral_large4",
-    model_types: &["mistral_large4"],
+    models: &[Models {
+        model_types: &["mistral_large4"],
+        names: "Mistral Large 4",
+        features: "GLM-5's sparse attention without a query LoRA (the indexer reads a LayerNorm of the input); layers attending to an earlier layer's latent cache (`kv_source_layers`); NoPE layers; per-head log-position query scaling; learned rotary factors over YaRN; grouped softmax routing; soft-capped logits; the multimodal checkpoint's text model under Mistral's own tensor names (vision tower not read)",
+    }],
     read,
 };
 

@@ -1,8 +1,8 @@
 //! Mixtral (`mixtral`): grouped-query attention with an optional sliding window on every
 //! layer, softmax routing always renormalised, experts `block_sparse_moe.experts.{e}.w1/w3/w2`.
 
-use super::Family;
 use super::common::{Base, all_moe, check_window, gqa_rope, top_k, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertNames, ModelConfig, MoeConfig, RouterKind, TensorNames,
@@ -10,7 +10,11 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "mixtral",
-    model_types: &["mixtral"],
+    models: &[Models {
+        model_types: &["mixtral"],
+        names: "Mixtral",
+        features: "sliding window, renormalised softmax routing",
+    }],
     read,
 };
 

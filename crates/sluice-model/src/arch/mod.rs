@@ -33,19 +33,45 @@ mod qwen;
 mod qwen3_next;
 mod step3p7;
 
-/// A model family: the `model_type` values it reads and its reader.
-pub struct Family {
-    /// The family's name (its module).
-    pub name: &'static str,
-    /// The `model_type` values it accepts.
+/// One row of the model table (README.md and docs/MODELS.md, which a test keeps equal to
+/// these): the `model_type` values of some releases, their names, what is distinctive.
+pub struct Models {
+    /// The `model_type` values, as `config.json` spells them.
     pub model_types: &'static [&'static str],
+    /// The models, as users know them.
+    pub names: &'static str,
+    /// What is distinctive in them (docs/MODELS.md's third column).
+    pub features: &'static str,
+}
+
+/// A model family: its name, the models it runs (whose `model_type` values are the ones it
+/// accepts) and its config reader.
+pub struct Family {
+    /// The module's name.
+    pub name: &'static str,
+    /// The models it runs, one row of the model table each.
+    pub models: &'static [Models],
     /// Reads a `config.json` whose `model_type` is one of [`Family::model_types`] (given).
     pub(crate) read: fn(&Cfg<'_>, &str) -> Result<ModelConfig, ModelError>,
 }
 
+impl Family {
+    /// The `model_type` values it accepts.
+    pub fn model_types(&self) -> impl Iterator<Item = &'static str> {
+        self.models
+            .iter()
+            .flat_map(|m| m.model_types.iter().copied())
+    }
+}
+
 impl std::fmt::Debug for Family {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.name, self.model_types.join(", "))
+        write!(
+            f,
+            "{} ({})",
+            self.name,
+            self.model_types().collect::<Vec<_>>().join(", ")
+        )
     }
 }
 
@@ -78,15 +104,12 @@ pub static FAMILIES: &[Family] = &[
 pub fn family(model_type: &str) -> Option<&'static Family> {
     FAMILIES
         .iter()
-        .find(|f| f.model_types.contains(&model_type))
+        .find(|f| f.model_types().any(|t| t == model_type))
 }
 
 /// Every `model_type` accepted.
 pub fn model_types() -> Vec<&'static str> {
-    FAMILIES
-        .iter()
-        .flat_map(|f| f.model_types.iter().copied())
-        .collect()
+    FAMILIES.iter().flat_map(|f| f.model_types()).collect()
 }
 
 #[cfg(test)]
@@ -98,7 +121,7 @@ mod tests {
         let all = model_types();
         for t in &all {
             assert_eq!(all.iter().filter(|x| *x == t).count(), 1, "{t}");
-            assert!(family(t).is_some_and(|f| f.model_types.contains(t)));
+            assert!(family(t).is_some_and(|f| f.model_types().any(|x| x == *t)));
         }
         assert!(family("llama5").is_none());
     }

@@ -1,14 +1,18 @@
 //! OLMoE (`olmoe`): grouped-query attention with a query/key RMSNorm over the whole projection
 //! and an optional clamp of q, k, v (`clip_qkv`), softmax routing.
 
-use super::Family;
 use super::common::{Base, all_moe, gqa_rope, softmax_router, top_k, uniform_plan};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{AttentionConfig, Cfg, ModelConfig, MoeConfig, QkNorm, TensorNames};
 
 pub(super) const FAMILY: Family = Family {
     name: "olmoe",
-    model_types: &["olmoe"],
+    models: &[Models {
+        model_types: &["olmoe"],
+        names: "OLMoE",
+        features: "q/k norms over the projection, `clip_qkv`",
+    }],
     read,
 };
 

@@ -4,10 +4,10 @@
 //! `mlp_only_layers`; for the dense models an optional sliding window on the layers
 //! `layer_types` names (by default those from `max_window_layers` on).
 
-use super::Family;
 use super::common::{
     Base, check_window, gqa_rope, layer_list, read_layer_types, softmax_router, top_k, uniform_plan,
 };
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig, QkNorm,
@@ -16,7 +16,18 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen",
-    model_types: &["qwen3_moe", "qwen2_moe", "qwen3", "qwen2"],
+    models: &[
+        Models {
+            model_types: &["qwen3_moe", "qwen2_moe"],
+            names: "Qwen3-MoE, Qwen2/1.5-MoE",
+            features: "per-head q/k norms (Qwen3), q/k/v biases and a sigmoid-gated shared expert (Qwen2)",
+        },
+        Models {
+            model_types: &["qwen2", "qwen3"],
+            names: "Qwen2/2.5, Qwen3 (dense)",
+            features: "dense; sliding layers by `max_window_layers` / `layer_types`",
+        },
+    ],
     read,
 };
 

@@ -11,10 +11,10 @@
 //! checkpoint's multi-token-prediction layers (`mtp.*`: `mtp_num_hidden_layers` full-attention
 //! layers with the MoE, `fc` and three norms) are checked when present and not run.
 
-use super::Family;
 use super::common::{
     Base, gqa_rope_partial, layer_kinds, layer_list, softmax_router, text_config, top_k,
 };
+use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::GdnConfig;
 use crate::config::{
@@ -24,7 +24,18 @@ use crate::config::{
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen3_next",
-    model_types: &["qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe"],
+    models: &[
+        Models {
+            model_types: &["qwen3_next"],
+            names: "Qwen3-Next",
+            features: "Gated DeltaNet layers (recurrent state, key heads serving value heads) beside gated full attention; zero-centred norms; the MTP layer (`mtp.*`) drafts with `--draft mtp`",
+        },
+        Models {
+            model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+            names: "Qwen3.5 MoE (e.g. 35B-A3B)",
+            features: "Qwen3-Next's blocks with four DeltaNet projections; the text model of the multimodal checkpoint (vision tower not read), experts per expert or fused, FP8 releases",
+        },
+    ],
     read,
 };
 

@@ -24,8 +24,8 @@
 
 use serde_json::Value;
 
-use super::Family;
 use super::common::{Base, check_groups, gqa_heads, kinds_of, top_k, typed_rope};
+use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertNames, GluLimits, GqaConfig, LayerPlan, MlpKind, ModelConfig,
@@ -35,7 +35,11 @@ use crate::quant::{self, Quantization};
 
 pub(super) const FAMILY: Family = Family {
     name: "step3p7",
-    model_types: &["step3p7"],
+    models: &[Models {
+        model_types: &["step3p7"],
+        names: "Step-3.7-Flash (text model of the multimodal checkpoint; vision tower not read)",
+        features: "sliding layers with their own head count and rotary table, a per-head sigmoid gate (`g_proj`), Gemma norms, per-layer SwiGLU bounds, experts stacked per projection, sigmoid routing with a bias",
+    }],
     read,
 };
 

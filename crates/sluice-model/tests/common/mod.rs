@@ -256,3 +256,83 @@ pub fn check_invariance(dir: &Path, name: &str) {
         );
     }
 }
+
+/// Every fixture checked against its reference (transformers, or Moonshot's code for Kimi K3),
+/// by its path under `testdata/`: `tests/reference.rs` runs those under `models/` and `kimi/`,
+/// `tests/quant.rs` those under `quant/` (each checks its list is this one's), and
+/// `tests/model_table.rs` that every family in `arch::FAMILIES` has one.
+pub const REFERENCE_FIXTURES: &[&str] = &[
+    "models/deepseek_v3-fp32",
+    "models/deepseek_v3-bf16",
+    "models/deepseek_v3_noqlora-fp32",
+    "models/deepseek_v3_noqlora-bf16",
+    "models/qwen3_moe-fp32",
+    "models/qwen3_moe-bf16",
+    "models/qwen2_moe-fp32",
+    "models/qwen2_moe-bf16",
+    "models/mixtral-fp32",
+    "models/mixtral-bf16",
+    "models/olmoe-fp32",
+    "models/olmoe-bf16",
+    "kimi/kimi_linear-fp32",
+    "kimi/kimi_linear-bf16",
+    "models/glm4_moe-fp32",
+    "models/glm4_moe-bf16",
+    "models/minimax_m2-fp32",
+    "models/minimax_m2-bf16",
+    "models/ernie4_5_moe-fp32",
+    "models/ernie4_5_moe-bf16",
+    "models/qwen3_next-fp32",
+    "models/qwen3_next-bf16",
+    "models/qwen3_5_moe-fp32",
+    "models/qwen3_5_moe-bf16",
+    "models/qwen3_5_moe_multimodal-bf16",
+    "models/mimo_v2_flash-fp32",
+    "models/mimo_v2_flash-bf16",
+    "models/llama4-fp32",
+    "models/llama4-bf16",
+    "models/llama4_multimodal-bf16",
+    "models/longcat_flash-fp32",
+    "models/longcat_flash-bf16",
+    "models/step3p7-fp32",
+    "models/step3p7-bf16",
+    "models/deepseek_v32-fp32",
+    "models/deepseek_v32-bf16",
+    "models/glm_moe_dsa-fp32",
+    "models/glm_moe_dsa-bf16",
+    "models/mistral_large4-fp32",
+    "models/mistral_large4-bf16",
+    "models/hy_v4-fp32",
+    "models/hy_v4-bf16",
+    "models/glm5_next-fp32",
+    "models/glm5_next-bf16",
+    "models/deepseek_v4-fp32",
+    "models/deepseek_v4-bf16",
+    "models/llama-fp32",
+    "models/llama-bf16",
+    "models/mistral-fp32",
+    "models/mistral-bf16",
+    "models/qwen2-fp32",
+    "models/qwen2-bf16",
+    "models/qwen3-fp32",
+    "models/qwen3-bf16",
+    "quant/deepseek_v3-fp8",
+    "quant/deepseek_v3-fp8-ue8m0-fp4",
+    "quant/minimax_m2-fp8",
+    "quant/qwen3_5_moe-fp8",
+    "quant/glm4_moe-fp8",
+    "quant/deepseek_v3-int4",
+    "quant/qwen3_moe-mxfp4",
+    "quant/gpt_oss-bf16",
+    "quant/gpt_oss-mxfp4",
+];
+
+/// The fixtures of [`REFERENCE_FIXTURES`] under any of `dirs`, as a test file names them
+/// (the path under its own directory, or under `testdata/` for another).
+pub fn reference_fixtures(dirs: &[&str], own: &str) -> Vec<String> {
+    REFERENCE_FIXTURES
+        .iter()
+        .filter(|p| dirs.iter().any(|d| p.starts_with(&format!("{d}/"))))
+        .map(|p| p.strip_prefix(&format!("{own}/")).unwrap_or(p).to_string())
+        .collect()
+}

@@ -1,0 +1,114 @@
+//! README.md's and docs/MODELS.md's model tables are the registry's rows (`arch::FAMILIES`,
+//! each family's `Models`): a family added, renamed or dropped without its row, or a row
+//! without its family, fails here.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use sluice_model::arch::{FAMILIES, family};
+
+mod common;
+
+/// The rows of the table whose header starts with `| \`model_type\``, each as its cells.
+fn table(file: &str) -> Vec<Vec<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| `model_type` |"));
+    assert!(lines.next().is_some(), "{file} has no model table");
+    lines
+        .skip(1) // the |---| line
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim()
+                .trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// The registry's rows as the tables write them: `model_type` values in backticks, then
+/// names (and, with `features`, what is distinctive).
+fn registry(features: bool) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = FAMILIES
+        .iter()
+        .flat_map(|f| f.models)
+        .map(|m| {
+            let types: Vec<String> = m.model_types.iter().map(|t| format!("`{t}`")).collect();
+            let mut row = vec![types.join(", "), m.names.to_string()];
+            if features {
+                row.push(m.features.to_string());
+            }
+            row
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn check(file: &str, features: bool) {
+    let mut rows = table(file);
+    rows.sort();
+    let want = registry(features);
+    for row in &rows {
+        assert!(
+            want.contains(row),
+            "{file}: a row the registry does not have: {row:?}"
+        );
+    }
+    for row in &want {
+        assert!(
+            rows.contains(row),
+            "{file}: the registry's row is missing: {row:?}"
+        );
+    }
+    assert_eq!(rows.len(), want.len(), "{file}: rows listed twice");
+}
+
+#[test]
+fn the_readme_lists_every_family_as_the_registry_does() {
+    check("README.md", false);
+}
+
+#[test]
+fn models_md_lists_every_family_as_the_registry_does() {
+    check("docs/MODELS.md", true);
+}
+
+#[test]
+fn every_family_has_a_row() {
+    for f in FAMILIES {
+        assert!(!f.models.is_empty(), "{} has no models", f.name);
+    }
+}
+
+/// Every family is checked against its reference: a family added without a fixture in
+/// `common::REFERENCE_FIXTURES` fails.
+#[test]
+fn every_family_has_a_reference_fixture() {
+    let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata");
+    let mut covered = BTreeSet::new();
+    for name in common::REFERENCE_FIXTURES {
+        let path = testdata.join(name).join("config.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let model_type = cfg["model_type"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path:?}"));
+        let f =
+            family(model_type).unwrap_or_else(|| panic!("{name}: no family reads {model_type}"));
+        covered.insert(f.name);
+    }
+    for f in FAMILIES {
+        assert!(
+            covered.contains(f.name),
+            "family {} has no reference fixture",
+            f.name
+        );
+    }
+}

@@ -6,9 +6,9 @@
 
 use std::path::Path;
 
-use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
 use sluice_store::{PolicyChoice, TraceEvent, belady, simulate};
+use sluice_synth::SynthSpec;
 
 /// Records the expert requests of a greedy generation of up to 128 tokens after a 16-token
 /// prompt (fewer where the model's context is shorter).

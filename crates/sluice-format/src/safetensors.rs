@@ -266,6 +266,24 @@ pub fn serialize(
     tensors: &[(&str, Dtype, &[usize], &[u8])],
     metadata: Option<&BTreeMap<String, String>>,
 ) -> Vec<u8> {
+    let entries: Vec<(&str, Dtype, &[usize], usize)> = tensors
+        .iter()
+        .map(|&(name, dtype, shape, data)| (name, dtype, shape, data.len()))
+        .collect();
+    let mut out = header_bytes(&entries, metadata);
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// The bytes of a safetensors file before its data: the header's length and the header, for
+/// tensors `(name, dtype, shape, byte length)` laid out in the given order, padded with spaces
+/// to a multiple of 8 as the reference writer does. For writers that place the data themselves.
+pub fn header_bytes(
+    tensors: &[(&str, Dtype, &[usize], usize)],
+    metadata: Option<&BTreeMap<String, String>>,
+) -> Vec<u8> {
     let mut map = serde_json::Map::new();
     if let Some(m) = metadata {
         map.insert(
@@ -274,27 +292,24 @@ pub fn serialize(
         );
     }
     let mut off = 0usize;
-    for (name, dtype, shape, data) in tensors {
+    for (name, dtype, shape, len) in tensors {
         map.insert(
             (*name).to_owned(),
             serde_json::json!({
                 "dtype": dtype.safetensors_name(),
                 "shape": shape,
-                "data_offsets": [off, off + data.len()],
+                "data_offsets": [off, off + len],
             }),
         );
-        off += data.len();
+        off += len;
     }
     let mut header = Value::Object(map).to_string().into_bytes();
     while !header.len().is_multiple_of(8) {
         header.push(b' ');
     }
-    let mut out = Vec::with_capacity(8 + header.len() + off);
+    let mut out = Vec::with_capacity(8 + header.len());
     out.extend_from_slice(&(header.len() as u64).to_le_bytes());
     out.extend_from_slice(&header);
-    for (_, _, _, data) in tensors {
-        out.extend_from_slice(data);
-    }
     out
 }
 

@@ -36,7 +36,6 @@ pub mod quant;
 mod residual;
 mod rope;
 mod state;
-pub mod synth;
 pub mod weights;
 
 pub use config::ModelConfig;

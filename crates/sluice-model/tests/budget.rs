@@ -9,8 +9,8 @@ use std::sync::OnceLock;
 mod scratch;
 
 use proptest::prelude::*;
-use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions, PolicyChoice};
+use sluice_synth::SynthSpec;
 
 /// A fixture directory: `name` under `testdata/models/`, or a path under `testdata/` when it
 /// has a `/` (`kimi/kimi_linear-fp32`).

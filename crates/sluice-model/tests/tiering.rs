@@ -6,8 +6,8 @@ use std::sync::OnceLock;
 
 mod scratch;
 
-use sluice_model::synth::SynthSpec;
 use sluice_model::{Logits, Model, ModelOptions};
+use sluice_synth::SynthSpec;
 
 /// ~190 MB of trunk in 16 layers of ~12 MB, 8 small experts per layer.
 pub fn big_trunk() -> SynthSpec {

@@ -15,7 +15,7 @@ pub mod inspect;
 pub mod pack;
 
 pub use sluice_model::plan::fmt_bytes;
-pub use sluice_model::synth;
+pub use sluice_synth as synth;
 
 pub mod trace {
     //! Expert request traces: recorded with

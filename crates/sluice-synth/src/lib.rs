@@ -1,7 +1,12 @@
 //! Synthetic checkpoints: DeepSeek-V3- or DeepSeek-V4-shaped models of any size written straight
 //! to disk in Hugging Face layout (sharded like real releases), with router weights that make
-//! some experts hotter than others. For tests and benchmarks; no Python needed.
+//! some experts hotter than others. For tests and benchmarks (`sluice synth`); no Python needed.
+//! A tool, not part of the engine: it uses nothing of the model crate, and sluice-model's tests
+//! check that what it writes loads and runs.
 
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -687,27 +692,22 @@ impl SynthSpec {
         for (si, chunk) in groups.chunks(per).enumerate() {
             let name = format!("model-{:05}-of-{:05}.safetensors", si + 1, n_shards);
             let tensors: Vec<&Planned> = chunk.iter().flatten().collect();
-            let mut header = serde_json::Map::new();
-            header.insert("__metadata__".into(), json!({"format": "pt"}));
+            let mut entries = Vec::with_capacity(tensors.len());
             let mut off = 0usize;
             let mut offsets = Vec::with_capacity(tensors.len());
             for t in &tensors {
                 let len = t.shape.iter().product::<usize>() * t.dtype.size();
-                header.insert(t.name.clone(), json!({"dtype": t.dtype.safetensors_name(), "shape": t.shape, "data_offsets": [off, off + len]}));
+                entries.push((t.name.as_str(), t.dtype, &t.shape[..], len));
                 offsets.push(off);
                 off += len;
                 weight_map.insert(t.name.clone(), json!(name));
             }
             total += off as u64;
-            let mut hb = Value::Object(header).to_string().into_bytes();
-            while !hb.len().is_multiple_of(8) {
-                hb.push(b' ');
-            }
-            let data_start = 8 + hb.len() as u64;
+            let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+            let head = sluice_format::safetensors::header_bytes(&entries, Some(&metadata));
+            let data_start = head.len() as u64;
             let f = std::fs::File::create(dir.join(&name))?;
             f.set_len(data_start + off as u64)?;
-            let mut head = (hb.len() as u64).to_le_bytes().to_vec();
-            head.extend_from_slice(&hb);
             f.write_all_at(&head, 0)?;
             for (t, &o) in tensors.iter().zip(&offsets) {
                 let n: usize = t.shape.iter().product();
@@ -920,7 +920,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn writes_a_loadable_checkpoint() {
+    fn writes_a_checkpoint_as_specified() {
         let d = tempfile::tempdir().unwrap();
         let spec = SynthSpec {
             hidden: 64,
@@ -936,10 +936,6 @@ mod tests {
         assert_eq!(ck.shards().len(), 4);
         let total: u64 = ck.tensors().iter().map(|t| t.len).sum();
         assert_eq!(total, spec.bytes());
-        let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
-        let mut st = m.new_state();
-        let l = m.forward(&mut st, &[1, 2, 3], crate::Logits::Last).unwrap();
-        assert!(l.iter().all(|x| x.is_finite()));
         // The pieces written in parallel are the serial stream of each tensor: check one
         // expert's first projection against a plain generator.
         let name = "model.layers.1.mlp.experts.3.up_proj.weight";
@@ -985,10 +981,6 @@ mod tests {
                 q.bytes() - experts(&ck),
                 "{format:?}"
             );
-            let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
-            let mut st = m.new_state();
-            let l = m.forward(&mut st, &[1, 2, 3], crate::Logits::Last).unwrap();
-            assert!(l.iter().all(|x| x.is_finite()), "{format:?}");
         }
         // Deterministic: the same spec writes the same bytes.
         let d2 = tempfile::tempdir().unwrap();
@@ -1002,7 +994,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_a_deepseek_v4_shaped_checkpoint_that_runs() {
+    fn writes_a_deepseek_v4_shaped_checkpoint() {
         let d = tempfile::tempdir().unwrap();
         let spec = SynthSpec {
             hidden: 64,
@@ -1036,12 +1028,6 @@ mod tests {
         ] {
             assert!(ck.get(name).is_some(), "{name}");
         }
-        let m = crate::Model::open(d.path(), crate::ModelOptions::default()).unwrap();
-        let cfg = m.config();
-        assert_eq!(cfg.family, "deepseek_v4");
-        let kinds: Vec<&str> = cfg.layer_plan.iter().map(|p| p.attention.kind()).collect();
-        assert_eq!(kinds, ["hca", "hca", "hca", "csa", "hca"]);
-        assert_eq!(cfg.hash_routed, [true, true, true, false, false]);
         // Every hash row names distinct experts below the count.
         let t = ck.get("layers.2.ffn.gate.tid2eid").unwrap();
         let bytes = std::fs::read(&ck.shards()[t.shard].path).unwrap();
@@ -1055,9 +1041,5 @@ mod tests {
                 "{row:?}"
             );
         }
-        let mut st = m.new_state();
-        let prompt: Vec<u32> = (0..40).map(|i| (i * 7 % 300) as u32).collect();
-        let l = m.forward(&mut st, &prompt, crate::Logits::Last).unwrap();
-        assert!(l.iter().all(|x| x.is_finite()));
     }
 }

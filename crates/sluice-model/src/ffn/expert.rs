@@ -144,46 +144,23 @@ pub(crate) fn expert(
     x: &[f32],
     t: usize,
 ) -> Result<Vec<f32>, ModelError> {
-    match (spec, cfg.moe.activation) {
-        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGlu) => {
-            glu(exec, m, blob, x, t, GluActivation::Silu.limited(limit))
-        }
-        (ExpertSpec::GateUp(g), ExpertActivation::SwiGlu) => {
-            gate_up_expert(exec, g, blob, x, t, GluActivation::Silu.limited(limit))
-        }
-        (_, _) if limit.is_some() => Err(ModelError::Internal(
+    let a = cfg.moe.activation;
+    if limit.is_some() && !matches!(a, ExpertActivation::SwiGlu) {
+        return Err(ModelError::Internal(
             "a bound on the experts' factors with an activation other than SwiGLU".into(),
-        )),
-        (ExpertSpec::SwiGlu(m), ExpertActivation::Situ { beta, linear_beta }) => glu(
-            exec,
-            m,
-            blob,
-            x,
-            t,
-            GluActivation::Situ { beta, linear_beta },
-        ),
-        (ExpertSpec::Fused(g), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
+        ));
+    }
+    match (spec, glu_activation(a, limit), a) {
+        (ExpertSpec::SwiGlu(m), Some(act), _) => glu(exec, m, blob, x, t, act),
+        (ExpertSpec::GateUp(g), Some(act), _) if !matches!(a, ExpertActivation::Situ { .. }) => {
+            gate_up_expert(exec, g, blob, x, t, act)
+        }
+        (ExpertSpec::Fused(g), None, ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             clamped_expert(exec, g, blob, x, t, alpha, limit)
         }
-        (ExpertSpec::Biased(b), ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
+        (ExpertSpec::Biased(b), None, ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             biased_expert(exec, b, blob, x, t, alpha, limit)
         }
-        (ExpertSpec::SwiGlu(m), ExpertActivation::SwiGluInputsClamped { limit }) => glu(
-            exec,
-            m,
-            blob,
-            x,
-            t,
-            GluActivation::SiluInputsClamped { limit },
-        ),
-        (ExpertSpec::GateUp(g), ExpertActivation::SwiGluInputsClamped { limit }) => gate_up_expert(
-            exec,
-            g,
-            blob,
-            x,
-            t,
-            GluActivation::SiluInputsClamped { limit },
-        ),
         _ => Err(ModelError::Internal(
             "expert spec does not match the configured activation".into(),
         )),

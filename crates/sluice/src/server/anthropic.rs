@@ -36,31 +36,7 @@ pub(super) struct Parsed {
 
 /// A field's text (a string, or text blocks joined), naming the field when it is neither.
 fn text_of(v: &Value, what: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
-            let mut out = String::new();
-            for (i, b) in blocks.iter().enumerate() {
-                match b.get("type").and_then(Value::as_str) {
-                    Some("text") => out.push_str(
-                        b.get("text")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| bad(format!("{what}[{i}].text must be a string")))?,
-                    ),
-                    Some(t) => {
-                        return Err(bad(format!(
-                            "{what}[{i}]: a block of type `{t}` is not supported here"
-                        )));
-                    }
-                    None => return Err(bad(format!("{what}[{i}].type is missing"))),
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(bad(format!(
-            "{what} must be a string or a list of text blocks"
-        ))),
-    }
+    core::text_parts(v, what, &["text"], &[], "block")
 }
 
 /// Translates a Messages request (`count`: for `count_tokens`, where `max_tokens` is not

@@ -94,6 +94,53 @@ pub(super) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
+/// The text of a field that is a string or a list of typed parts (`{"type", "text"}`), the
+/// parts of a type in `text` joined: a part of a type in `media` is refused as not text, any
+/// other type as unsupported; errors name the field and the part (`noun`: "block", "part").
+pub(super) fn text_parts(
+    v: &Value,
+    what: &str,
+    text: &[&str],
+    media: &[&str],
+    noun: &str,
+) -> Result<String, ApiError> {
+    let Value::Array(parts) = v else {
+        return match v {
+            Value::String(s) => Ok(s.clone()),
+            _ => Err(bad(format!(
+                "{what} must be a string or a list of {}",
+                if noun == "block" {
+                    "text blocks"
+                } else {
+                    "parts"
+                }
+            ))),
+        };
+    };
+    let mut out = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        match p.get("type").and_then(Value::as_str) {
+            Some(t) if text.contains(&t) => out.push_str(
+                p.get("text")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(format!("{what}[{i}].text must be a string")))?,
+            ),
+            Some(t) if media.contains(&t) => {
+                return Err(bad(format!(
+                    "{what}[{i}]: `{t}` is not supported (sluice reads text only)"
+                )));
+            }
+            Some(t) => {
+                return Err(bad(format!(
+                    "{what}[{i}]: a {noun} of type `{t}` is not supported here"
+                )));
+            }
+            None => return Err(bad(format!("{what}[{i}].type is missing"))),
+        }
+    }
+    Ok(out)
+}
+
 impl From<Error> for ApiError {
     fn from(e: Error) -> ApiError {
         let status = if e.is_input_error() {

@@ -38,34 +38,13 @@ pub(super) struct Parsed {
 
 /// An item's text: a string, or a list of text parts (`input_text`, `output_text`, `text`).
 fn content_text(v: &Value, what: &str) -> Result<String, ApiError> {
-    match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut out = String::new();
-            for (i, p) in parts.iter().enumerate() {
-                match p.get("type").and_then(Value::as_str) {
-                    Some("input_text" | "output_text" | "text") => out.push_str(
-                        p.get("text")
-                            .and_then(Value::as_str)
-                            .ok_or_else(|| bad(format!("{what}[{i}].text must be a string")))?,
-                    ),
-                    Some(t @ ("input_image" | "input_file" | "input_audio")) => {
-                        return Err(bad(format!(
-                            "{what}[{i}]: `{t}` is not supported (sluice reads text only)"
-                        )));
-                    }
-                    Some(t) => {
-                        return Err(bad(format!(
-                            "{what}[{i}]: a part of type `{t}` is not supported"
-                        )));
-                    }
-                    None => return Err(bad(format!("{what}[{i}].type is missing"))),
-                }
-            }
-            Ok(out)
-        }
-        _ => Err(bad(format!("{what} must be a string or a list of parts"))),
-    }
+    core::text_parts(
+        v,
+        what,
+        &["input_text", "output_text", "text"],
+        &["input_image", "input_file", "input_audio"],
+        "part",
+    )
 }
 
 /// Translates a Responses request.

@@ -15,36 +15,6 @@ fn fixture(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-const FIXTURES: &[&str] = &[
-    "models/deepseek_v3-fp32",
-    "models/deepseek_v3_noqlora-bf16",
-    "models/qwen3_moe-fp32",
-    "models/qwen2_moe-bf16",
-    "models/mixtral-fp32",
-    "models/olmoe-bf16",
-    "models/glm4_moe-fp32",
-    "models/minimax_m2-bf16",
-    "models/ernie4_5_moe-bf16",
-    "models/qwen3_next-bf16",
-    "models/qwen3_5_moe_multimodal-bf16",
-    "models/mimo_v2_flash-bf16",
-    "models/llama4-fp32",
-    "models/longcat_flash-bf16",
-    "models/step3p7-bf16",
-    "models/deepseek_v32-bf16",
-    "models/glm_moe_dsa-bf16",
-    "models/mistral_large4-bf16",
-    "models/hy_v4-bf16",
-    "models/glm5_next-bf16",
-    "models/deepseek_v4-bf16",
-    "models/llama-fp32",
-    "models/qwen2-bf16",
-    "quant/gpt_oss-mxfp4",
-    "quant/deepseek_v3-int4",
-    "kimi/kimi_linear-fp32",
-    "kimi/k3/k3-tiny-mxfp4",
-];
-
 /// Planned for five sequences of up to 64 positions.
 fn opts5() -> ModelOptions {
     ModelOptions {
@@ -142,7 +112,7 @@ fn check(dir: &Path, opts: ModelOptions) {
 
 #[test]
 fn a_batched_step_gives_each_sequence_its_solo_logits() {
-    for f in FIXTURES {
+    for f in common::fixtures(common::BATCH) {
         check(&fixture(f), opts5());
     }
 }

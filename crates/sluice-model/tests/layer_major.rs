@@ -8,47 +8,13 @@ use std::path::{Path, PathBuf};
 
 use sluice_model::{Logits, Model, ModelOptions, PrefillOptions};
 
+mod common;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata")
         .join(name)
 }
-
-const FIXTURES: [&str; 17] = [
-    // MLA attention, sigmoid-group routing, a shared expert.
-    "models/deepseek_v3-fp32",
-    // Grouped-query attention with QK norms.
-    "models/qwen3_moe-bf16",
-    // Grouped-query attention with a sliding window.
-    "models/mixtral-bf16",
-    // KDA recurrent layers, attention residuals, MXFP4 experts in a latent space.
-    "kimi/k3/k3-tiny-mxfp4",
-    // Partial rotary with per-head q/k norms, sigmoid group routing, a shared expert.
-    "models/glm4_moe-fp32",
-    // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
-    "models/qwen3_next-bf16",
-    // Sliding layers with sinks and their own rotary table, values narrower than keys.
-    "models/mimo_v2_flash-bf16",
-    // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
-    "models/llama4-fp32",
-    // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
-    "models/longcat_flash-bf16",
-    // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
-    "models/step3p7-fp32",
-    // Sparse attention: each query over its indexer's top 8, the indexer's key cache.
-    "models/deepseek_v32-bf16",
-    // Layers sharing the top-k of the full sparse layer before them.
-    "models/glm_moe_dsa-fp32",
-    // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
-    "models/mistral_large4-fp32",
-    // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
-    "models/hy_v4-fp32",
-    // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
-    "models/glm5_next-fp32",
-    "models/deepseek_v4-fp32",
-    // A dense model: sliding and full layers, no experts.
-    "models/qwen2-fp32",
-];
 
 /// A prompt of `n` ids in `[2, vocab)`.
 fn prompt(n: usize, vocab: usize) -> Vec<u32> {
@@ -85,7 +51,7 @@ fn same(what: &str, got: &[f32], want: &[f32]) {
 
 #[test]
 fn whole_prompt_layer_major_prefill_equals_spans_and_token_by_token() {
-    for name in FIXTURES {
+    for name in common::fixtures(common::LAYER_MAJOR) {
         let dir = fixture(name);
         let m = Model::open(&dir, base()).unwrap();
         let v = m.config().vocab;

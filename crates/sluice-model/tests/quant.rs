@@ -40,14 +40,11 @@ macro_rules! fixture_tests {
     };
 }
 
-/// The list below is the common table's (`common::REFERENCE_FIXTURES`).
+/// The list below is the common table's (`common::FIXTURES`' `REF` rows).
 #[test]
 fn the_fixtures_are_the_common_tables() {
-    let want = common::reference_fixtures(&["quant"], "quant");
-    assert_eq!(
-        FIXTURES, want,
-        "tests/quant.rs and common::REFERENCE_FIXTURES differ"
-    );
+    let want = common::fixtures_in(common::REF, &["quant"], "quant");
+    assert_eq!(FIXTURES, want, "tests/quant.rs and common::FIXTURES differ");
 }
 
 fixture_tests! {

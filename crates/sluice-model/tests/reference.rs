@@ -35,13 +35,13 @@ macro_rules! arch_tests {
     };
 }
 
-/// The list above is the common table's (`common::REFERENCE_FIXTURES`).
+/// The list above is the common table's (`common::FIXTURES`' `REF` rows).
 #[test]
 fn the_fixtures_are_the_common_tables() {
-    let want = common::reference_fixtures(&["models", "kimi"], "models");
+    let want = common::fixtures_in(common::REF, &["models", "kimi"], "models");
     assert_eq!(
         FIXTURES, want,
-        "tests/reference.rs and common::REFERENCE_FIXTURES differ"
+        "tests/reference.rs and common::FIXTURES differ"
     );
 }
 

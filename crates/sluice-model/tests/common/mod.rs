@@ -257,81 +257,120 @@ pub fn check_invariance(dir: &Path, name: &str) {
     }
 }
 
-/// Every fixture checked against its reference (transformers, or Moonshot's code for Kimi K3),
-/// by its path under `testdata/`: `tests/reference.rs` runs those under `models/` and `kimi/`,
-/// `tests/quant.rs` those under `quant/` (each checks its list is this one's), and
-/// `tests/model_table.rs` that every family in `arch::FAMILIES` has one.
-pub const REFERENCE_FIXTURES: &[&str] = &[
-    "models/deepseek_v3-fp32",
-    "models/deepseek_v3-bf16",
-    "models/deepseek_v3_noqlora-fp32",
-    "models/deepseek_v3_noqlora-bf16",
-    "models/qwen3_moe-fp32",
-    "models/qwen3_moe-bf16",
-    "models/qwen2_moe-fp32",
-    "models/qwen2_moe-bf16",
-    "models/mixtral-fp32",
-    "models/mixtral-bf16",
-    "models/olmoe-fp32",
-    "models/olmoe-bf16",
-    "kimi/kimi_linear-fp32",
-    "kimi/kimi_linear-bf16",
-    "models/glm4_moe-fp32",
-    "models/glm4_moe-bf16",
-    "models/minimax_m2-fp32",
-    "models/minimax_m2-bf16",
-    "models/ernie4_5_moe-fp32",
-    "models/ernie4_5_moe-bf16",
-    "models/qwen3_next-fp32",
-    "models/qwen3_next-bf16",
-    "models/qwen3_5_moe-fp32",
-    "models/qwen3_5_moe-bf16",
-    "models/qwen3_5_moe_multimodal-bf16",
-    "models/mimo_v2_flash-fp32",
-    "models/mimo_v2_flash-bf16",
-    "models/llama4-fp32",
-    "models/llama4-bf16",
-    "models/llama4_multimodal-bf16",
-    "models/longcat_flash-fp32",
-    "models/longcat_flash-bf16",
-    "models/step3p7-fp32",
-    "models/step3p7-bf16",
-    "models/deepseek_v32-fp32",
-    "models/deepseek_v32-bf16",
-    "models/glm_moe_dsa-fp32",
-    "models/glm_moe_dsa-bf16",
-    "models/mistral_large4-fp32",
-    "models/mistral_large4-bf16",
-    "models/hy_v4-fp32",
-    "models/hy_v4-bf16",
-    "models/glm5_next-fp32",
-    "models/glm5_next-bf16",
-    "models/deepseek_v4-fp32",
-    "models/deepseek_v4-bf16",
-    "models/llama-fp32",
-    "models/llama-bf16",
-    "models/mistral-fp32",
-    "models/mistral-bf16",
-    "models/qwen2-fp32",
-    "models/qwen2-bf16",
-    "models/qwen3-fp32",
-    "models/qwen3-bf16",
-    "quant/deepseek_v3-fp8",
-    "quant/deepseek_v3-fp8-ue8m0-fp4",
-    "quant/minimax_m2-fp8",
-    "quant/qwen3_5_moe-fp8",
-    "quant/glm4_moe-fp8",
-    "quant/deepseek_v3-int4",
-    "quant/qwen3_moe-mxfp4",
-    "quant/gpt_oss-bf16",
-    "quant/gpt_oss-mxfp4",
+/// Runs against its reference (transformers, or Moonshot's code): `tests/reference.rs` for
+/// fixtures under `models/` and `kimi/`, `tests/quant.rs` for those under `quant/`.
+pub const REF: u8 = 1;
+/// Batched steps give each sequence its solo logits: `tests/batch.rs`.
+pub const BATCH: u8 = 2;
+/// The same bits at every budget, policy, prefetch, thread count and chunk: `tests/budget.rs`.
+pub const BUDGET: u8 = 4;
+/// A whole-prompt layer-major prefill equals spans and token-by-token: `tests/layer_major.rs`.
+pub const LAYER_MAJOR: u8 = 8;
+
+/// Every fixture by its path under `testdata/`, and the matrices it runs in. The test files
+/// iterate this table (`reference.rs`, `quant.rs` and `budget.rs` keep one `#[test]` per
+/// fixture and check their lists are its rows); `tests/model_table.rs` fails when a family in
+/// `arch::FAMILIES` has no `REF` fixture.
+pub const FIXTURES: &[(&str, u8)] = &[
+    // MLA attention, sigmoid-group routing, a shared expert.
+    (
+        "models/deepseek_v3-fp32",
+        REF | BATCH | BUDGET | LAYER_MAJOR,
+    ),
+    ("models/deepseek_v3-bf16", REF),
+    ("models/deepseek_v3_noqlora-fp32", REF),
+    ("models/deepseek_v3_noqlora-bf16", REF | BATCH),
+    ("models/qwen3_moe-fp32", REF | BATCH),
+    // Grouped-query attention with QK norms.
+    ("models/qwen3_moe-bf16", REF | BUDGET | LAYER_MAJOR),
+    ("models/qwen2_moe-fp32", REF),
+    ("models/qwen2_moe-bf16", REF | BATCH),
+    ("models/mixtral-fp32", REF | BATCH | BUDGET),
+    // Grouped-query attention with a sliding window.
+    ("models/mixtral-bf16", REF | LAYER_MAJOR),
+    ("models/olmoe-fp32", REF),
+    ("models/olmoe-bf16", REF | BATCH),
+    ("kimi/kimi_linear-fp32", REF | BATCH | BUDGET),
+    ("kimi/kimi_linear-bf16", REF),
+    // Partial rotary with per-head q/k norms, sigmoid group routing, a shared expert.
+    ("models/glm4_moe-fp32", REF | BATCH | LAYER_MAJOR),
+    ("models/glm4_moe-bf16", REF | BUDGET),
+    ("models/minimax_m2-fp32", REF | BUDGET),
+    ("models/minimax_m2-bf16", REF | BATCH),
+    ("models/ernie4_5_moe-fp32", REF),
+    ("models/ernie4_5_moe-bf16", REF | BATCH | BUDGET),
+    ("models/qwen3_next-fp32", REF | BUDGET),
+    // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
+    ("models/qwen3_next-bf16", REF | BATCH | LAYER_MAJOR),
+    ("models/qwen3_5_moe-fp32", REF),
+    ("models/qwen3_5_moe-bf16", REF),
+    ("models/qwen3_5_moe_multimodal-bf16", REF | BATCH | BUDGET),
+    ("models/mimo_v2_flash-fp32", REF),
+    // Sliding layers with sinks and their own rotary table, values narrower than keys.
+    ("models/mimo_v2_flash-bf16", REF | BATCH | LAYER_MAJOR),
+    // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
+    ("models/llama4-fp32", REF | BATCH | LAYER_MAJOR),
+    ("models/llama4-bf16", REF),
+    ("models/llama4_multimodal-bf16", REF),
+    ("models/longcat_flash-fp32", REF | BUDGET),
+    // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
+    ("models/longcat_flash-bf16", REF | BATCH | LAYER_MAJOR),
+    // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
+    ("models/step3p7-fp32", REF | LAYER_MAJOR),
+    ("models/step3p7-bf16", REF | BATCH | BUDGET),
+    ("models/deepseek_v32-fp32", REF | BUDGET),
+    // Sparse attention: each query over its indexer's top 8, the indexer's key cache.
+    ("models/deepseek_v32-bf16", REF | BATCH | LAYER_MAJOR),
+    // Layers sharing the top-k of the full sparse layer before them.
+    ("models/glm_moe_dsa-fp32", REF | BUDGET | LAYER_MAJOR),
+    ("models/glm_moe_dsa-bf16", REF | BATCH),
+    // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
+    ("models/mistral_large4-fp32", REF | BUDGET | LAYER_MAJOR),
+    ("models/mistral_large4-bf16", REF | BATCH),
+    // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
+    ("models/hy_v4-fp32", REF | LAYER_MAJOR),
+    ("models/hy_v4-bf16", REF | BATCH | BUDGET),
+    // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
+    ("models/glm5_next-fp32", REF | BUDGET | LAYER_MAJOR),
+    ("models/glm5_next-bf16", REF | BATCH),
+    ("models/deepseek_v4-fp32", REF | BUDGET | LAYER_MAJOR),
+    ("models/deepseek_v4-bf16", REF | BATCH),
+    ("models/llama-fp32", REF | BATCH),
+    ("models/llama-bf16", REF),
+    ("models/mistral-fp32", REF | BUDGET),
+    ("models/mistral-bf16", REF),
+    // A dense model: sliding and full layers, no experts.
+    ("models/qwen2-fp32", REF | LAYER_MAJOR),
+    ("models/qwen2-bf16", REF | BATCH),
+    ("models/qwen3-fp32", REF),
+    ("models/qwen3-bf16", REF | BUDGET),
+    ("quant/deepseek_v3-fp8", REF),
+    ("quant/deepseek_v3-fp8-ue8m0-fp4", REF),
+    ("quant/minimax_m2-fp8", REF),
+    ("quant/qwen3_5_moe-fp8", REF),
+    ("quant/glm4_moe-fp8", REF),
+    ("quant/deepseek_v3-int4", REF | BATCH),
+    ("quant/qwen3_moe-mxfp4", REF),
+    ("quant/gpt_oss-bf16", REF),
+    ("quant/gpt_oss-mxfp4", REF | BATCH),
+    // KDA recurrent layers, attention residuals, MXFP4 experts in a latent space. (Kimi K3's
+    // reference is Moonshot's code, checked in tests/kimi_k3.rs.)
+    ("kimi/k3/k3-tiny-mxfp4", BATCH | BUDGET | LAYER_MAJOR),
+    ("kimi/k3/k3-tiny-bf16", BUDGET),
 ];
 
-/// The fixtures of [`REFERENCE_FIXTURES`] under any of `dirs`, as a test file names them
-/// (the path under its own directory, or under `testdata/` for another).
-pub fn reference_fixtures(dirs: &[&str], own: &str) -> Vec<String> {
-    REFERENCE_FIXTURES
+/// The fixtures that run in `matrix`, by their paths under `testdata/`.
+pub fn fixtures(matrix: u8) -> impl Iterator<Item = &'static str> {
+    FIXTURES
         .iter()
+        .filter(move |f| f.1 & matrix != 0)
+        .map(|f| f.0)
+}
+
+/// The fixtures of `matrix` under any of `dirs`, as a test file names them (the path under
+/// `own`, or under `testdata/` for another directory).
+pub fn fixtures_in(matrix: u8, dirs: &[&str], own: &str) -> Vec<String> {
+    fixtures(matrix)
         .filter(|p| dirs.iter().any(|d| p.starts_with(&format!("{d}/"))))
         .map(|p| p.strip_prefix(&format!("{own}/")).unwrap_or(p).to_string())
         .collect()

@@ -26,7 +26,7 @@ pub mod config;
 mod desc;
 mod exec;
 mod ffn;
-pub mod gguf;
+mod gguf;
 mod model;
 mod mtp;
 mod options;

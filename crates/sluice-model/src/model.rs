@@ -20,65 +20,13 @@ use crate::rope::Rope;
 use crate::state::State;
 use crate::weights::{FfnSpec, MoeSpec, WeightLayout};
 
-pub use crate::options::{ModelOptions, pack_verifier};
+pub use crate::options::{Logits, ModelOptions, PrefillEvent, PrefillOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
-
-/// Which logits a forward pass returns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Logits {
-    /// One row per input token.
-    All,
-    /// Only the last token's row.
-    Last,
-    /// None (prefill of a chunk that is not the last).
-    None,
-}
 
 pub use sluice_store::policy::{PolicyChoice, PolicyFactory};
 
 use crate::pass::PassOpts;
 pub use crate::pass::PassTimes;
-
-/// What [`Model::prefill`] reports as it goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PrefillEvent {
-    /// Layer `layer` (of `layers`) has run over the span of `span` tokens that starts `done`
-    /// tokens into the prompt.
-    Layer {
-        /// Prompt tokens in the state before the span.
-        done: usize,
-        /// Tokens of the span.
-        span: usize,
-        /// The layer done.
-        layer: usize,
-        /// Layers of the model.
-        layers: usize,
-    },
-    /// A span is in the state.
-    Span {
-        /// Its tokens.
-        tokens: usize,
-    },
-}
-
-/// How [`Model::prefill`] runs a prompt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrefillOptions {
-    /// Rows each call inside a layer takes at most (attention, products); under a budget at
-    /// most the plan's [`MemoryPlan::chunk`], whose scratch holds them.
-    pub chunk: usize,
-    /// Most prompt tokens one pass runs each layer over (the memory plan may allow fewer).
-    pub max_span: usize,
-}
-
-impl Default for PrefillOptions {
-    fn default() -> Self {
-        PrefillOptions {
-            chunk: usize::MAX,
-            max_span: usize::MAX,
-        }
-    }
-}
 
 /// What [`Model::prefill`] returns.
 #[derive(Clone, Debug, Default, PartialEq)]

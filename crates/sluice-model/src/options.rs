@@ -1,5 +1,6 @@
-//! How to build a model: threads, budget, policy, prefetch, reads, context and chunk the plan
-//! is for, and the verifier of a packed trunk.
+//! How to build a model — threads, budget, policy, prefetch, reads, context and chunk the plan
+//! is for, and the verifier of a packed trunk — and how to run it: which logits a pass returns,
+//! how a prefill runs a prompt and what it reports.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -117,6 +118,58 @@ impl Default for ModelOptions {
             text_memory: 0,
             prefix_cache: None,
             mtp: false,
+        }
+    }
+}
+
+/// Which logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// One row per input token.
+    All,
+    /// Only the last token's row.
+    Last,
+    /// None (prefill of a chunk that is not the last).
+    None,
+}
+
+/// What [`Model::prefill`](crate::Model::prefill) reports as it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillEvent {
+    /// Layer `layer` (of `layers`) has run over the span of `span` tokens that starts `done`
+    /// tokens into the prompt.
+    Layer {
+        /// Prompt tokens in the state before the span.
+        done: usize,
+        /// Tokens of the span.
+        span: usize,
+        /// The layer done.
+        layer: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A span is in the state.
+    Span {
+        /// Its tokens.
+        tokens: usize,
+    },
+}
+
+/// How [`Model::prefill`](crate::Model::prefill) runs a prompt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillOptions {
+    /// Rows each call inside a layer takes at most (attention, products); under a budget at
+    /// most the plan's [`MemoryPlan::chunk`](crate::MemoryPlan::chunk), whose scratch holds them.
+    pub chunk: usize,
+    /// Most prompt tokens one pass runs each layer over (the memory plan may allow fewer).
+    pub max_span: usize,
+}
+
+impl Default for PrefillOptions {
+    fn default() -> Self {
+        PrefillOptions {
+            chunk: usize::MAX,
+            max_span: usize::MAX,
         }
     }
 }

@@ -1,163 +1,7 @@
-//! GGUF models read as the Hugging Face checkpoints llama.cpp's converter made them from.
-//!
-//! A GGUF file describes its model in `<arch>.*` metadata and names its tensors as llama.cpp
-//! does (`blk.3.attn_q.weight`, a stacked `blk.3.ffn_up_exps.weight` holding every expert).
-//! This module maps both onto what the families read from a Hugging Face directory — a
-//! `config.json` written as transformers would write it for the model, and tensors under
-//! their transformers names, each one expert's slab of a stacked tensor a byte range of its
-//! own — so that the families, the loader and the stores work on GGUF unchanged: routed
-//! experts stay in the file and are read in place, in their packed size.
-//!
-//! The map follows transformers' GGUF loader (`integrations/ggml.py`,
-//! `modeling_gguf_pytorch_utils.py`) and llama.cpp's converter: the query and key projections
-//! of the `llama` architecture (Llama, Mistral, Mixtral) were permuted by the converter so that
-//! each head's rotary pairs are adjacent; their rows are read back in Hugging Face's order
-//! ([`Checkpoint::rope_rows`]). DeepSeek's `kv_b_proj` was split into `attn_k_b` (each head's
-//! `W_ukᵀ`) and `attn_v_b`, which multi-head latent attention reads as they are
-//! ([`crate::attention::mla::KvB::Split`]). GPT-OSS's fused, interleaved `gate_up_proj` was
-//! split into stacked gate and up experts with stacked biases, which become one biased expert
-//! each ([`crate::weights::ExpertSpec::Biased`]). Architectures: `llama` (dense, or Mixtral when
-//! it has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `deepseek2` with sigmoid routing
-//! (DeepSeek-V3/R1, Kimi K2) and `gpt-oss`. This is the one place that knows GGUF's names for
-//! the families: anything else — an architecture, a tensor this map does not place, a feature it does not
-//! carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's rope
-//! scaling) — is refused with one line naming the file and the key or tensor. Llama 3's rope
-//! scaling, which the converter stores as per-pair factors, is read back as its parameters.
+//! The metadata of a GGUF file as the `config.json` and `generation_config.json` transformers
+//! would write for the model.
 
-use std::collections::HashMap;
-
-use serde_json::{Map, Value as Json, json};
-use sluice_format::gguf::{Array, GgmlType, Gguf, GgufSet, Value};
-use sluice_format::{Checkpoint, Dtype, TensorInfo};
-
-use crate::ModelError;
-
-/// How one GGUF architecture maps onto a transformers model.
-struct Arch {
-    /// `general.architecture`.
-    name: &'static str,
-    /// The converter permuted `attn_q` and `attn_k` for the rotary layout.
-    permuted_qk: bool,
-}
-
-/// The architectures read, with the transformers model types they become.
-const ARCHES: [Arch; 7] = [
-    Arch {
-        name: "llama",
-        permuted_qk: true,
-    },
-    Arch {
-        name: "qwen2",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen3",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen2moe",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen3moe",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "deepseek2",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "gpt-oss",
-        permuted_qk: false,
-    },
-];
-
-/// The GGUF architectures sluice reads.
-pub fn architectures() -> Vec<&'static str> {
-    ARCHES.iter().map(|a| a.name).collect()
-}
-
-fn key_err(h: &Gguf, key: &str, msg: impl std::fmt::Display) -> ModelError {
-    ModelError::Format(sluice_format::FormatError::GgufKey {
-        path: h.path.clone(),
-        key: key.to_owned(),
-        msg: msg.to_string(),
-    })
-}
-
-fn tensor_err(h: &Gguf, tensor: &str, msg: impl std::fmt::Display) -> ModelError {
-    ModelError::Format(sluice_format::FormatError::GgufTensor {
-        path: h.path.clone(),
-        tensor: tensor.to_owned(),
-        msg: msg.to_string(),
-    })
-}
-
-/// Reads `key` as a positive integer.
-fn pos(h: &Gguf, key: &str) -> Result<u64, ModelError> {
-    match h.get_uint(key)? {
-        0 => Err(key_err(h, key, "must be positive")),
-        n => Ok(n),
-    }
-}
-
-/// Reads an optional integer key.
-fn opt_uint(h: &Gguf, key: &str) -> Result<Option<u64>, ModelError> {
-    match h.value(key) {
-        None => Ok(None),
-        Some(_) => Ok(Some(h.get_uint(key)?)),
-    }
-}
-
-/// Reads an optional float key (f32 or f64 as writers store them), as the f64 of its value.
-fn opt_float(h: &Gguf, key: &str) -> Result<Option<f64>, ModelError> {
-    match h.value(key) {
-        None => Ok(None),
-        Some(Value::F32(v)) => Ok(Some(f64::from(*v))),
-        Some(Value::F64(v)) => Ok(Some(*v)),
-        Some(v) => Err(key_err(
-            h,
-            key,
-            format!("is {:?}, not a float", v.value_type()),
-        )),
-    }
-}
-
-/// Gives a GGUF checkpoint its Hugging Face view: the config and the tensors under their
-/// transformers names (see the module documentation).
-pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
-    let Some(set) = ck.gguf() else {
-        return Ok(());
-    };
-    let h = set.header();
-    let arch_name = h.get_str("general.architecture")?;
-    let Some(arch) = ARCHES.iter().find(|a| a.name == arch_name) else {
-        return Err(key_err(
-            h,
-            "general.architecture",
-            format!(
-                "`{arch_name}` is not supported (supported: {})",
-                architectures().join(", ")
-            ),
-        ));
-    };
-    let mut config = if arch.name == "deepseek2" {
-        deepseek2(set)?
-    } else {
-        config(set, arch)?
-    };
-    if set.tensor("rope_freqs.weight").is_some() {
-        let scaling = llama3_scaling(ck, h, &config)?;
-        config["rope_scaling"] = scaling;
-    }
-    let (tensors, rope_rows) = tensors(ck, set, arch, &config)?;
-    let generation = generation_config(h)?;
-    ck.set_gguf_layout(config, tensors, rope_rows)?;
-    if let Some(g) = generation {
-        ck.set_generation_config(g);
-    }
-    Ok(())
-}
+use super::*;
 
 /// The `generation_config.json` of the sampling defaults llama.cpp's converter copied from the
 /// model's own into `general.sampling.*` (`temp`, `top_k`, `top_p`, `min_p`,
@@ -165,7 +9,7 @@ pub fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
 /// the values, not `do_sample`: a file that names a positive temperature samples by default,
 /// as llama.cpp does with it; one without these keys decodes greedily, as from a directory
 /// without `generation_config.json`. `None` when the file has none of them.
-fn generation_config(h: &Gguf) -> Result<Option<Json>, ModelError> {
+pub(super) fn generation_config(h: &Gguf) -> Result<Option<Json>, ModelError> {
     let key = |s: &str| format!("general.sampling.{s}");
     let mut g = Map::new();
     for (gguf, hf) in [
@@ -196,7 +40,7 @@ fn generation_config(h: &Gguf) -> Result<Option<Json>, ModelError> {
 }
 
 /// The `config.json` transformers would write for the model.
-fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
+pub(super) fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
     let h = set.header();
     let a = arch.name;
     let k = |s: &str| format!("{a}.{s}");
@@ -381,7 +225,7 @@ fn token_ids(h: &Gguf, c: &mut Map<String, Json>) -> Result<(), ModelError> {
 /// DeepSeek-V3's `config.json` from a `deepseek2` file (DeepSeek-V3/R1, Kimi K2: sigmoid
 /// group routing). The converter stores MLA as multi-query attention over the latent
 /// (`key_length` = rank + rope), so the head sizes come from the `*_mla` keys.
-fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
+pub(super) fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
     let h = set.header();
     let k = |s: &str| format!("deepseek2.{s}");
     match opt_uint(h, &k("expert_gating_func"))? {
@@ -489,7 +333,7 @@ fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
 /// largest, `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`
 /// searched over the values released models use — so the rotation is computed as
 /// transformers computes it. Factors no such parameters give are refused.
-fn llama3_scaling(ck: &Checkpoint, h: &Gguf, config: &Json) -> Result<Json, ModelError> {
+pub(super) fn llama3_scaling(ck: &Checkpoint, h: &Gguf, config: &Json) -> Result<Json, ModelError> {
     let name = "rope_freqs.weight";
     if config.get("rope_scaling").is_some() {
         return Err(tensor_err(h, name, "beside rope.scaling.* metadata"));
@@ -660,240 +504,6 @@ fn rope_scaling(h: &Gguf, a: &str) -> Result<Option<Json>, ModelError> {
             ));
         }
     })
-}
-
-/// The dtype a GGUF tensor is read as: the plain floats as themselves, block types as GGUF's.
-fn dtype(t: GgmlType) -> Dtype {
-    match t {
-        GgmlType::F32 => Dtype::F32,
-        GgmlType::F16 => Dtype::F16,
-        GgmlType::BF16 => Dtype::BF16,
-        t => Dtype::Ggml(t),
-    }
-}
-
-/// Where a layer's tensor goes: the Hugging Face name of `blk.{l}.{base}` (with its
-/// `.weight` or `.bias`), or a stacked expert tensor to split.
-enum Place {
-    One(String),
-    /// `{prefix}{e}.{proj}.{suffix}` for every expert `e` (`weight`, or `bias` for GPT-OSS's
-    /// stacked `[experts, rows]` biases).
-    Experts {
-        prefix: String,
-        proj: &'static str,
-        suffix: String,
-    },
-}
-
-/// The Hugging Face place of layer `l`'s tensor `base` (`attn_q`, `ffn_up_exps`, ...).
-fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
-    let layer = format!("model.layers.{l}.");
-    let mixtral = model_type == "mixtral";
-    let gpt_oss = model_type == "gpt_oss";
-    let shared = if model_type == "deepseek_v3" {
-        "shared_experts"
-    } else {
-        "shared_expert"
-    };
-    let (moe, gate, up, down) = if mixtral {
-        ("block_sparse_moe", "w1", "w3", "w2")
-    } else {
-        ("mlp", "gate_proj", "up_proj", "down_proj")
-    };
-    let one = |s: &str| Some(Place::One(format!("{layer}{s}.{suffix}")));
-    let experts = |proj| {
-        (suffix == "weight" || gpt_oss).then(|| Place::Experts {
-            prefix: format!("{layer}{moe}.experts."),
-            proj,
-            suffix: suffix.to_owned(),
-        })
-    };
-    match base {
-        "attn_norm" => one("input_layernorm"),
-        "ffn_norm" => one("post_attention_layernorm"),
-        // GPT-OSS's name for the norm before the experts.
-        "post_attention_norm" if gpt_oss => one("post_attention_layernorm"),
-        // The converter gave GPT-OSS's per-head sinks a `.weight`; transformers' have none.
-        "attn_sinks" if gpt_oss && suffix == "weight" => {
-            Some(Place::One(format!("{layer}self_attn.sinks")))
-        }
-        "ffn_gate_inp" if gpt_oss => one("mlp.router"),
-        "attn_q" => one("self_attn.q_proj"),
-        "attn_k" => one("self_attn.k_proj"),
-        "attn_v" => one("self_attn.v_proj"),
-        "attn_output" => one("self_attn.o_proj"),
-        "attn_q_norm" => one("self_attn.q_norm"),
-        "attn_q_a" => one("self_attn.q_a_proj"),
-        "attn_q_a_norm" => one("self_attn.q_a_layernorm"),
-        "attn_q_b" => one("self_attn.q_b_proj"),
-        "attn_kv_a_mqa" => one("self_attn.kv_a_proj_with_mqa"),
-        "attn_kv_a_norm" => one("self_attn.kv_a_layernorm"),
-        "attn_kv_b" => one("self_attn.kv_b_proj"),
-        // llama.cpp's split of `kv_b_proj` (see `attention::mla::KvB::Split`).
-        "attn_k_b" => one("self_attn.k_b_proj"),
-        "attn_v_b" => one("self_attn.v_b_proj"),
-        "exp_probs_b" if suffix == "bias" => Some(Place::One(format!(
-            "{layer}mlp.gate.e_score_correction_bias"
-        ))),
-        "attn_k_norm" => one("self_attn.k_norm"),
-        "ffn_gate" => one("mlp.gate_proj"),
-        "ffn_up" => one("mlp.up_proj"),
-        "ffn_down" => one("mlp.down_proj"),
-        "ffn_gate_inp" => one(&format!("{moe}.gate")),
-        "ffn_gate_exps" => experts(gate),
-        "ffn_up_exps" => experts(up),
-        "ffn_down_exps" => experts(down),
-        "ffn_gate_shexp" => one(&format!("mlp.{shared}.gate_proj")),
-        "ffn_up_shexp" => one(&format!("mlp.{shared}.up_proj")),
-        "ffn_down_shexp" => one(&format!("mlp.{shared}.down_proj")),
-        "ffn_gate_inp_shexp" => one("mlp.shared_expert_gate"),
-        _ if mixtral => {
-            // Older Mixtral files: one tensor per expert, `ffn_{gate,up,down}.{e}`.
-            let (proj, e) = base.split_once('.')?;
-            e.parse::<u32>().ok()?;
-            let w = match proj {
-                "ffn_gate" => gate,
-                "ffn_up" => up,
-                "ffn_down" => down,
-                _ => return None,
-            };
-            one(&format!("{moe}.experts.{e}.{w}"))
-        }
-        _ => None,
-    }
-}
-
-/// The tensors under their Hugging Face names, and the rows stored in llama.cpp's rotary order.
-#[allow(clippy::type_complexity)]
-fn tensors(
-    ck: &Checkpoint,
-    set: &GgufSet,
-    arch: &Arch,
-    config: &Json,
-) -> Result<(Vec<(String, TensorInfo)>, HashMap<String, usize>), ModelError> {
-    let h = set.header();
-    let model_type = config["model_type"].as_str().unwrap_or_default();
-    let head_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
-    let mut out = Vec::with_capacity(ck.tensors().len());
-    let mut rope_rows = HashMap::new();
-    for t in ck.tensors() {
-        let info = |hf: String, stored: String, shape: Vec<usize>, offset: u64, len: u64| {
-            let t = TensorInfo {
-                name: stored,
-                dtype: match t.dtype {
-                    Dtype::Ggml(g) => dtype(g),
-                    d => d,
-                },
-                shape,
-                shard: t.shard,
-                offset,
-                len,
-            };
-            (hf, t)
-        };
-        let name = t.name.as_str();
-        let top = match name {
-            "token_embd.weight" => Some("model.embed_tokens.weight"),
-            "output_norm.weight" => Some("model.norm.weight"),
-            "output.weight" => Some("lm_head.weight"),
-            _ => None,
-        };
-        if let Some(hf) = top {
-            out.push(info(
-                hf.to_owned(),
-                t.name.clone(),
-                t.shape.clone(),
-                t.offset,
-                t.len,
-            ));
-            continue;
-        }
-        if name == "rope_freqs.weight" && config.get("rope_scaling").is_some() {
-            // Llama 3's rope scaling, read into the config (see `llama3_scaling`).
-            continue;
-        }
-        let placed = name
-            .strip_prefix("blk.")
-            .and_then(|r| r.split_once('.'))
-            .and_then(|(l, rest)| {
-                let (base, suffix) = rest.rsplit_once('.')?;
-                l.parse::<u32>().ok()?;
-                matches!(suffix, "weight" | "bias")
-                    .then(|| place(model_type, l, base, suffix))
-                    .flatten()
-            });
-        let Some(p) = placed else {
-            return Err(tensor_err(
-                h,
-                name,
-                format!(
-                    "not a tensor of GGUF architecture `{}` sluice places",
-                    arch.name
-                ),
-            ));
-        };
-        match p {
-            Place::One(hf) => {
-                let mut shape = t.shape.clone();
-                if hf.ends_with("shared_expert_gate.weight") && shape.len() == 1 {
-                    // GGUF keeps the shared expert's gate as a vector; transformers' is [1, h].
-                    shape.insert(0, 1);
-                }
-                if (hf.ends_with("k_b_proj.weight") || hf.ends_with("v_b_proj.weight"))
-                    && shape.len() == 3
-                {
-                    // Per head [rows, cols], stacked: one matrix of every head's rows.
-                    shape = vec![shape[0] * shape[1], shape[2]];
-                }
-                // The converter permutes the query and key projections' rows, biases included.
-                let qk = [
-                    "q_proj.weight",
-                    "k_proj.weight",
-                    "q_proj.bias",
-                    "k_proj.bias",
-                ]
-                .iter()
-                .any(|s| hf.ends_with(&format!("self_attn.{s}")));
-                if arch.permuted_qk && qk {
-                    rope_rows.insert(hf.clone(), head_dim);
-                }
-                out.push(info(hf, t.name.clone(), shape, t.offset, t.len));
-            }
-            Place::Experts {
-                prefix,
-                proj,
-                suffix,
-            } => {
-                let Some((_, g)) = set.tensor(name) else {
-                    return Err(tensor_err(h, name, "not found in the set"));
-                };
-                let (dims, layout) = match suffix.as_str() {
-                    "bias" => (2, "[experts, rows]"),
-                    _ => (3, "[experts, rows, cols]"),
-                };
-                if t.shape.len() != dims {
-                    return Err(tensor_err(
-                        h,
-                        name,
-                        format!("shape {:?}: stacked experts are {layout}", t.shape),
-                    ));
-                }
-                for e in 0..t.shape[0] as u64 {
-                    let (offset, len) = g
-                        .slab(e)
-                        .ok_or_else(|| tensor_err(h, name, format!("no slab for expert {e}")))?;
-                    out.push(info(
-                        format!("{prefix}{e}.{proj}.{suffix}"),
-                        format!("{name}[{e}]"),
-                        t.shape[1..].to_vec(),
-                        offset,
-                        len,
-                    ));
-                }
-            }
-        }
-    }
-    Ok((out, rope_rows))
 }
 
 #[cfg(test)]

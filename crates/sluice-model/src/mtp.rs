@@ -97,8 +97,6 @@ fn state_cfg(cfg: &ModelConfig, plan: &LayerPlan) -> ModelConfig {
     let mut one = cfg.clone();
     one.layer_plan = vec![plan.clone()];
     one.layers = 1;
-    one.hash_routed = Vec::new();
-    one.glu_limits = Vec::new();
     one
 }
 

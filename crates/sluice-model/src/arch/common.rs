@@ -113,8 +113,6 @@ impl Base {
             mlp_act: GluActivation::Silu,
             draft_layers: c.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
             zero_centred_norms: false,
-            glu_limits: Vec::new(),
-            hash_routed: Vec::new(),
             mtp: None,
             logit_softcap: None,
             layers_field: format!("{}num_hidden_layers", c.prefix),
@@ -318,11 +316,8 @@ pub(super) fn uniform_plan(
     attention: &AttentionConfig,
     mlp: impl Iterator<Item = MlpKind>,
 ) -> Vec<LayerPlan> {
-    mlp.map(|mlp| LayerPlan {
-        attention: attention.clone(),
-        mlp,
-    })
-    .collect()
+    mlp.map(|mlp| LayerPlan::new(attention.clone(), mlp))
+        .collect()
 }
 
 /// Every layer a mixture of experts.

@@ -112,9 +112,11 @@ pub(super) fn read_with(
     }
     let dense = c.pos_usize("intermediate_size")?;
     let layer_plan = (0..base.layers)
-        .map(|l| LayerPlan {
-            attention: attention.clone(),
-            mlp: MlpKind::moe_or_dense(l >= first_dense, dense),
+        .map(|l| {
+            LayerPlan::new(
+                attention.clone(),
+                MlpKind::moe_or_dense(l >= first_dense, dense),
+            )
         })
         .collect();
     let moe = MoeConfig {

@@ -14,7 +14,7 @@
 //!   `hc_sinkhorn_iters`, the gain 2 on `post`) and the gated hyper head.
 //! - **Experts**: `√softplus` scores (`scoring_func`), the top-k of scores plus the selection
 //!   bias, renormalised, times `routed_scaling_factor`; `mlp_layer_types` `hash_moe` layers take
-//!   their experts from the token (`gate.tid2eid[token]`, [`crate::ModelConfig::hash_routed`]);
+//!   their experts from the token (`gate.tid2eid[token]`, [`crate::config::LayerPlan::hash_routed`]);
 //!   SwiGLU of inputs bounded by `swiglu_limit` in the routed and the shared experts.
 //! - **Tensor names.** Checkpoints use DeepSeek's names (`layers.{l}.attn.wq_a`, `.ffn.experts.{e}.w1`,
 //!   `hc_attn_fn`, `attn_sink`, `embed`, `head`, with or without the `model.` transformers
@@ -348,10 +348,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     };
     let layer_plan: Vec<LayerPlan> = kinds
         .iter()
-        .map(|&k| LayerPlan {
-            attention: attention(k),
-            mlp: MlpKind::Moe,
-        })
+        .map(|&k| LayerPlan::new(attention(k), MlpKind::Moe))
         .collect();
 
     let experts = c.pos_usize("n_routed_experts")?;
@@ -420,7 +417,9 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         mean_head: false,
     });
     cfg.mlp_act = GluActivation::SiluInputsClamped { limit };
-    cfg.hash_routed = hash_routed;
+    for (p, &hash) in cfg.layer_plan.iter_mut().zip(&hash_routed) {
+        p.hash_routed = hash;
+    }
     // transformers does not instantiate the MTP layers; their tensors live under `mtp.`, which
     // the layer count does not see.
     cfg.draft_layers = 0;
@@ -430,10 +429,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         layers: mtp,
         plans: mtp_kinds
             .iter()
-            .map(|&k| LayerPlan {
-                attention: attention(k),
-                mlp: MlpKind::Moe,
-            })
+            .map(|&k| LayerPlan::new(attention(k), MlpKind::Moe))
             .collect(),
         head: MtpHead::PerLayer,
     });

@@ -190,13 +190,15 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     })?;
     let dense = c.pos_usize("intermediate_size")?;
     let layer_plan: Vec<LayerPlan> = (0..layers)
-        .map(|l| LayerPlan {
-            attention: if linear[l] {
-                AttentionConfig::Kda(kda)
-            } else {
-                AttentionConfig::Dsa(dsa(shared[l]))
-            },
-            mlp: MlpKind::moe_or_dense(sparse[l], dense),
+        .map(|l| {
+            LayerPlan::new(
+                if linear[l] {
+                    AttentionConfig::Kda(kda)
+                } else {
+                    AttentionConfig::Dsa(dsa(shared[l]))
+                },
+                MlpKind::moe_or_dense(sparse[l], dense),
+            )
         })
         .collect();
 

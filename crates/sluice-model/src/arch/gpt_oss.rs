@@ -63,10 +63,7 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         .map(|(&slides, mlp)| {
             let mut g = gqa.clone();
             g.window = window.filter(|_| slides);
-            LayerPlan {
-                attention: AttentionConfig::Gqa(g),
-                mlp,
-            }
+            LayerPlan::new(AttentionConfig::Gqa(g), mlp)
         })
         .collect();
     let names = TensorNames {

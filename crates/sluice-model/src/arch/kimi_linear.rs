@@ -443,12 +443,14 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
     let layer_plan = layer_attention
         .iter()
         .zip(mlp)
-        .map(|(a, mlp)| LayerPlan {
-            attention: match a {
-                LayerAttention::Full => mla.clone(),
-                LayerAttention::Kda => AttentionConfig::Kda(kda),
-            },
-            mlp,
+        .map(|(a, mlp)| {
+            LayerPlan::new(
+                match a {
+                    LayerAttention::Full => mla.clone(),
+                    LayerAttention::Kda => AttentionConfig::Kda(kda),
+                },
+                mlp,
+            )
         })
         .collect();
     let cfg = ModelConfig {
@@ -508,8 +510,6 @@ fn read(c: &Cfg<'_>, k3: bool) -> Result<ModelConfig, ModelError> {
         mlp_act,
         draft_layers: t.opt_usize("num_nextn_predict_layers")?.unwrap_or(0),
         zero_centred_norms: false,
-        glu_limits: Vec::new(),
-        hash_routed: Vec::new(),
         mtp: None,
         logit_softcap: None,
         layers_field: format!("{}num_hidden_layers", t.prefix),

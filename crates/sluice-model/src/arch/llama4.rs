@@ -144,10 +144,10 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             g.rms_qk_after_rope = qk_norm && uses_rope[l];
             g.temperature = temperature.filter(|_| !uses_rope[l]);
             g.chunk = chunk_size.filter(|_| chunked[l]);
-            LayerPlan {
-                attention: AttentionConfig::Gqa(g),
-                mlp: MlpKind::moe_or_dense(moe_layers.contains(&l), dense),
-            }
+            LayerPlan::new(
+                AttentionConfig::Gqa(g),
+                MlpKind::moe_or_dense(moe_layers.contains(&l), dense),
+            )
         })
         .collect();
     let names = TensorNames {

@@ -166,9 +166,11 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     }
     let dense = c.pos_usize("ffn_hidden_size")?;
     let layer_plan = (0..base.layers)
-        .map(|l| LayerPlan {
-            attention: attention.clone(),
-            mlp: MlpKind::moe_or_dense(l.is_multiple_of(2), dense),
+        .map(|l| {
+            LayerPlan::new(
+                attention.clone(),
+                MlpKind::moe_or_dense(l.is_multiple_of(2), dense),
+            )
         })
         .collect();
     let moe = MoeConfig {

@@ -112,13 +112,15 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         c.pos_usize("intermediate_size")?
     };
     let layer_plan = (0..base.layers)
-        .map(|l| LayerPlan {
-            attention: AttentionConfig::Gqa(if sliding[l] {
-                swa.clone()
-            } else {
-                full.clone()
-            }),
-            mlp: MlpKind::moe_or_dense(sparse[l], dense),
+        .map(|l| {
+            LayerPlan::new(
+                AttentionConfig::Gqa(if sliding[l] {
+                    swa.clone()
+                } else {
+                    full.clone()
+                }),
+                MlpKind::moe_or_dense(sparse[l], dense),
+            )
         })
         .collect();
     let names = TensorNames {

@@ -127,10 +127,7 @@ fn dense(
         .map(|&slides| {
             let mut g = gqa.clone();
             g.window = window.filter(|_| slides);
-            LayerPlan {
-                attention: AttentionConfig::Gqa(g),
-                mlp: MlpKind::Dense { intermediate },
-            }
+            LayerPlan::new(AttentionConfig::Gqa(g), MlpKind::Dense { intermediate })
         })
         .collect();
     base.finish(

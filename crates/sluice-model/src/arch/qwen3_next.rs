@@ -113,13 +113,15 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         c.pos_usize("intermediate_size")?
     };
     let layer_plan = (0..base.layers)
-        .map(|l| LayerPlan {
-            attention: if linear[l] {
-                AttentionConfig::Gdn(gdn)
-            } else {
-                AttentionConfig::Gqa(gqa.clone())
-            },
-            mlp: MlpKind::moe_or_dense(sparse.get(l) == Some(&true), dense),
+        .map(|l| {
+            LayerPlan::new(
+                if linear[l] {
+                    AttentionConfig::Gdn(gdn)
+                } else {
+                    AttentionConfig::Gqa(gqa.clone())
+                },
+                MlpKind::moe_or_dense(sparse.get(l) == Some(&true), dense),
+            )
         })
         .collect();
     let names = TensorNames {
@@ -138,16 +140,16 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         Some(n) => n,
         None => c.opt_usize("num_nextn_predict_layers")?.unwrap_or(1),
     };
-    let mtp_plan = LayerPlan {
-        attention: AttentionConfig::Gqa(gqa.clone()),
-        mlp: if experts > 0 {
+    let mtp_plan = LayerPlan::new(
+        AttentionConfig::Gqa(gqa.clone()),
+        if experts > 0 {
             MlpKind::Moe
         } else {
             MlpKind::Dense {
                 intermediate: c.pos_usize("intermediate_size")?,
             }
         },
-    };
+    );
     let mut cfg = base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)?;
     cfg.zero_centred_norms = true;
     // (base.finish read `num_nextn_predict_layers` as DeepSeek-style trailing layers; Qwen's

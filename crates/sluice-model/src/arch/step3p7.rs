@@ -215,10 +215,10 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     };
     let layer_plan = (0..layers)
         .map(|l| {
-            Ok(LayerPlan {
-                attention: AttentionConfig::Gqa(gqa(heads[l], sliding[l])?),
-                mlp: MlpKind::moe_or_dense(sparse[l], dense),
-            })
+            Ok(LayerPlan::new(
+                AttentionConfig::Gqa(gqa(heads[l], sliding[l])?),
+                MlpKind::moe_or_dense(sparse[l], dense),
+            ))
         })
         .collect::<Result<Vec<_>, ModelError>>()?;
     let experts_limits = limits(c, "swiglu_limits", layers, mtp)?;
@@ -247,12 +247,12 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     )?;
     cfg.local_rope = sliding_rope;
     cfg.zero_centred_norms = true;
-    cfg.glu_limits = (0..layers)
-        .map(|l| GluLimits {
+    for (l, p) in cfg.layer_plan.iter_mut().enumerate() {
+        p.glu = GluLimits {
             mlp: mlp_limits[l],
             experts: experts_limits[l],
-        })
-        .collect();
+        };
+    }
     Ok(cfg)
 }
 

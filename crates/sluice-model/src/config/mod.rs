@@ -138,7 +138,7 @@ pub enum RouterKind {
         routed_scaling_factor: f32,
     },
     /// Scores `√softplus(logit)`; the top-k of the scores plus a selection-only bias (none in
-    /// hash-routed layers, whose experts come from the token, [`ModelConfig::hash_routed`]);
+    /// hash-routed layers, whose experts come from the token, [`LayerPlan::hash_routed`]);
     /// the chosen scores divided by their sum, times `routed_scaling_factor` (DeepSeek-V4).
     SqrtSoftplus {
         /// Factor on the routed weights.
@@ -262,13 +262,32 @@ impl MlpKind {
     }
 }
 
-/// What one layer is: its attention and its feed-forward block.
+/// What one layer is: its attention, its feed-forward block, and the facts a family sets per
+/// layer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerPlan {
     /// What mixes tokens.
     pub attention: AttentionConfig,
     /// The feed-forward block.
     pub mlp: MlpKind,
+    /// Bounds on its SwiGLU factors (Step-3.7); none by default.
+    pub glu: GluLimits,
+    /// Its experts are chosen by the token rather than by the router (DeepSeek-V4's `hash_moe`
+    /// layers: row `token` of the layer's `gate.tid2eid` table; the router still weighs them).
+    pub hash_routed: bool,
+}
+
+impl LayerPlan {
+    /// A layer of `attention` and `mlp`, with no per-layer bounds and a learned router: the
+    /// base a family sets its per-layer facts on, so a new one is one edit here.
+    pub fn new(attention: AttentionConfig, mlp: MlpKind) -> LayerPlan {
+        LayerPlan {
+            attention,
+            mlp,
+            glu: GluLimits::default(),
+            hash_routed: false,
+        }
+    }
 }
 
 /// How the routed experts of a layer are stored.
@@ -640,16 +659,10 @@ pub struct ModelConfig {
     /// The trunk's RMSNorms (before attention and the MLP, the final norm, q/k norms) scale by
     /// `1 + w` rather than `w` (Qwen3-Next's zero-centred norms).
     pub zero_centred_norms: bool,
-    /// Per layer, bounds on its SwiGLU factors (Step-3.7); empty: none anywhere.
-    pub glu_limits: Vec<GluLimits>,
     /// Multi-token-prediction layers the checkpoint may carry, checked and not run.
     pub mtp: Option<MtpConfig>,
     /// Logits are soft-capped, `c · tanh(z / c)` (Mistral Large 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
-    /// Per layer, whether its experts are chosen by the token rather than by the router
-    /// (DeepSeek-V4's `hash_moe` layers: row `token` of the layer's `gate.tid2eid` table; the
-    /// router still weighs them); empty: no layer is.
-    pub hash_routed: Vec<bool>,
     /// The `config.json` field that gives the layer count, as messages name it
     /// (`num_hidden_layers`, `text_config.num_hidden_layers`, LongCat-Flash's `num_layers`).
     pub layers_field: String,
@@ -802,17 +815,17 @@ impl ModelConfig {
     /// The activation of layer `l`'s dense MLP or shared expert.
     pub fn mlp_act_of(&self, l: usize) -> GluActivation {
         self.mlp_act
-            .limited(self.glu_limits.get(l).and_then(|g| g.mlp))
+            .limited(self.layer_plan.get(l).and_then(|p| p.glu.mlp))
     }
 
-    /// Whether layer `l`'s experts come from the token ([`Self::hash_routed`]).
+    /// Whether layer `l`'s experts come from the token ([`LayerPlan::hash_routed`]).
     pub fn is_hash_routed(&self, l: usize) -> bool {
-        self.hash_routed.get(l).copied().unwrap_or(false)
+        self.layer_plan.get(l).is_some_and(|p| p.hash_routed)
     }
 
     /// The bound on layer `l`'s routed experts' SwiGLU factors, if any.
     pub fn expert_limit(&self, l: usize) -> Option<f32> {
-        self.glu_limits.get(l).and_then(|g| g.experts)
+        self.layer_plan.get(l).and_then(|p| p.glu.experts)
     }
 
     /// Layers with a mixture of experts.

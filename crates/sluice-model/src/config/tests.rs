@@ -1240,7 +1240,13 @@ fn deepseek_v4_reads_its_layer_kinds_tables_and_hash_layers() {
     assert_eq!(c.family, "deepseek_v4");
     let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
     assert_eq!(kinds, ["hca", "csa", "swa", "csa", "hca"]);
-    assert_eq!(c.hash_routed, [true, true, false, false, false]);
+    assert_eq!(
+        c.layer_plan
+            .iter()
+            .map(|p| p.hash_routed)
+            .collect::<Vec<_>>(),
+        [true, true, false, false, false]
+    );
     assert!((0..5).all(|l| c.is_moe(l)));
     // Compressed layers rotate by the compress table, sliding ones by the main one.
     assert_eq!(
@@ -1298,7 +1304,13 @@ fn deepseek_v4_reads_its_layer_kinds_tables_and_hash_layers() {
     v["layer_types"] = json!(null);
     v["compress_ratios"] = json!([128, 128, 4, 0, 4]);
     let c = parse(&v).unwrap();
-    assert_eq!(c.hash_routed, [true, true, true, false, false]);
+    assert_eq!(
+        c.layer_plan
+            .iter()
+            .map(|p| p.hash_routed)
+            .collect::<Vec<_>>(),
+        [true, true, true, false, false]
+    );
     let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
     assert_eq!(kinds, ["hca", "hca", "csa", "swa", "csa"]);
     for (field, bad) in [

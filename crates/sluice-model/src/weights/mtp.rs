@@ -116,8 +116,6 @@ pub(super) fn mtp_layout(
         .chain(&m.plans)
         .cloned()
         .collect();
-    mc.glu_limits = Vec::new();
-    mc.hash_routed = Vec::new();
     mc.draft_layers = 0;
     let h = cfg.hidden;
     let zc = cfg.zero_centred_norms;

@@ -15,8 +15,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use sluice::batch::{Batcher, Event, OwnedPrompt};
 use sluice::tools::synth::SynthSpec;
+use sluice::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, GenerateOptions, Memory, SamplingOptions};
 
 fn env<T: std::str::FromStr>(name: &str, default: T) -> T {

@@ -16,7 +16,7 @@ use std::time::Instant;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use sluice::batch::{Batcher, Event, OwnedPrompt};
+use sluice::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, GenerateOptions, Message};
 
 use crate::Failure;
@@ -359,7 +359,7 @@ pub fn run(a: crate::args::BatchArgs, files: Files, engine: Engine) -> Result<()
     type Outcome = (
         String,
         Box<RawValue>,
-        Result<sluice::batch::Finished, (String, bool)>,
+        Result<sluice::Finished, (String, bool)>,
     );
     let (tx, rx) = mpsc::channel::<Outcome>();
     let mut submitted = 0;

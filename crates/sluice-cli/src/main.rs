@@ -633,9 +633,9 @@ pub(crate) fn draft(a: &crate::args::DraftArgs) -> Result<sluice::Draft, Failure
         }
         DraftKind::Off => Ok(sluice::Draft::Off),
         kind => match a.draft_tokens {
-            Some(n) if !(1..=sluice::draft::MAX_DRAFT).contains(&n) => Err(usage(format!(
+            Some(n) if !(1..=sluice::MAX_DRAFT).contains(&n) => Err(usage(format!(
                 "--draft-tokens {n}: give 1 to {}",
-                sluice::draft::MAX_DRAFT
+                sluice::MAX_DRAFT
             ))),
             tokens if kind == DraftKind::Mtp => Ok(sluice::Draft::Mtp { tokens }),
             tokens => Ok(sluice::Draft::Ngram { tokens }),

@@ -32,7 +32,7 @@
 //! its routed experts are layer `L` of the expert store, read and cached like every other
 //! layer's. Its KV cache is a [`State`] of its own ([`Model::new_mtp_state`]), charged to the
 //! budget like a sequence's. Drafts never change an output bit: they are checked by the model
-//! itself (`sluice::draft`).
+//! itself (`sluice::Draft`).
 
 use crate::ModelError;
 use crate::config::ModelConfig;

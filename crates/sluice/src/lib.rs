@@ -21,25 +21,26 @@
 
 #![forbid(unsafe_code)]
 
-pub mod batch;
+mod batch;
 mod decoding;
-pub mod draft;
+mod draft;
 mod engine;
 mod generate;
-pub mod prefix;
+mod prefix;
 mod saved;
 #[cfg(feature = "server")]
 pub mod server;
 mod session;
 mod stats;
-pub mod sysmem;
-pub mod toolcall;
+mod sysmem;
+mod toolcall;
 pub mod tools;
 
-// The API a program running models needs; the tools' helpers (doctor, inspect, pack, synth,
-// trace replay) live in `tools`.
-pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt};
-pub use draft::Draft;
+// The API a program running models needs, each name at one path: the modules behind it are
+// private. The tools' helpers (doctor, inspect, pack, synth, traces and their replay) live in
+// `tools`; the HTTP server (feature `server`) in `server`.
+pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt, Sink};
+pub use draft::{Draft, MAX_DRAFT};
 pub use engine::{
     CompiledGrammar, Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory,
 };
@@ -55,7 +56,6 @@ pub use sluice_model::{Description, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{
     ExpertStats, IoMode, Key as ExpertKey, PREFETCH_PRECISION, Policy, PolicyChoice, PolicyFactory,
-    TraceEvent,
 };
 pub use sluice_text::{ChatTemplate, Message, StreamDecoder, Tokenizer, tiktoken};
 pub use stats::{EngineStats, GenerationStats, PrefillSpanStats, peak_rss_bytes};

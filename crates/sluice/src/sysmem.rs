@@ -34,8 +34,10 @@ impl CgroupRoom {
 }
 
 impl Available {
-    /// The smaller of the host's available memory and the cgroup's room.
-    pub fn bytes(&self) -> u64 {
+    /// The smaller of the host's available memory and the cgroup's room (what the tests check
+    /// the reading against).
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
         match &self.cgroup {
             Some(c) => c.room().min(self.host_bytes),
             None => self.host_bytes,

@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 
-use sluice::batch::{Batcher, Event, OwnedPrompt};
+use sluice::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, FinishReason, GenerateOptions, Memory, Prompt, SamplingOptions};
 
 fn demo() -> PathBuf {

@@ -7,7 +7,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use sluice::batch::{Batcher, Event, OwnedPrompt};
+use sluice::{Batcher, Event, OwnedPrompt};
 use sluice::{Engine, Error, GenerateOptions, Memory, Prompt, SamplingOptions};
 
 mod common;

@@ -130,7 +130,7 @@ fn a_chat_continues_the_same_after_a_drafted_turn() {
 fn a_draft_length_out_of_range_is_refused() {
     let engine = Engine::builder().model(common::demo()).build().unwrap();
     let mut s = engine.session().unwrap();
-    for n in [0, sluice::draft::MAX_DRAFT + 1] {
+    for n in [0, sluice::MAX_DRAFT + 1] {
         let opts = GenerateOptions {
             draft: Draft::Ngram { tokens: Some(n) },
             ..Default::default()
@@ -145,7 +145,7 @@ fn a_draft_length_out_of_range_is_refused() {
 
 #[test]
 fn the_batcher_drafts_per_sequence_and_changes_no_token() {
-    use sluice::batch::OwnedPrompt;
+    use sluice::OwnedPrompt;
     let (mut proposed, mut accepted) = (0, 0);
     for dir in [
         common::demo(),

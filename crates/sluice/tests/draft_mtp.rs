@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use sluice::batch::OwnedPrompt;
+use sluice::OwnedPrompt;
 use sluice::{Draft, Engine, EngineBuilder, GenerateOptions, Memory, Prompt, SamplingOptions};
 
 const FIXTURES: [&str; 5] = [

@@ -6,7 +6,7 @@
 mod common;
 
 use common::demo;
-use sluice::batch::{Batcher, OwnedPrompt};
+use sluice::{Batcher, OwnedPrompt};
 use sluice::{Engine, GenerateOptions, Memory, Prompt};
 
 const PROMPT: &str = "It is a truth universally acknowledged, that a single man in possession";

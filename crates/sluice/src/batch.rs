@@ -15,7 +15,8 @@ use sluice_model::State;
 use crate::Error;
 use crate::draft::{Held, Speculation};
 use crate::engine::{Engine, Prompt};
-use crate::generate::{self, FinishReason, GenerateOptions, Step, Token};
+use crate::generate::{self, Step, Token};
+use crate::options::{FinishReason, GenerateOptions};
 use crate::stats::GenerationStats;
 use sluice_text::Message;
 

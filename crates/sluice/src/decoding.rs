@@ -5,7 +5,7 @@ use sluice_sampler::Sampler;
 
 use crate::Error;
 use crate::engine::Engine;
-use crate::generate::{FinishReason, GenerateOptions};
+use crate::options::{FinishReason, GenerateOptions};
 use sluice_grammar::Next;
 use sluice_text::{StreamDecoder, Tokenizer};
 

@@ -13,49 +13,7 @@ use sluice_model::{Logits, Model, State};
 use sluice_sampler::argmax;
 
 use crate::generate::Seq;
-
-/// Whether and how to draft.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Draft {
-    /// No drafting: one token per forward pass.
-    #[default]
-    Off,
-    /// Prompt lookup: propose the tokens that followed the latest earlier occurrence of the
-    /// longest suffix (up to [`MAX_NGRAM`] tokens) of prompt and output. `tokens`: propose at
-    /// most this many each time; `None` adapts to how drafts fare (see `Drafter`).
-    Ngram {
-        /// A fixed draft length, or `None` to adapt.
-        tokens: Option<usize>,
-    },
-    /// The checkpoint's multi-token-prediction layer ([`crate::EngineBuilder::mtp`]): from
-    /// the model's hidden state at the latest position and the token just chosen it predicts
-    /// the next token (its most likely one), then goes on from its own output for a longer
-    /// draft. `tokens` as for [`Draft::Ngram`].
-    Mtp {
-        /// A fixed draft length, or `None` to adapt.
-        tokens: Option<usize>,
-    },
-}
-
-impl Draft {
-    /// The fixed draft length asked for, if any.
-    pub fn tokens(self) -> Option<usize> {
-        match self {
-            Draft::Off => None,
-            Draft::Ngram { tokens } | Draft::Mtp { tokens } => tokens,
-        }
-    }
-}
-
-/// Hidden rows the model's state keeps for the MTP layer ([`sluice_model::State::keep_hidden`]):
-/// the most positions of the prompt its own cache starts from.
-pub const MTP_WINDOW: usize = 512;
-
-/// The longest suffix prompt lookup matches.
-pub const MAX_NGRAM: usize = 4;
-
-/// The longest draft (adaptive, or asked for).
-pub const MAX_DRAFT: usize = 32;
+use crate::options::{Draft, MAX_DRAFT, MAX_NGRAM};
 
 /// The tokens that followed the latest earlier occurrence of the longest suffix of `seq` (of
 /// at most [`MAX_NGRAM`] tokens) that occurs earlier: at most `k` of them, none if no suffix

@@ -10,7 +10,6 @@ use sluice_store::{ExpertStats, TraceEvent};
 use sluice_text::{ChatTemplate, Message, Tokenizer};
 
 use crate::Error;
-use crate::session::Session;
 use crate::stats::{EngineStats, GenerationStats};
 
 /// How much memory sluice may use.
@@ -185,7 +184,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Sequences decoded together by a [`crate::batch::Batcher`] (default 1): the memory plan
+    /// Sequences decoded together by a [`crate::Batcher`] (default 1): the memory plan
     /// reserves the KV cache and recurrent state of this many sequences inside the budget.
     pub fn sequences(mut self, n: usize) -> Self {
         self.sequences = n;
@@ -400,7 +399,7 @@ pub(crate) fn text_memory(tokenizer: Option<&Tokenizer>, context: usize, sequenc
 }
 
 /// The sequences whose state (KV cache, recurrent state) the memory plan holds inside the
-/// budget: each open [`Session`] takes one, a [`crate::batch::Batcher`] takes its width, and
+/// budget: each open [`Session`](crate::Session) takes one, a [`crate::Batcher`] takes its width, and
 /// they are given back when those end. Unlimited memory has no limit.
 #[derive(Debug)]
 struct Slots {
@@ -426,7 +425,7 @@ impl Drop for SlotClaim {
 }
 
 /// A loaded model with its tokenizer and chat template. Cheap to clone; `Send + Sync`; any
-/// number of [`Session`]s may run on it at once.
+/// number of [`Session`](crate::Session)s may run on it at once.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
@@ -632,17 +631,23 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// A new session (an empty KV cache).
-    ///
-    /// Under a memory budget the plan holds the KV cache and recurrent state of
-    /// [`EngineBuilder::sequences`] sequences (default 1), and each open session takes one of
-    /// them until it is dropped (a [`crate::batch::Batcher`] takes as many as it is wide).
-    /// Opening more fails at once with [`Error::Sequences`], so that the sessions' state
-    /// never grows past the budget; it never waits. With [`Memory::Unlimited`] any number of
-    /// sessions may be open. Sessions open at the same time share the expert cache: their
-    /// steps take turns for room in it, in the order they ask, so each one completes.
-    pub fn session(&self) -> Result<Session, Error> {
-        Ok(Session::new(self.clone(), self.claim(1)?))
+    /// What the expert cache can hold now, as the figures report it: 0 with unlimited memory
+    /// (where the store's capacity is a sentinel, not a size).
+    pub(crate) fn cache_capacity(&self) -> u64 {
+        match self.budget() {
+            Some(_) => self.model().experts().capacity(),
+            None => 0,
+        }
+    }
+
+    /// The engine's figures now, for a generation's counters.
+    pub(crate) fn figures_now(&self) -> crate::stats::Now<'_> {
+        crate::stats::Now {
+            experts: self.expert_stats(),
+            trunk_bytes_read: self.model().trunk_bytes_read(),
+            cache_bytes: self.cache_capacity(),
+            cfg: self.model().config(),
+        }
     }
 
     /// Adds a finished generation to the totals.

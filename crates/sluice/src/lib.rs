@@ -26,6 +26,7 @@ mod decoding;
 mod draft;
 mod engine;
 mod generate;
+mod options;
 mod prefix;
 mod saved;
 #[cfg(feature = "server")]
@@ -33,6 +34,7 @@ pub mod server;
 mod session;
 mod stats;
 mod sysmem;
+#[cfg(feature = "server")]
 mod toolcall;
 pub mod tools;
 
@@ -40,13 +42,12 @@ pub mod tools;
 // private. The tools' helpers (doctor, inspect, pack, synth, traces and their replay) live in
 // `tools`; the HTTP server (feature `server`) in `server`.
 pub use batch::{Batcher, BatcherStats, Event, Finished, OwnedPrompt, Sink};
-pub use draft::{Draft, MAX_DRAFT};
 pub use engine::{
     CompiledGrammar, Engine, EngineBuilder, Memory, Prompt, max_threads, resolve_memory,
 };
-pub use generate::{
-    FinishReason, GenerateOptions, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress, Token,
-    TokenLogprobs,
+pub use generate::{Token, TokenLogprobs};
+pub use options::{
+    Draft, FinishReason, GenerateOptions, MAX_DRAFT, MAX_TOP_LOGPROBS, PrefillHook, PrefillProgress,
 };
 pub use prefix::PrefixCacheStats;
 pub use session::{Generation, Session};

@@ -9,7 +9,8 @@ use sluice_model::State;
 use crate::Error;
 use crate::draft::{Held, Speculation};
 use crate::engine::{Engine, Prompt, SlotClaim};
-use crate::generate::{self, FinishReason, GenerateOptions, Seq, Step, Token, check_options};
+use crate::generate::{self, Seq, Step, Token, check_options};
+use crate::options::{FinishReason, GenerateOptions};
 use crate::stats::GenerationStats;
 
 /// A session: a KV cache and the tokens in it. Generations continue from what the session has
@@ -24,6 +25,21 @@ pub struct Session {
     /// Draft positions the state holds beyond the chosen tokens (a generation dropped while
     /// its draft was being checked leaves some), cut back before the next generation.
     held: Held,
+}
+
+impl Engine {
+    /// A new session (an empty KV cache).
+    ///
+    /// Under a memory budget the plan holds the KV cache and recurrent state of
+    /// [`crate::EngineBuilder::sequences`] sequences (default 1), and each open session takes one of
+    /// them until it is dropped (a [`crate::Batcher`] takes as many as it is wide).
+    /// Opening more fails at once with [`Error::Sequences`], so that the sessions' state
+    /// never grows past the budget; it never waits. With [`crate::Memory::Unlimited`] any number of
+    /// sessions may be open. Sessions open at the same time share the expert cache: their
+    /// steps take turns for room in it, in the order they ask, so each one completes.
+    pub fn session(&self) -> Result<Session, Error> {
+        Ok(Session::new(self.clone(), self.claim(1)?))
+    }
 }
 
 impl Session {

@@ -2,10 +2,8 @@
 //! and the batcher.
 
 use serde::Serialize;
-use sluice_model::State;
+use sluice_model::{ModelConfig, State};
 use sluice_store::ExpertStats;
-
-use crate::engine::Engine;
 
 /// Totals over the engine's life.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -165,28 +163,32 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// What the expert cache can hold now, as the figures report it: 0 with unlimited memory
-/// (where the store's capacity is a sentinel, not a size).
-pub(crate) fn cache_capacity(engine: &Engine) -> u64 {
-    match engine.budget() {
-        Some(_) => engine.model().experts().capacity(),
-        None => 0,
-    }
+/// The engine's figures at one moment, which a generation's counters are taken against
+/// ([`crate::Engine::figures_now`]).
+pub(crate) struct Now<'a> {
+    /// The expert store's counters.
+    pub experts: ExpertStats,
+    /// Trunk bytes read so far.
+    pub trunk_bytes_read: u64,
+    /// What the expert cache can hold now (0 with unlimited memory).
+    pub cache_bytes: u64,
+    /// The model's configuration.
+    pub cfg: &'a ModelConfig,
 }
 
 /// Counters of `now` since `then`, with the engine's figures filled in.
 pub(crate) fn stats_since(
-    engine: &Engine,
+    figures: Now<'_>,
     base: &GenerationStats,
     expert0: &ExpertStats,
     trunk0: u64,
     state: &State,
 ) -> GenerationStats {
     let mut s = base.clone();
-    let now = engine.expert_stats();
-    s.expert_cache_end_bytes = cache_capacity(engine);
+    let now = &figures.experts;
+    s.expert_cache_end_bytes = figures.cache_bytes;
     s.kv_cache_bytes = state.kv_bytes();
-    s.trunk_bytes_read = engine.model().trunk_bytes_read() - trunk0;
+    s.trunk_bytes_read = figures.trunk_bytes_read - trunk0;
     s.expert_requests = now.requests - expert0.requests;
     s.expert_hits = now.hits - expert0.hits;
     s.expert_resident_hits = now.resident_hits - expert0.resident_hits;
@@ -218,7 +220,7 @@ pub(crate) fn stats_since(
             (c > c0).then(|| (p - p0) as f64 / (c - c0) as f64)
         })
         .collect();
-    let cfg = engine.model().config();
+    let cfg = figures.cfg;
     let (mut hc, mut hp) = (0u64, 0u64);
     for (l, &(c, p)) in now.prefetch_by_layer.iter().enumerate() {
         if cfg.is_hash_routed(l) {

@@ -1,6 +1,7 @@
 //! Unit tests of the parent module.
 
 use super::*;
+use crate::options::MTP_WINDOW;
 
 #[test]
 fn lookup_takes_the_longest_recurring_suffix_at_its_latest_place() {

@@ -23,7 +23,7 @@ use super::core::{
 };
 use super::{App, parse, read_body};
 use crate::batch::Event;
-use crate::generate::FinishReason;
+use crate::options::FinishReason;
 
 /// A Messages request translated: the turn, its sampling, and whether it streams.
 pub(super) struct Parsed {

@@ -13,7 +13,8 @@ use tokio::sync::mpsc;
 
 use super::App;
 use crate::batch::{Event, Finished, OwnedPrompt};
-use crate::generate::{FinishReason, GenerateOptions, Token};
+use crate::generate::Token;
+use crate::options::{FinishReason, GenerateOptions};
 use crate::toolcall::{Calls, ToolCall};
 use crate::{Engine, Error};
 use sluice_text::Message;

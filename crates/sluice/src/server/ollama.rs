@@ -26,7 +26,7 @@ use super::core::{
 };
 use super::{App, parse, read_ollama_body as read_body};
 use crate::batch::{Event, Finished, OwnedPrompt};
-use crate::generate::FinishReason;
+use crate::options::FinishReason;
 
 /// The Ollama version this API follows, as `/api/version` reports it (clients check it for
 /// features such as tools and thinking).

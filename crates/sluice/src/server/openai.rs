@@ -20,7 +20,8 @@ use super::core::{
 use super::{App, parse, read_body};
 use crate::Engine;
 use crate::batch::{Event, Finished, OwnedPrompt};
-use crate::generate::{FinishReason, Token};
+use crate::generate::Token;
+use crate::options::FinishReason;
 
 /// A string or a list of strings (`stop`).
 #[derive(Deserialize)]

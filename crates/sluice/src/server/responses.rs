@@ -23,7 +23,7 @@ use super::core::{
 };
 use super::{App, parse, read_body};
 use crate::batch::{Event, Finished};
-use crate::generate::FinishReason;
+use crate::options::FinishReason;
 
 /// A Responses request translated: the turn, its sampling, whether it streams, and what the
 /// reply echoes of it.

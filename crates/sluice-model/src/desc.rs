@@ -11,7 +11,7 @@ use sluice_store::{Reader, ShardSet};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
-use crate::model::ModelOptions;
+use crate::options::ModelOptions;
 use crate::plan::MemoryPlan;
 use crate::weights::WeightLayout;
 

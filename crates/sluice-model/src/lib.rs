@@ -35,6 +35,7 @@ pub mod plan;
 pub mod quant;
 mod residual;
 mod rope;
+mod spec;
 mod state;
 pub mod weights;
 

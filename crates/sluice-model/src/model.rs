@@ -25,8 +25,8 @@ pub use crate::plan::KV_PAGE;
 
 pub use sluice_store::policy::{PolicyChoice, PolicyFactory};
 
+pub use crate::options::PassTimes;
 use crate::pass::PassOpts;
-pub use crate::pass::PassTimes;
 
 /// What [`Model::prefill`] returns.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -36,7 +36,7 @@
 
 use crate::ModelError;
 use crate::config::ModelConfig;
-use crate::config::{LayerPlan, MtpHead, Residual};
+use crate::config::{MtpHead, Residual};
 use crate::model::Model;
 use crate::state::State;
 use crate::weights::{ExpertSpec, LayerSpec, MatSpec, MtpHeadSpec, VecSpec, WeightLayout};
@@ -82,7 +82,7 @@ impl MtpRun {
         let mut ext = cfg.clone();
         ext.layer_plan.push(plan.clone());
         ext.layers += 1;
-        let one = state_cfg(cfg, plan);
+        let one = cfg.one_layer(plan);
         let kv_per_position = crate::plan::kv_bytes_per_position(&one);
         Ok(MtpRun {
             cfg: ext,
@@ -90,24 +90,6 @@ impl MtpRun {
             kv_per_position,
         })
     }
-}
-
-/// A configuration whose only layer is an MTP layer of `plan`: what its state is built from.
-fn state_cfg(cfg: &ModelConfig, plan: &LayerPlan) -> ModelConfig {
-    let mut one = cfg.clone();
-    one.layer_plan = vec![plan.clone()];
-    one.layers = 1;
-    one
-}
-
-/// KV-cache bytes per position of the checkpoint's first MTP layer (0 without one).
-pub(crate) fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
-    cfg.mtp
-        .as_ref()
-        .and_then(|m| m.plans.first())
-        .map_or(0, |p| {
-            crate::plan::kv_bytes_per_position(&state_cfg(cfg, p))
-        })
 }
 
 /// Refuses MTP layers whose copies of the model's embedding or head ([`MtpCopy`]) hold other

@@ -1,6 +1,6 @@
 //! How to build a model — threads, budget, policy, prefetch, reads, context and chunk the plan
 //! is for, and the verifier of a packed trunk — and how to run it: which logits a pass returns,
-//! how a prefill runs a prompt and what it reports.
+//! how a prefill runs a prompt and what it reports, where a pass spent its time.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ pub struct ModelOptions {
     /// Lookahead prefetch of the next layer's predicted experts.
     pub prefetch: bool,
     /// Share of a confidence rank's lookahead predictions that must have come true before
-    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`].
+    /// prefetch reads that rank (0: read every prediction). See [`ExpertStore::prefetch`](sluice_store::ExpertStore::prefetch).
     pub prefetch_precision: f64,
     /// Reader threads for expert reads.
     pub readers: usize,
@@ -39,7 +39,7 @@ pub struct ModelOptions {
     pub context: usize,
     /// Prompt tokens per prefill chunk the scratch is planned for.
     pub chunk: usize,
-    /// Sequences decoded together ([`Model::forward_batch`]): the KV cache, recurrent state and
+    /// Sequences decoded together ([`Model::forward_batch`](crate::Model::forward_batch)): the KV cache, recurrent state and
     /// scratch are planned for this many.
     pub sequences: usize,
     /// Checks each trunk part after it is read (a packed trunk's checksums). Parts are
@@ -170,6 +170,55 @@ impl Default for PrefillOptions {
         PrefillOptions {
             chunk: usize::MAX,
             max_span: usize::MAX,
+        }
+    }
+}
+
+/// Where a forward pass spent its time, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PassTimes {
+    /// Attention (projections, the cache, scores).
+    pub attention: f64,
+    /// Routed experts: waiting for their reads and their products (in a prefill, where the
+    /// shared expert runs as a task beside them, its product too).
+    pub experts: f64,
+    /// The final norm and the lm_head over the rows whose logits are wanted (with a
+    /// hyper-connection model, its hyper head too).
+    pub head: f64,
+    /// Everything else (embeddings, norms, routers, dense blocks, and the shared expert of a
+    /// decode step).
+    pub other: f64,
+}
+
+impl PassTimes {
+    /// Every phase's seconds × `f` (a batched pass's share of one of its sequences).
+    pub fn scaled(self, f: f64) -> PassTimes {
+        PassTimes {
+            attention: self.attention * f,
+            experts: self.experts * f,
+            head: self.head * f,
+            other: self.other * f,
+        }
+    }
+}
+
+impl std::ops::AddAssign for PassTimes {
+    fn add_assign(&mut self, o: PassTimes) {
+        self.attention += o.attention;
+        self.experts += o.experts;
+        self.head += o.head;
+        self.other += o.other;
+    }
+}
+
+impl std::ops::Sub for PassTimes {
+    type Output = PassTimes;
+    fn sub(self, o: PassTimes) -> PassTimes {
+        PassTimes {
+            attention: self.attention - o.attention,
+            experts: self.experts - o.experts,
+            head: self.head - o.head,
+            other: self.other - o.other,
         }
     }
 }

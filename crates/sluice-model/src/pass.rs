@@ -19,6 +19,7 @@ use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::ffn::{Ahead, MidGuess, MoeLayer, Run, glu_rows};
 use crate::model::{Logits, Model};
+use crate::options::PassTimes;
 use crate::residual::{Mixing, Stream};
 use crate::rope::Angles;
 use crate::state::State;
@@ -77,55 +78,6 @@ pub(crate) struct PassOpts<'f> {
     pub on_layer: Option<&'f mut (dyn FnMut(usize) + Send)>,
     /// Floats of attention scores the pass's tiles may hold at once.
     pub score_floats: usize,
-}
-
-/// Where a forward pass spent its time, in seconds.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct PassTimes {
-    /// Attention (projections, the cache, scores).
-    pub attention: f64,
-    /// Routed experts: waiting for their reads and their products (in a prefill, where the
-    /// shared expert runs as a task beside them, its product too).
-    pub experts: f64,
-    /// The final norm and the lm_head over the rows whose logits are wanted (with a
-    /// hyper-connection model, its hyper head too).
-    pub head: f64,
-    /// Everything else (embeddings, norms, routers, dense blocks, and the shared expert of a
-    /// decode step).
-    pub other: f64,
-}
-
-impl PassTimes {
-    /// Every phase's seconds × `f` (a batched pass's share of one of its sequences).
-    pub fn scaled(self, f: f64) -> PassTimes {
-        PassTimes {
-            attention: self.attention * f,
-            experts: self.experts * f,
-            head: self.head * f,
-            other: self.other * f,
-        }
-    }
-}
-
-impl std::ops::AddAssign for PassTimes {
-    fn add_assign(&mut self, o: PassTimes) {
-        self.attention += o.attention;
-        self.experts += o.experts;
-        self.head += o.head;
-        self.other += o.other;
-    }
-}
-
-impl std::ops::Sub for PassTimes {
-    type Output = PassTimes;
-    fn sub(self, o: PassTimes) -> PassTimes {
-        PassTimes {
-            attention: self.attention - o.attention,
-            experts: self.experts - o.experts,
-            head: self.head - o.head,
-            other: self.other - o.other,
-        }
-    }
 }
 
 impl Model {

@@ -129,6 +129,14 @@ pub fn recurrent_bytes(cfg: &ModelConfig) -> u64 {
     (2 * floats * 4) as u64
 }
 
+/// KV-cache bytes per position of the checkpoint's first MTP layer (0 without one).
+fn mtp_kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
+    cfg.mtp
+        .as_ref()
+        .and_then(|m| m.plans.first())
+        .map_or(0, |p| kv_bytes_per_position(&cfg.one_layer(p)))
+}
+
 /// KV-cache bytes per position (every layer with a KV cache; recurrent layers keep none).
 pub fn kv_bytes_per_position(cfg: &ModelConfig) -> u64 {
     let floats: usize = cfg.layer_plan.iter().map(|p| p.attention.kv_floats()).sum();
@@ -241,7 +249,7 @@ impl MemoryPlan {
         // A sequence drafting with the MTP layer keeps its KV cache too, over at most as many
         // positions as its own: planned with it, so that it never takes the sequence's room.
         let mtp_kv = if mtp_layout.is_some() {
-            crate::mtp::kv_bytes_per_position(cfg)
+            mtp_kv_bytes_per_position(cfg)
         } else {
             0
         };

@@ -1,6 +1,5 @@
-//! Rotary position embedding tables, including YaRN, computed as transformers computes them.
-
-use crate::config::{RopeConfig, RopeScaling, yarn_get_mscale};
+//! Rotary position embedding: its parameters ([`RopeConfig`], [`RopeScaling`]) and its tables,
+//! including YaRN, computed as transformers computes them.
 
 /// Inverse frequencies and the cos/sin factor of a rope configuration.
 #[derive(Clone, Debug)]
@@ -185,5 +184,86 @@ impl Angles {
     pub fn get(&self, i: usize) -> (&[f32], &[f32]) {
         let p = self.pairs;
         (&self.cos[i * p..(i + 1) * p], &self.sin[i * p..(i + 1) * p])
+    }
+}
+
+/// Rotary position embedding.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeConfig {
+    /// Base θ.
+    pub theta: f64,
+    /// Rotated dimensions per head.
+    pub dim: usize,
+    /// Pairs are adjacent (`(x0, x1), (x2, x3)`) rather than split halves.
+    pub interleaved: bool,
+    /// Context-extension scaling.
+    pub scaling: RopeScaling,
+    /// Each inverse frequency is multiplied by `exp(α)`, `α` the learned tensor
+    /// `{model}rotary_emb.alpha` (Mistral Large 4's LeRoPE).
+    pub learned: bool,
+}
+
+impl RopeConfig {
+    /// No rotary table: nothing is rotated (Kimi Linear, GLM-5.3).
+    pub fn none() -> RopeConfig {
+        RopeConfig {
+            theta: 1.0,
+            dim: 0,
+            interleaved: false,
+            scaling: RopeScaling::None,
+            learned: false,
+        }
+    }
+}
+
+/// RoPE scaling variants implemented.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Position interpolation by a constant factor.
+    Linear {
+        /// The factor.
+        factor: f64,
+    },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth ramp between
+    /// (transformers' `_compute_llama3_parameters`).
+    Llama3 {
+        /// Extension factor.
+        factor: f64,
+        /// `low_freq_factor`.
+        low_freq_factor: f64,
+        /// `high_freq_factor`.
+        high_freq_factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN (as transformers computes it).
+    Yarn {
+        /// Extension factor.
+        factor: f64,
+        /// Pre-training context length.
+        original_max_position_embeddings: f64,
+        /// Fast boundary of the ramp.
+        beta_fast: f64,
+        /// Slow boundary of the ramp.
+        beta_slow: f64,
+        /// Explicit cos/sin factor, when given.
+        attention_factor: Option<f64>,
+        /// `mscale`, when given.
+        mscale: Option<f64>,
+        /// `mscale_all_dim`, when given.
+        mscale_all_dim: Option<f64>,
+        /// Whether the correction range is truncated to integers.
+        truncate: bool,
+    },
+}
+
+/// transformers' `yarn_get_mscale`.
+pub fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * mscale * scale.ln() + 1.0
     }
 }

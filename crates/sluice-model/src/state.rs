@@ -53,7 +53,7 @@ pub struct State {
     pub debug: Option<Vec<(String, Vec<f32>)>>,
     /// Where the forward passes this state took part in spent their time, summed (its share
     /// of a batched pass: the pass's time ÷ its sequences).
-    pub(crate) times: crate::pass::PassTimes,
+    pub(crate) times: crate::options::PassTimes,
     /// Lookahead's hint, kept only on single-token steps with prefetch on: per layer, this
     /// sequence's attention output for its latest token (empty when none). Added to the
     /// output of the layer before, it estimates that layer's router input; it never touches
@@ -147,7 +147,7 @@ impl State {
     /// Where the forward passes this state took part in spent their time, summed over its
     /// life (a batched pass counts its time ÷ its sequences). Phase times of a span of a
     /// generation are differences of two readings.
-    pub fn pass_times(&self) -> crate::pass::PassTimes {
+    pub fn pass_times(&self) -> crate::options::PassTimes {
         self.times
     }
 

@@ -7,6 +7,10 @@
 //! Adding a family is one module here and one row in [`FAMILIES`]; see "How to add a model
 //! family" in docs/ARCHITECTURE.md.
 
+use std::path::Path;
+
+use serde_json::Value;
+
 use crate::ModelError;
 use crate::config::{Cfg, ModelConfig};
 
@@ -110,6 +114,40 @@ pub fn family(model_type: &str) -> Option<&'static Family> {
 /// Every `model_type` accepted.
 pub fn model_types() -> Vec<&'static str> {
     FAMILIES.iter().flat_map(|f| f.model_types()).collect()
+}
+
+// Reading a config is the registry's job: `config` holds the types and never asks which family
+// a model is.
+impl ModelConfig {
+    /// Reads `config.json` (already parsed) strictly, by the family its `model_type` names.
+    /// `file` names it in errors.
+    pub fn from_json(v: &Value, file: &Path) -> Result<ModelConfig, ModelError> {
+        let c = Cfg {
+            v,
+            file,
+            prefix: String::new(),
+        };
+        if !v.is_object() {
+            return Err(c.err("", "top level is not an object"));
+        }
+        let model_type = c.str("model_type")?;
+        let Some(family) = family(model_type) else {
+            return Err(c.err(
+                "model_type",
+                format!(
+                    "`{model_type}` is not supported (supported: {})",
+                    model_types().join(", ")
+                ),
+            ));
+        };
+        (family.read)(&c, model_type)
+    }
+
+    /// Reads and validates `config.json` from a file.
+    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
+        let v = sluice_format::read_json(path, 16 << 20)?;
+        ModelConfig::from_json(&v, path)
+    }
 }
 
 #[cfg(test)]

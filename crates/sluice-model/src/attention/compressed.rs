@@ -37,7 +37,7 @@ use sluice_store::Blob;
 use super::{Ctx, rmsnorm_rows};
 use crate::ModelError;
 use crate::rope::Rope;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// The shape of a DeepSeek-V4 attention layer.
 #[derive(Clone, Debug, PartialEq)]

@@ -21,7 +21,7 @@ use super::mla::{self, MlaConfig, MlaWeights};
 pub(crate) type Selection = Vec<Option<Vec<usize>>>;
 use super::{Ctx, rmsnorm_rows};
 use crate::ModelError;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// The eps of the indexer's LayerNorms `k_norm` and `q_input_norm` as transformers builds
 /// them for DeepSeek-V3.2 (Hy4's `k_norm` takes `rms_norm_eps`: [`DsaConfig::key_eps`]).

@@ -21,7 +21,7 @@ use sluice_store::Blob;
 use super::Ctx;
 use super::kda::Cache;
 use crate::ModelError;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// Gated DeltaNet (`linear_*` fields of a Qwen3-Next config).
 #[derive(Clone, Copy, Debug, PartialEq)]

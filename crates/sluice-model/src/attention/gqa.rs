@@ -10,7 +10,7 @@ use sluice_store::Blob;
 
 use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows};
 use crate::ModelError;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// Which norm is applied to queries and keys before RoPE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use sluice_store::Blob;
 
 use super::Ctx;
 use crate::ModelError;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// How KDA's forget gate turns `z = f_b(f_a(x)) + dt_bias` into the log-decay `g` of each key
 /// channel (`A` = `A_log[head]`).
@@ -166,7 +166,7 @@ fn a_log(p: &mut PartBuilder<'_, '_>, name: &str, heads: usize) -> Result<VecSpe
         return p.vector_any(name, &[heads]);
     }
     if t.shape.len() != 1 || n < heads {
-        return Err(crate::weights::tensor_err(
+        return Err(crate::spec::tensor_err(
             name,
             format!(
                 "shape {:?}: expected {heads} values (one per head), or a vector zero-padded \
@@ -175,12 +175,12 @@ fn a_log(p: &mut PartBuilder<'_, '_>, name: &str, heads: usize) -> Result<VecSpe
             ),
         ));
     }
-    let codes = crate::weights::vector_codes(t)?;
+    let codes = crate::spec::vector_codes(t)?;
     if p.resolving() {
         let bytes = p.checkpoint().read(t)?;
         let values = sluice_kernels::decode::decode_vec(codes, &bytes, n);
         if let Some(i) = (heads..n).find(|&i| values[i] != 0.0) {
-            return Err(crate::weights::tensor_err(
+            return Err(crate::spec::tensor_err(
                 name,
                 format!(
                     "{n} values for {heads} heads, and value {i} past the heads is not zero: \

@@ -14,7 +14,7 @@ use sluice_store::Blob;
 
 use super::{Ctx, add_bias, f32_matrix, rmsnorm_rows};
 use crate::ModelError;
-use crate::weights::{MatSpec, PartBuilder, VecSpec};
+use crate::spec::{MatSpec, PartBuilder, VecSpec};
 
 /// The eps of DeepSeek's `q_a_layernorm` / `kv_a_layernorm` (transformers constructs them without
 /// passing `rms_norm_eps`); the families whose latent norms take `rms_norm_eps` say so in

@@ -30,7 +30,7 @@ pub use mla::{MlaConfig, MlaWeights};
 use crate::ModelError;
 use crate::exec::Exec;
 use crate::rope::{Angles, Rope};
-use crate::weights::PartBuilder;
+use crate::spec::PartBuilder;
 
 /// The attention of one layer.
 #[derive(Clone, Debug, PartialEq)]

@@ -10,90 +10,18 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::ModelError;
 use crate::quant::Quantization;
 
 mod reader;
 mod rope;
 
+pub(crate) use crate::rope::yarn_get_mscale;
+pub use crate::rope::{RopeConfig, RopeScaling};
 pub(crate) use reader::Cfg;
-pub(crate) use rope::{read_rope, read_rope_object, yarn_get_mscale};
+pub(crate) use rope::{read_rope, read_rope_object};
 
 pub use crate::attention::{AttentionConfig, GqaConfig, KdaConfig, KdaGate, MlaConfig, QkNorm};
-
-/// Rotary position embedding.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RopeConfig {
-    /// Base θ.
-    pub theta: f64,
-    /// Rotated dimensions per head.
-    pub dim: usize,
-    /// Pairs are adjacent (`(x0, x1), (x2, x3)`) rather than split halves.
-    pub interleaved: bool,
-    /// Context-extension scaling.
-    pub scaling: RopeScaling,
-    /// Each inverse frequency is multiplied by `exp(α)`, `α` the learned tensor
-    /// `{model}rotary_emb.alpha` (Mistral Large 4's LeRoPE).
-    pub learned: bool,
-}
-
-impl RopeConfig {
-    /// No rotary table: nothing is rotated (Kimi Linear, GLM-5.3).
-    pub fn none() -> RopeConfig {
-        RopeConfig {
-            theta: 1.0,
-            dim: 0,
-            interleaved: false,
-            scaling: RopeScaling::None,
-            learned: false,
-        }
-    }
-}
-
-/// RoPE scaling variants implemented.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RopeScaling {
-    /// Plain RoPE.
-    None,
-    /// Position interpolation by a constant factor.
-    Linear {
-        /// The factor.
-        factor: f64,
-    },
-    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth ramp between
-    /// (transformers' `_compute_llama3_parameters`).
-    Llama3 {
-        /// Extension factor.
-        factor: f64,
-        /// `low_freq_factor`.
-        low_freq_factor: f64,
-        /// `high_freq_factor`.
-        high_freq_factor: f64,
-        /// Pre-training context length.
-        original_max_position_embeddings: f64,
-    },
-    /// YaRN (as transformers computes it).
-    Yarn {
-        /// Extension factor.
-        factor: f64,
-        /// Pre-training context length.
-        original_max_position_embeddings: f64,
-        /// Fast boundary of the ramp.
-        beta_fast: f64,
-        /// Slow boundary of the ramp.
-        beta_slow: f64,
-        /// Explicit cos/sin factor, when given.
-        attention_factor: Option<f64>,
-        /// `mscale`, when given.
-        mscale: Option<f64>,
-        /// `mscale_all_dim`, when given.
-        mscale_all_dim: Option<f64>,
-        /// Whether the correction range is truncated to integers.
-        truncate: bool,
-    },
-}
 
 /// How a router turns logits into expert choices.
 #[derive(Clone, Debug, PartialEq)]
@@ -777,36 +705,6 @@ pub fn limit_of(field: &str) -> usize {
 }
 
 impl ModelConfig {
-    /// Reads `config.json` (already parsed) strictly, by the family its `model_type` names.
-    /// `file` names it in errors.
-    pub fn from_json(v: &Value, file: &Path) -> Result<ModelConfig, ModelError> {
-        let c = Cfg {
-            v,
-            file,
-            prefix: String::new(),
-        };
-        if !v.is_object() {
-            return Err(c.err("", "top level is not an object"));
-        }
-        let model_type = c.str("model_type")?;
-        let Some(family) = crate::arch::family(model_type) else {
-            return Err(c.err(
-                "model_type",
-                format!(
-                    "`{model_type}` is not supported (supported: {})",
-                    crate::arch::model_types().join(", ")
-                ),
-            ));
-        };
-        (family.read)(&c, model_type)
-    }
-
-    /// Reads and validates `config.json` from a file.
-    pub fn from_file(path: &Path) -> Result<ModelConfig, ModelError> {
-        let v = sluice_format::read_json(path, 16 << 20)?;
-        ModelConfig::from_json(&v, path)
-    }
-
     /// Whether layer `l` has a mixture of experts.
     pub fn is_moe(&self, l: usize) -> bool {
         matches!(self.layer_plan.get(l), Some(p) if p.mlp == MlpKind::Moe)
@@ -826,6 +724,15 @@ impl ModelConfig {
     /// The bound on layer `l`'s routed experts' SwiGLU factors, if any.
     pub fn expert_limit(&self, l: usize) -> Option<f32> {
         self.layer_plan.get(l).and_then(|p| p.glu.experts)
+    }
+
+    /// This configuration with `plan` as its only layer: what an MTP layer's state and cache
+    /// are built from.
+    pub fn one_layer(&self, plan: &LayerPlan) -> ModelConfig {
+        let mut one = self.clone();
+        one.layer_plan = vec![plan.clone()];
+        one.layers = 1;
+        one
     }
 
     /// Layers with a mixture of experts.

@@ -2,17 +2,8 @@
 //! `rope_scaling` (older configs).
 
 use super::reader::Cfg;
-use super::{RopeConfig, RopeScaling};
 use crate::ModelError;
-
-/// transformers' `yarn_get_mscale`.
-pub fn yarn_get_mscale(scale: f64, mscale: f64) -> f64 {
-    if scale <= 1.0 {
-        1.0
-    } else {
-        0.1 * mscale * scale.ln() + 1.0
-    }
-}
+use crate::rope::{RopeConfig, RopeScaling};
 
 /// The rotated dimensions of a head of `dim`: `int(dim × partial_rotary_factor)` as
 /// transformers computes it, the factor read from the rope parameters, else the top level,

@@ -1,6 +1,7 @@
 //! Tests of the strict config readers, across families.
 
 use super::*;
+use serde_json::Value;
 use serde_json::json;
 
 fn ds() -> Value {

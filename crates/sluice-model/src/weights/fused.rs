@@ -8,13 +8,13 @@ use sluice_format::{Dtype, TensorInfo};
 use sluice_kernels::{Codes, ScaleType};
 use sluice_store::Piece;
 
-use super::builder::{Ctx, build_part, check_dtype, check_shape, codes_of, scale_type, tensor_err};
 use super::{
     BiasedMlpSpec, ExpertSpec, FusedExpertSpec, GateUpSpec, MatSpec, MlpSpec, PartLayout,
     ScaleSpec, VecSpec,
 };
 use crate::ModelError;
 use crate::config::ModelConfig;
+use crate::spec::{Ctx, build_part, check_dtype, check_shape, codes_of, scale_type, tensor_err};
 
 /// The byte range of entry `i` of the `n` along a tensor's first dimension.
 fn slice(t: &TensorInfo, i: usize, n: usize) -> Piece {

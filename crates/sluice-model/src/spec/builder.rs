@@ -20,9 +20,9 @@ use crate::quant::{Matcher, Quantization};
 
 /// What every part is built from: the checkpoint and how its weights are quantized.
 pub(crate) struct Ctx<'a> {
-    pub(super) ck: &'a Checkpoint,
-    pub(super) quant: &'a Quantization,
-    pub(super) m: Matcher<'a>,
+    pub(crate) ck: &'a Checkpoint,
+    pub(crate) quant: &'a Quantization,
+    pub(crate) m: Matcher<'a>,
 }
 
 impl<'a> Ctx<'a> {
@@ -230,7 +230,7 @@ pub(crate) fn vector_codes(t: &TensorInfo) -> Result<Codes, ModelError> {
 }
 
 /// The coding of a plain (dense, unscaled) weight: F32, BF16 or F16.
-pub(super) fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {
+pub(crate) fn codes_of(t: &TensorInfo) -> Result<Codes, ModelError> {
     Codes::for_dtype(t.dtype)
         .filter(|c| matches!(c, Codes::F32 | Codes::BF16 | Codes::F16))
         .ok_or_else(|| ModelError::Tensor {
@@ -249,7 +249,7 @@ pub(crate) fn tensor_err(tensor: &str, msg: impl Into<String>) -> ModelError {
     }
 }
 
-pub(super) fn check_shape(t: &TensorInfo, want: &[usize], why: &str) -> Result<(), ModelError> {
+pub(crate) fn check_shape(t: &TensorInfo, want: &[usize], why: &str) -> Result<(), ModelError> {
     if t.shape != want {
         return Err(tensor_err(
             &t.name,
@@ -259,7 +259,7 @@ pub(super) fn check_shape(t: &TensorInfo, want: &[usize], why: &str) -> Result<(
     Ok(())
 }
 
-pub(super) fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Result<(), ModelError> {
+pub(crate) fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Result<(), ModelError> {
     if !allowed.contains(&t.dtype) {
         let names: Vec<&str> = allowed.iter().map(|d| d.safetensors_name()).collect();
         return Err(tensor_err(
@@ -275,14 +275,14 @@ pub(super) fn check_dtype(t: &TensorInfo, allowed: &[Dtype], role: &str) -> Resu
 }
 
 /// The scale type of a scale tensor, its dtype one of `allowed`.
-pub(super) fn scale_type(t: &TensorInfo, allowed: &[Dtype]) -> Result<ScaleType, ModelError> {
+pub(crate) fn scale_type(t: &TensorInfo, allowed: &[Dtype]) -> Result<ScaleType, ModelError> {
     check_dtype(t, allowed, "scales")?;
     ScaleType::for_dtype(t.dtype)
         .ok_or_else(|| tensor_err(&t.name, format!("dtype {} is not a scale type", t.dtype)))
 }
 
 /// Checks a plain matrix tensor's shape and dtype and records its spec.
-pub(super) fn mat(
+pub(crate) fn mat(
     ck: &Checkpoint,
     part: &PartLayout,
     name: &str,

@@ -34,7 +34,7 @@ impl Description {
         let mut checkpoint = Checkpoint::open(dir.as_ref())?;
         // A GGUF model's config is made from its metadata: errors name the file.
         let config_path = if checkpoint.gguf().is_some() {
-            crate::gguf::to_hf(&mut checkpoint)?;
+            crate::gguf::to_hf(&mut checkpoint, &crate::arch::gguf_arches())?;
             checkpoint.dir().to_path_buf()
         } else {
             checkpoint.dir().join("config.json")

@@ -29,6 +29,7 @@ mod ffn;
 mod gguf;
 mod model;
 mod mtp;
+mod net;
 mod options;
 mod pass;
 pub mod plan;
@@ -148,7 +149,32 @@ pub enum ModelError {
     /// The multi-token-prediction layer cannot be loaded or run.
     #[error("draft mtp: {0}")]
     Mtp(String),
-    /// An inconsistency that is a bug in sluice.
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// The description and the weights (or a layer's cache) disagree in a way loading should
+    /// have refused: a defect in sluice, reported rather than panicking.
+    #[error("the configuration and the weights disagree: {what} (a defect in sluice)")]
+    Mismatch {
+        /// Which part, and how.
+        what: String,
+    },
+    /// A call's arguments disagree with each other.
+    #[error("{call}: {msg}")]
+    Call {
+        /// The function called.
+        call: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// More sequences in one pass than the memory plan was made for.
+    #[error(
+        "{asked} sequences in one pass, but the memory plan is for {planned} (ModelOptions::sequences)"
+    )]
+    Sequences {
+        /// Sequences in the pass.
+        asked: usize,
+        /// Sequences the plan holds.
+        planned: usize,
+    },
+    /// A task computing routed experts panicked, or an expert's read never landed.
+    #[error("routed experts: {0}")]
+    ExpertTask(String),
 }

@@ -1,15 +1,12 @@
 //! The model: weights, the forward pass over a chunk of tokens, logits.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use sluice_format::Checkpoint;
 use sluice_kernels::Codes;
-use sluice_store::{
-    Blob, ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, TrunkStore, read_blob,
-};
+use sluice_store::{ExpertStore, ExpertStoreConfig, IoMode, Piece, Reader, TrunkStore, read_blob};
 
 use crate::ModelError;
 use crate::config::ModelConfig;
@@ -18,13 +15,15 @@ use crate::exec::Exec;
 use crate::plan::MemoryPlan;
 use crate::rope::Rope;
 use crate::state::State;
-use crate::weights::{FfnSpec, MoeSpec, WeightLayout};
+use crate::weights::WeightLayout;
 
 pub use crate::options::{Logits, ModelOptions, PrefillEvent, PrefillOptions, pack_verifier};
 pub use crate::plan::KV_PAGE;
 
 pub use sluice_store::policy::{PolicyChoice, PolicyFactory};
 
+use crate::mtp::MtpRun;
+use crate::net::Net;
 pub use crate::options::PassTimes;
 use crate::pass::PassOpts;
 
@@ -58,27 +57,12 @@ impl Drop for SpanLease<'_> {
 /// A loaded model, immutable and shareable across threads; per-sequence state lives in [`State`].
 #[derive(Debug)]
 pub struct Model {
-    cfg: ModelConfig,
-    layout: WeightLayout,
-    exec: Exec,
-    rope: Rope,
-    /// The second rotary table ([`ModelConfig::local_rope`]).
-    local_rope: Option<Rope>,
-    /// The embedding table when pinned; otherwise rows are read per token.
-    embed: Option<Arc<Blob>>,
-    /// Parts 0..layers are the layers, part `layers` the head.
-    trunk: TrunkStore,
-    reader: Arc<dyn Reader>,
-    embed_bytes_read: AtomicU64,
-    experts: Arc<ExpertStore>,
+    /// What a forward pass reads.
+    net: Net,
     plan: MemoryPlan,
-    prefetch: bool,
     io_mode: IoMode,
     /// Expert reads of O_DIRECT shards go through an io_uring.
     io_uring: bool,
-    /// Every expert fits in the cache: a layer's experts are taken as a group and computed
-    /// together (see `ffn::schedule`).
-    gather_experts: bool,
     /// Forward passes run inside the compute pool (trunk pinned and every expert fits: nothing
     /// in a pass waits for another session).
     in_pool: bool,
@@ -89,7 +73,7 @@ pub struct Model {
     /// `generation_config.json`, when the model has one.
     generation: Option<serde_json::Value>,
     /// The multi-token-prediction layer, when loaded ([`ModelOptions::mtp`]).
-    mtp: Option<crate::mtp::MtpRun>,
+    mtp: Option<MtpRun>,
 }
 
 impl Model {
@@ -124,12 +108,13 @@ impl Model {
     /// (streamed layers and experts are caught when they are used: see `forward`).
     fn check_finite(&self, ck: &Checkpoint) -> Result<(), ModelError> {
         let parts = self
+            .net
             .layout
             .layers
             .iter()
-            .chain(std::iter::once(&self.layout.head));
+            .chain(std::iter::once(&self.net.layout.head));
         for (i, part) in parts.enumerate() {
-            let Some(blob) = self.trunk.try_part(i) else {
+            let Some(blob) = self.net.trunk.try_part(i) else {
                 continue;
             };
             for name in part.names() {
@@ -168,7 +153,7 @@ impl Model {
                     "a pack does not keep the MTP layers; run the checkpoint itself".into(),
                 ));
             }
-            let run = crate::mtp::MtpRun::new(&cfg, &layout)?;
+            let run = MtpRun::new(&cfg, &layout)?;
             crate::mtp::check_copies(&layout, reader.as_ref())?;
             Some(run)
         } else {
@@ -249,7 +234,12 @@ impl Model {
         let prefetch = opts.prefetch && !plan.all_experts_fit();
         let gather_experts = plan.all_experts_fit();
         let in_pool = plan.trunk_resident() && gather_experts;
-        Ok(Model {
+        let step_score_floats = if plan.pool == u64::MAX {
+            crate::attention::PREFILL_TILE_SCORE_FLOATS
+        } else {
+            plan.step_score_floats
+        };
+        let net = Net {
             cfg,
             layout,
             exec,
@@ -260,11 +250,16 @@ impl Model {
             reader,
             embed_bytes_read: AtomicU64::new(0),
             experts,
-            plan,
             prefetch,
+            gather_experts,
+            chunk: plan.chunk.max(1),
+            step_score_floats,
+        };
+        Ok(Model {
+            net,
+            plan,
             io_mode,
             io_uring: opts.io_uring,
-            gather_experts,
             in_pool,
             span_bytes: AtomicU64::new(0),
             passes: AtomicUsize::new(0),
@@ -273,9 +268,57 @@ impl Model {
         })
     }
 
-    /// The MTP layer's run, when loaded.
-    pub(crate) fn mtp_run(&self) -> Option<&crate::mtp::MtpRun> {
-        self.mtp.as_ref()
+    /// Whether the MTP layer is loaded ([`crate::ModelOptions::mtp`]).
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.as_ref().is_some()
+    }
+
+    /// A fresh state (KV cache) for the MTP layer, when it is loaded.
+    pub fn new_mtp_state(&self) -> Option<State> {
+        self.mtp.as_ref().map(|r| State::new(&r.state_cfg))
+    }
+
+    /// Runs the MTP layer over `t` rows after the positions `state` holds: row `i` is the
+    /// model's final-normed hidden state at a position (`hidden`, `[t, hidden]`; for
+    /// DeepSeek-V4's layer the streams after the model's last layer, `[t, hc_mult, hidden]`:
+    /// [`ModelConfig::mtp_row_width`] floats per row, what [`State::hidden_rows`] keeps) and
+    /// the token that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i`
+    /// (the MTP state may start after the model's position 0). Appends to the MTP layer's
+    /// cache; returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP
+    /// layer predicts it) and every row's output, of the same width, as a further step takes
+    /// it as its hidden state (normed or not, as the layer's kind wants). On error the state is
+    /// as it was.
+    pub fn mtp_forward(
+        &self,
+        state: &mut State,
+        offset: usize,
+        hidden: &[f32],
+        tokens: &[u32],
+    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let Some(run) = self.mtp.as_ref() else {
+            return Err(ModelError::Mtp("the MTP layer is not loaded".into()));
+        };
+        let cfg = self.net.config();
+        let (w, t) = (cfg.mtp_row_width(), tokens.len());
+        if t == 0 || hidden.len() != t * w {
+            return Err(ModelError::Call {
+                call: "mtp_forward",
+                msg: format!("{t} tokens and {} hidden floats", hidden.len()),
+            });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
+            return Err(ModelError::Token {
+                id: bad,
+                vocab: cfg.vocab,
+            });
+        }
+        let pos0 = state.pos();
+        self.reserve_kv_per(state, pos0 + t, run.kv_per_position)?;
+        let r = self.run_in_pool(|| self.net.mtp_inner(run, state, offset, hidden, tokens));
+        if r.is_err() {
+            state.rollback(pos0);
+        }
+        r
     }
 
     /// The memory plan in force.
@@ -307,7 +350,10 @@ impl Model {
             return Ok(());
         }
         let paged = positions.div_ceil(KV_PAGE) * KV_PAGE;
-        let lease = state.kv.lease.get_or_insert_with(|| self.experts.lease());
+        let lease = state
+            .kv
+            .lease
+            .get_or_insert_with(|| self.net.experts.lease());
         let mut got = paged.min(self.plan.context);
         if lease.grow_to(got as u64 * per).is_err() {
             // Without the rest of the page, if that much still fits.
@@ -348,7 +394,7 @@ impl Model {
 
     /// Whether lookahead prefetch runs.
     pub fn prefetch(&self) -> bool {
-        self.prefetch
+        self.net.prefetch
     }
 
     /// `generation_config.json`, parsed, when the model has one (read once, with the
@@ -359,99 +405,42 @@ impl Model {
 
     /// The configuration.
     pub fn config(&self) -> &ModelConfig {
-        &self.cfg
+        &self.net.cfg
     }
 
     /// Where the weights are.
     pub fn layout(&self) -> &WeightLayout {
-        &self.layout
-    }
-
-    /// Kernels and threads.
-    pub(crate) fn exec(&self) -> &Exec {
-        &self.exec
-    }
-
-    /// The rotary table.
-    pub(crate) fn rope(&self) -> &Rope {
-        &self.rope
-    }
-
-    pub(crate) fn local_rope(&self) -> Option<&Rope> {
-        self.local_rope.as_ref()
-    }
-
-    /// Whether a layer's experts are taken as a group (every expert fits; see `ffn::schedule`).
-    pub(crate) fn gathers_experts(&self) -> bool {
-        self.gather_experts
+        &self.net.layout
     }
 
     /// The instruction set of the kernels in use.
     pub fn isa(&self) -> sluice_kernels::Isa {
-        self.exec.kernels().isa()
+        self.net.exec.kernels().isa()
     }
 
     /// Compute threads.
     pub fn threads(&self) -> usize {
-        self.exec.threads()
+        self.net.exec.threads()
     }
 
     /// The expert store.
     pub fn experts(&self) -> &Arc<ExpertStore> {
-        &self.experts
+        &self.net.experts
     }
 
     /// The trunk store.
     pub fn trunk(&self) -> &TrunkStore {
-        &self.trunk
+        &self.net.trunk
     }
 
     /// Bytes of trunk read from disk after loading (streamed layers and embedding rows).
     pub fn trunk_bytes_read(&self) -> u64 {
-        self.trunk.stats().bytes_read + self.embed_bytes_read.load(Ordering::Relaxed)
-    }
-
-    /// The embeddings of `tokens`, `[t, hidden]`: from the pinned table, or read row by row.
-    pub(crate) fn embed_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let spec = &self.layout.embed_spec;
-        let h = self.cfg.hidden;
-        let mut hs = vec![0f32; tokens.len() * h];
-        let decode = |row: &[u8], out: &mut [f32]| {
-            out.copy_from_slice(&sluice_kernels::decode::decode_vec(spec.codes, row, h));
-        };
-        match &self.embed {
-            Some(b) => {
-                let m = spec.view(b)?;
-                for (i, &id) in tokens.iter().enumerate() {
-                    decode(m.row(id as usize), &mut hs[i * h..(i + 1) * h]);
-                }
-            }
-            None => {
-                let base = self.layout.embed.pieces[0];
-                // Checked when the layout was made.
-                let rb = spec.codes.row_bytes(spec.cols).unwrap_or(0) as u64;
-                let pieces: Vec<Piece> = tokens
-                    .iter()
-                    .map(|&id| Piece {
-                        shard: base.shard,
-                        offset: base.offset + id as u64 * rb,
-                        len: rb,
-                    })
-                    .collect();
-                let blob = read_blob(self.reader.as_ref(), &pieces)?;
-                self.embed_bytes_read
-                    .fetch_add(blob.footprint() as u64, Ordering::Relaxed);
-                for i in 0..tokens.len() {
-                    decode(blob.piece(i), &mut hs[i * h..(i + 1) * h]);
-                }
-            }
-        }
-        Ok(hs)
+        self.net.trunk.stats().bytes_read + self.net.embed_bytes_read.load(Ordering::Relaxed)
     }
 
     /// A fresh sequence state.
     pub fn new_state(&self) -> State {
-        State::new(&self.cfg)
+        State::new(&self.net.cfg)
     }
 
     /// Runs `tokens` through the model after the positions already in `state`, appending to its
@@ -471,7 +460,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: self.step_score_floats(),
+            score_floats: self.net.step_score_floats,
         };
         self.forward_segments(
             &mut [(state, tokens)],
@@ -505,7 +494,7 @@ impl Model {
         opts: PrefillOptions,
         on: &mut (dyn FnMut(&PrefillEvent) + Send),
     ) -> Result<Prefilled, ModelError> {
-        self.experts.begin_step();
+        self.net.experts.begin_step();
         let chunk = match self.plan.pool {
             u64::MAX => opts.chunk.max(1),
             _ => opts.chunk.clamp(1, self.plan.chunk.max(1)),
@@ -521,7 +510,7 @@ impl Model {
                 Logits::Last if !last => Logits::None,
                 w => w,
             };
-            let layers = self.cfg.layers;
+            let layers = self.net.cfg.layers;
             let mut on_layer = |layer: usize| {
                 on(&PrefillEvent::Layer {
                     done,
@@ -545,13 +534,6 @@ impl Model {
             on(&PrefillEvent::Span { tokens: span });
         }
         Ok(out)
-    }
-
-    /// The attention tiles' room in a decode step or a draft's check: the planned scratch's
-    /// under a budget (room for tiles of several heads at the full context), the prefill's
-    /// without one (nothing to plan for).
-    pub(crate) fn step_score_floats(&self) -> usize {
-        self.score_floats(self.plan.pool == u64::MAX)
     }
 
     /// The attention tiles' room: the prefill's when a pass has it, else the planned
@@ -582,7 +564,7 @@ impl Model {
             span = span.min(chunk);
         }
         if self.plan.pool == u64::MAX {
-            return Ok((span, None, self.step_score_floats()));
+            return Ok((span, None, self.net.step_score_floats));
         }
         if span <= chunk {
             return Ok((span, None, narrow));
@@ -630,8 +612,12 @@ impl Model {
         if state.pos + span <= self.max_positions() {
             self.reserve_kv(state, state.pos + span)?;
         }
-        let mut lease = self.experts.lease();
-        let free = self.experts.capacity().saturating_sub(self.experts.floor());
+        let mut lease = self.net.experts.lease();
+        let free = self
+            .net
+            .experts
+            .capacity()
+            .saturating_sub(self.net.experts.floor());
         span = span.min(chunk + usize::try_from(free / per).unwrap_or(usize::MAX));
         while span > chunk {
             let bytes = (span - chunk) as u64 * per;
@@ -659,18 +645,16 @@ impl Model {
         tokens: &[u32],
     ) -> Result<Vec<f32>, ModelError> {
         if states.len() != tokens.len() {
-            return Err(ModelError::Internal(format!(
-                "forward_batch: {} states for {} tokens",
-                states.len(),
-                tokens.len()
-            )));
+            return Err(ModelError::Call {
+                call: "forward_batch",
+                msg: format!("{} states for {} tokens", states.len(), tokens.len()),
+            });
         }
         if states.len() > self.plan.sequences {
-            return Err(ModelError::Internal(format!(
-                "forward_batch: {} sequences, but the memory plan is for {} (ModelOptions::sequences)",
-                states.len(),
-                self.plan.sequences
-            )));
+            return Err(ModelError::Sequences {
+                asked: states.len(),
+                planned: self.plan.sequences,
+            });
         }
         let mut segs: Vec<(&mut State, &[u32])> = states
             .iter_mut()
@@ -681,7 +665,7 @@ impl Model {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: self.step_score_floats(),
+            score_floats: self.net.step_score_floats,
         };
         self.forward_segments(
             &mut segs,
@@ -701,17 +685,16 @@ impl Model {
         segs: &mut [(&mut State, &[u32])],
     ) -> Result<Vec<f32>, ModelError> {
         if segs.len() > self.plan.sequences {
-            return Err(ModelError::Internal(format!(
-                "forward_batch_rows: {} sequences, but the memory plan is for {} (ModelOptions::sequences)",
-                segs.len(),
-                self.plan.sequences
-            )));
+            return Err(ModelError::Sequences {
+                asked: segs.len(),
+                planned: self.plan.sequences,
+            });
         }
         let mut opts = PassOpts {
             chunk: self.plan.chunk,
             new_step: true,
             on_layer: None,
-            score_floats: self.step_score_floats(),
+            score_floats: self.net.step_score_floats,
         };
         self.forward_segments(segs, Logits::All, &mut opts, &mut PassTimes::default())
     }
@@ -756,7 +739,7 @@ impl Model {
         // A pass that starts alone also keeps the pool's other threads awake while it runs
         // (`Exec::install_awake`), so its products never wait for a thread to wake up.
         let times0 = *times;
-        let r = self.run_in_pool(|| self.forward_inner(segs, want, opts, times));
+        let r = self.run_in_pool(|| self.net.forward_inner(segs, want, opts, times));
         // Each sequence is charged its share of the pass, as a batch's decode seconds are.
         let share = (*times - times0).scaled(1.0 / segs.len().max(1) as f64);
         for (state, _) in segs.iter_mut() {
@@ -780,72 +763,14 @@ impl Model {
         let alone = self.passes.fetch_add(1, Ordering::AcqRel) == 0;
         let running = Running(&self.passes);
         let r = if alone {
-            self.exec.install_awake(f)
+            self.net.exec.install_awake(f)
         } else if self.in_pool {
-            self.exec.install(f)
+            self.net.exec.install(f)
         } else {
             f()
         };
         drop(running);
         r
-    }
-
-    /// Lookahead: the experts layer `l`'s router would pick from the current residual stream
-    /// (`[t, hidden]`), most confident (largest routing weight, summed over rows) first, as a
-    /// hint for prefetch. `None` when `l` has no routed experts.
-    pub(crate) fn predict(
-        &self,
-        l: usize,
-        hs: &[f32],
-        tokens: &[u32],
-    ) -> Result<Option<(usize, Vec<u32>)>, ModelError> {
-        if l >= self.cfg.layers || !self.cfg.is_moe(l) {
-            return Ok(None);
-        }
-        // Only when the layer is in memory already: never wait on (or hold) a ring slot here.
-        let Some(part) = self.trunk.try_part(l) else {
-            return Ok(None);
-        };
-        let blob: &Blob = &part;
-        let spec = &self.layout.layer_specs[l];
-        let FfnSpec::Moe(MoeSpec {
-            router, bias, hash, ..
-        }) = &spec.ffn
-        else {
-            return Ok(None);
-        };
-        // A hash-routed layer's experts are known from the tokens: exactly those.
-        if let Some(table) = hash {
-            let mut ids: Vec<u32> = Vec::new();
-            for &tok in tokens {
-                ids.extend(table.row(blob, tok as usize, self.cfg.moe.experts)?);
-            }
-            ids.sort_unstable();
-            ids.dedup();
-            return Ok(Some((l, ids)));
-        }
-        let h = self.cfg.hidden;
-        let w = spec.post_norm.to_f32(blob);
-        let mut xn = vec![0f32; hs.len()];
-        for (x, o) in hs.chunks_exact(h).zip(xn.chunks_exact_mut(h)) {
-            self.exec.kernels().rmsnorm(x, &w, self.cfg.eps, o);
-        }
-        let ne = self.cfg.moe.router_width();
-        let mut logits = vec![0f32; (hs.len() / h) * ne];
-        self.exec.matmul(&router.view(blob)?, &xn, &mut logits);
-        let bias = bias.map(|b| b.to_f32(blob));
-        let mut score: BTreeMap<u32, f32> = BTreeMap::new();
-        for lg in logits.chunks_exact_mut(ne) {
-            for (e, w) in crate::ffn::route(&self.cfg, lg, bias.as_deref()) {
-                // Zero-compute experts have nothing to read.
-                if (e as usize) < self.cfg.moe.experts {
-                    *score.entry(e).or_default() += w;
-                }
-            }
-        }
-        let mut ranked: Vec<(u32, f32)> = score.into_iter().collect();
-        ranked.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        Ok(Some((l, ranked.into_iter().map(|p| p.0).collect())))
     }
 }
 

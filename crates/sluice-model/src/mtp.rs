@@ -37,9 +37,9 @@
 use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::config::{MtpHead, Residual};
-use crate::model::Model;
+use crate::net::Net;
 use crate::state::State;
-use crate::weights::{ExpertSpec, LayerSpec, MatSpec, MtpHeadSpec, VecSpec, WeightLayout};
+use crate::weights::{MatSpec, MtpHeadSpec, VecSpec, WeightLayout};
 use sluice_store::{Piece, Reader, read_blob};
 
 /// What running the MTP layer needs besides the model's own.
@@ -77,7 +77,9 @@ impl MtpRun {
         }
         let (Some(plan), Some(_), Some(_)) = (m.plans.first(), ml.layers.first(), ml.heads.first())
         else {
-            return Err(ModelError::Internal("an MTP layout without layers".into()));
+            return Err(ModelError::Mtp(
+                "the checkpoint's MTP layout has no layer".into(),
+            ));
         };
         let mut ext = cfg.clone();
         ext.layer_plan.push(plan.clone());
@@ -133,93 +135,8 @@ pub fn mtp_runs(cfg: &ModelConfig, layout: &WeightLayout) -> Result<(), ModelErr
     MtpRun::new(cfg, layout).map(drop)
 }
 
-impl Model {
-    /// Whether the MTP layer is loaded ([`crate::ModelOptions::mtp`]).
-    pub fn has_mtp(&self) -> bool {
-        self.mtp_run().is_some()
-    }
-
-    /// A fresh state (KV cache) for the MTP layer, when it is loaded.
-    pub fn new_mtp_state(&self) -> Option<State> {
-        self.mtp_run().map(|r| State::new(&r.state_cfg))
-    }
-
-    /// The trunk part of layer `l` (the MTP layer's after the head).
-    pub(crate) fn part_of(&self, l: usize) -> usize {
-        if l < self.config().layers { l } else { l + 1 }
-    }
-
-    /// Layer `l`'s index in its state (the MTP layer's state holds only it).
-    pub(crate) fn state_index(&self, l: usize) -> usize {
-        if l < self.config().layers {
-            l
-        } else {
-            l - self.config().layers
-        }
-    }
-
-    /// Layer `l`'s weights.
-    pub(crate) fn layer_spec(&self, l: usize) -> &LayerSpec {
-        let n = self.config().layers;
-        match (l.checked_sub(n), &self.layout().mtp) {
-            (Some(i), Some(m)) => &m.layer_specs[i],
-            _ => &self.layout().layer_specs[l],
-        }
-    }
-
-    /// Layer `l`'s routed experts' weights.
-    pub(crate) fn expert_specs_of(&self, l: usize) -> &[ExpertSpec] {
-        let n = self.config().layers;
-        match (l.checked_sub(n), &self.layout().mtp) {
-            (Some(i), Some(m)) => &m.expert_specs[i],
-            _ => &self.layout().expert_specs[l],
-        }
-    }
-
-    /// Runs the MTP layer over `t` rows after the positions `state` holds: row `i` is the
-    /// model's final-normed hidden state at a position (`hidden`, `[t, hidden]`; for
-    /// DeepSeek-V4's layer the streams after the model's last layer, `[t, hc_mult, hidden]`:
-    /// [`ModelConfig::mtp_row_width`] floats per row, what [`State::hidden_rows`] keeps) and
-    /// the token that follows it (`tokens[i]`), at rotary position `offset + state.pos() + i`
-    /// (the MTP state may start after the model's position 0). Appends to the MTP layer's
-    /// cache; returns the logits of the last row (the token after `tokens[t − 1]`, as the MTP
-    /// layer predicts it) and every row's output, of the same width, as a further step takes
-    /// it as its hidden state (normed or not, as the layer's kind wants). On error the state is
-    /// as it was.
-    pub fn mtp_forward(
-        &self,
-        state: &mut State,
-        offset: usize,
-        hidden: &[f32],
-        tokens: &[u32],
-    ) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
-        let Some(run) = self.mtp_run() else {
-            return Err(ModelError::Mtp("the MTP layer is not loaded".into()));
-        };
-        let cfg = self.config();
-        let (w, t) = (cfg.mtp_row_width(), tokens.len());
-        if t == 0 || hidden.len() != t * w {
-            return Err(ModelError::Internal(format!(
-                "mtp_forward: {t} tokens and {} hidden floats",
-                hidden.len()
-            )));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab) {
-            return Err(ModelError::Token {
-                id: bad,
-                vocab: cfg.vocab,
-            });
-        }
-        let pos0 = state.pos();
-        self.reserve_kv_per(state, pos0 + t, run.kv_per_position)?;
-        let r = self.run_in_pool(|| self.mtp_inner(run, state, offset, hidden, tokens));
-        if r.is_err() {
-            state.rollback(pos0);
-        }
-        r
-    }
-
-    fn mtp_inner(
+impl Net {
+    pub(crate) fn mtp_inner(
         &self,
         run: &MtpRun,
         state: &mut State,
@@ -235,8 +152,8 @@ impl Model {
             .as_ref()
             .and_then(|m| m.head_specs.first())
         else {
-            return Err(ModelError::Internal(
-                "an MTP layout without its head".into(),
+            return Err(ModelError::Mtp(
+                "the checkpoint's MTP layout has no input projection".into(),
             ));
         };
         let entry_blob = self.trunk().part(l + 2)?;

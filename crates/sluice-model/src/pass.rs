@@ -18,8 +18,8 @@ use sluice_store::{Blob, Guess};
 use crate::ModelError;
 use crate::config::ModelConfig;
 use crate::ffn::{Ahead, MidGuess, MoeLayer, Run, glu_rows};
-use crate::model::{Logits, Model};
-use crate::options::PassTimes;
+use crate::net::Net;
+use crate::options::{Logits, PassTimes};
 use crate::residual::{Mixing, Stream};
 use crate::rope::Angles;
 use crate::state::State;
@@ -80,7 +80,7 @@ pub(crate) struct PassOpts<'f> {
     pub score_floats: usize,
 }
 
-impl Model {
+impl Net {
     /// The forward pass over segments; `want` applies per segment.
     pub(crate) fn forward_inner(
         &self,
@@ -159,14 +159,7 @@ impl Model {
         offset: usize,
         x: Vec<f32>,
     ) -> Result<Vec<f32>, ModelError> {
-        let pass = self.new_pass(
-            cfg,
-            segs,
-            self.plan().chunk.max(1),
-            self.step_score_floats(),
-            offset,
-            false,
-        );
+        let pass = self.new_pass(cfg, segs, self.chunk, self.step_score_floats, offset, false);
         let mut stream = Stream::entering(cfg.residual, x, cfg.hidden);
         let mut carry = None;
         for l in self.config().layers..cfg.layers {
@@ -353,7 +346,9 @@ impl Model {
             let (before, this) = state.layers.split_at_mut(self.state_index(l));
             let latent = match source {
                 Some(s) => Some(before.get(s).and_then(|c| c.latent()).ok_or_else(|| {
-                    ModelError::Internal(format!("layer {l} shares a cache layer {s} lacks"))
+                    ModelError::Mismatch {
+                        what: format!("layer {l} shares a cache layer {s} lacks"),
+                    }
                 })?),
                 None => None,
             };
@@ -547,7 +542,7 @@ impl Model {
     }
 }
 
-impl Model {
+impl Net {
     /// The lm_head over final-normed rows `xn` (`[n, hidden]`), soft-capped when the model
     /// caps its logits: `[n, vocab]`. `head_blob` is the head part.
     pub(crate) fn lm_head_rows(

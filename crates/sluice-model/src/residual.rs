@@ -47,18 +47,18 @@ pub(crate) struct Mixing<'a> {
 fn weights(w: Option<&MixWeights>) -> Result<&AttnResWeights, ModelError> {
     match w {
         Some(MixWeights::AttnRes(w)) => Ok(w),
-        _ => Err(ModelError::Internal(
-            "attention residuals without their weights".into(),
-        )),
+        _ => Err(ModelError::Mismatch {
+            what: "attention residuals without their weights".into(),
+        }),
     }
 }
 
 fn hyper_weights(w: Option<&MixWeights>) -> Result<&HyperWeights, ModelError> {
     match w {
         Some(MixWeights::Hyper(w)) => Ok(w),
-        _ => Err(ModelError::Internal(
-            "hyper-connections without their weights".into(),
-        )),
+        _ => Err(ModelError::Mismatch {
+            what: "hyper-connections without their weights".into(),
+        }),
     }
 }
 

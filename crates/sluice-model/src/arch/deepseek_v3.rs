@@ -9,6 +9,8 @@ use crate::config::{
     AttentionConfig, Cfg, LayerPlan, MlaConfig, MlpKind, ModelConfig, MoeConfig, MtpConfig,
     RouterKind, TensorNames, read_rope,
 };
+use crate::gguf::{GgufArch, GgufNames, Meta};
+use serde_json::{Value as Json, json};
 
 pub(super) const FAMILY: Family = Family {
     name: "deepseek_v3",
@@ -18,13 +20,33 @@ pub(super) const FAMILY: Family = Family {
         features: "multi-head latent attention on the compressed cache, YaRN, sigmoid group routing with a selection bias, shared experts; FP8 and INT4 releases; the MTP layer after the last (`num_nextn_predict_layers`) drafts with `--draft mtp`",
     }],
     read,
+    gguf: &[GgufArch {
+        name: "deepseek2",
+        with_experts: None,
+        permuted_qk: false,
+        names: GgufNames {
+            shared: "shared_experts",
+            ..GgufNames::STANDARD
+        },
+        config: gguf_config,
+    }],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    let mut cfg = read_as(c, model_type, FAMILY.name)?;
+    let mut cfg = read_as(c, model_type, FAMILY.name)?.cfg;
     // The multi-token-prediction layers (`num_nextn_predict_layers`) after the last.
     cfg.mtp = MtpConfig::trailing(&cfg);
     Ok(cfg)
+}
+
+/// What DeepSeek-V3's reader read, for the families built on it: the description, the
+/// attention every layer has in it and the grouped router's fields.
+pub(super) struct V3 {
+    pub(super) cfg: ModelConfig,
+    /// Every layer's attention (`AttentionConfig::Mla`).
+    pub(super) mla: MlaConfig,
+    /// `n_group`, `topk_group` and `routed_scaling_factor` (`RouterKind::SigmoidGroup`).
+    pub(super) groups: (usize, usize, f32),
 }
 
 /// DeepSeek-V3's description, under the family name `family` (DeepSeek-V3.2 builds on it).
@@ -32,7 +54,7 @@ pub(super) fn read_as(
     c: &Cfg<'_>,
     model_type: &str,
     family: &'static str,
-) -> Result<ModelConfig, ModelError> {
+) -> Result<V3, ModelError> {
     read_with(c, Base::read(c, false)?, model_type, family, None)
 }
 
@@ -44,7 +66,7 @@ pub(super) fn read_with(
     model_type: &str,
     family: &'static str,
     first_dense: Option<usize>,
-) -> Result<ModelConfig, ModelError> {
+) -> Result<V3, ModelError> {
     let heads = base.heads;
     let q_lora_rank = c.opt_usize("q_lora_rank")?;
     let kv_lora_rank = c.pos_usize("kv_lora_rank")?;
@@ -67,7 +89,7 @@ pub(super) fn read_with(
     let bias = c.bool_or("attention_bias", false)?;
     let (rope, yarn_mscale_all) = read_rope(c, rope_dim, interleaved, base.max_positions, None)?;
     let softmax_scale = mla_softmax_scale(nope + rope_dim, yarn_mscale_all);
-    let attention = AttentionConfig::Mla(MlaConfig {
+    let mla = MlaConfig {
         heads,
         q_lora_rank,
         kv_lora_rank,
@@ -83,7 +105,7 @@ pub(super) fn read_with(
         norm_eps: crate::attention::mla::MLA_NORM_EPS,
         log_scaling: false,
         kv_source: None,
-    });
+    };
 
     let experts = c.pos_usize("n_routed_experts")?;
     let intermediate = c.pos_usize("moe_intermediate_size")?;
@@ -93,11 +115,12 @@ pub(super) fn read_with(
     let n_group = c.pos_usize("n_group")?;
     let topk_group = c.pos_usize("topk_group")?;
     check_groups(c, experts, top_k, n_group, topk_group)?;
+    let routed_scaling_factor = c.pos_f32("routed_scaling_factor")?;
     let router = RouterKind::SigmoidGroup {
         n_group,
         topk_group,
         norm_topk_prob: c.bool_or("norm_topk_prob", true)?,
-        routed_scaling_factor: c.pos_f32("routed_scaling_factor")?,
+        routed_scaling_factor,
     };
     let n_shared = c.usize("n_shared_experts")?;
     let shared = super::common::shared_experts(c, n_shared, intermediate)?;
@@ -114,7 +137,7 @@ pub(super) fn read_with(
     let layer_plan = (0..base.layers)
         .map(|l| {
             LayerPlan::new(
-                attention.clone(),
+                AttentionConfig::Mla(mla.clone()),
                 MlpKind::moe_or_dense(l >= first_dense, dense),
             )
         })
@@ -127,5 +150,100 @@ pub(super) fn read_with(
         router_bias: Some("gate.e_score_correction_bias"),
         ..TensorNames::standard()
     };
-    base.finish(c, family, model_type, rope, layer_plan, moe, names)
+    let cfg = base.finish(c, family, model_type, rope, layer_plan, moe, names)?;
+    Ok(V3 {
+        cfg,
+        mla,
+        groups: (n_group, topk_group, routed_scaling_factor),
+    })
+}
+
+/// DeepSeek-V3's `config.json` from a GGUF `deepseek2` file (DeepSeek-V3/R1, Kimi K2: sigmoid
+/// group routing). The converter stores MLA as multi-query attention over the latent
+/// (`key_length` = rank + rope), so the head sizes come from the `*_mla` keys.
+fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
+    match m.opt_uint("expert_gating_func")? {
+        Some(2) => {}
+        g => {
+            return Err(m.err(
+                "expert_gating_func",
+                format!(
+                    "{}: only sigmoid routing (2, DeepSeek-V3 and later) is supported",
+                    g.map_or("absent (softmax, DeepSeek-V2)".to_owned(), |g| g
+                        .to_string())
+                ),
+            ));
+        }
+    }
+    let rope = m.pos("rope.dimension_count")?;
+    let key_mla = m.pos("attention.key_length_mla")?;
+    if key_mla <= rope {
+        return Err(m.err(
+            "attention.key_length_mla",
+            format!("{key_mla} leaves no room for the rotary part of {rope}"),
+        ));
+    }
+    let mut c = m.common("deepseek_v3", "DeepseekV3ForCausalLM")?;
+    // MLA has one latent, which transformers counts as a key-value head per query head.
+    c.insert(
+        "num_key_value_heads".into(),
+        c["num_attention_heads"].clone(),
+    );
+    let mut put = |key: &str, v: Json| {
+        c.insert(key.into(), v);
+    };
+    put(
+        "q_lora_rank",
+        m.opt_uint("attention.q_lora_rank")?
+            .map_or(Json::Null, |q| json!(q)),
+    );
+    put("kv_lora_rank", json!(m.pos("attention.kv_lora_rank")?));
+    put("qk_rope_head_dim", json!(rope));
+    put("qk_nope_head_dim", json!(key_mla - rope));
+    put("v_head_dim", json!(m.pos("attention.value_length_mla")?));
+    put("n_routed_experts", json!(m.pos("expert_count")?));
+    put("num_experts_per_tok", json!(m.pos("expert_used_count")?));
+    put(
+        "n_group",
+        json!(m.opt_uint("expert_group_count")?.unwrap_or(1)),
+    );
+    put(
+        "topk_group",
+        json!(m.opt_uint("expert_group_used_count")?.unwrap_or(1)),
+    );
+    put(
+        "n_shared_experts",
+        json!(m.opt_uint("expert_shared_count")?.unwrap_or(0)),
+    );
+    put(
+        "first_k_dense_replace",
+        json!(m.opt_uint("leading_dense_block_count")?.unwrap_or(0)),
+    );
+    put(
+        "moe_intermediate_size",
+        json!(m.pos("expert_feed_forward_length")?),
+    );
+    put("intermediate_size", json!(m.pos("feed_forward_length")?));
+    // The converter writes these only when set: absent means 1 and false.
+    put(
+        "routed_scaling_factor",
+        json!(m.opt_float("expert_weights_scale")?.unwrap_or(1.0)),
+    );
+    put(
+        "norm_topk_prob",
+        json!(m.opt_bool("expert_weights_norm")?.unwrap_or(false)),
+    );
+    put("scoring_func", json!("sigmoid"));
+    put("topk_method", json!("noaux_tc"));
+    if let Some(mut s) = m.rope_scaling()? {
+        // `yarn_log_multiplier` is 0.1 × `mscale_all_dim` (the converter's DeepSeek rule);
+        // the releases have `mscale` equal to it.
+        if let Some(x) = m.opt_float("rope.scaling.yarn_log_multiplier")? {
+            let all = (x * 10.0 * 1e6).round() / 1e6;
+            s["mscale_all_dim"] = json!(all);
+            s["mscale"] = json!(all);
+        }
+        put("rope_scaling", s);
+    }
+    m.finish(c)
 }

@@ -7,7 +7,7 @@
 use super::{Family, Models};
 use crate::ModelError;
 use crate::attention::{DsaConfig, IndexerQuery};
-use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig};
+use crate::config::{AttentionConfig, Cfg, MlaConfig, MlpKind, ModelConfig};
 
 pub(super) const FAMILY: Family = Family {
     name: "deepseek_v32",
@@ -17,25 +17,38 @@ pub(super) const FAMILY: Family = Family {
         features: "DeepSeek-V3's blocks with DeepSeek Sparse Attention: a lightning indexer (its own projections and key cache) picks the `index_topk` positions each query attends to",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    let mut cfg = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
+    let v3 = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
+    let mut cfg = v3.cfg;
     let shared = vec![false; cfg.layers];
-    make_sparse(c, &mut cfg, false, &shared, IndexerQuery::Latent)?;
+    make_sparse(
+        c,
+        &mut cfg,
+        &v3.mla,
+        false,
+        &shared,
+        IndexerQuery::Latent,
+        |_, _| {},
+    )?;
     Ok(cfg)
 }
 
-/// Makes every MLA layer of `cfg` (read by DeepSeek-V3's reader) sparse: the indexer's
-/// `index_*` fields, its rotation `interleaved` or not, the layers `shared[l]` reusing the last
-/// full layer's top-k, its queries from `query`; the dense and MoE layers by `mlp_layer_types`
-/// when given.
+/// Makes every layer of `cfg` (read by DeepSeek-V3's reader, whose attention is `mla`) sparse:
+/// the indexer's `index_*` fields, its rotation `interleaved` or not, the layers `shared[l]`
+/// reusing the last full layer's top-k, its queries from `query`, then what the family changes
+/// in layer `l`'s (`tweak`); the dense and MoE layers by `mlp_layer_types` when given.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn make_sparse(
     c: &Cfg<'_>,
     cfg: &mut ModelConfig,
+    mla: &MlaConfig,
     interleaved: bool,
     shared: &[bool],
     query: IndexerQuery,
+    tweak: impl Fn(usize, &mut DsaConfig),
 ) -> Result<(), ModelError> {
     let heads = c.pos_usize("index_n_heads")?;
     let head_dim = c.pos_usize("index_head_dim")?;
@@ -59,26 +72,23 @@ pub(super) fn make_sparse(
             cfg.is_moe(l)
         })?;
     let dense = c.pos_usize("intermediate_size")?;
+    if query == IndexerQuery::Latent && mla.q_lora_rank.is_none() {
+        return Err(c.err(
+            "q_lora_rank",
+            "required: the indexer reads the query latent",
+        ));
+    }
+    if head_dim < mla.qk_rope_head_dim {
+        return Err(c.err(
+            "index_head_dim",
+            format!(
+                "{head_dim} is less than qk_rope_head_dim {} (the part it rotates)",
+                mla.qk_rope_head_dim
+            ),
+        ));
+    }
     for (l, plan) in cfg.layer_plan.iter_mut().enumerate() {
-        let AttentionConfig::Mla(mla) = &plan.attention else {
-            return Err(ModelError::Internal("DeepSeek-V3 layers are MLA".into()));
-        };
-        if query == IndexerQuery::Latent && mla.q_lora_rank.is_none() {
-            return Err(c.err(
-                "q_lora_rank",
-                "required: the indexer reads the query latent",
-            ));
-        }
-        if head_dim < mla.qk_rope_head_dim {
-            return Err(c.err(
-                "index_head_dim",
-                format!(
-                    "{head_dim} is less than qk_rope_head_dim {} (the part it rotates)",
-                    mla.qk_rope_head_dim
-                ),
-            ));
-        }
-        plan.attention = AttentionConfig::Dsa(DsaConfig {
+        let mut d = DsaConfig {
             mla: mla.clone(),
             heads,
             head_dim,
@@ -89,7 +99,9 @@ pub(super) fn make_sparse(
             rope_last: false,
             key_eps: crate::attention::dsa::INDEXER_EPS,
             pool: None,
-        });
+        };
+        tweak(l, &mut d);
+        plan.attention = AttentionConfig::Dsa(d);
         plan.mlp = MlpKind::moe_or_dense(sparse[l], dense);
     }
     crate::config::check_widths(c, cfg)?;

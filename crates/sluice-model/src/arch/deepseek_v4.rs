@@ -51,6 +51,7 @@ pub(super) const FAMILY: Family = Family {
         features: "one shared key-value head over a sliding window with sinks, beside heavily compressed entries (one per 128 positions) or an indexer's top-k of overlapping compressed entries, per layer; the grouped output projection; mHC hyper-connections with the gated head; √softplus routing, the first layers hash-routed from the token id (their experts prefetched exactly); bounded SwiGLU; DeepSeek's tensor names; FP8 with UE8M0 scales and FP4 experts as released; the MTP layer (`mtp.0.*`) drafts with `--draft mtp`",
     }],
     read,
+    gguf: &[],
 };
 
 /// transformers' default: 64 of 512 dimensions rotated.

@@ -22,6 +22,7 @@ pub(super) const FAMILY: Family = Family {
         features: "interleaved rotary pairs, softmax routing with a selection bias, MoE layers by start/end/interval, tied embeddings",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -22,6 +22,7 @@ pub(super) const FAMILY: Family = Family {
         features: "grouped-query attention rotating half of each head, DeepSeek routing, shared experts; the MTP layer after the last drafts with `--draft mtp`",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -47,6 +47,7 @@ pub(super) const FAMILY: Family = Family {
         features: "Kimi Delta Attention layers beside NoPE sparse MLA whose indexer scores pools of keys (plus the tail); hyper-connections with a Sinkhorn-normalised mixing matrix (mHC); bounded SwiGLU inputs in every MLP; the multimodal checkpoint's text model (vision tower not read) or a flat text config",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -21,10 +21,12 @@ pub(super) const FAMILY: Family = Family {
         features: "DeepSeek-V3.2's sparse attention with interleaved indexer rotation; layers that reuse the top-k of the last layer with an indexer (`indexer_types`)",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
-    let mut cfg = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
+    let v3 = super::deepseek_v3::read_as(c, model_type, FAMILY.name)?;
+    let mut cfg = v3.cfg;
     let shared = indexer_types(c, cfg.layers, default_types(c)?)?;
     if shared.first() == Some(&true) {
         return Err(c.err(
@@ -32,7 +34,15 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             "layer 0 is `shared`, but no layer before it has an indexer",
         ));
     }
-    super::deepseek_v32::make_sparse(c, &mut cfg, true, &shared, IndexerQuery::Latent)?;
+    super::deepseek_v32::make_sparse(
+        c,
+        &mut cfg,
+        &v3.mla,
+        true,
+        &shared,
+        IndexerQuery::Latent,
+        |_, _| {},
+    )?;
     Ok(cfg)
 }
 

@@ -10,6 +10,8 @@ use crate::config::{
     AttentionConfig, Cfg, ExpertActivation, ExpertNames, LayerPlan, ModelConfig, MoeConfig,
     RouterKind, TensorNames,
 };
+use crate::gguf::{GgufArch, GgufNames, Meta};
+use serde_json::{Value as Json, json};
 
 pub(super) const FAMILY: Family = Family {
     name: "gpt_oss",
@@ -19,6 +21,23 @@ pub(super) const FAMILY: Family = Family {
         features: "attention sinks, alternating sliding layers, clamped SwiGLU, fused MXFP4 experts",
     }],
     read,
+    gguf: &[GgufArch {
+        name: "gpt-oss",
+        with_experts: None,
+        permuted_qk: false,
+        names: GgufNames {
+            extra: &[
+                // The norm before the experts.
+                ("post_attention_norm", "post_attention_layernorm"),
+                // The converter gave the per-head sinks a `.weight`; transformers' have none.
+                ("attn_sinks.weight", "self_attn.sinks"),
+                ("ffn_gate_inp", "mlp.router"),
+            ],
+            expert_biases: true,
+            ..GgufNames::STANDARD
+        },
+        config: gguf_config,
+    }],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
@@ -73,4 +92,47 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         ..TensorNames::standard()
     };
     base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}
+
+/// GPT-OSS's `config.json` from a GGUF `gpt-oss` file.
+fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
+    let mut c = m.gqa("gpt_oss", "GptOssForCausalLM")?;
+    if let Some(s) = c.get_mut("rope_scaling")
+        && s["rope_type"] == "yarn"
+    {
+        // GPT-OSS computes YaRN's correction range without rounding it to whole dimensions
+        // (`truncate: false` in every release); the converter does not store it.
+        s["truncate"] = json!(false);
+    }
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.pos("expert_feed_forward_length")?),
+    );
+    c.insert("num_local_experts".into(), json!(m.pos("expert_count")?));
+    c.insert(
+        "num_experts_per_tok".into(),
+        json!(m.pos("expert_used_count")?),
+    );
+    c.insert(
+        "attention_bias".into(),
+        json!(m.has_tensor("blk.0.attn_q.bias")),
+    );
+    c.insert(
+        "sliding_window".into(),
+        json!(m.pos("attention.sliding_window")?),
+    );
+    let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
+    let sliding = m.sliding_layers("attention.sliding_window_pattern", layers)?;
+    let types: Vec<&str> = sliding
+        .iter()
+        .map(|&s| {
+            if s {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
+    m.finish(c)
 }

@@ -22,10 +22,8 @@
 
 use super::{Family, Models};
 use crate::ModelError;
-use crate::attention::IndexerQuery;
-use crate::config::{
-    AttentionConfig, Cfg, ExpertActivation, HyperConfig, ModelConfig, Rename, Residual,
-};
+use crate::attention::{DsaConfig, IndexerQuery};
+use crate::config::{Cfg, ExpertActivation, HyperConfig, ModelConfig, Rename, Residual};
 
 pub(super) const FAMILY: Family = Family {
     name: "hy_v4",
@@ -35,13 +33,15 @@ pub(super) const FAMILY: Family = Family {
         features: "GLM-5's sparse attention with per-head sinks and an output gate, the indexer's rotated part last; hyper-connections (several residual streams per token, gated in and out of each block, collapsed by a hyper head); SwiGLU of bounded inputs in the routed experts; Tencent's tensor names",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     // transformers' default: one dense layer, then MoE.
     let base = super::common::Base::read(c, false)?;
     let eps = base.eps;
-    let mut cfg = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, Some(1))?;
+    let v3 = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, Some(1))?;
+    let mut cfg = v3.cfg;
     let layers = cfg.layers;
     cfg.rope.interleaved = false;
 
@@ -68,16 +68,14 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             "layer 0 is `shared`, but no layer before it has an indexer",
         ));
     }
-    super::deepseek_v32::make_sparse(c, &mut cfg, false, &shared, IndexerQuery::Latent)?;
-    for plan in &mut cfg.layer_plan {
-        let AttentionConfig::Dsa(d) = &mut plan.attention else {
-            return Err(ModelError::Internal("the layers are sparse".into()));
-        };
+    let sparse = |_: usize, d: &mut DsaConfig| {
         d.rope_last = true;
         d.key_eps = eps;
         d.mla.output_gate = Some("gate_proj");
         d.mla.sinks = true;
-    }
+    };
+    let query = IndexerQuery::Latent;
+    super::deepseek_v32::make_sparse(c, &mut cfg, &v3.mla, false, &shared, query, sparse)?;
     Ok(cfg)
 }
 

@@ -33,6 +33,7 @@ pub(super) const FAMILY: Family = Family {
         features: "Kimi Delta Attention (recurrent state) beside gated MLA, attention residuals, latent MXFP4 experts",
     }],
     read: |c, model_type| read(c, model_type == "kimi_k3"),
+    gguf: &[],
 };
 
 /// What mixes tokens in a layer of the plan.

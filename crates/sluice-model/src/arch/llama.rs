@@ -7,6 +7,8 @@ use super::common::{Base, check_window, gqa_rope, uniform_plan};
 use super::{Family, Models};
 use crate::ModelError;
 use crate::config::{AttentionConfig, Cfg, MlpKind, ModelConfig, MoeConfig, TensorNames};
+use crate::gguf::{GgufArch, GgufNames, Meta};
+use serde_json::{Value as Json, json};
 
 pub(super) const FAMILY: Family = Family {
     name: "llama",
@@ -16,6 +18,13 @@ pub(super) const FAMILY: Family = Family {
         features: "dense",
     }],
     read,
+    gguf: &[GgufArch {
+        name: "llama",
+        with_experts: Some(false),
+        permuted_qk: true,
+        names: GgufNames::STANDARD,
+        config: gguf_config,
+    }],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
@@ -46,4 +55,18 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         MoeConfig::none(),
         TensorNames::standard(),
     )
+}
+
+/// Llama's `config.json` from a GGUF `llama` file without experts.
+fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
+    let mut c = m.gqa("llama", "LlamaForCausalLM")?;
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.need("feed_forward_length")?),
+    );
+    c.insert(
+        "attention_bias".into(),
+        json!(m.has_tensor("blk.0.attn_q.bias")),
+    );
+    m.finish(c)
 }

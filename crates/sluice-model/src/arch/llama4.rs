@@ -26,6 +26,7 @@ pub(super) const FAMILY: Family = Family {
         features: "chunked attention, NoPE layers with attention temperature, top-1 experts whose weight scales their input, experts fused `x @ W`",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -35,6 +35,7 @@ pub(super) const FAMILY: Family = Family {
         features: "two sublayers per layer (each MLA with LoRA scaling and a dense MLP), a shortcut MoE whose routed sum joins after the second, zero-compute experts",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -23,6 +23,7 @@ pub(super) const FAMILY: Family = Family {
         features: "sliding layers with sinks, twice the KV heads and their own rotary table beside full attention; values narrower than keys",
     }],
     read,
+    gguf: &[],
 };
 
 /// transformers' default `partial_rotary_factor` of either layer type.

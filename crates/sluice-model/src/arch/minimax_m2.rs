@@ -19,6 +19,7 @@ pub(super) const FAMILY: Family = Family {
         features: "q/k norms over the whole projection, partial rotary (`rotary_dim`), sigmoid routing with a bias; its FP8 release",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -34,10 +34,8 @@ use serde_json::Value;
 use super::common::{Base, layer_list, text_config};
 use super::{Family, Models};
 use crate::ModelError;
-use crate::attention::IndexerQuery;
-use crate::config::{
-    AttentionConfig, Cfg, ExpertNames, ModelConfig, Rename, RouterKind, TensorNames,
-};
+use crate::attention::{DsaConfig, IndexerQuery};
+use crate::config::{Cfg, ExpertNames, ModelConfig, Rename, RouterKind, TensorNames};
 
 pub(super) const FAMILY: Family = Family {
     name: "mistral_large4",
@@ -47,6 +45,7 @@ pub(super) const FAMILY: Family = Family {
         features: "GLM-5's sparse attention without a query LoRA (the indexer reads a LayerNorm of the input); layers attending to an earlier layer's latent cache (`kv_source_layers`); NoPE layers; per-head log-position query scaling; learned rotary factors over YaRN; grouped softmax routing; soft-capped logits; the multimodal checkpoint's text model under Mistral's own tensor names (vision tower not read)",
     }],
     read,
+    gguf: &[],
 };
 
 /// transformers' `final_logit_softcapping` default.
@@ -59,20 +58,11 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     }
     let base = Base::read_multimodal(top, c)?;
     let eps = base.eps;
-    let mut cfg = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, None)?;
+    let v3 = super::deepseek_v3::read_with(c, base, model_type, FAMILY.name, None)?;
+    let mut cfg = v3.cfg;
     let layers = cfg.layers;
 
-    let RouterKind::SigmoidGroup {
-        n_group,
-        topk_group,
-        routed_scaling_factor,
-        ..
-    } = cfg.moe.router
-    else {
-        return Err(ModelError::Internal(
-            "DeepSeek-V3's router is grouped".into(),
-        ));
-    };
+    let (n_group, topk_group, routed_scaling_factor) = v3.groups;
     cfg.moe.router = RouterKind::SoftmaxGroup {
         n_group,
         topk_group,
@@ -107,13 +97,9 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             "layer 0 is `shared`, but no layer before it has an indexer",
         ));
     }
-    super::deepseek_v32::make_sparse(c, &mut cfg, true, &shared, IndexerQuery::Input)?;
     let rope = rope_layers(c, layers)?;
     let sources = kv_sources(c, &rope)?;
-    for (l, plan) in cfg.layer_plan.iter_mut().enumerate() {
-        let AttentionConfig::Dsa(d) = &mut plan.attention else {
-            return Err(ModelError::Internal("the layers are sparse".into()));
-        };
+    let sparse = |l: usize, d: &mut DsaConfig| {
         let m = &mut d.mla;
         m.norm_eps = eps;
         m.log_scaling = true;
@@ -123,7 +109,9 @@ fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
             m.qk_rope_head_dim = 0;
         }
         m.kv_source = (sources[l] != l).then_some(sources[l]);
-    }
+    };
+    let query = IndexerQuery::Input;
+    super::deepseek_v32::make_sparse(c, &mut cfg, &v3.mla, true, &shared, query, sparse)?;
     Ok(cfg)
 }
 

@@ -7,6 +7,8 @@ use crate::ModelError;
 use crate::config::{
     AttentionConfig, Cfg, ExpertNames, ModelConfig, MoeConfig, RouterKind, TensorNames,
 };
+use crate::gguf::{GgufArch, GgufNames, Meta};
+use serde_json::{Value as Json, json};
 
 pub(super) const FAMILY: Family = Family {
     name: "mixtral",
@@ -16,6 +18,18 @@ pub(super) const FAMILY: Family = Family {
         features: "sliding window, renormalised softmax routing",
     }],
     read,
+    gguf: &[GgufArch {
+        name: "llama",
+        with_experts: Some(true),
+        permuted_qk: true,
+        names: GgufNames {
+            moe: "block_sparse_moe",
+            experts: ["w1", "w3", "w2"],
+            per_expert_tensors: true,
+            ..GgufNames::STANDARD
+        },
+        config: gguf_config,
+    }],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
@@ -45,4 +59,19 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
         ..TensorNames::standard()
     };
     base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
+}
+
+/// Mixtral's `config.json` from a GGUF `llama` file with experts.
+fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
+    let mut c = m.gqa("mixtral", "MixtralForCausalLM")?;
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.need("feed_forward_length")?),
+    );
+    c.insert("num_local_experts".into(), json!(m.pos("expert_count")?));
+    c.insert(
+        "num_experts_per_tok".into(),
+        json!(m.pos("expert_used_count")?),
+    );
+    m.finish(c)
 }

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::ModelError;
 use crate::config::{Cfg, ModelConfig};
+use crate::gguf::GgufArch;
 
 mod common;
 mod deepseek_v3;
@@ -57,6 +58,9 @@ pub struct Family {
     pub models: &'static [Models],
     /// Reads a `config.json` whose `model_type` is one of [`Family::model_types`] (given).
     pub(crate) read: fn(&Cfg<'_>, &str) -> Result<ModelConfig, ModelError>,
+    /// The GGUF architectures read as this family's checkpoints: how llama.cpp's metadata and
+    /// tensor names map onto its `config.json` and transformers names.
+    pub(crate) gguf: &'static [GgufArch],
 }
 
 impl Family {
@@ -103,6 +107,11 @@ pub static FAMILIES: &[Family] = &[
     glm5_next::FAMILY,
     deepseek_v4::FAMILY,
 ];
+
+/// Every GGUF architecture read, as the families supply them.
+pub(crate) fn gguf_arches() -> Vec<&'static GgufArch> {
+    FAMILIES.iter().flat_map(|f| f.gguf).collect()
+}
 
 /// The family that reads `model_type`, if any.
 pub fn family(model_type: &str) -> Option<&'static Family> {

@@ -14,6 +14,7 @@ pub(super) const FAMILY: Family = Family {
         features: "q/k norms over the projection, `clip_qkv`",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

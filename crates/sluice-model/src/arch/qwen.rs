@@ -13,6 +13,8 @@ use crate::config::{
     AttentionConfig, Cfg, GqaConfig, LayerPlan, MlpKind, ModelConfig, MoeConfig, QkNorm,
     SharedExpert, TensorNames,
 };
+use crate::gguf::{GgufArch, GgufNames, Meta};
+use serde_json::{Value as Json, json};
 
 pub(super) const FAMILY: Family = Family {
     name: "qwen",
@@ -29,6 +31,36 @@ pub(super) const FAMILY: Family = Family {
         },
     ],
     read,
+    gguf: &[
+        GgufArch {
+            name: "qwen2",
+            with_experts: None,
+            permuted_qk: false,
+            names: GgufNames::STANDARD,
+            config: |m| dense_gguf(m, "qwen2", "Qwen2ForCausalLM"),
+        },
+        GgufArch {
+            name: "qwen3",
+            with_experts: None,
+            permuted_qk: false,
+            names: GgufNames::STANDARD,
+            config: |m| dense_gguf(m, "qwen3", "Qwen3ForCausalLM"),
+        },
+        GgufArch {
+            name: "qwen2moe",
+            with_experts: None,
+            permuted_qk: false,
+            names: GgufNames::STANDARD,
+            config: |m| moe_gguf(m, "qwen2_moe", "Qwen2MoeForCausalLM"),
+        },
+        GgufArch {
+            name: "qwen3moe",
+            with_experts: None,
+            permuted_qk: false,
+            names: GgufNames::STANDARD,
+            config: |m| moe_gguf(m, "qwen3_moe", "Qwen3MoeForCausalLM"),
+        },
+    ],
 };
 
 fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
@@ -139,4 +171,47 @@ fn dense(
         MoeConfig::none(),
         TensorNames::standard(),
     )
+}
+
+/// A dense Qwen's `config.json` from a GGUF `qwen2` or `qwen3` file.
+fn dense_gguf(m: &Meta<'_>, model_type: &str, class: &str) -> Result<Json, ModelError> {
+    let mut c = m.gqa(model_type, class)?;
+    c.insert(
+        "intermediate_size".into(),
+        json!(m.need("feed_forward_length")?),
+    );
+    m.finish(c)
+}
+
+/// Qwen MoE's `config.json` from a GGUF `qwen2moe` or `qwen3moe` file.
+fn moe_gguf(m: &Meta<'_>, model_type: &str, class: &str) -> Result<Json, ModelError> {
+    let mut c = m.gqa(model_type, class)?;
+    c.insert("num_experts".into(), json!(m.pos("expert_count")?));
+    c.insert(
+        "num_experts_per_tok".into(),
+        json!(m.pos("expert_used_count")?),
+    );
+    c.insert(
+        "moe_intermediate_size".into(),
+        json!(m.pos("expert_feed_forward_length")?),
+    );
+    // llama.cpp normalises the chosen weights for Qwen3's MoE and not for Qwen2's.
+    let qwen3 = model_type == "qwen3_moe";
+    c.insert("norm_topk_prob".into(), json!(qwen3));
+    if let Some(ff) = m.opt_uint("feed_forward_length")? {
+        c.insert("intermediate_size".into(), json!(ff));
+    }
+    if !qwen3 {
+        let shared = m
+            .opt_uint("expert_shared_feed_forward_length")?
+            .unwrap_or(0);
+        if shared == 0 && m.has_tensor("blk.0.ffn_up_shexp.weight") {
+            return Err(m.err(
+                "expert_shared_feed_forward_length",
+                "missing, but the layers have a shared expert",
+            ));
+        }
+        c.insert("shared_expert_intermediate_size".into(), json!(shared));
+    }
+    m.finish(c)
 }

@@ -37,6 +37,7 @@ pub(super) const FAMILY: Family = Family {
         },
     ],
     read,
+    gguf: &[],
 };
 
 fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

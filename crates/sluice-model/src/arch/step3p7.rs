@@ -41,6 +41,7 @@ pub(super) const FAMILY: Family = Family {
         features: "sliding layers with their own head count and rotary table, a per-head sigmoid gate (`g_proj`), Gemma norms, per-layer SwiGLU bounds, experts stacked per projection, sigmoid routing with a bias",
     }],
     read,
+    gguf: &[],
 };
 
 fn read(top: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {

@@ -526,17 +526,17 @@ impl CompressedConfig {
         let (rope, angles) = match (self.local_rope, cx.local) {
             (true, Some(local)) => local,
             (true, None) => {
-                return Err(ModelError::Internal(
-                    "a layer asks for the second rotary table, which the model lacks".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "a layer asks for the second rotary table, which the model lacks".into(),
+                });
             }
             (false, _) => (cx.rope, cx.angles),
         };
         let rot = 2 * rope.pairs();
         if rot > hd {
-            return Err(ModelError::Internal(
-                "rotated part wider than a head".into(),
-            ));
+            return Err(ModelError::Mismatch {
+                what: "rotated part wider than a head".into(),
+            });
         }
 
         // Queries: the normalised latent (the indexer reads it too), then unweighted RMS per head.
@@ -558,10 +558,12 @@ impl CompressedConfig {
             rope.apply(&mut kv[i * hd + hd - rot..(i + 1) * hd], cos, sin);
         }
         if cache.pos != pos0 {
-            return Err(ModelError::Internal(format!(
-                "compressed attention holds {} positions, asked to run from {pos0}",
-                cache.pos
-            )));
+            return Err(ModelError::Mismatch {
+                what: format!(
+                    "compressed attention holds {} positions, asked to run from {pos0}",
+                    cache.pos
+                ),
+            });
         }
         // The state the pass started from, to go back to if it fails.
         if pos0 == cx.pass_start {

@@ -218,9 +218,9 @@ impl DsaConfig {
         let qr = match (self.query, self.mla.q_lora_rank) {
             (IndexerQuery::Latent, Some(qr)) => qr,
             (IndexerQuery::Latent, None) => {
-                return Err(ModelError::Internal(
-                    "sparse attention needs the query latent".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "sparse attention needs the query latent".into(),
+                });
             }
             (IndexerQuery::Input, _) => h,
         };
@@ -273,9 +273,13 @@ impl DsaConfig {
                 *cx.sparse.borrow_mut() = Some(s.clone());
                 s
             }
-            None => cx.sparse.borrow().clone().ok_or_else(|| {
-                ModelError::Internal("a shared sparse layer before any with an indexer".into())
-            })?,
+            None => cx
+                .sparse
+                .borrow()
+                .clone()
+                .ok_or_else(|| ModelError::Mismatch {
+                    what: "a shared sparse layer before any with an indexer".into(),
+                })?,
         };
         self.mla
             .forward_selected(cx, &w.mla, blob, &mut cache.mla, pos0, x, Some(&select))
@@ -324,9 +328,9 @@ impl DsaConfig {
                 exec.matmul(&w.wq_b.view(blob)?, &lat, &mut q);
             }
             (None, None) => {
-                return Err(ModelError::Internal(
-                    "sparse attention needs the query latent".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "sparse attention needs the query latent".into(),
+                });
             }
         }
         let mut k = vec![0f32; t * d];

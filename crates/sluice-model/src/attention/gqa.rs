@@ -296,9 +296,9 @@ impl GqaConfig {
         // Split each head's `[q | gate]`.
         let gate = if self.output_gate {
             if vd != hd {
-                return Err(ModelError::Internal(
-                    "an output gate needs values as wide as queries".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "an output gate needs values as wide as queries".into(),
+                });
             }
             let mut q = Vec::with_capacity(t * heads * hd);
             let mut g = Vec::with_capacity(t * heads * hd);
@@ -330,9 +330,9 @@ impl GqaConfig {
         let (rope, angles) = match (self.local_rope, cx.local) {
             (true, Some(local)) => local,
             (true, None) => {
-                return Err(ModelError::Internal(
-                    "a layer asks for the second rotary table, which the model lacks".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "a layer asks for the second rotary table, which the model lacks".into(),
+                });
             }
             (false, _) => (cx.rope, cx.angles),
         };

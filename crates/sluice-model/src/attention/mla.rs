@@ -407,9 +407,9 @@ impl MlaConfig {
             (Some(_), _) => &cache.ckr,
             (None, Some(src)) if src.width() == cw => &src.ckr,
             (None, _) => {
-                return Err(ModelError::Internal(
-                    "a layer sharing another's latent cache was run without it".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "a layer sharing another's latent cache was run without it".into(),
+                });
             }
         };
         // The keys' and the values' matrices, and where head `h`'s rows start in each:

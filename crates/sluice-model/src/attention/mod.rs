@@ -260,9 +260,9 @@ impl AttentionConfig {
                 AttnSpec::Compressed(w),
                 LayerCache::Compressed(s),
             ) => c.forward(cx, w, blob, s, pos0, x),
-            _ => Err(ModelError::Internal(
-                "attention spec does not match the configuration".into(),
-            )),
+            _ => Err(ModelError::Mismatch {
+                what: "attention spec does not match the configuration".into(),
+            }),
         }
     }
 }

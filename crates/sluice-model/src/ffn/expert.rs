@@ -146,9 +146,9 @@ pub(crate) fn expert(
 ) -> Result<Vec<f32>, ModelError> {
     let a = cfg.moe.activation;
     if limit.is_some() && !matches!(a, ExpertActivation::SwiGlu) {
-        return Err(ModelError::Internal(
-            "a bound on the experts' factors with an activation other than SwiGLU".into(),
-        ));
+        return Err(ModelError::Mismatch {
+            what: "a bound on the experts' factors with an activation other than SwiGLU".into(),
+        });
     }
     match (spec, glu_activation(a, limit), a) {
         (ExpertSpec::SwiGlu(m), Some(act), _) => glu(exec, m, blob, x, t, act),
@@ -161,8 +161,8 @@ pub(crate) fn expert(
         (ExpertSpec::Biased(b), None, ExpertActivation::ClampedSwiGlu { alpha, limit }) => {
             biased_expert(exec, b, blob, x, t, alpha, limit)
         }
-        _ => Err(ModelError::Internal(
-            "expert spec does not match the configured activation".into(),
-        )),
+        _ => Err(ModelError::Mismatch {
+            what: "expert spec does not match the configured activation".into(),
+        }),
     }
 }

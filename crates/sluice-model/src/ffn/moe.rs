@@ -148,7 +148,9 @@ impl Routed<'_> {
         self.layer
             .experts
             .get(e as usize)
-            .ok_or(ModelError::Internal(format!("no spec for expert {e}")))
+            .ok_or(ModelError::Mismatch {
+                what: format!("no spec for expert {e}"),
+            })
     }
 }
 

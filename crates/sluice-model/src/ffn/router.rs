@@ -169,8 +169,8 @@ pub(crate) fn route_hashed(
         } => *routed_scaling_factor,
         _ => 1.0,
     };
-    let scores = router_scores(&cfg.moe.router, logits).ok_or_else(|| {
-        ModelError::Internal("a hash-routed layer with a router that does not score".into())
+    let scores = router_scores(&cfg.moe.router, logits).ok_or_else(|| ModelError::Mismatch {
+        what: "a hash-routed layer with a router that does not score".into(),
     })?;
     let mut sel = weigh(&scores, ids, scale);
     sel.sort_by_key(|p| p.0);
@@ -215,9 +215,9 @@ pub(super) fn select(
     match hash {
         Some(table) => {
             if tokens.len() * ne != logits.len() {
-                return Err(ModelError::Internal(
-                    "a hash-routed layer needs each row's token".into(),
-                ));
+                return Err(ModelError::Mismatch {
+                    what: "a hash-routed layer needs each row's token".into(),
+                });
             }
             logits
                 .chunks_exact(ne)

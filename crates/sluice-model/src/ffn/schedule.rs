@@ -73,7 +73,7 @@ pub(super) struct Schedule<'a> {
 }
 
 pub(super) fn poisoned() -> ModelError {
-    ModelError::Internal("an expert task panicked".into())
+    ModelError::ExpertTask("a task panicked".into())
 }
 
 impl Schedule<'_> {
@@ -178,7 +178,7 @@ impl Schedule<'_> {
                 let mut ins = Vec::with_capacity(chunk.len());
                 for (&e, b) in chunk.iter().zip(blobs) {
                     let b = b.ok_or_else(|| {
-                        ModelError::Internal(format!("expert {e} of layer {layer} never arrived"))
+                        ModelError::ExpertTask(format!("expert {e} of layer {layer} never arrived"))
                     })?;
                     ins.push((b, experts.input(e)));
                 }

@@ -39,139 +39,130 @@ pub(super) fn generation_config(h: &Gguf) -> Result<Option<Json>, ModelError> {
     Ok(Some(Json::Object(g)))
 }
 
-/// The `config.json` transformers would write for the model.
-pub(super) fn config(set: &GgufSet, arch: &Arch) -> Result<Json, ModelError> {
-    let h = set.header();
-    let a = arch.name;
-    let k = |s: &str| format!("{a}.{s}");
-    let experts = opt_uint(h, &k("expert_count"))?.unwrap_or(0);
-    let model_type = match a {
-        "llama" if experts > 0 => "mixtral",
-        "llama" => "llama",
-        "qwen2moe" => "qwen2_moe",
-        "qwen3moe" => "qwen3_moe",
-        "gpt-oss" => "gpt_oss",
-        other => other,
-    };
-    let hidden = pos(h, &k("embedding_length"))?;
-    let heads = pos(h, &k("attention.head_count"))?;
-    let kv_heads = opt_uint(h, &k("attention.head_count_kv"))?.unwrap_or(heads);
-    let head_dim = match opt_uint(h, &k("attention.key_length"))? {
-        Some(d) => d,
-        None => hidden / heads,
-    };
-    if let Some(v) = opt_uint(h, &k("attention.value_length"))?
-        && v != head_dim
-    {
-        return Err(key_err(
-            h,
-            &k("attention.value_length"),
-            format!("{v} differs from the key length {head_dim}: not supported"),
-        ));
+/// A GGUF file's metadata as a family's `config.json` is made from it (`GgufArch::config`):
+/// the keys of its architecture `<a>.*`, and the pieces every family's config shares.
+pub(crate) struct Meta<'a> {
+    /// The file set.
+    pub set: &'a GgufSet,
+    /// `general.architecture`.
+    pub arch: &'a str,
+}
+
+impl<'a> Meta<'a> {
+    pub(super) fn new(set: &'a GgufSet, arch: &'a str) -> Meta<'a> {
+        Meta { set, arch }
     }
-    if let Some(r) = opt_uint(h, &k("rope.dimension_count"))?
-        && r != head_dim
-    {
-        return Err(key_err(
-            h,
-            &k("rope.dimension_count"),
-            format!("{r}: partial rotary embeddings (head dimension {head_dim}) are not supported"),
-        ));
+
+    fn h(&self) -> &Gguf {
+        self.set.header()
     }
-    let mut c = shared_keys(set, a, model_type, architecture(model_type))?;
-    c.insert("num_key_value_heads".into(), json!(kv_heads));
-    c.insert("head_dim".into(), json!(head_dim));
-    if let Some(mut s) = rope_scaling(h, a)? {
-        if model_type == "gpt_oss" && s["rope_type"] == "yarn" {
-            // GPT-OSS computes YaRN's correction range without rounding it to whole
-            // dimensions (`truncate: false` in every release); the converter does not store it.
-            s["truncate"] = json!(false);
-        }
-        c.insert("rope_scaling".into(), s);
+
+    /// The full name of the architecture's key `s`: `<arch>.s`.
+    pub fn key(&self, s: &str) -> String {
+        format!("{}.{s}", self.arch)
     }
-    let ff = opt_uint(h, &k("feed_forward_length"))?;
-    let need_ff = || ff.ok_or_else(|| key_err(h, &k("feed_forward_length"), "missing"));
-    match model_type {
-        "llama" => {
-            c.insert("intermediate_size".into(), json!(need_ff()?));
-            let bias = set.tensor("blk.0.attn_q.bias").is_some();
-            c.insert("attention_bias".into(), json!(bias));
-        }
-        "mixtral" => {
-            c.insert("intermediate_size".into(), json!(need_ff()?));
-            c.insert("num_local_experts".into(), json!(experts));
-            c.insert(
-                "num_experts_per_tok".into(),
-                json!(pos(h, &k("expert_used_count"))?),
-            );
-        }
-        "qwen2" | "qwen3" => {
-            c.insert("intermediate_size".into(), json!(need_ff()?));
-        }
-        "gpt_oss" => {
-            c.insert(
-                "intermediate_size".into(),
-                json!(pos(h, &k("expert_feed_forward_length"))?),
-            );
-            c.insert(
-                "num_local_experts".into(),
-                json!(pos(h, &k("expert_count"))?),
-            );
-            c.insert(
-                "num_experts_per_tok".into(),
-                json!(pos(h, &k("expert_used_count"))?),
-            );
-            let bias = set.tensor("blk.0.attn_q.bias").is_some();
-            c.insert("attention_bias".into(), json!(bias));
-            let window = pos(h, &k("attention.sliding_window"))?;
-            c.insert("sliding_window".into(), json!(window));
-            let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
-            let pattern = k("attention.sliding_window_pattern");
-            let sliding =
-                sliding_layers(h.value(&pattern), layers).map_err(|e| key_err(h, &pattern, e))?;
-            let types: Vec<&str> = sliding
-                .iter()
-                .map(|&s| {
-                    if s {
-                        "sliding_attention"
-                    } else {
-                        "full_attention"
-                    }
-                })
-                .collect();
-            c.insert("layer_types".into(), json!(types));
-        }
-        "qwen2_moe" | "qwen3_moe" => {
-            c.insert("num_experts".into(), json!(pos(h, &k("expert_count"))?));
-            c.insert(
-                "num_experts_per_tok".into(),
-                json!(pos(h, &k("expert_used_count"))?),
-            );
-            c.insert(
-                "moe_intermediate_size".into(),
-                json!(pos(h, &k("expert_feed_forward_length"))?),
-            );
-            // llama.cpp normalises the chosen weights for Qwen3's MoE and not for Qwen2's.
-            c.insert("norm_topk_prob".into(), json!(model_type == "qwen3_moe"));
-            if let Some(ff) = ff {
-                c.insert("intermediate_size".into(), json!(ff));
-            }
-            if model_type == "qwen2_moe" {
-                let shared = opt_uint(h, &k("expert_shared_feed_forward_length"))?.unwrap_or(0);
-                if shared == 0 && set.tensor("blk.0.ffn_up_shexp.weight").is_some() {
-                    return Err(key_err(
-                        h,
-                        &k("expert_shared_feed_forward_length"),
-                        "missing, but the layers have a shared expert",
-                    ));
-                }
-                c.insert("shared_expert_intermediate_size".into(), json!(shared));
-            }
-        }
-        _ => {}
+
+    /// An error about the architecture's key `s`, naming the file.
+    pub fn err(&self, s: &str, msg: impl std::fmt::Display) -> ModelError {
+        key_err(self.h(), &self.key(s), msg)
     }
-    token_ids(h, &mut c)?;
-    Ok(Json::Object(c))
+
+    /// The key `s`, a positive integer.
+    pub fn pos(&self, s: &str) -> Result<u64, ModelError> {
+        pos(self.h(), &self.key(s))
+    }
+
+    /// The key `s`, an integer, required.
+    pub fn need(&self, s: &str) -> Result<u64, ModelError> {
+        self.opt_uint(s)?.ok_or_else(|| self.err(s, "missing"))
+    }
+
+    /// The key `s`, an integer, when present.
+    pub fn opt_uint(&self, s: &str) -> Result<Option<u64>, ModelError> {
+        opt_uint(self.h(), &self.key(s))
+    }
+
+    /// The key `s`, a float, when present.
+    pub fn opt_float(&self, s: &str) -> Result<Option<f64>, ModelError> {
+        opt_float(self.h(), &self.key(s))
+    }
+
+    /// The key `s`, a boolean, when present.
+    pub fn opt_bool(&self, s: &str) -> Result<Option<bool>, ModelError> {
+        let key = self.key(s);
+        match self.h().value(&key) {
+            None => Ok(None),
+            Some(_) => Ok(Some(self.h().get_bool(&key)?)),
+        }
+    }
+
+    /// The raw value of the key `s`.
+    pub fn value(&self, s: &str) -> Option<&Value> {
+        self.h().value(&self.key(s))
+    }
+
+    /// Whether the file holds the tensor `name`.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.set.tensor(name).is_some()
+    }
+
+    /// The keys every config has ([`shared_keys`]), as `model_type` saved as `class`.
+    pub fn common(&self, model_type: &str, class: &str) -> Result<Map<String, Json>, ModelError> {
+        shared_keys(self.set, self.arch, model_type, class)
+    }
+
+    /// [`Meta::common`] with grouped-query attention's keys: key-value heads, the head size
+    /// (refusing values of another size and partial rotation) and `rope_scaling`.
+    pub fn gqa(&self, model_type: &str, class: &str) -> Result<Map<String, Json>, ModelError> {
+        let hidden = self.pos("embedding_length")?;
+        let heads = self.pos("attention.head_count")?;
+        let kv_heads = self.opt_uint("attention.head_count_kv")?.unwrap_or(heads);
+        let head_dim = match self.opt_uint("attention.key_length")? {
+            Some(d) => d,
+            None => hidden / heads,
+        };
+        if let Some(v) = self.opt_uint("attention.value_length")?
+            && v != head_dim
+        {
+            return Err(self.err(
+                "attention.value_length",
+                format!("{v} differs from the key length {head_dim}: not supported"),
+            ));
+        }
+        if let Some(r) = self.opt_uint("rope.dimension_count")?
+            && r != head_dim
+        {
+            return Err(self.err(
+                "rope.dimension_count",
+                format!(
+                    "{r}: partial rotary embeddings (head dimension {head_dim}) are not supported"
+                ),
+            ));
+        }
+        let mut c = self.common(model_type, class)?;
+        c.insert("num_key_value_heads".into(), json!(kv_heads));
+        c.insert("head_dim".into(), json!(head_dim));
+        if let Some(s) = self.rope_scaling()? {
+            c.insert("rope_scaling".into(), s);
+        }
+        Ok(c)
+    }
+
+    /// `rope_scaling` from `<arch>.rope.scaling.*`: none, linear or YaRN.
+    pub fn rope_scaling(&self) -> Result<Option<Json>, ModelError> {
+        rope_scaling(self.h(), self.arch)
+    }
+
+    /// Which of `layers` layers slide their attention window, by the key `s` ([`sliding_layers`]).
+    pub fn sliding_layers(&self, s: &str, layers: u64) -> Result<Vec<bool>, ModelError> {
+        sliding_layers(self.value(s), layers).map_err(|e| self.err(s, e))
+    }
+
+    /// The config `c` with the tokenizer's `bos_token_id` and `eos_token_id`.
+    pub fn finish(&self, mut c: Map<String, Json>) -> Result<Json, ModelError> {
+        token_ids(self.h(), &mut c)?;
+        Ok(Json::Object(c))
+    }
 }
 
 /// Which of `layers` layers slide their attention window, as llama.cpp reads it: `key` as one
@@ -220,111 +211,6 @@ fn token_ids(h: &Gguf, c: &mut Map<String, Json>) -> Result<(), ModelError> {
         }
     }
     Ok(())
-}
-
-/// DeepSeek-V3's `config.json` from a `deepseek2` file (DeepSeek-V3/R1, Kimi K2: sigmoid
-/// group routing). The converter stores MLA as multi-query attention over the latent
-/// (`key_length` = rank + rope), so the head sizes come from the `*_mla` keys.
-pub(super) fn deepseek2(set: &GgufSet) -> Result<Json, ModelError> {
-    let h = set.header();
-    let k = |s: &str| format!("deepseek2.{s}");
-    match opt_uint(h, &k("expert_gating_func"))? {
-        Some(2) => {}
-        g => {
-            return Err(key_err(
-                h,
-                &k("expert_gating_func"),
-                format!(
-                    "{}: only sigmoid routing (2, DeepSeek-V3 and later) is supported",
-                    g.map_or("absent (softmax, DeepSeek-V2)".to_owned(), |g| g
-                        .to_string())
-                ),
-            ));
-        }
-    }
-    let rope = pos(h, &k("rope.dimension_count"))?;
-    let key_mla = pos(h, &k("attention.key_length_mla"))?;
-    if key_mla <= rope {
-        return Err(key_err(
-            h,
-            &k("attention.key_length_mla"),
-            format!("{key_mla} leaves no room for the rotary part of {rope}"),
-        ));
-    }
-    let mut c = shared_keys(set, "deepseek2", "deepseek_v3", "DeepseekV3ForCausalLM")?;
-    // MLA has one latent, which transformers counts as a key-value head per query head.
-    c.insert(
-        "num_key_value_heads".into(),
-        c["num_attention_heads"].clone(),
-    );
-    let mut put = |key: &str, v: Json| {
-        c.insert(key.into(), v);
-    };
-    if let Some(q) = opt_uint(h, &k("attention.q_lora_rank"))? {
-        put("q_lora_rank", json!(q));
-    } else {
-        put("q_lora_rank", Json::Null);
-    }
-    put("kv_lora_rank", json!(pos(h, &k("attention.kv_lora_rank"))?));
-    put("qk_rope_head_dim", json!(rope));
-    put("qk_nope_head_dim", json!(key_mla - rope));
-    put(
-        "v_head_dim",
-        json!(pos(h, &k("attention.value_length_mla"))?),
-    );
-    put("n_routed_experts", json!(pos(h, &k("expert_count"))?));
-    put(
-        "num_experts_per_tok",
-        json!(pos(h, &k("expert_used_count"))?),
-    );
-    put(
-        "n_group",
-        json!(opt_uint(h, &k("expert_group_count"))?.unwrap_or(1)),
-    );
-    put(
-        "topk_group",
-        json!(opt_uint(h, &k("expert_group_used_count"))?.unwrap_or(1)),
-    );
-    put(
-        "n_shared_experts",
-        json!(opt_uint(h, &k("expert_shared_count"))?.unwrap_or(0)),
-    );
-    put(
-        "first_k_dense_replace",
-        json!(opt_uint(h, &k("leading_dense_block_count"))?.unwrap_or(0)),
-    );
-    put(
-        "moe_intermediate_size",
-        json!(pos(h, &k("expert_feed_forward_length"))?),
-    );
-    put(
-        "intermediate_size",
-        json!(pos(h, &k("feed_forward_length"))?),
-    );
-    // The converter writes these only when set: absent means 1 and false.
-    put(
-        "routed_scaling_factor",
-        json!(opt_float(h, &k("expert_weights_scale"))?.unwrap_or(1.0)),
-    );
-    let norm = match h.value(&k("expert_weights_norm")) {
-        None => false,
-        Some(_) => h.get_bool(&k("expert_weights_norm"))?,
-    };
-    put("norm_topk_prob", json!(norm));
-    put("scoring_func", json!("sigmoid"));
-    put("topk_method", json!("noaux_tc"));
-    if let Some(mut s) = rope_scaling(h, "deepseek2")? {
-        // `yarn_log_multiplier` is 0.1 × `mscale_all_dim` (the converter's DeepSeek rule);
-        // the releases have `mscale` equal to it.
-        if let Some(m) = opt_float(h, &k("rope.scaling.yarn_log_multiplier"))? {
-            let all = (m * 10.0 * 1e6).round() / 1e6;
-            s["mscale_all_dim"] = json!(all);
-            s["mscale"] = json!(all);
-        }
-        put("rope_scaling", s);
-    }
-    token_ids(h, &mut c)?;
-    Ok(Json::Object(c))
 }
 
 /// Llama 3's rope scaling from the frequency factors llama.cpp's converter stores in
@@ -452,19 +338,6 @@ fn shared_keys(
         json!(set.tensor("output.weight").is_none()),
     );
     Ok(c)
-}
-
-/// The transformers class a model type is saved as.
-fn architecture(model_type: &str) -> &'static str {
-    match model_type {
-        "mixtral" => "MixtralForCausalLM",
-        "qwen2" => "Qwen2ForCausalLM",
-        "qwen3" => "Qwen3ForCausalLM",
-        "qwen2_moe" => "Qwen2MoeForCausalLM",
-        "qwen3_moe" => "Qwen3MoeForCausalLM",
-        "gpt_oss" => "GptOssForCausalLM",
-        _ => "LlamaForCausalLM",
-    }
 }
 
 /// `rope_scaling` from `<arch>.rope.scaling.*`: none, linear or YaRN.

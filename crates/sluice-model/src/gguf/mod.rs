@@ -16,13 +16,18 @@
 //! `W_ukᵀ`) and `attn_v_b`, which multi-head latent attention reads as they are
 //! ([`crate::attention::mla::KvB::Split`]). GPT-OSS's fused, interleaved `gate_up_proj` was
 //! split into stacked gate and up experts with stacked biases, which become one biased expert
-//! each ([`crate::weights::ExpertSpec::Biased`]). Architectures: `llama` (dense, or Mixtral when
-//! it has experts), `qwen2`, `qwen3`, `qwen2moe`, `qwen3moe`, `deepseek2` with sigmoid routing
-//! (DeepSeek-V3/R1, Kimi K2) and `gpt-oss`. This is the one place that knows GGUF's names for
-//! the families: anything else — an architecture, a tensor this map does not place, a feature it does not
-//! carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's rope
-//! scaling) — is refused with one line naming the file and the key or tensor. Llama 3's rope
-//! scaling, which the converter stores as per-pair factors, is read back as its parameters.
+//! each ([`crate::weights::ExpertSpec::Biased`]).
+//!
+//! What differs between families is theirs: each family that llama.cpp converts names its
+//! GGUF architectures in its registry row (`Family::gguf`, a [`GgufArch`]: the architecture,
+//! its `config.json` from the metadata through [`Meta`], the few tensor names that differ,
+//! [`GgufNames`]). Read today: `llama` (Llama, or Mixtral when it has experts), `qwen2`,
+//! `qwen3`, `qwen2moe`, `qwen3moe`, `deepseek2` with sigmoid routing (DeepSeek-V3/R1, Kimi K2)
+//! and `gpt-oss`. Anything else — an architecture, a tensor no mapping places, a feature it
+//! does not carry (DeepSeek-V2's softmax routing, `rope_freqs` factors that are not Llama 3's
+//! rope scaling) — is refused with one line naming the file and the key or tensor. Llama 3's
+//! rope scaling, which the converter stores as per-pair factors, is read back as its
+//! parameters.
 
 use std::collections::HashMap;
 
@@ -32,49 +37,53 @@ use sluice_format::{Checkpoint, Dtype, TensorInfo};
 
 use crate::ModelError;
 
-/// How one GGUF architecture maps onto a transformers model.
-struct Arch {
+/// How one GGUF architecture maps onto a family's transformers checkpoint. The families
+/// supply these (`Family::gguf` in `arch/`); this module knows GGUF's layout, not the families.
+pub(crate) struct GgufArch {
     /// `general.architecture`.
-    name: &'static str,
+    pub name: &'static str,
+    /// Files of this architecture with routed experts (`<arch>.expert_count` > 0) are this
+    /// family's when `Some(true)`, those without when `Some(false)`, all when `None` (llama.cpp's
+    /// `llama` is Llama, or Mixtral when it has experts).
+    pub with_experts: Option<bool>,
     /// The converter permuted `attn_q` and `attn_k` for the rotary layout.
-    permuted_qk: bool,
+    pub permuted_qk: bool,
+    /// Where the layers' tensors go.
+    pub names: GgufNames,
+    /// The `config.json` transformers would write for the model, from the file's metadata.
+    pub config: fn(&Meta<'_>) -> Result<Json, ModelError>,
 }
 
-/// The architectures read, with the transformers model types they become.
-const ARCHES: [Arch; 7] = [
-    Arch {
-        name: "llama",
-        permuted_qk: true,
-    },
-    Arch {
-        name: "qwen2",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen3",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen2moe",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "qwen3moe",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "deepseek2",
-        permuted_qk: false,
-    },
-    Arch {
-        name: "gpt-oss",
-        permuted_qk: false,
-    },
-];
+/// A family's tensor names, as far as they differ between the families a GGUF layer is
+/// mapped onto (everything else is llama.cpp's common naming, in `names.rs`).
+#[derive(Clone, Copy)]
+pub(crate) struct GgufNames {
+    /// The MoE block's module (`mlp`; Mixtral's `block_sparse_moe`).
+    pub moe: &'static str,
+    /// The routed experts' gate, up and down projections.
+    pub experts: [&'static str; 3],
+    /// The shared expert's module (`shared_expert`; DeepSeek's `shared_experts`).
+    pub shared: &'static str,
+    /// Names of this architecture's own, tried first: `(gguf, hf)` maps `blk.{l}.{gguf}` to
+    /// `model.layers.{l}.{hf}` when `gguf` names the whole tensor (`attn_sinks.weight`), or
+    /// `blk.{l}.{gguf}.{suffix}` to `model.layers.{l}.{hf}.{suffix}` when it names the base.
+    pub extra: &'static [(&'static str, &'static str)],
+    /// Stacked expert biases (`[experts, rows]`) are split as the weights are (GPT-OSS).
+    pub expert_biases: bool,
+    /// Older files may hold one tensor per expert, `ffn_{gate,up,down}.{e}` (Mixtral).
+    pub per_expert_tensors: bool,
+}
 
-/// The GGUF architectures sluice reads.
-pub(crate) fn architectures() -> Vec<&'static str> {
-    ARCHES.iter().map(|a| a.name).collect()
+impl GgufNames {
+    /// llama.cpp's naming of the Qwen and Llama layouts.
+    pub const STANDARD: GgufNames = GgufNames {
+        moe: "mlp",
+        experts: ["gate_proj", "up_proj", "down_proj"],
+        shared: "shared_expert",
+        extra: &[],
+        expert_biases: false,
+        per_expert_tensors: false,
+    };
 }
 
 fn key_err(h: &Gguf, key: &str, msg: impl std::fmt::Display) -> ModelError {
@@ -124,28 +133,36 @@ fn opt_float(h: &Gguf, key: &str) -> Result<Option<f64>, ModelError> {
 }
 
 /// Gives a GGUF checkpoint its Hugging Face view: the config and the tensors under their
-/// transformers names (see the module documentation).
-pub(crate) fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
+/// transformers names (see the module documentation), by the first of `arches` that reads
+/// the file's architecture.
+pub(crate) fn to_hf(ck: &mut Checkpoint, arches: &[&GgufArch]) -> Result<(), ModelError> {
     let Some(set) = ck.gguf() else {
         return Ok(());
     };
     let h = set.header();
     let arch_name = h.get_str("general.architecture")?;
-    let Some(arch) = ARCHES.iter().find(|a| a.name == arch_name) else {
+    let meta = Meta::new(set, arch_name);
+    let experts = meta.opt_uint("expert_count")?.unwrap_or(0) > 0;
+    let Some(arch) = arches
+        .iter()
+        .find(|a| a.name == arch_name && a.with_experts.is_none_or(|w| w == experts))
+    else {
+        let mut names: Vec<&str> = Vec::new();
+        for a in arches {
+            if !names.contains(&a.name) {
+                names.push(a.name);
+            }
+        }
         return Err(key_err(
             h,
             "general.architecture",
             format!(
                 "`{arch_name}` is not supported (supported: {})",
-                architectures().join(", ")
+                names.join(", ")
             ),
         ));
     };
-    let mut config = if arch.name == "deepseek2" {
-        deepseek2(set)?
-    } else {
-        config(set, arch)?
-    };
+    let mut config = (arch.config)(&meta)?;
     if set.tensor("rope_freqs.weight").is_some() {
         let scaling = llama3_scaling(ck, h, &config)?;
         config["rope_scaling"] = scaling;
@@ -162,5 +179,6 @@ pub(crate) fn to_hf(ck: &mut Checkpoint) -> Result<(), ModelError> {
 mod meta;
 mod names;
 
-use meta::{config, deepseek2, generation_config, llama3_scaling};
+pub(crate) use meta::Meta;
+use meta::{generation_config, llama3_scaling};
 use names::tensors;

@@ -26,24 +26,28 @@ enum Place {
     },
 }
 
-/// The Hugging Face place of layer `l`'s tensor `base` (`attn_q`, `ffn_up_exps`, ...).
-fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
+/// The Hugging Face place of layer `l`'s tensor `base` (`attn_q`, `ffn_up_exps`, ...) with its
+/// `suffix` (`weight` or `bias`), by llama.cpp's common naming and the family's `names`.
+fn place(names: &GgufNames, l: &str, base: &str, suffix: &str) -> Option<Place> {
     let layer = format!("model.layers.{l}.");
-    let mixtral = model_type == "mixtral";
-    let gpt_oss = model_type == "gpt_oss";
-    let shared = if model_type == "deepseek_v3" {
-        "shared_experts"
-    } else {
-        "shared_expert"
-    };
-    let (moe, gate, up, down) = if mixtral {
-        ("block_sparse_moe", "w1", "w3", "w2")
-    } else {
-        ("mlp", "gate_proj", "up_proj", "down_proj")
-    };
+    let whole = format!("{base}.{suffix}");
+    for &(gguf, hf) in names.extra {
+        if gguf == whole {
+            return Some(Place::One(format!("{layer}{hf}")));
+        }
+        if gguf == base {
+            return Some(Place::One(format!("{layer}{hf}.{suffix}")));
+        }
+    }
+    let GgufNames {
+        moe,
+        shared,
+        experts: [gate, up, down],
+        ..
+    } = *names;
     let one = |s: &str| Some(Place::One(format!("{layer}{s}.{suffix}")));
     let experts = |proj| {
-        (suffix == "weight" || gpt_oss).then(|| Place::Experts {
+        (suffix == "weight" || names.expert_biases).then(|| Place::Experts {
             prefix: format!("{layer}{moe}.experts."),
             proj,
             suffix: suffix.to_owned(),
@@ -52,13 +56,6 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
     match base {
         "attn_norm" => one("input_layernorm"),
         "ffn_norm" => one("post_attention_layernorm"),
-        // GPT-OSS's name for the norm before the experts.
-        "post_attention_norm" if gpt_oss => one("post_attention_layernorm"),
-        // The converter gave GPT-OSS's per-head sinks a `.weight`; transformers' have none.
-        "attn_sinks" if gpt_oss && suffix == "weight" => {
-            Some(Place::One(format!("{layer}self_attn.sinks")))
-        }
-        "ffn_gate_inp" if gpt_oss => one("mlp.router"),
         "attn_q" => one("self_attn.q_proj"),
         "attn_k" => one("self_attn.k_proj"),
         "attn_v" => one("self_attn.v_proj"),
@@ -88,8 +85,8 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
         "ffn_up_shexp" => one(&format!("mlp.{shared}.up_proj")),
         "ffn_down_shexp" => one(&format!("mlp.{shared}.down_proj")),
         "ffn_gate_inp_shexp" => one("mlp.shared_expert_gate"),
-        _ if mixtral => {
-            // Older Mixtral files: one tensor per expert, `ffn_{gate,up,down}.{e}`.
+        _ if names.per_expert_tensors => {
+            // One tensor per expert, `ffn_{gate,up,down}.{e}`.
             let (proj, e) = base.split_once('.')?;
             e.parse::<u32>().ok()?;
             let w = match proj {
@@ -109,11 +106,10 @@ fn place(model_type: &str, l: &str, base: &str, suffix: &str) -> Option<Place> {
 pub(super) fn tensors(
     ck: &Checkpoint,
     set: &GgufSet,
-    arch: &Arch,
+    arch: &GgufArch,
     config: &Json,
 ) -> Result<(Vec<(String, TensorInfo)>, HashMap<String, usize>), ModelError> {
     let h = set.header();
-    let model_type = config["model_type"].as_str().unwrap_or_default();
     let head_dim = config["head_dim"].as_u64().unwrap_or(0) as usize;
     let mut out = Vec::with_capacity(ck.tensors().len());
     let mut rope_rows = HashMap::new();
@@ -160,7 +156,7 @@ pub(super) fn tensors(
                 let (base, suffix) = rest.rsplit_once('.')?;
                 l.parse::<u32>().ok()?;
                 matches!(suffix, "weight" | "bias")
-                    .then(|| place(model_type, l, base, suffix))
+                    .then(|| place(&arch.names, l, base, suffix))
                     .flatten()
             });
         let Some(p) = placed else {

@@ -95,9 +95,12 @@ impl PartBuilder<'_, '_> {
                 Ok(MatSpec::dense(0, Codes::F32, rows, cols))
             }
             Some(layout) => {
-                let lin = self.linears.get(module).ok_or_else(|| {
-                    ModelError::Internal(format!("{module} was not declared on the first run"))
-                })?;
+                let lin = self
+                    .linears
+                    .get(module)
+                    .ok_or_else(|| ModelError::Mismatch {
+                        what: format!("{module} was not declared on the first run"),
+                    })?;
                 self.ctx.spec(layout, lin, rows, cols)
             }
         }

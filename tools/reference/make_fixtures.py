@@ -865,6 +865,10 @@ ARCHS = [
 # helpers
 
 
+# The digest of every other file under OUT, one line.
+TREE_FILE = "TREE.sha256"
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -1793,9 +1797,12 @@ def main() -> int:
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     tree = hashlib.sha256()
     for p in sorted(OUT.rglob("*")):
-        if p.is_file():
+        if p.is_file() and p != OUT / TREE_FILE:
             tree.update(f"{p.relative_to(OUT)} {sha256_file(p)}\n".encode())
-    print(f"total size {total / 1e6:.2f} MB; tree sha256 {tree.hexdigest()}")
+    # Kept beside the files (and left out of the digest) so that a new fixture changes nothing
+    # outside testdata/.
+    (OUT / TREE_FILE).write_text(tree.hexdigest() + "\n")
+    print(f"total size {total / 1e6:.2f} MB; tree sha256 {tree.hexdigest()} (in {OUT / TREE_FILE})")
     return 0
 
 

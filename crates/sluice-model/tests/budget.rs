@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+#[macro_use]
 mod common;
 mod scratch;
 
@@ -156,11 +157,10 @@ fn cases() -> ProptestConfig {
     }
 }
 
+/// One property test per `BUDGET` row of the fixture table.
 macro_rules! budget_tests {
-    ($($name:ident => $fixture:literal),* $(,)?) => {
-        $(budget_test!($name, $fixture);)*
-        /// Every fixture checked here.
-        const BUDGET_FIXTURES: &[&str] = &[$($fixture),*];
+    ($($name:ident $path:literal [$($flag:ident)*],)*) => {
+        $(if_in!(BUDGET [$($flag)*] { budget_test!($name, $path); });)*
     };
 }
 
@@ -188,39 +188,7 @@ macro_rules! budget_test {
     };
 }
 
-budget_tests! {
-    deepseek_v3_release_layout => "deepseek_v3-fp32",
-    qwen3_moe_scattered_layout => "qwen3_moe-bf16",
-    mixtral => "mixtral-fp32",
-    glm4_moe_scattered_layout => "glm4_moe-bf16",
-    minimax_m2 => "minimax_m2-fp32",
-    ernie4_5_moe_tied_scattered => "ernie4_5_moe-bf16",
-    qwen3_next_gated_deltanet => "qwen3_next-fp32",
-    qwen3_5_multimodal_fused_experts => "qwen3_5_moe_multimodal-bf16",
-    longcat_flash_shortcut_zero_experts => "longcat_flash-fp32",
-    step3p7_stacked_experts_bounded_swiglu => "step3p7-bf16",
-    deepseek_v32_sparse_attention => "deepseek_v32-fp32",
-    mistral_large4_shared_latent_caches => "mistral_large4-fp32",
-    hy_v4_hyper_connections => "hy_v4-bf16",
-    glm5_next_kda_pooled_indexer_mhc => "glm5_next-fp32",
-    deepseek_v4_compressed_attention_hash_routing => "deepseek_v4-fp32",
-    glm5_shared_indexer => "glm_moe_dsa-fp32",
-    dense_mistral_window => "mistral-fp32",
-    dense_qwen3_tied_embeddings => "qwen3-bf16",
-    kimi_linear => "kimi/kimi_linear-fp32",
-    kimi_k3_bf16 => "kimi/k3/k3-tiny-bf16",
-    kimi_k3_mxfp4 => "kimi/k3/k3-tiny-mxfp4",
-}
-
-/// The list above is the common table's `BUDGET` rows.
-#[test]
-fn the_fixtures_are_the_common_tables() {
-    let mut want = common::fixtures_in(common::BUDGET, &["models", "kimi", "quant"], "models");
-    let mut have = BUDGET_FIXTURES.to_vec();
-    want.sort();
-    have.sort();
-    assert_eq!(have, want, "tests/budget.rs and common::FIXTURES differ");
-}
+fixture_table!(budget_tests);
 
 proptest! {
     #![proptest_config(cases())]

@@ -1,6 +1,7 @@
 //! Quantized checkpoints as released — FP8 E4M3 with block scales, compressed-tensors INT4 and
-//! MXFP4, GPT-OSS MXFP4 blocks — and the gpt_oss architecture, against transformers on the
-//! fixtures under `testdata/quant/` (made by `tools/reference/make_quant_fixtures.py`); packed
+//! MXFP4, GPT-OSS MXFP4 blocks — on the fixtures under `testdata/quant/` (made by
+//! `tools/reference/make_quant_fixtures.py`; their logits and greedy ids against transformers
+//! are checked with every other `REF` fixture, in `tests/reference.rs`); packed
 //! experts read and cached at their size on disk; malformed quantization metadata refused at load
 //! with the tensor named; and memory as a dial on a quantized model.
 
@@ -21,42 +22,6 @@ fn fixture(name: &str) -> PathBuf {
 
 fn open(name: &str, threads: usize) -> Model {
     common::open_fixture(&fixture(name), threads)
-}
-
-macro_rules! fixture_tests {
-    ($($modname:ident => $fixture:literal),* $(,)?) => {
-        $(
-            mod $modname {
-                #[test]
-                fn prompts() { super::common::check_prompts(&super::fixture($fixture), $fixture) }
-                #[test]
-                fn greedy() { super::common::check_greedy(&super::fixture($fixture), $fixture) }
-                #[test]
-                fn invariance() { super::common::check_invariance(&super::fixture($fixture), $fixture) }
-            }
-        )*
-        /// Every fixture checked here.
-        const FIXTURES: &[&str] = &[$($fixture),*];
-    };
-}
-
-/// The list below is the common table's (`common::FIXTURES`' `REF` rows).
-#[test]
-fn the_fixtures_are_the_common_tables() {
-    let want = common::fixtures_in(common::REF, &["quant"], "quant");
-    assert_eq!(FIXTURES, want, "tests/quant.rs and common::FIXTURES differ");
-}
-
-fixture_tests! {
-    deepseek_v3_fp8 => "deepseek_v3-fp8",
-    deepseek_v3_fp8_ue8m0_fp4 => "deepseek_v3-fp8-ue8m0-fp4",
-    minimax_m2_fp8 => "minimax_m2-fp8",
-    qwen3_5_moe_fp8 => "qwen3_5_moe-fp8",
-    glm4_moe_fp8 => "glm4_moe-fp8",
-    deepseek_v3_int4 => "deepseek_v3-int4",
-    qwen3_moe_mxfp4 => "qwen3_moe-mxfp4",
-    gpt_oss_bf16 => "gpt_oss-bf16",
-    gpt_oss_mxfp4 => "gpt_oss-mxfp4",
 }
 
 // ---- bytes per expert ----------------------------------------------------------------------

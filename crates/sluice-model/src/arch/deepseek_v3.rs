@@ -247,3 +247,25 @@ fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
     }
     m.finish(c)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn deepseek_reads() {
+        let c = parse(&ds()).unwrap();
+        assert_eq!(c.family, "deepseek_v3");
+        assert_eq!(c.layer_plan[0].mlp, MlpKind::Dense { intermediate: 128 });
+        assert!(c.is_moe(1) && c.is_moe(2));
+        let m = yarn_get_mscale(4.0, 1.0);
+        assert!((scale(&c) as f64 - 24f64.powf(-0.5) * m * m).abs() < 1e-7);
+        assert!(matches!(
+            c.rope.scaling,
+            RopeScaling::Yarn { factor: 4.0, .. }
+        ));
+        assert!(c.rope.interleaved);
+        assert_eq!(c.rope.dim, 8);
+    }
+}

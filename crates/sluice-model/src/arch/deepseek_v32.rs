@@ -107,3 +107,43 @@ pub(super) fn make_sparse(
     crate::config::check_widths(c, cfg)?;
     Ok(())
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn deepseek_v32_reads_the_indexer() {
+        let mut v = ds();
+        v["model_type"] = json!("deepseek_v32");
+        v["index_n_heads"] = json!(8);
+        v["index_head_dim"] = json!(32);
+        v["index_topk"] = json!(16);
+        v["layer_types"] = json!(vec![
+            "indexed_attention";
+            v["num_hidden_layers"].as_u64().unwrap() as usize
+        ]);
+        let c = parse(&v).unwrap();
+        let AttentionConfig::Dsa(d) = &c.layer_plan[0].attention else {
+            panic!("DeepSeek-V3.2 attention is sparse");
+        };
+        assert_eq!(
+            (d.heads, d.head_dim, d.topk, d.interleaved),
+            (8, 32, 16, false)
+        );
+        assert_eq!(c.family, "deepseek_v32");
+        for (field, bad) in [
+            ("index_topk", json!(0)),
+            ("index_head_dim", json!(2)),
+            ("layer_types", json!(["full_attention"])),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), field, "{field}");
+        }
+        let mut w = v.clone();
+        w.as_object_mut().unwrap().remove("index_n_heads");
+        assert_eq!(field_of(parse(&w).unwrap_err()), "index_n_heads");
+    }
+}

@@ -624,4 +624,145 @@ mod tests {
             assert_eq!(canonical(kept), None, "{kept}");
         }
     }
+
+    use crate::config::test_util::*;
+
+    /// A DeepSeek-V4 config as transformers 5.24 writes it (the fixture's shape).
+    fn dsv4() -> Value {
+        json!({
+            "model_type": "deepseek_v4", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 5,
+            "rms_norm_eps": 1e-6, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+            "max_position_embeddings": 256, "q_lora_rank": 32, "hidden_act": "silu",
+            "partial_rotary_factor": 0.25, "num_experts_per_tok": 2, "n_routed_experts": 8,
+            "moe_intermediate_size": 32, "n_shared_experts": 1, "routed_scaling_factor": 1.5,
+            "scoring_func": "sqrtsoftplus", "o_groups": 2, "o_lora_rank": 16, "sliding_window": 8,
+            "index_n_heads": 8, "index_head_dim": 16, "index_topk": 3, "hc_mult": 3,
+            "swiglu_limit": 0.8,
+            "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+            "layer_types": ["heavily_compressed_attention", "compressed_sparse_attention",
+                            "sliding_attention", "compressed_sparse_attention",
+                            "heavily_compressed_attention"],
+            "mlp_layer_types": ["hash_moe", "hash_moe", "moe", "moe", "moe"],
+            "rope_parameters": {
+                "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+                "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 64, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "attention_factor": 1.0,
+                             "partial_rotary_factor": 0.25}
+            }
+        })
+    }
+
+    #[test]
+    fn deepseek_v4_reads_its_layer_kinds_tables_and_hash_layers() {
+        let c = parse(&dsv4()).unwrap();
+        assert_eq!(c.family, "deepseek_v4");
+        let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
+        assert_eq!(kinds, ["hca", "csa", "swa", "csa", "hca"]);
+        assert_eq!(
+            c.layer_plan
+                .iter()
+                .map(|p| p.hash_routed)
+                .collect::<Vec<_>>(),
+            [true, true, false, false, false]
+        );
+        assert!((0..5).all(|l| c.is_moe(l)));
+        // Compressed layers rotate by the compress table, sliding ones by the main one.
+        assert_eq!(
+            (c.rope.theta, c.rope.dim, c.rope.interleaved),
+            (160000.0, 8, true)
+        );
+        let main = c.local_rope.as_ref().unwrap();
+        assert_eq!(
+            (main.theta, main.scaling.clone()),
+            (10000.0, RopeScaling::None)
+        );
+        match (
+            &c.layer_plan[0].attention,
+            &c.layer_plan[1].attention,
+            &c.layer_plan[2].attention,
+        ) {
+            (
+                AttentionConfig::Compressed(h),
+                AttentionConfig::Compressed(s),
+                AttentionConfig::Compressed(w),
+            ) => {
+                let hc = h.compressor.as_ref().unwrap();
+                assert_eq!(
+                    (hc.rate, hc.overlap, hc.indexer.is_none()),
+                    (8, false, true)
+                );
+                let sc = s.compressor.as_ref().unwrap();
+                assert_eq!((sc.rate, sc.overlap), (4, true));
+                assert_eq!(
+                    sc.indexer.map(|i| (i.heads, i.head_dim, i.top_k)),
+                    Some((8, 16, 3))
+                );
+                assert!(w.local_rope && w.compressor.is_none() && !s.local_rope);
+                assert_eq!((w.window, w.o_groups, w.o_rank), (8, 2, 16));
+            }
+            _ => panic!("layer kinds"),
+        }
+        let Residual::Hyper(hc) = c.residual else {
+            panic!("DeepSeek-V4 has hyper-connections");
+        };
+        assert_eq!(
+            (hc.streams, hc.sinkhorn, hc.mean_head, hc.gain),
+            (3, Some(20), false, 2.0)
+        );
+        assert_eq!(
+            c.moe.router,
+            RouterKind::SqrtSoftplus {
+                routed_scaling_factor: 1.5
+            }
+        );
+        // Defaults as transformers folds them: the first three layers hash-routed; legacy
+        // per-layer compress ratios.
+        let mut v = dsv4();
+        v["mlp_layer_types"] = json!(null);
+        v["layer_types"] = json!(null);
+        v["compress_ratios"] = json!([128, 128, 4, 0, 4]);
+        let c = parse(&v).unwrap();
+        assert_eq!(
+            c.layer_plan
+                .iter()
+                .map(|p| p.hash_routed)
+                .collect::<Vec<_>>(),
+            [true, true, true, false, false]
+        );
+        let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
+        assert_eq!(kinds, ["hca", "hca", "csa", "swa", "csa"]);
+        for (field, bad) in [
+            ("num_key_value_heads", json!(2)),
+            ("o_groups", json!(3)),
+            ("scoring_func", json!("softmax")),
+            ("layer_types.2", json!("full_attention")),
+            ("mlp_layer_types.4", json!("dense")),
+            ("compress_rates.compressed_sparse_attention", json!(0)),
+            ("rope_parameters.compress.rope_theta", json!(-1.0)),
+            ("index_head_dim", json!(4)),
+            (
+                "compress_rates.heavily_compressed_attention",
+                json!(1u64 << 40),
+            ),
+            ("hc_mult", json!(1000)),
+            ("hc_mult", json!(0)),
+        ] {
+            let mut v = dsv4();
+            let mut at = &mut v;
+            let parts: Vec<&str> = field.split('.').collect();
+            for p in &parts[..parts.len() - 1] {
+                at = match p.parse::<usize>() {
+                    Ok(i) => &mut at[i],
+                    Err(_) => &mut at[*p],
+                };
+            }
+            let last = parts[parts.len() - 1];
+            match last.parse::<usize>() {
+                Ok(i) => at[i] = bad.clone(),
+                Err(_) => at[last] = bad.clone(),
+            }
+            assert_eq!(field_of(parse(&v).unwrap_err()), field, "{bad}");
+        }
+    }
 }

@@ -100,3 +100,42 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     };
     base.finish(c, FAMILY.name, model_type, rope, layer_plan, moe, names)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn ernie_moe_layers_follow_start_end_and_interval() {
+        let mut v = json!({
+            "model_type": "ernie4_5_moe", "vocab_size": 512, "hidden_size": 64,
+            "num_hidden_layers": 6, "rms_norm_eps": 1e-5, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 256, "hidden_act": "silu",
+            "intermediate_size": 128, "moe_intermediate_size": 32, "moe_num_experts": 8,
+            "moe_k": 2, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+            "moe_layer_interval": 2, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}
+        });
+        let c = parse(&v).unwrap();
+        let moe: Vec<bool> = (0..6).map(|l| c.is_moe(l)).collect();
+        assert_eq!(moe, [false, true, false, true, false, true]);
+        assert!(c.tie_embeddings, "ERNIE ties embeddings by default");
+        assert!(c.rope.interleaved);
+        assert_eq!(c.moe.router, RouterKind::SoftmaxBiased { norm_min: 1e-12 });
+        assert_eq!(c.moe.shared.as_ref().map(|s| s.intermediate), Some(64));
+        v["moe_layer_end_index"] = json!(3);
+        let c = parse(&v).unwrap();
+        assert_eq!(c.moe_layers(), 2);
+        for (field, bad) in [
+            ("moe_layer_end_index", json!(-2)),
+            ("moe_layer_interval", json!(0)),
+            ("moe_k", json!(9)),
+            ("use_bias", json!(true)),
+            ("moe_norm_min", json!(0.0)),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), field);
+        }
+    }
+}

@@ -302,3 +302,91 @@ pub(crate) fn canonical(name: &str) -> Option<String> {
     }
     (s != name).then_some(s)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    /// A GLM-5.3-Flash text config (flat, as text-only checkpoints store it).
+    fn glm53() -> Value {
+        json!({
+            "model_type": "glm5_next", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 5,
+            "rms_norm_eps": 1e-5, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "max_position_embeddings": 256, "q_lora_rank": 32, "kv_lora_rank": 32,
+            "qk_nope_head_dim": 24, "qk_rope_head_dim": 0, "v_head_dim": 16, "hidden_act": "silu",
+            "num_experts_per_tok": 2, "n_routed_experts": 8, "moe_intermediate_size": 32,
+            "intermediate_size": 128, "index_topk": 8, "index_head_dim": 16, "index_n_heads": 8,
+            "index_kpool": 4, "linear_head_dim": 16, "linear_num_heads": 4, "hc_mult": 3,
+            "layer_types": ["linear_attention", "indexed_attention", "indexed_attention",
+                            "linear_attention", "indexed_attention"],
+            "indexer_types": ["full", "full", "shared", "full", "full"]
+        })
+    }
+
+    #[test]
+    fn glm5_next_reads_its_layer_plan_pools_and_mhc() {
+        let c = parse(&glm53()).unwrap();
+        assert_eq!(c.family, "glm5_next");
+        let Residual::Hyper(hc) = c.residual else {
+            panic!("GLM-5.3 has hyper-connections");
+        };
+        assert_eq!(
+            (hc.streams, hc.sinkhorn, hc.mean_head, hc.gain),
+            (3, Some(20), true, 2.0)
+        );
+        assert_eq!(c.mlp_act, GluActivation::SiluInputsClamped { limit: 10.0 });
+        assert_eq!(c.draft_layers, 1);
+        let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
+        assert_eq!(kinds, ["kda", "dsa", "dsa", "kda", "dsa"]);
+        match (&c.layer_plan[0].attention, &c.layer_plan[2].attention) {
+            (AttentionConfig::Kda(k), AttentionConfig::Dsa(d)) => {
+                assert_eq!(
+                    k.gate,
+                    KdaGate::LowerBound(-5.0),
+                    "transformers' default bound"
+                );
+                assert!(d.shared && !d.mla.rope && d.mla.qk_rope_head_dim == 0);
+                assert_eq!(
+                    d.pool,
+                    Some(crate::attention::KeyPool {
+                        size: 4,
+                        tail: true
+                    })
+                );
+            }
+            _ => panic!("layer kinds"),
+        }
+        // Three dense layers by default.
+        assert!((0..3).all(|l| !c.is_moe(l)) && (3..5).all(|l| c.is_moe(l)));
+        // transformers reads `full_attention` as `indexed_attention`.
+        let mut v = glm53();
+        v["layer_types"][1] = json!("full_attention");
+        let c2 = parse(&v).unwrap();
+        assert_eq!(c2.layer_plan[1].attention.kind(), "dsa");
+        let mut v = glm53();
+        v["linear_lower_bound"] = json!(null);
+        let c = parse(&v).unwrap();
+        assert!(
+            matches!(&c.layer_plan[0].attention, AttentionConfig::Kda(k) if k.gate == KdaGate::Softplus)
+        );
+        for (field, bad) in [
+            ("qk_rope_head_dim", json!(8)),
+            ("index_topk", json!(10)),
+            ("index_kpool", json!(0)),
+            // Layer 3 is linear: layer 4 has no sparse layer before it to share with.
+            (
+                "indexer_types",
+                json!(["full", "full", "shared", "full", "shared"]),
+            ),
+            (
+                "indexer_types",
+                json!(["full", "full", "full", "full", "full", "full"]),
+            ),
+        ] {
+            let mut v = glm53();
+            v[field] = bad.clone();
+            assert_eq!(field_of(parse(&v).unwrap_err()), field, "{bad}");
+        }
+    }
+}

@@ -92,3 +92,59 @@ pub(super) fn indexer_types(
     }
     Ok((0..n).map(default).collect())
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn glm_moe_dsa_shares_indexers_by_indexer_types_or_pattern() {
+        let mut v = ds();
+        v["model_type"] = json!("glm_moe_dsa");
+        v["index_n_heads"] = json!(8);
+        v["index_head_dim"] = json!(16);
+        v["index_topk"] = json!(16);
+        let n = v["num_hidden_layers"].as_u64().unwrap() as usize;
+        let shared = |c: &ModelConfig| -> Vec<bool> {
+            c.layer_plan
+                .iter()
+                .map(|p| match &p.attention {
+                    AttentionConfig::Dsa(d) => {
+                        assert!(d.interleaved, "GLM-5's indexer pairs are interleaved");
+                        d.shared
+                    }
+                    _ => panic!("GLM-5 attention is sparse"),
+                })
+                .collect()
+        };
+        // Defaults: offset 2, frequency 1: every layer full.
+        assert_eq!(shared(&parse(&v).unwrap()), vec![false; n]);
+        let mut w = v.clone();
+        w["index_topk_freq"] = json!(2);
+        let want: Vec<bool> = (0..n).map(|i| (i + 1).saturating_sub(2) % 2 == 1).collect();
+        assert_eq!(shared(&parse(&w).unwrap()), want);
+        let pattern: String = (0..n).map(|i| if i % 2 == 1 { 'S' } else { 'F' }).collect();
+        let mut w = v.clone();
+        w["index_topk_pattern"] = json!(pattern);
+        let alt: Vec<bool> = (0..n).map(|i| i % 2 == 1).collect();
+        assert_eq!(shared(&parse(&w).unwrap()), alt);
+        let mut w = v.clone();
+        w["indexer_types"] = json!(
+            alt.iter()
+                .map(|&s| if s { "shared" } else { "full" })
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(shared(&parse(&w).unwrap()), alt);
+        // A shared first layer has nothing to share; a wrong length or name is refused.
+        for bad in [
+            json!(vec!["shared"; n]),
+            json!(["full"]),
+            json!(vec!["half"; n]),
+        ] {
+            let mut w = v.clone();
+            w["indexer_types"] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), "indexer_types");
+        }
+    }
+}

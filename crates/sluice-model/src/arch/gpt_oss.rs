@@ -136,3 +136,60 @@ fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
     c.insert("layer_types".into(), json!(types));
     m.finish(c)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn gpt_oss_reads() {
+        let c = parse(&gpt_oss()).unwrap();
+        assert_eq!(c.family, "gpt_oss");
+        assert_eq!(c.moe.router, RouterKind::TopKSoftmax);
+        assert_eq!(
+            c.moe.activation,
+            ExpertActivation::ClampedSwiGlu {
+                alpha: 1.702,
+                limit: 7.0
+            }
+        );
+        assert_eq!(c.quant.method(), "mxfp4");
+        // transformers' default layer_types: even layers slide.
+        assert_eq!(
+            (0..4)
+                .map(|l| c.layer_plan[l].attention.window())
+                .collect::<Vec<_>>(),
+            [Some(8), None, Some(8), None]
+        );
+        let AttentionConfig::Gqa(GqaConfig {
+            qkv_bias,
+            o_bias,
+            sinks,
+            ..
+        }) = c.layer_plan[0].attention
+        else {
+            panic!()
+        };
+        assert!(qkv_bias && o_bias && sinks);
+        assert!(!c.rope.interleaved);
+        assert!((scale(&c) - 0.25).abs() < 1e-7);
+        let mut v = gpt_oss();
+        v["layer_types"] = json!(["full_attention", "sliding_attention", "full_attention"]);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+        let mut v = gpt_oss();
+        v["layer_types"] = json!([
+            "full_attention",
+            "chunked_attention",
+            "full_attention",
+            "full_attention"
+        ]);
+        assert_eq!(field_of(parse(&v).unwrap_err()), "layer_types");
+        let mut v = gpt_oss();
+        v["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+        assert_eq!(
+            field_of(parse(&v).unwrap_err()),
+            "quantization_config.quant_method"
+        );
+    }
+}

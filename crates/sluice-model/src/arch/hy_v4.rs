@@ -140,4 +140,74 @@ mod tests {
             assert_eq!(canonical(kept), None, "{kept}");
         }
     }
+
+    use crate::config::test_util::*;
+
+    /// A Hy4 config: hyper-connections, sinks, an output gate, bounded expert inputs.
+    fn hy4() -> Value {
+        let mut v = ds();
+        let o = v.as_object_mut().unwrap();
+        for k in ["rope_scaling", "first_k_dense_replace"] {
+            o.remove(k);
+        }
+        v["model_type"] = json!("hy_v4");
+        v["num_hidden_layers"] = json!(6);
+        v["index_n_heads"] = json!(8);
+        v["index_head_dim"] = json!(16);
+        v["index_topk"] = json!(8);
+        v["n_group"] = json!(1);
+        v["topk_group"] = json!(1);
+        v["hc_mult"] = json!(3);
+        v["swiglu_limit"] = json!(7.0);
+        v
+    }
+
+    #[test]
+    fn hy_v4_reads_hyper_connections_and_its_attention() {
+        let c = parse(&hy4()).unwrap();
+        assert_eq!(c.family, "hy_v4");
+        assert_eq!(
+            c.residual,
+            Residual::Hyper(HyperConfig {
+                streams: 3,
+                gain: 2.0,
+                eps: 1e-6,
+                sinkhorn: None,
+                mean_head: false,
+            })
+        );
+        assert_eq!(
+            c.moe.activation,
+            ExpertActivation::SwiGluInputsClamped { limit: 7.0 }
+        );
+        assert!(!c.rope.interleaved, "pairs split in halves");
+        // One dense layer by default; layer 0 and every fourth from 1 with an indexer.
+        assert!(!c.is_moe(0) && (1..6).all(|l| c.is_moe(l)));
+        let shared: Vec<bool> = c
+            .layer_plan
+            .iter()
+            .map(|p| match &p.attention {
+                AttentionConfig::Dsa(d) => {
+                    assert!(d.rope_last && d.mla.sinks && !d.interleaved);
+                    assert_eq!(d.mla.output_gate, Some("gate_proj"));
+                    assert_eq!(d.key_eps, 1e-6, "rms_norm_eps");
+                    d.shared
+                }
+                _ => panic!("Hy4 attention is sparse"),
+            })
+            .collect();
+        assert_eq!(shared, [false, false, true, true, true, false]);
+        for (field, bad) in [
+            ("hc_mult", json!(0)),
+            ("swiglu_limit", json!(0.0)),
+            (
+                "indexer_types",
+                json!(["shared", "full", "full", "full", "full", "full"]),
+            ),
+        ] {
+            let mut v = hy4();
+            v[field] = bad.clone();
+            assert_eq!(field_of(parse(&v).unwrap_err()), field, "{bad}");
+        }
+    }
 }

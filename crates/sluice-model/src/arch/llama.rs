@@ -70,3 +70,49 @@ fn gguf_config(m: &Meta<'_>) -> Result<Json, ModelError> {
     );
     m.finish(c)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn llama3_rope_is_read_and_checked() {
+        let mut v = dense("llama");
+        v["rope_parameters"] = json!({
+            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192
+        });
+        let c = parse(&v).unwrap();
+        assert_eq!(
+            c.rope.scaling,
+            RopeScaling::Llama3 {
+                factor: 8.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0
+            }
+        );
+        for (field, bad) in [
+            ("high_freq_factor", json!(1.0)),
+            ("factor", json!(0.0)),
+            ("original_max_position_embeddings", json!(-1.0)),
+        ] {
+            let mut w = v.clone();
+            w["rope_parameters"][field] = bad;
+            assert_eq!(
+                field_of(parse(&w).unwrap_err()),
+                format!("rope_parameters.{field}")
+            );
+        }
+        let mut w = v.clone();
+        w["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("low_freq_factor");
+        assert_eq!(
+            field_of(parse(&w).unwrap_err()),
+            "rope_parameters.low_freq_factor"
+        );
+    }
+}

@@ -184,3 +184,61 @@ fn flags(c: &Cfg<'_>, field: &str, layers: usize) -> Result<Option<Vec<bool>>, M
         Some(_) => Err(c.err(field, format!("expected {layers} flags of 0 or 1"))),
     }
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn llama4_layers_follow_transformers_defaults() {
+        let v = json!({
+            "model_type": "llama4_text", "vocab_size": 512, "hidden_size": 64,
+            "num_hidden_layers": 8, "rms_norm_eps": 1e-5, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+            "hidden_act": "silu", "intermediate_size": 32, "intermediate_size_mlp": 96,
+            "num_local_experts": 8, "num_experts_per_tok": 1, "interleave_moe_layer_step": 2,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}
+        });
+        let c = parse(&v).unwrap();
+        // Every 4th layer NoPE (with the temperature), the others rotated, normed and chunked.
+        for l in 0..8 {
+            let g = gqa(&c, l);
+            let nope = (l + 1) % 4 == 0;
+            assert_eq!(g.nope, nope, "layer {l}");
+            assert_eq!(g.rms_qk_after_rope, !nope, "layer {l}");
+            assert_eq!(g.chunk, (!nope).then_some(8192), "layer {l}");
+            assert_eq!(g.temperature, nope.then_some((8192.0, 0.1)), "layer {l}");
+        }
+        assert!(c.rope.interleaved);
+        let moe: Vec<usize> = (0..8).filter(|&l| c.is_moe(l)).collect();
+        assert_eq!(moe, [1, 3, 5, 7]);
+        assert!(c.moe.weight_on_input);
+        assert_eq!(c.moe.router, RouterKind::TopKSigmoid);
+        assert_eq!(c.layer_plan[0].mlp, MlpKind::Dense { intermediate: 96 });
+        for (field, bad) in [
+            ("no_rope_layers", json!([1, 0, 2, 1, 1, 1, 1, 1])),
+            ("moe_layers", json!([9])),
+            ("interleave_moe_layer_step", json!(0)),
+            ("floor_scale", json!(0)),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), field);
+        }
+        let mut w = v.clone();
+        w["attention_chunk_size"] = json!(null);
+        let c = parse(&w).unwrap();
+        assert!((0..8).all(|l| gqa(&c, l).chunk.is_none()));
+        // The released multimodal checkpoint: `text_config`, tensors under `language_model.`.
+        let mm = json!({"model_type": "llama4", "text_config": v, "vision_config": {}});
+        let c = parse(&mm).unwrap();
+        assert_eq!(
+            (c.names.prefix.as_str(), c.names.model),
+            ("language_model.", "model.")
+        );
+        let mut bad = mm;
+        bad["text_config"]["model_type"] = json!("llama");
+        assert_eq!(field_of(parse(&bad).unwrap_err()), "text_config.model_type");
+    }
+}

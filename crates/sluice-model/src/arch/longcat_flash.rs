@@ -204,3 +204,67 @@ fn read(c: &Cfg<'_>, model_type: &str) -> Result<ModelConfig, ModelError> {
     cfg.layers_field = format!("{}num_layers", c.prefix);
     Ok(cfg)
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn longcat_flash_runs_two_sublayers_per_layer() {
+        let v = json!({
+            "model_type": "longcat_flash", "vocab_size": 512, "hidden_size": 64, "num_layers": 3,
+            "rms_norm_eps": 1e-6, "num_attention_heads": 4, "num_key_value_heads": 4,
+            "max_position_embeddings": 256, "hidden_act": "silu", "ffn_hidden_size": 96,
+            "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+            "head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8, "zero_expert_num": 4,
+            "moe_topk": 4, "expert_ffn_hidden_size": 32, "routed_scaling_factor": 6.0,
+            "zero_expert_type": "identity", "mla_scale_q_lora": true, "mla_scale_kv_lora": true,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e7}
+        });
+        let c = parse(&v).unwrap();
+        assert_eq!(c.layers, 6);
+        let moe: Vec<bool> = (0..6).map(|l| c.is_moe(l)).collect();
+        assert_eq!(moe, [true, false, true, false, true, false]);
+        assert_eq!(c.layer_plan[1].mlp, MlpKind::Dense { intermediate: 96 });
+        assert!(c.moe.shortcut);
+        assert_eq!((c.moe.experts, c.moe.router_width()), (8, 12));
+        assert_eq!(
+            c.moe.router,
+            RouterKind::SoftmaxScaled {
+                routed_scaling_factor: 6.0
+            }
+        );
+        let AttentionConfig::Mla(m) = &c.layer_plan[0].attention else {
+            panic!("LongCat attention is MLA");
+        };
+        assert_eq!(m.lora_scales, Some((2f32.sqrt(), 2.0)));
+        assert!(c.rope.interleaved);
+        assert_eq!(
+            c.names.layer_module(3, "self_attn"),
+            "model.layers.1.self_attn.1"
+        );
+        assert_eq!(c.names.moe_module(3), "model.layers.1.mlp");
+        // Top-k may reach into the zero experts, not past them.
+        let mut w = v.clone();
+        w["moe_topk"] = json!(12);
+        assert!(parse(&w).is_ok());
+        for (field, bad) in [
+            ("head_dim", json!(16)),
+            ("qk_head_dim", json!(20)),
+            ("num_key_value_heads", json!(2)),
+            ("moe_topk", json!(13)),
+            ("zero_expert_type", json!("zero")),
+            ("mla_scale_kv_lora", json!(false)),
+            ("router_bias", json!(true)),
+            ("num_layers", json!(0)),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), field, "{field}");
+        }
+        let mut w = v.clone();
+        w.as_object_mut().unwrap().remove("q_lora_rank");
+        assert_eq!(field_of(parse(&w).unwrap_err()), "q_lora_rank");
+    }
+}

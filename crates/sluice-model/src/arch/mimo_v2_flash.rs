@@ -163,3 +163,72 @@ fn gqa_rope_typed(
     )?;
     Ok((gqa, rope))
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn mimo_v2_flash_layer_types_and_two_rotary_tables() {
+        let v = json!({
+            "model_type": "mimo_v2_flash", "vocab_size": 512, "hidden_size": 64,
+            "num_hidden_layers": 7, "rms_norm_eps": 1e-5, "num_attention_heads": 4,
+            "num_key_value_heads": 1, "head_dim": 192, "v_head_dim": 128,
+            "max_position_embeddings": 256, "hidden_act": "silu", "intermediate_size": 128,
+            "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+            "routed_scaling_factor": null, "sliding_window_size": 128,
+            "attention_value_scale": 0.707,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.334},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.334}
+            }
+        });
+        let c = parse(&v).unwrap();
+        // transformers' defaults: full attention on layer 0 and every sixth, layer 0 dense.
+        let windows: Vec<_> = (0..7).map(|l| gqa(&c, l).window).collect();
+        assert_eq!(
+            windows,
+            [
+                None,
+                Some(129),
+                Some(129),
+                Some(129),
+                Some(129),
+                None,
+                Some(129)
+            ]
+        );
+        assert!(!c.is_moe(0) && (1..7).all(|l| c.is_moe(l)));
+        let (full, swa) = (gqa(&c, 0), gqa(&c, 1));
+        assert_eq!((full.kv_heads, swa.kv_heads), (1, 2));
+        assert!(swa.sinks && swa.local_rope && !full.sinks && !full.local_rope);
+        assert_eq!((full.v_head_dim, full.v_scale), (128, Some(0.707)));
+        // int(192 × 0.334) = 64 rotated dimensions, each table its own theta.
+        assert_eq!((c.rope.dim, c.rope.theta), (64, 5e6));
+        let local = c.local_rope.as_ref().unwrap();
+        assert_eq!((local.dim, local.theta), (64, 1e4));
+        assert!(matches!(
+            c.moe.router,
+            RouterKind::SigmoidGroup { routed_scaling_factor, .. } if routed_scaling_factor == 1.0
+        ));
+        let mut w = v.clone();
+        w["rope_parameters"]["sliding_attention"]["rope_type"] = json!("yarn");
+        assert_eq!(
+            field_of(parse(&w).unwrap_err()),
+            "rope_parameters.sliding_attention.rope_type"
+        );
+        let mut w = v.clone();
+        w["rope_parameters"]
+            .as_object_mut()
+            .unwrap()
+            .remove("full_attention");
+        assert_eq!(
+            field_of(parse(&w).unwrap_err()),
+            "rope_parameters.full_attention"
+        );
+        let mut w = v;
+        w["mlp_layer_types"] = json!(["dense"]);
+        assert_eq!(field_of(parse(&w).unwrap_err()), "mlp_layer_types");
+    }
+}

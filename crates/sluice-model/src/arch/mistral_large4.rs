@@ -400,4 +400,124 @@ mod tests {
             assert_eq!(canonical(kept), None, "{kept}");
         }
     }
+
+    use crate::config::test_util::*;
+
+    /// A Mistral Large 4 config: the fixture's text model, 5 layers.
+    fn ml4() -> Value {
+        let mut t = ds();
+        let o = t.as_object_mut().unwrap();
+        for k in ["q_lora_rank", "rope_scaling"] {
+            o.remove(k);
+        }
+        t["model_type"] = json!("mistral_large4_text");
+        t["num_hidden_layers"] = json!(5);
+        t["index_n_heads"] = json!(8);
+        t["index_head_dim"] = json!(16);
+        t["index_topk"] = json!(8);
+        t["no_rope_layers"] = json!([1, 1, 0, 0, 1]);
+        t["kv_source_layers"] = json!([0, 0, 2, 2, 4]);
+        json!({"model_type": "mistral_large4", "text_config": t, "vision_config": {}})
+    }
+
+    #[test]
+    fn mistral_large4_reads_nope_layers_shared_caches_and_its_router() {
+        let c = parse(&ml4()).unwrap();
+        assert_eq!(c.family, "mistral_large4");
+        assert_eq!(c.logit_softcap, Some(30.0), "transformers' default");
+        assert!(c.rope.learned && c.rope.interleaved);
+        assert!(matches!(
+            c.moe.router,
+            RouterKind::SoftmaxGroup {
+                n_group: 4,
+                topk_group: 2,
+                ..
+            }
+        ));
+        assert!(c.names.rename.is_some() && c.names.router_bias.is_none());
+        let dsa: Vec<&crate::attention::DsaConfig> = c
+            .layer_plan
+            .iter()
+            .map(|p| match &p.attention {
+                AttentionConfig::Dsa(d) => d,
+                _ => panic!("Mistral Large 4 attention is sparse"),
+            })
+            .collect();
+        let sources: Vec<Option<usize>> = dsa.iter().map(|d| d.mla.kv_source).collect();
+        assert_eq!(sources, [None, Some(0), None, Some(2), None]);
+        for (l, d) in dsa.iter().enumerate() {
+            let nope = l == 2 || l == 3;
+            assert_eq!(d.mla.rope, !nope, "layer {l}");
+            assert_eq!(
+                d.mla.qk_rope_head_dim,
+                if nope { 0 } else { 8 },
+                "layer {l}"
+            );
+            assert_eq!(
+                d.mla.qk_nope_head_dim + d.mla.qk_rope_head_dim,
+                24,
+                "layer {l}"
+            );
+            assert_eq!(d.query, crate::attention::IndexerQuery::Input);
+            assert!(d.mla.log_scaling && d.mla.q_lora_rank.is_none());
+            assert_eq!(d.mla.norm_eps, 1e-6, "rms_norm_eps");
+        }
+        // Layers reading another's cache cache nothing; NoPE layers no rotary key.
+        let kv: Vec<usize> = c
+            .layer_plan
+            .iter()
+            .map(|p| p.attention.kv_floats())
+            .collect();
+        assert_eq!(kv, [32 + 8 + 16, 16, 32 + 16, 16, 32 + 8 + 16]);
+        // Defaults: every fourth layer NoPE, every layer its own cache; no cap when null.
+        let mut v = ml4();
+        let t = v["text_config"].as_object_mut().unwrap();
+        t.remove("no_rope_layers");
+        t.remove("kv_source_layers");
+        t.insert("final_logit_softcapping".into(), json!(null));
+        let c = parse(&v).unwrap();
+        let rope: Vec<bool> = c
+            .layer_plan
+            .iter()
+            .map(|p| match &p.attention {
+                AttentionConfig::Dsa(d) => d.mla.rope && d.mla.kv_source.is_none(),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(rope, [true, true, true, false, true]);
+        assert_eq!(c.logit_softcap, None);
+    }
+
+    #[test]
+    fn mistral_large4_refuses_sharing_transformers_would_not_do() {
+        // Layer 4 reading layer 0's cache is what transformers does (the latest shared one).
+        let mut v = ml4();
+        v["text_config"]["kv_source_layers"] = json!([0, 0, 2, 2, 0]);
+        parse(&v).unwrap();
+        let all_rope = json!([1, 1, 1, 1, 1]);
+        for (field, bad, rope) in [
+            // Later, not its own source, the other rotary kind, the wrong length.
+            ("kv_source_layers", json!([1, 1, 2, 2, 4]), None),
+            ("kv_source_layers", json!([0, 0, 1, 2, 4]), None),
+            ("kv_source_layers", json!([0, 0, 0, 2, 4]), None),
+            ("kv_source_layers", json!([0, 0, 2]), None),
+            // Layer 2 reads layer 0's, but transformers would hand it layer 1's.
+            ("kv_source_layers", json!([0, 1, 0, 1, 0]), Some(&all_rope)),
+            ("no_rope_layers", json!([1, 1, 0, 2, 1]), None),
+            ("no_rope_layers", json!([1, 1]), None),
+            ("q_lora_rank", json!(16), None),
+            ("final_logit_softcapping", json!(-1.0), None),
+        ] {
+            let mut v = ml4();
+            v["text_config"][field] = bad.clone();
+            if let Some(r) = rope {
+                v["text_config"]["no_rope_layers"] = r.clone();
+            }
+            assert_eq!(
+                field_of(parse(&v).unwrap_err()),
+                format!("text_config.{field}"),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -38,14 +38,14 @@ mod qwen;
 mod qwen3_next;
 mod step3p7;
 
-/// One row of the model table (README.md and docs/MODELS.md, which a test keeps equal to
+/// One row of the model table (README.md's, which a test keeps equal to
 /// these): the `model_type` values of some releases, their names, what is distinctive.
 pub struct Models {
     /// The `model_type` values, as `config.json` spells them.
     pub model_types: &'static [&'static str],
     /// The models, as users know them.
     pub names: &'static str,
-    /// What is distinctive in them (docs/MODELS.md's third column).
+    /// What is distinctive in them (the table's third column).
     pub features: &'static str,
 }
 

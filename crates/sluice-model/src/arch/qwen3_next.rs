@@ -181,3 +181,121 @@ fn read_layer_kinds(c: &Cfg<'_>, layers: usize) -> Result<Vec<bool>, ModelError>
         |l| !(l + 1).is_multiple_of(every),
     )
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    #[test]
+    fn qwen3_next_hybrid_plan_and_checks() {
+        let v = json!({
+            "model_type": "qwen3_next", "vocab_size": 512, "hidden_size": 64,
+            "num_hidden_layers": 8, "rms_norm_eps": 1e-6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+            "hidden_act": "silu", "intermediate_size": 128, "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 4, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+            "mlp_only_layers": [5], "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}
+        });
+        let c = parse(&v).unwrap();
+        // transformers' default: every fourth layer full attention.
+        let kinds: Vec<&str> = c.layer_plan.iter().map(|p| p.attention.kind()).collect();
+        assert_eq!(
+            kinds,
+            ["gdn", "gdn", "gdn", "gqa", "gdn", "gdn", "gdn", "gqa"]
+        );
+        assert!(c.zero_centred_norms);
+        assert_eq!(c.moe_layers(), 7);
+        assert!(!c.is_moe(5));
+        let g = gqa(&c, 3);
+        assert!(g.output_gate && g.zero_centred_qk_norm);
+        // a quarter of each head rotated by default
+        assert_eq!(c.rope.dim, 4);
+        assert_eq!(
+            c.names.attention_of(&c.layer_plan[0].attention),
+            "linear_attn"
+        );
+        assert_eq!(
+            c.names.attention_of(&c.layer_plan[3].attention),
+            "self_attn"
+        );
+        for (field, bad) in [
+            ("linear_num_value_heads", json!(3)),
+            ("linear_conv_kernel_dim", json!(0)),
+            ("layer_types", json!(["linear_attention"])),
+            ("full_attention_interval", json!(0)),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad;
+            assert_eq!(field_of(parse(&w).unwrap_err()), field);
+        }
+        let mut w = v.clone();
+        w["num_experts"] = json!(0);
+        assert_eq!(parse(&w).unwrap().moe_layers(), 0);
+        // One MTP layer by default (checked when the checkpoint has it): full attention, MoE.
+        let m = c.mtp.as_ref().unwrap();
+        assert_eq!(
+            (m.module, m.layers, m.plans.len(), &m.plans[0].mlp, m.head),
+            ("mtp.", 1, 1, &MlpKind::Moe, MtpHead::Concat)
+        );
+        assert_eq!(m.plans[0].attention.kind(), "gqa");
+        let mut w = v.clone();
+        w["mtp_num_hidden_layers"] = json!(0);
+        assert!(parse(&w).unwrap().mtp.is_none());
+        w["mtp_num_hidden_layers"] = json!(2);
+        let m = parse(&w).unwrap().mtp.unwrap();
+        assert_eq!((m.layers, m.plans.len()), (2, 2));
+    }
+
+    #[test]
+    fn qwen3_5_multimodal_reads_its_text_config() {
+        let text = json!({
+            "model_type": "qwen3_5_moe_text", "vocab_size": 512, "hidden_size": 64,
+            "num_hidden_layers": 4, "rms_norm_eps": 1e-6, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+            "hidden_act": "silu", "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16, "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4,
+            "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 64,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0]}
+        });
+        let c = parse(&text).unwrap();
+        assert_eq!(c.names.model, "model.");
+        assert!(matches!(
+            c.layer_plan[0].attention,
+            AttentionConfig::Gdn(g) if g.split
+        ));
+        let mm = json!({"model_type": "qwen3_5_moe", "text_config": text, "vision_config": {}});
+        let c = parse(&mm).unwrap();
+        assert_eq!(c.names.model, "model.language_model.");
+        assert_eq!(c.moe_layers(), 4);
+        let mut bad = mm.clone();
+        bad["text_config"]["linear_key_head_dim"] = json!("16");
+        assert_eq!(
+            field_of(parse(&bad).unwrap_err()),
+            "text_config.linear_key_head_dim"
+        );
+        let mut bad = mm.clone();
+        bad.as_object_mut().unwrap().remove("text_config");
+        assert_eq!(field_of(parse(&bad).unwrap_err()), "text_config");
+        // Quantization is read at the top (Qwen3.5's FP8 releases), strictly.
+        let mut q = mm.clone();
+        q["quantization_config"] = json!({"quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic", "weight_block_size": [128, 128]});
+        assert!(parse(&q).is_ok());
+        q["quantization_config"]["quant_method"] = json!("gptq");
+        assert_eq!(
+            field_of(parse(&q).unwrap_err()),
+            "quantization_config.quant_method"
+        );
+        let mut both = mm;
+        let fp8 = json!({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128]});
+        both["quantization_config"] = fp8.clone();
+        both["text_config"]["quantization_config"] = fp8;
+        assert_eq!(field_of(parse(&both).unwrap_err()), "quantization_config");
+    }
+}

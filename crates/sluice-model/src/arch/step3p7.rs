@@ -440,3 +440,153 @@ fn limits(c: &Cfg<'_>, field: &str, n: usize, mtp: usize) -> Result<Vec<Option<f
         })
         .collect()
 }
+
+/// The config reader's tests.
+#[cfg(test)]
+mod tests {
+    use crate::config::test_util::*;
+
+    /// Step-3.7's text config as transformers writes it, inside the multimodal one.
+    fn step3p7() -> Value {
+        json!({
+            "model_type": "step3p7",
+            "text_config": {
+                "model_type": "step3p5", "vocab_size": 512, "hidden_size": 64,
+                "num_hidden_layers": 4, "rms_norm_eps": 1e-6, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
+                "hidden_act": "silu", "intermediate_size": 96,
+                "layer_types": ["full_attention", "sliding_attention", "full_attention",
+                                "sliding_attention"],
+                "sliding_window": 8, "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
+                "per_layer_config": {"1": {"num_attention_heads": 2}, "3": {"num_attention_heads": 2}},
+                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                "share_expert_dim": 48, "moe_router_scaling_factor": 2.5,
+                "swiglu_limits": [0, 0.5, null, 0.8], "swiglu_limits_shared": [0.6, 0, 0.7, null],
+                "query_pre_attn_scalar": 20,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                       "partial_rotary_factor": 0.5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 500.0,
+                                          "partial_rotary_factor": 1.0}
+                }
+            }
+        })
+    }
+
+    #[test]
+    fn step3p7_reads_per_layer_heads_tables_and_bounds() {
+        let v = step3p7();
+        let c = parse(&v).unwrap();
+        let heads: Vec<usize> = (0..4).map(|l| gqa(&c, l).heads).collect();
+        assert_eq!(heads, [4, 2, 4, 2]);
+        assert!(gqa(&c, 0).head_gate && gqa(&c, 0).zero_centred_qk_norm);
+        assert_eq!(gqa(&c, 1).window, Some(8));
+        assert!(gqa(&c, 1).local_rope && !gqa(&c, 0).local_rope);
+        assert_eq!((c.rope.theta, c.rope.dim), (1e4, 8));
+        let local = c.local_rope.as_ref().unwrap();
+        assert_eq!((local.theta, local.dim), (500.0, 16));
+        assert!((gqa(&c, 0).softmax_scale - 20f32.powf(-0.5)).abs() < 1e-7);
+        assert!(c.zero_centred_norms);
+        assert_eq!(
+            (0..4).map(|l| c.is_moe(l)).collect::<Vec<_>>(),
+            [false, true, true, true]
+        );
+        assert_eq!(c.expert_limit(1), Some(0.5));
+        assert_eq!(c.expert_limit(2), None);
+        assert_eq!(c.mlp_act_of(0), GluActivation::SiluClamped { limit: 0.6 });
+        assert_eq!(c.mlp_act_of(1), GluActivation::Silu);
+        for (field, bad) in [
+            ("gating", json!(false)),
+            ("use_bidirectional_attention", json!(true)),
+            ("swiglu_limits", json!([0, -1, 0, 0])),
+            ("swiglu_limits_shared", json!([0, 0])),
+            (
+                "layer_types",
+                json!(["chunked", "chunked", "chunked", "chunked"]),
+            ),
+            (
+                "mlp_layer_types",
+                json!(["dense", "moe", "sparse", "sparse"]),
+            ),
+            ("hidden_act", json!("gelu")),
+            ("model_type", json!("step3")),
+        ] {
+            let mut w = v.clone();
+            w["text_config"][field] = bad;
+            assert_eq!(
+                field_of(parse(&w).unwrap_err()),
+                format!("text_config.{field}"),
+                "{field}"
+            );
+        }
+        let mut w = v.clone();
+        w["text_config"]["per_layer_config"]["1"]["head_dim"] = json!(8);
+        assert_eq!(
+            field_of(parse(&w).unwrap_err()),
+            "text_config.per_layer_config.1.head_dim"
+        );
+    }
+
+    /// The hub's remote-code form: `moe_layers_enum`, `attention_other_setting`, per-layer
+    /// `rope_theta` and `partial_rotary_factors`, lists padded with the MTP layer's entries.
+    #[test]
+    fn step3p7_reads_the_legacy_hub_fields() {
+        let mut v = step3p7();
+        let t = v["text_config"].as_object_mut().unwrap();
+        for k in [
+            "mlp_layer_types",
+            "per_layer_config",
+            "rope_parameters",
+            "model_type",
+        ] {
+            t.remove(k);
+        }
+        t.insert("hidden_act".into(), json!("swigluoai"));
+        t.insert("num_nextn_predict_layers".into(), json!(1));
+        t.insert("moe_layers_enum".into(), json!("1,2,3,4"));
+        t.insert(
+            "attention_other_setting".into(),
+            json!({"num_attention_heads": 2}),
+        );
+        t.insert("rope_theta".into(), json!([1e4, 500.0, 1e4, 500.0, 1e4]));
+        t.insert(
+            "partial_rotary_factors".into(),
+            json!([0.5, 1.0, 0.5, 1.0, 0.5]),
+        );
+        t.insert(
+            "layer_types".into(),
+            json!([
+                "full_attention",
+                "sliding_attention",
+                "full_attention",
+                "sliding_attention",
+                "full_attention"
+            ]),
+        );
+        t.insert("swiglu_limits".into(), json!([0, 0.5, 0, 0.8, 0]));
+        let c = parse(&v).unwrap();
+        assert_eq!(c.draft_layers, 1);
+        assert_eq!(
+            (0..4).map(|l| c.is_moe(l)).collect::<Vec<_>>(),
+            [false, true, true, true]
+        );
+        assert_eq!(
+            (0..4).map(|l| gqa(&c, l).heads).collect::<Vec<_>>(),
+            [4, 2, 4, 2]
+        );
+        assert_eq!((c.rope.theta, c.rope.dim), (1e4, 8));
+        let local = c.local_rope.as_ref().unwrap();
+        assert_eq!((local.theta, local.dim), (500.0, 16));
+        assert_eq!(c.expert_limit(3), Some(0.8));
+        // Without moe_layers_enum, transformers makes every layer from the fourth on MoE.
+        v["text_config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("moe_layers_enum");
+        let c = parse(&v).unwrap();
+        assert_eq!(
+            (0..4).map(|l| c.is_moe(l)).collect::<Vec<_>>(),
+            [false, false, false, true]
+        );
+    }
+}

@@ -787,4 +787,6 @@ pub fn config_path(dir: &Path) -> PathBuf {
 }
 
 #[cfg(test)]
+pub(crate) mod test_util;
+#[cfg(test)]
 mod tests;

@@ -1,7 +1,7 @@
 //! Helpers shared by the reference tests: reading reference outputs, comparing logits, and the
 //! checks every fixture gets (prompt logits and routes, greedy steps, bit-invariance).
 //! (Each test binary uses a subset.)
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -257,8 +257,7 @@ pub fn check_invariance(dir: &Path, name: &str) {
     }
 }
 
-/// Runs against its reference (transformers, or Moonshot's code): `tests/reference.rs` for
-/// fixtures under `models/` and `kimi/`, `tests/quant.rs` for those under `quant/`.
+/// Runs against its reference (transformers, or Moonshot's code): `tests/reference.rs`.
 pub const REF: u8 = 1;
 /// Batched steps give each sequence its solo logits: `tests/batch.rs`.
 pub const BATCH: u8 = 2;
@@ -267,97 +266,120 @@ pub const BUDGET: u8 = 4;
 /// A whole-prompt layer-major prefill equals spans and token-by-token: `tests/layer_major.rs`.
 pub const LAYER_MAJOR: u8 = 8;
 
-/// Every fixture by its path under `testdata/`, and the matrices it runs in. The test files
-/// iterate this table (`reference.rs`, `quant.rs` and `budget.rs` keep one `#[test]` per
-/// fixture and check their lists are its rows); `tests/model_table.rs` fails when a family in
-/// `arch::FAMILIES` has no `REF` fixture.
-pub const FIXTURES: &[(&str, u8)] = &[
-    // MLA attention, sigmoid-group routing, a shared expert.
-    (
-        "models/deepseek_v3-fp32",
-        REF | BATCH | BUDGET | LAYER_MAJOR,
-    ),
-    ("models/deepseek_v3-bf16", REF),
-    ("models/deepseek_v3_noqlora-fp32", REF),
-    ("models/deepseek_v3_noqlora-bf16", REF | BATCH),
-    ("models/qwen3_moe-fp32", REF | BATCH),
-    // Grouped-query attention with QK norms.
-    ("models/qwen3_moe-bf16", REF | BUDGET | LAYER_MAJOR),
-    ("models/qwen2_moe-fp32", REF),
-    ("models/qwen2_moe-bf16", REF | BATCH),
-    ("models/mixtral-fp32", REF | BATCH | BUDGET),
-    // Grouped-query attention with a sliding window.
-    ("models/mixtral-bf16", REF | LAYER_MAJOR),
-    ("models/olmoe-fp32", REF),
-    ("models/olmoe-bf16", REF | BATCH),
-    ("kimi/kimi_linear-fp32", REF | BATCH | BUDGET),
-    ("kimi/kimi_linear-bf16", REF),
-    // Partial rotary with per-head q/k norms, sigmoid group routing, a shared expert.
-    ("models/glm4_moe-fp32", REF | BATCH | LAYER_MAJOR),
-    ("models/glm4_moe-bf16", REF | BUDGET),
-    ("models/minimax_m2-fp32", REF | BUDGET),
-    ("models/minimax_m2-bf16", REF | BATCH),
-    ("models/ernie4_5_moe-fp32", REF),
-    ("models/ernie4_5_moe-bf16", REF | BATCH | BUDGET),
-    ("models/qwen3_next-fp32", REF | BUDGET),
-    // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
-    ("models/qwen3_next-bf16", REF | BATCH | LAYER_MAJOR),
-    ("models/qwen3_5_moe-fp32", REF),
-    ("models/qwen3_5_moe-bf16", REF),
-    ("models/qwen3_5_moe_multimodal-bf16", REF | BATCH | BUDGET),
-    ("models/mimo_v2_flash-fp32", REF),
-    // Sliding layers with sinks and their own rotary table, values narrower than keys.
-    ("models/mimo_v2_flash-bf16", REF | BATCH | LAYER_MAJOR),
-    // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
-    ("models/llama4-fp32", REF | BATCH | LAYER_MAJOR),
-    ("models/llama4-bf16", REF),
-    ("models/llama4_multimodal-bf16", REF),
-    ("models/longcat_flash-fp32", REF | BUDGET),
-    // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
-    ("models/longcat_flash-bf16", REF | BATCH | LAYER_MAJOR),
-    // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
-    ("models/step3p7-fp32", REF | LAYER_MAJOR),
-    ("models/step3p7-bf16", REF | BATCH | BUDGET),
-    ("models/deepseek_v32-fp32", REF | BUDGET),
-    // Sparse attention: each query over its indexer's top 8, the indexer's key cache.
-    ("models/deepseek_v32-bf16", REF | BATCH | LAYER_MAJOR),
-    // Layers sharing the top-k of the full sparse layer before them.
-    ("models/glm_moe_dsa-fp32", REF | BUDGET | LAYER_MAJOR),
-    ("models/glm_moe_dsa-bf16", REF | BATCH),
-    // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
-    ("models/mistral_large4-fp32", REF | BUDGET | LAYER_MAJOR),
-    ("models/mistral_large4-bf16", REF | BATCH),
-    // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
-    ("models/hy_v4-fp32", REF | LAYER_MAJOR),
-    ("models/hy_v4-bf16", REF | BATCH | BUDGET),
-    // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
-    ("models/glm5_next-fp32", REF | BUDGET | LAYER_MAJOR),
-    ("models/glm5_next-bf16", REF | BATCH),
-    ("models/deepseek_v4-fp32", REF | BUDGET | LAYER_MAJOR),
-    ("models/deepseek_v4-bf16", REF | BATCH),
-    ("models/llama-fp32", REF | BATCH),
-    ("models/llama-bf16", REF),
-    ("models/mistral-fp32", REF | BUDGET),
-    ("models/mistral-bf16", REF),
-    // A dense model: sliding and full layers, no experts.
-    ("models/qwen2-fp32", REF | LAYER_MAJOR),
-    ("models/qwen2-bf16", REF | BATCH),
-    ("models/qwen3-fp32", REF),
-    ("models/qwen3-bf16", REF | BUDGET),
-    ("quant/deepseek_v3-fp8", REF),
-    ("quant/deepseek_v3-fp8-ue8m0-fp4", REF),
-    ("quant/minimax_m2-fp8", REF),
-    ("quant/qwen3_5_moe-fp8", REF),
-    ("quant/glm4_moe-fp8", REF),
-    ("quant/deepseek_v3-int4", REF | BATCH),
-    ("quant/qwen3_moe-mxfp4", REF),
-    ("quant/gpt_oss-bf16", REF),
-    ("quant/gpt_oss-mxfp4", REF | BATCH),
-    // KDA recurrent layers, attention residuals, MXFP4 experts in a latent space. (Kimi K3's
-    // reference is Moonshot's code, checked in tests/kimi_k3.rs.)
-    ("kimi/k3/k3-tiny-mxfp4", BATCH | BUDGET | LAYER_MAJOR),
-    ("kimi/k3/k3-tiny-bf16", BUDGET),
-];
+/// The fixture table: every fixture once, as `name "path under testdata/" [MATRICES]`, the
+/// matrices it runs in among [`REF`], [`BATCH`], [`BUDGET`] and [`LAYER_MAJOR`]. It calls the
+/// macro `$m` with every row: [`FIXTURES`] is made from it, `tests/reference.rs` and
+/// `tests/budget.rs` expand it into one `#[test]` per row of their matrix (through [`if_in!`]),
+/// and `tests/batch.rs` and `tests/layer_major.rs` iterate [`FIXTURES`]. Adding a fixture is one
+/// row here. `tests/model_table.rs` fails when a family in `arch::FAMILIES` has no `REF` row.
+macro_rules! fixture_table {
+    ($m:ident) => {
+        $m! {
+            // MLA attention, sigmoid-group routing, a shared expert.
+            deepseek_v3_fp32 "models/deepseek_v3-fp32" [REF BATCH BUDGET LAYER_MAJOR],
+            deepseek_v3_bf16 "models/deepseek_v3-bf16" [REF],
+            deepseek_v3_noqlora_fp32 "models/deepseek_v3_noqlora-fp32" [REF],
+            deepseek_v3_noqlora_bf16 "models/deepseek_v3_noqlora-bf16" [REF BATCH],
+            qwen3_moe_fp32 "models/qwen3_moe-fp32" [REF BATCH],
+            // Grouped-query attention with QK norms.
+            qwen3_moe_bf16 "models/qwen3_moe-bf16" [REF BUDGET LAYER_MAJOR],
+            qwen2_moe_fp32 "models/qwen2_moe-fp32" [REF],
+            qwen2_moe_bf16 "models/qwen2_moe-bf16" [REF BATCH],
+            mixtral_fp32 "models/mixtral-fp32" [REF BATCH BUDGET],
+            // Grouped-query attention with a sliding window.
+            mixtral_bf16 "models/mixtral-bf16" [REF LAYER_MAJOR],
+            olmoe_fp32 "models/olmoe-fp32" [REF],
+            olmoe_bf16 "models/olmoe-bf16" [REF BATCH],
+            kimi_linear_fp32 "kimi/kimi_linear-fp32" [REF BATCH BUDGET],
+            kimi_linear_bf16 "kimi/kimi_linear-bf16" [REF],
+            // Partial rotary with per-head q/k norms, sigmoid group routing, a shared expert.
+            glm4_moe_fp32 "models/glm4_moe-fp32" [REF BATCH LAYER_MAJOR],
+            glm4_moe_bf16 "models/glm4_moe-bf16" [REF BUDGET],
+            minimax_m2_fp32 "models/minimax_m2-fp32" [REF BUDGET],
+            minimax_m2_bf16 "models/minimax_m2-bf16" [REF BATCH],
+            ernie4_5_moe_fp32 "models/ernie4_5_moe-fp32" [REF],
+            ernie4_5_moe_bf16 "models/ernie4_5_moe-bf16" [REF BATCH BUDGET],
+            qwen3_next_fp32 "models/qwen3_next-fp32" [REF BUDGET],
+            // Gated DeltaNet and gated full attention, zero-centred norms, a gated shared expert.
+            qwen3_next_bf16 "models/qwen3_next-bf16" [REF BATCH LAYER_MAJOR],
+            qwen3_5_moe_fp32 "models/qwen3_5_moe-fp32" [REF],
+            qwen3_5_moe_bf16 "models/qwen3_5_moe-bf16" [REF],
+            qwen3_5_moe_multimodal_bf16 "models/qwen3_5_moe_multimodal-bf16" [REF BATCH BUDGET],
+            mimo_v2_flash_fp32 "models/mimo_v2_flash-fp32" [REF],
+            // Sliding layers with sinks and their own rotary table, values narrower than keys.
+            mimo_v2_flash_bf16 "models/mimo_v2_flash-bf16" [REF BATCH LAYER_MAJOR],
+            // Chunked attention, NoPE layers with temperature, routing weights on expert inputs.
+            llama4_fp32 "models/llama4-fp32" [REF BATCH LAYER_MAJOR],
+            llama4_bf16 "models/llama4-bf16" [REF],
+            llama4_multimodal_bf16 "models/llama4_multimodal-bf16" [REF],
+            longcat_flash_fp32 "models/longcat_flash-fp32" [REF BUDGET],
+            // Two sublayers per layer, the shortcut MoE carried across them, zero-compute experts.
+            longcat_flash_bf16 "models/longcat_flash-bf16" [REF BATCH LAYER_MAJOR],
+            // Per-layer heads and rotary tables, a per-head gate, bounded SwiGLU, stacked experts.
+            step3p7_fp32 "models/step3p7-fp32" [REF LAYER_MAJOR],
+            step3p7_bf16 "models/step3p7-bf16" [REF BATCH BUDGET],
+            deepseek_v32_fp32 "models/deepseek_v32-fp32" [REF BUDGET],
+            // Sparse attention: each query over its indexer's top 8, the indexer's key cache.
+            deepseek_v32_bf16 "models/deepseek_v32-bf16" [REF BATCH LAYER_MAJOR],
+            // Layers sharing the top-k of the full sparse layer before them.
+            glm_moe_dsa_fp32 "models/glm_moe_dsa-fp32" [REF BUDGET LAYER_MAJOR],
+            glm_moe_dsa_bf16 "models/glm_moe_dsa-bf16" [REF BATCH],
+            // Layers reading an earlier layer's latent cache, NoPE layers, log-position query scaling.
+            mistral_large4_fp32 "models/mistral_large4-fp32" [REF BUDGET LAYER_MAJOR],
+            mistral_large4_bf16 "models/mistral_large4-bf16" [REF BATCH],
+            // Hyper-connection streams, attention sinks and gates on sparse MLA, bounded SwiGLU inputs.
+            hy_v4_fp32 "models/hy_v4-fp32" [REF LAYER_MAJOR],
+            hy_v4_bf16 "models/hy_v4-bf16" [REF BATCH BUDGET],
+            // KDA beside NoPE sparse MLA with a pooled indexer, mHC's Sinkhorn-mixed streams.
+            glm5_next_fp32 "models/glm5_next-fp32" [REF BUDGET LAYER_MAJOR],
+            glm5_next_bf16 "models/glm5_next-bf16" [REF BATCH],
+            deepseek_v4_fp32 "models/deepseek_v4-fp32" [REF BUDGET LAYER_MAJOR],
+            deepseek_v4_bf16 "models/deepseek_v4-bf16" [REF BATCH],
+            llama_fp32 "models/llama-fp32" [REF BATCH],
+            llama_bf16 "models/llama-bf16" [REF],
+            mistral_fp32 "models/mistral-fp32" [REF BUDGET],
+            mistral_bf16 "models/mistral-bf16" [REF],
+            // A dense model: sliding and full layers, no experts.
+            qwen2_fp32 "models/qwen2-fp32" [REF LAYER_MAJOR],
+            qwen2_bf16 "models/qwen2-bf16" [REF BATCH],
+            qwen3_fp32 "models/qwen3-fp32" [REF],
+            qwen3_bf16 "models/qwen3-bf16" [REF BUDGET],
+            quant_deepseek_v3_fp8 "quant/deepseek_v3-fp8" [REF],
+            quant_deepseek_v3_fp8_ue8m0_fp4 "quant/deepseek_v3-fp8-ue8m0-fp4" [REF],
+            quant_minimax_m2_fp8 "quant/minimax_m2-fp8" [REF],
+            quant_qwen3_5_moe_fp8 "quant/qwen3_5_moe-fp8" [REF],
+            quant_glm4_moe_fp8 "quant/glm4_moe-fp8" [REF],
+            quant_deepseek_v3_int4 "quant/deepseek_v3-int4" [REF BATCH],
+            quant_qwen3_moe_mxfp4 "quant/qwen3_moe-mxfp4" [REF],
+            quant_gpt_oss_bf16 "quant/gpt_oss-bf16" [REF],
+            quant_gpt_oss_mxfp4 "quant/gpt_oss-mxfp4" [REF BATCH],
+            // KDA recurrent layers, attention residuals, MXFP4 experts in a latent space. (Kimi K3's
+            // reference is Moonshot's code, checked in tests/kimi_k3.rs.)
+            k3_tiny_mxfp4 "kimi/k3/k3-tiny-mxfp4" [BATCH BUDGET LAYER_MAJOR],
+            k3_tiny_bf16 "kimi/k3/k3-tiny-bf16" [BUDGET],
+        }
+    };
+}
+
+/// Expands the braced body when the bracketed matrices hold the first one.
+macro_rules! if_in {
+    (REF [REF $($r:ident)*] {$($b:tt)*}) => { $($b)* };
+    (BATCH [BATCH $($r:ident)*] {$($b:tt)*}) => { $($b)* };
+    (BUDGET [BUDGET $($r:ident)*] {$($b:tt)*}) => { $($b)* };
+    (LAYER_MAJOR [LAYER_MAJOR $($r:ident)*] {$($b:tt)*}) => { $($b)* };
+    ($w:ident [$x:ident $($r:ident)*] $b:tt) => { if_in! { $w [$($r)*] $b } };
+    ($w:ident [] $b:tt) => {};
+}
+
+macro_rules! fixtures_const {
+    ($($name:ident $path:literal [$($flag:ident)*],)*) => {
+        /// Every fixture by its path under `testdata/`, and the matrices it runs in
+        /// ([`fixture_table!`]'s rows).
+        pub const FIXTURES: &[(&str, u8)] = &[$(($path, 0 $(| $flag)*)),*];
+    };
+}
+
+fixture_table!(fixtures_const);
 
 /// The fixtures that run in `matrix`, by their paths under `testdata/`.
 pub fn fixtures(matrix: u8) -> impl Iterator<Item = &'static str> {

@@ -238,6 +238,11 @@ pub struct EngineOpts {
     /// Instruction set: auto, scalar, avx2 or avx512.
     #[arg(long, default_value = "auto")]
     pub isa: String,
+    /// Products with quantized GGUF weights: exact (decoded to f32, transformers' numerics)
+    /// or int8 (8-bit activations and exact integer dot products, llama.cpp's numerics; for
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights so far).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "int8"])]
+    pub numerics: String,
     /// Positions the KV cache is planned for.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,

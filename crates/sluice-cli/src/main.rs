@@ -549,6 +549,9 @@ fn engine(
         })?;
         b = b.isa(i);
     }
+    if let Some(n) = sluice::Numerics::from_name(&a.numerics) {
+        b = b.numerics(n);
+    }
     let engine = b.build()?;
     if let Some(e) = &engine.model().layout().mtp_error {
         // Loaded only to draft with: the model runs without it.

@@ -58,6 +58,7 @@
 
 pub mod decode;
 pub mod gguf;
+pub mod int8;
 mod matrix;
 pub mod probe;
 pub mod scalar;
@@ -193,16 +194,56 @@ mod scalar_op {
     }
 }
 
-/// The kernels for one instruction set. Holding one proves the ISA is available: it is the
-/// capability token the SIMD paths rely on.
+/// Which arithmetic the products of quantized GGUF weights use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Numerics {
+    /// Every weight decoded exactly to f32 and multiplied by f32 activations (the contract of
+    /// [`scalar`]): transformers' numerics on the dequantized weights.
+    #[default]
+    Exact,
+    /// Activations quantized to 8 bits and exact integer dot products ([`int8`]), for the
+    /// formats that have one; the rest as [`Numerics::Exact`].
+    Int8,
+}
+
+impl Numerics {
+    /// Every mode.
+    pub const ALL: [Numerics; 2] = [Numerics::Exact, Numerics::Int8];
+
+    /// The name the CLI and the stats use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Int8 => "int8",
+        }
+    }
+
+    /// Parses a name as the CLI spells it.
+    pub fn from_name(s: &str) -> Option<Numerics> {
+        Numerics::ALL.into_iter().find(|n| n.name() == s)
+    }
+}
+
+impl fmt::Display for Numerics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The kernels for one instruction set and numeric mode. Holding one proves the ISA is
+/// available: it is the capability token the SIMD paths rely on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernels {
     isa: Isa,
+    numerics: Numerics,
 }
 
 impl Default for Kernels {
     fn default() -> Self {
-        Kernels { isa: Isa::best() }
+        Kernels {
+            isa: Isa::best(),
+            numerics: Numerics::Exact,
+        }
     }
 }
 
@@ -210,7 +251,10 @@ impl Kernels {
     /// Kernels for `isa`, if this CPU has it.
     pub fn new(isa: Isa) -> Result<Kernels, KernelError> {
         if isa.is_available() {
-            Ok(Kernels { isa })
+            Ok(Kernels {
+                isa,
+                numerics: Numerics::Exact,
+            })
         } else {
             Err(KernelError::Unavailable(isa))
         }
@@ -224,6 +268,16 @@ impl Kernels {
     /// The ISA in use.
     pub fn isa(&self) -> Isa {
         self.isa
+    }
+
+    /// The same kernels in numeric mode `numerics`.
+    pub fn with_numerics(self, numerics: Numerics) -> Kernels {
+        Kernels { numerics, ..self }
+    }
+
+    /// The numeric mode.
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
     }
 
     /// Matrix product over a range of output rows.
@@ -263,6 +317,11 @@ impl Kernels {
             return scalar::matmul(m, x, y, rows);
         }
         if let Codes::Block(f) = m.codes() {
+            if self.numerics == Numerics::Int8
+                && let Some(kind) = int8::ActKind::for_format(f)
+            {
+                return int8::matmul_with(self, f, kind, m, x, y, rows);
+            }
             return gguf::matmul(self, f, m, x, y, rows);
         }
         dispatch!(self, matmul(m, x, y, rows))

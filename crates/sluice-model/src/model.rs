@@ -418,6 +418,11 @@ impl Model {
         self.net.exec.kernels().isa()
     }
 
+    /// The numeric mode of products with quantized weights.
+    pub fn numerics(&self) -> sluice_kernels::Numerics {
+        self.net.exec.kernels().numerics()
+    }
+
     /// Compute threads.
     pub fn threads(&self) -> usize {
         self.net.exec.threads()

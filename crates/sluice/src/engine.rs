@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use sluice_kernels::{Isa, Kernels};
+use sluice_kernels::{Isa, Kernels, Numerics};
 use sluice_model::{Description, MemoryPlan, Model, ModelOptions, PolicyChoice};
 use sluice_sampler::SamplingOptions;
 use sluice_store::{ExpertStats, TraceEvent};
@@ -31,6 +31,7 @@ pub struct EngineBuilder {
     memory: Memory,
     threads: Option<usize>,
     isa: Option<Isa>,
+    numerics: Numerics,
     policy: PolicyChoice,
     prefetch: bool,
     prefetch_precision: f64,
@@ -52,6 +53,7 @@ impl Default for EngineBuilder {
             memory: Memory::Unlimited,
             threads: None,
             isa: None,
+            numerics: Numerics::Exact,
             policy: PolicyChoice::default(),
             prefetch: true,
             prefetch_precision: sluice_store::PREFETCH_PRECISION,
@@ -108,6 +110,15 @@ impl EngineBuilder {
     /// Forces an instruction set (default: the best this CPU has).
     pub fn isa(mut self, isa: Isa) -> Self {
         self.isa = Some(isa);
+        self
+    }
+
+    /// The numeric mode of products with quantized GGUF weights (default
+    /// [`Numerics::Exact`]; [`Numerics::Int8`]: 8-bit activations and exact integer dot
+    /// products, as llama.cpp computes them). Output bits depend on it, and on nothing else
+    /// this builder sets.
+    pub fn numerics(mut self, numerics: Numerics) -> Self {
+        self.numerics = numerics;
         self
     }
 
@@ -226,7 +237,8 @@ impl EngineBuilder {
         let kernels = match self.isa {
             Some(isa) => Kernels::new(isa).map_err(|e| Error::Usage(e.to_string()))?,
             None => Kernels::best(),
-        };
+        }
+        .with_numerics(self.numerics);
         let threads = self
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

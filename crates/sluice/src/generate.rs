@@ -302,6 +302,7 @@ pub(crate) fn prefill(
         policy: model.experts().policy_name(),
         threads: model.threads(),
         isa: model.isa().name().to_owned(),
+        numerics: model.numerics().name().to_owned(),
         ..Default::default()
     };
     Ok(Prefilled {

@@ -52,7 +52,7 @@ pub use options::{
 pub use prefix::PrefixCacheStats;
 pub use session::{Generation, Session};
 pub use sluice_grammar::Grammar;
-pub use sluice_kernels::Isa;
+pub use sluice_kernels::{Isa, Numerics};
 pub use sluice_model::{Description, MemoryPlan, ModelConfig};
 pub use sluice_sampler::SamplingOptions;
 pub use sluice_store::{

@@ -6,8 +6,9 @@
 //! | bytes | field |
 //! |---|---|
 //! | 16 | magic `SLUICE-SESSION\0\0` |
-//! | 4 | format version (1) |
+//! | 4 | format version (2) |
 //! | 16 | the model's fingerprint ([`fingerprint`]) |
+//! | 1 | the numeric mode the state was computed in (0 exact, 1 int8; absent in format 1, whose files are exact) |
 //! | 8 + 4n | the number of tokens, then the tokens |
 //! | 8 + m | the length of the state, then the state (`sluice_model::State::to_bytes`) |
 //! | 8 + k | the length of the caller's extra bytes (a chat's messages as JSON), then them |
@@ -15,8 +16,8 @@
 //!
 //! It is written to a temporary file beside the target and renamed over it, so a reader sees
 //! the old file or the new one, never half of one. A file that is not one, is of another
-//! version or another model, is cut short or fails its checksum is refused with one line naming
-//! it, and never used.
+//! version, another model or another numeric mode, is cut short or fails its checksum is
+//! refused with one line naming it, and never used.
 
 use std::io::Write;
 use std::path::Path;
@@ -26,7 +27,7 @@ use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 use crate::Error;
 
 const MAGIC: &[u8; 16] = b"SLUICE-SESSION\0\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// The most bytes of a safetensors header hashed for the fingerprint.
 const MAX_HEADER: u64 = 100 << 20;
@@ -105,6 +106,8 @@ fn gguf_fingerprint(first: &Path) -> Result<[u8; 16], Error> {
 
 /// What a session file holds.
 pub(crate) struct Saved {
+    /// The numeric mode its state was computed in.
+    pub(crate) numerics: sluice_kernels::Numerics,
     pub(crate) tokens: Vec<u32>,
     pub(crate) state: Vec<u8>,
     pub(crate) extra: Vec<u8>,
@@ -116,6 +119,10 @@ pub(crate) fn write(path: &Path, model: &[u8; 16], s: &Saved) -> Result<(), Erro
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(model);
+    out.push(match s.numerics {
+        sluice_kernels::Numerics::Exact => 0,
+        sluice_kernels::Numerics::Int8 => 1,
+    });
     out.extend_from_slice(&(s.tokens.len() as u64).to_le_bytes());
     for t in &s.tokens {
         out.extend_from_slice(&t.to_le_bytes());
@@ -216,12 +223,24 @@ pub(crate) fn read(path: &Path, model: &[u8; 16]) -> Result<Saved, Error> {
     };
     take(16)?;
     let version = u32::from_le_bytes(take(4)?.try_into().unwrap_or_default());
-    if version != VERSION {
+    if version != VERSION && version != 1 {
         return Err(refuse(&format!(
-            "session file format {version}; this sluice reads format {VERSION}"
+            "session file format {version}; this sluice reads formats 1 and {VERSION}"
         )));
     }
     let stored_model = take(16)?.to_vec();
+    let numerics = match version {
+        1 => sluice_kernels::Numerics::Exact,
+        _ => match take(1)?[0] {
+            0 => sluice_kernels::Numerics::Exact,
+            1 => sluice_kernels::Numerics::Int8,
+            n => {
+                return Err(refuse(&format!(
+                    "the session file is corrupt (numeric mode {n})"
+                )));
+            }
+        },
+    };
     let n = u64_at(take(8)?) as usize;
     let tokens: Vec<u32> = take(n.checked_mul(4).ok_or_else(|| refuse("corrupt"))?)?
         .chunks_exact(4)
@@ -240,6 +259,7 @@ pub(crate) fn read(path: &Path, model: &[u8; 16]) -> Result<Saved, Error> {
         ));
     }
     Ok(Saved {
+        numerics,
         tokens,
         state,
         extra,

@@ -67,6 +67,7 @@ impl Session {
             path,
             &self.engine.fingerprint()?,
             &crate::saved::Saved {
+                numerics: self.engine.model().numerics(),
                 tokens: self.history.clone(),
                 state: self.state.to_bytes(),
                 extra: extra.to_vec(),
@@ -75,12 +76,20 @@ impl Session {
     }
 
     /// Replaces what the session holds with a file [`Session::save`] wrote, and returns its
-    /// extra bytes. A file that is not a session file, is of another model, is cut short or
-    /// fails its checksum is refused ([`Error::Usage`], one line naming it) and the session is
+    /// extra bytes. A file that is not a session file, is of another model or numeric mode, is
+    /// cut short or fails its checksum is refused ([`Error::Usage`], one line naming it) and the session is
     /// left as it was. A following [`Session::generate_full`] whose prompt starts with the saved
     /// tokens computes only the rest.
     pub fn load(&mut self, path: &Path) -> Result<Vec<u8>, Error> {
         let saved = crate::saved::read(path, &self.engine.fingerprint()?)?;
+        let numerics = self.engine.model().numerics();
+        if saved.numerics != numerics {
+            return Err(Error::Usage(format!(
+                "{}: the session was computed with --numerics {}, this run uses {numerics} (its state would not be this run's)",
+                path.display(),
+                saved.numerics
+            )));
+        }
         let cfg = self.engine.model().config();
         let mut state = State::from_bytes(cfg, &saved.state).map_err(|e| {
             Error::Usage(format!(

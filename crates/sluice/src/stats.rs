@@ -133,6 +133,8 @@ pub struct GenerationStats {
     pub threads: usize,
     /// Instruction set.
     pub isa: String,
+    /// Numeric mode of products with quantized weights (`exact` or `int8`).
+    pub numerics: String,
 }
 
 /// Figures of one prefill pass: every layer over one span of the prompt.

@@ -137,3 +137,45 @@ fn other_models_truncated_and_flipped_files_are_refused_and_change_nothing() {
     // The session still holds what it had, and the good file still loads.
     s.load(&file).unwrap();
 }
+
+/// A session records the numeric mode its state was computed in: another mode's engine
+/// refuses it with one line, and the same mode's loads it.
+#[test]
+fn a_session_of_the_other_numeric_mode_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = common::demo();
+    let exact = engine(&dir);
+    let mut s = exact.session().unwrap();
+    run(&mut s, &[5, 9, 2, 7], 3);
+    let file = d.path().join("exact.sluice");
+    s.save(&file, &[]).unwrap();
+    let int8 = Engine::builder()
+        .model(&dir)
+        .threads(2)
+        .context(64)
+        .numerics(sluice::Numerics::Int8)
+        .build()
+        .unwrap();
+    let mut i = int8.session().unwrap();
+    let e = i.load(&file).unwrap_err();
+    let m = e.to_string();
+    assert!(e.is_input_error(), "{m}");
+    assert!(
+        m.contains("--numerics exact") && m.contains("int8") && !m.contains('\n'),
+        "{m}"
+    );
+    assert!(i.history().is_empty());
+    // Saved in int8, it loads in int8.
+    run(&mut i, &[5, 9, 2, 7], 3);
+    let file8 = d.path().join("int8.sluice");
+    i.save(&file8, &[]).unwrap();
+    let mut j = int8.session().unwrap();
+    j.load(&file8).unwrap();
+    assert_eq!(j.history(), i.history());
+    assert!(
+        s.load(&file8)
+            .unwrap_err()
+            .to_string()
+            .contains("--numerics int8")
+    );
+}

@@ -157,3 +157,4 @@ pub(crate) mod avx2;
 pub(crate) mod avx512;
 pub(crate) mod generic;
 pub(crate) mod gguf;
+pub(crate) mod int8;

@@ -24,6 +24,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use criterion::{Criterion, SamplingMode, Throughput};
+use sluice_kernels::Numerics;
 use sluice_kernels::decode::f32_to_bf16;
 use sluice_kernels::gguf::BlockFormat;
 use sluice_kernels::{Codes, Isa, Kernels, Matrix, ScaleType, Scales};
@@ -341,7 +342,13 @@ fn bench_matmul(c: &mut Criterion, pool: &mut [u8], kernels: &[Kernels]) {
                     if k.isa() == Isa::Scalar && (batch > 1 || rows != 4096) {
                         continue;
                     }
-                    let id = format!("{}/b{batch}", k.isa());
+                    let int8 = k.numerics() == Numerics::Int8;
+                    if int8
+                        && !matches!(f.codes, Codes::Block(b) if sluice_kernels::int8::ActKind::for_format(b).is_some())
+                    {
+                        continue;
+                    }
+                    let id = format!("{}{}/b{batch}", k.isa(), if int8 { "-int8" } else { "" });
                     let full = format!("matmul/{}/{rows}x{cols}/{id}", f.name);
                     let x: Vec<f32> = {
                         let mut rng = Rng(3);
@@ -546,13 +553,21 @@ fn main() {
         .map(|i| Kernels::new(i).unwrap())
         .collect();
     kernels.sort_by_key(|k| k.isa());
+    // The integer mode beside the exact one, on the formats it multiplies in integers (its
+    // activations are quantized once per distinct input: a product repeated on the same input,
+    // as here, measures the integer products alone).
+    let with_int8: Vec<Kernels> = kernels
+        .iter()
+        .copied()
+        .chain(kernels.iter().map(|k| k.with_numerics(Numerics::Int8)))
+        .collect();
     {
         let pool = vec![1.0f32; POOL_BYTES / 4];
         bench_bandwidth(&mut c, &pool, best);
     }
     bench_transposed(&mut c, &kernels);
     let mut pool = vec![0u8; POOL_BYTES];
-    bench_matmul(&mut c, &mut pool, &kernels);
+    bench_matmul(&mut c, &mut pool, &with_int8);
     c.final_summary();
     print_table();
 }

@@ -301,7 +301,7 @@ fn h(b: &[u8], at: usize) -> f32 {
 }
 
 /// Q4_K / Q5_K: `Σ_g m_g × Σ a` over the 8 sub-blocks of 32, from the sums of 16.
-fn k4_msum(scales: &[u8], bsums: &[i16]) -> i32 {
+pub(crate) fn k4_msum(scales: &[u8], bsums: &[i16]) -> i32 {
     (0..8)
         .map(|g| {
             let m = scale_min_k4(scales, g).1 as i32;
@@ -436,33 +436,19 @@ pub(crate) fn matmul_with(
         let Some((_, a)) = last.as_ref() else {
             return;
         };
-        let nr = rows.len();
         #[cfg(target_arch = "x86_64")]
-        let simd = k.isa() != crate::Isa::Scalar && std::arch::is_x86_feature_detected!("avx2");
+        if k.isa() != crate::Isa::Scalar && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just now); `m` is a matrix of `f`, `a` its
+            // activations and `y` holds `a.rows() × rows.len()` values (the checked call's).
+            unsafe { crate::x86::int8::matmul(f, m, a, y, rows) };
+            return;
+        }
         #[cfg(not(target_arch = "x86_64"))]
-        let simd = {
-            let _ = k;
-            false
-        };
+        let _ = k;
+        let nr = rows.len();
         for (i, yr) in y.chunks_exact_mut(nr.max(1)).enumerate().take(a.rows()) {
             for (o, r) in yr.iter_mut().zip(rows.clone()) {
-                let row = m.row(r);
-                *o = if simd {
-                    #[cfg(target_arch = "x86_64")]
-                    {
-                        dot_with(f, row, a, i, |f, b, q, bs| {
-                            // SAFETY: the CPU has AVX2 (checked above); `dot_with` hands one
-                            // block of `f` and its codes.
-                            unsafe { crate::x86::int8::isum(f, b, q, bs) }
-                        })
-                    }
-                    #[cfg(not(target_arch = "x86_64"))]
-                    {
-                        dot(f, row, a, i)
-                    }
-                } else {
-                    dot(f, row, a, i)
-                };
+                *o = dot(f, m.row(r), a, i);
             }
         }
     });

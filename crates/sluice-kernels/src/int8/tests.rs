@@ -101,7 +101,10 @@ fn q8_k_quantizes_as_llama_cpp() {
     let mut y = vec![0f32; 256];
     y[0] = 127.0;
     y[1] = 62.5;
-    assert_eq!(&quantize(ActKind::Q8_K, &y, 256).codes(0)[..2], &[-127, -62]);
+    assert_eq!(
+        &quantize(ActKind::Q8_K, &y, 256).codes(0)[..2],
+        &[-127, -62]
+    );
     // A block of zeros.
     let z = quantize(ActKind::Q8_K, &[0.0; 256], 256);
     assert_eq!(z.scales(0)[0], 0.0);

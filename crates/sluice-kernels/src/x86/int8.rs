@@ -175,3 +175,196 @@ unsafe fn q6_k(b: &[u8], a: &[i8], bsums: &[i16]) -> i32 {
         .sum();
     hsum(acc) - 32 * offset
 }
+
+/// Activation rows a weight block is unpacked for at once.
+const GROUP: usize = 4;
+
+/// [`crate::int8::matmul`] for one ISA with AVX2: `y[i, r − rows.start]` for every activation
+/// row `i` of `a`. Q4_K and Q6_K rows run here whole — a weight block unpacked once for up to
+/// [`GROUP`] activation rows, its integer sums and the specification's epilogue inline; the
+/// other formats through [`crate::int8::dot_with`] with [`isum`]. Same bits as the
+/// specification: the integer sums are equal, and the epilogue is its operations in its order.
+///
+/// # Safety
+/// The CPU must have AVX2; `m` must be a matrix of `f` (a format with an integer product) and
+/// `a` its activations, `y` of `a.rows() × rows.len()` values.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn matmul(
+    f: BlockFormat,
+    m: &crate::Matrix<'_>,
+    a: &crate::int8::QActs,
+    y: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    let (nr, t) = (rows.len(), a.rows());
+    let fast = matches!(f, BlockFormat::Q4_K | BlockFormat::Q6_K);
+    for (ri, r) in rows.enumerate() {
+        let row = m.row(r);
+        if !fast {
+            for i in 0..t {
+                y[i * nr + ri] = crate::int8::dot_with(f, row, a, i, |f, b, q, bs| {
+                    // SAFETY: AVX2 is enabled; `dot_with` hands one block and its codes.
+                    unsafe { isum(f, b, q, bs) }
+                });
+            }
+            continue;
+        }
+        let mut i0 = 0;
+        while i0 < t {
+            let n = GROUP.min(t - i0);
+            let mut acc = [0f32; GROUP];
+            for (b, blk) in row.chunks_exact(f.type_size()).enumerate() {
+                // SAFETY: AVX2 is enabled; one block of `f`, 256 codes per activation row.
+                unsafe {
+                    match f {
+                        BlockFormat::Q4_K => q4_k_group(blk, a, i0, n, b, &mut acc),
+                        _ => q6_k_group(blk, a, i0, n, b, &mut acc),
+                    }
+                }
+            }
+            for k in 0..n {
+                y[(i0 + k) * nr + ri] = acc[k];
+            }
+            i0 += n;
+        }
+    }
+}
+
+/// The f16 at byte `at`, as f32.
+fn h(b: &[u8], at: usize) -> f32 {
+    crate::decode::f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// The two sums of `v` (lanes) and `u`: `(Σ v, Σ u)`.
+#[target_feature(enable = "avx2")]
+fn hsum2(v: __m256i, u: __m256i) -> (i32, i32) {
+    // [v0+v1, v2+v3, u0+u1, u2+u3 | v4+v5, v6+v7, u4+u5, u6+u7]
+    let p = _mm256_hadd_epi32(v, u);
+    let s = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256::<1>(p));
+    let s = _mm_hadd_epi32(s, s);
+    (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
+}
+
+/// Q4_K: super-block `b` of a row (`blk`) against activation rows `i0..i0 + n`, each value's
+/// epilogue step applied to `out` as [`crate::int8`] specifies it.
+///
+/// # Safety
+/// AVX2; `blk` one Q4_K block, `a` Q8_K activations with rows `i0..i0 + n`.
+#[target_feature(enable = "avx2")]
+unsafe fn q4_k_group(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let (s, qs) = (&blk[4..16], &blk[16..144]);
+    let (dw, dmin) = (h(blk, 0), h(blk, 2));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    let mut mins = [0i16; 16];
+    for k in 0..4 {
+        // SAFETY: 128 bytes of nibbles.
+        let v = unsafe { load(&qs[32 * k..]) };
+        w[2 * k] = _mm256_and_si256(v, m4);
+        w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+    }
+    for g in 0..8 {
+        let (scale, min) = scale_min_k4(s, g);
+        sc[g] = _mm256_set1_epi16(scale as i16);
+        // A sub-block of 32 holds two sums of 16.
+        mins[2 * g] = min as i16;
+        mins[2 * g + 1] = min as i16;
+    }
+    // SAFETY: 16 i16 values.
+    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
+        let mut acc = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: 32 codes from 32g < 256.
+            let x = unsafe { load_i8(&q[32 * g..]) };
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
+        }
+        // SAFETY: 16 sums of 16.
+        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+        let (isum, msum) = hsum2(acc, _mm256_madd_epi16(bsv, mins));
+        let da = a.scales(i)[b];
+        *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
+    }
+}
+
+/// Q6_K: as [`q4_k_group`].
+///
+/// # Safety
+/// AVX2; `blk` one Q6_K block, `a` Q8_K activations with rows `i0..i0 + n`.
+#[target_feature(enable = "avx2")]
+unsafe fn q6_k_group(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let (ql, qh, scb) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+    let dw = h(blk, 208);
+    let mut scales16 = [0i16; 16];
+    for (o, &v) in scales16.iter_mut().zip(scb) {
+        *o = v as i8 as i16;
+    }
+    // SAFETY: 16 i16 values.
+    let scales16 = unsafe { _mm256_loadu_si256(scales16.as_ptr().cast()) };
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    for half in 0..2 {
+        // SAFETY: 64 bytes of low bits and 32 of high bits per half.
+        let (l0, l1, hb) = unsafe {
+            (
+                load(&ql[64 * half..]),
+                load(&ql[64 * half + 32..]),
+                load(&qh[32 * half..]),
+            )
+        };
+        let hi = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, m3));
+        w[4 * half] = _mm256_or_si256(_mm256_and_si256(l0, m4), hi(hb));
+        w[4 * half + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), hi(_mm256_srli_epi16::<2>(hb)));
+        w[4 * half + 2] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+            hi(_mm256_srli_epi16::<4>(hb)),
+        );
+        w[4 * half + 3] = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+            hi(_mm256_srli_epi16::<6>(hb)),
+        );
+    }
+    for (g, s) in sc.iter_mut().enumerate() {
+        *s = _mm256_set_m128i(
+            _mm_set1_epi16(scb[2 * g + 1] as i8 as i16),
+            _mm_set1_epi16(scb[2 * g] as i8 as i16),
+        );
+    }
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
+        let mut acc = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: 32 codes from 32g < 256.
+            let x = unsafe { load_i8(&q[32 * g..]) };
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
+        }
+        // SAFETY: 16 sums of 16.
+        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+        // The codes are stored + 32: Σ sc (q − 32) a = Σ sc q a − 32 Σ sc bsum.
+        let (qa, offset) = hsum2(acc, _mm256_madd_epi16(bsv, scales16));
+        let da = a.scales(i)[b];
+        *out += (dw * da) * ((qa - 32 * offset) as f32);
+    }
+}

@@ -185,9 +185,13 @@ const GROUP: usize = 4;
 /// other formats through [`crate::int8::dot_with`] with [`isum`]. Same bits as the
 /// specification: the integer sums are equal, and the epilogue is its operations in its order.
 ///
+/// With `wide`, the Q4_K and Q6_K blocks run in 512-bit registers (AVX-512 BW): the same
+/// integers.
+///
 /// # Safety
-/// The CPU must have AVX2; `m` must be a matrix of `f` (a format with an integer product) and
-/// `a` its activations, `y` of `a.rows() × rows.len()` values.
+/// The CPU must have AVX2, and AVX-512 F and BW when `wide`; `m` must be a matrix of `f` (a
+/// format with an integer product) and `a` its activations, `y` of `a.rows() × rows.len()`
+/// values.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn matmul(
     f: BlockFormat,
@@ -195,6 +199,7 @@ pub(crate) unsafe fn matmul(
     a: &crate::int8::QActs,
     y: &mut [f32],
     rows: std::ops::Range<usize>,
+    wide: bool,
 ) {
     let (nr, t) = (rows.len(), a.rows());
     let fast = matches!(f, BlockFormat::Q4_K | BlockFormat::Q6_K);
@@ -214,11 +219,14 @@ pub(crate) unsafe fn matmul(
             let n = GROUP.min(t - i0);
             let mut acc = [0f32; GROUP];
             for (b, blk) in row.chunks_exact(f.type_size()).enumerate() {
-                // SAFETY: AVX2 is enabled; one block of `f`, 256 codes per activation row.
+                // SAFETY: AVX2 is enabled, and AVX-512 F/BW when `wide` (the caller's); one
+                // block of `f`, 256 codes per activation row.
                 unsafe {
-                    match f {
-                        BlockFormat::Q4_K => q4_k_group(blk, a, i0, n, b, &mut acc),
-                        _ => q6_k_group(blk, a, i0, n, b, &mut acc),
+                    match (f, wide) {
+                        (BlockFormat::Q4_K, false) => q4_k_group(blk, a, i0, n, b, &mut acc),
+                        (BlockFormat::Q4_K, true) => q4_k_group512(blk, a, i0, n, b, &mut acc),
+                        (_, false) => q6_k_group(blk, a, i0, n, b, &mut acc),
+                        (_, true) => q6_k_group512(blk, a, i0, n, b, &mut acc),
                     }
                 }
             }
@@ -364,6 +372,181 @@ unsafe fn q6_k_group(
         let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
         // The codes are stored + 32: Σ sc (q − 32) a = Σ sc q a − 32 Σ sc bsum.
         let (qa, offset) = hsum2(acc, _mm256_madd_epi16(bsv, scales16));
+        let da = a.scales(i)[b];
+        *out += (dw * da) * ((qa - 32 * offset) as f32);
+    }
+}
+
+/// Two runs of 32 codes, `lo` and `hi`, as one 512-bit register (`lo` in the low half).
+///
+/// # Safety
+/// AVX-512 F; each slice at least 32 codes.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn pair_i8(lo: &[i8], hi: &[i8]) -> __m512i {
+    // SAFETY: 32 codes each (the caller's).
+    let (l, h) = unsafe { (load_i8(lo), load_i8(hi)) };
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
+}
+
+/// Two i16 scales broadcast over the two 256-bit halves (`lo` in the low half).
+#[target_feature(enable = "avx512f,avx512bw")]
+fn pair_i16(lo: i16, hi: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
+}
+
+/// The sums of `v`'s and `u`'s lanes.
+#[target_feature(enable = "avx512f,avx512bw")]
+fn hsum512x2(v: __m512i, u: __m512i) -> (i32, i32) {
+    let fold =
+        |z: __m512i| _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z));
+    hsum2(fold(v), fold(u))
+}
+
+/// [`q4_k_group`] in 512-bit registers: two 32-code runs per product.
+///
+/// # Safety
+/// AVX-512 F/BW; as [`q4_k_group`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q4_k_group512(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let (s, qs) = (&blk[4..16], &blk[16..144]);
+    let (dw, dmin) = (h(blk, 0), h(blk, 2));
+    let m4 = _mm512_set1_epi8(0x0f);
+    // Register j holds bytes 64j..64j+64: runs 2j (low half) and 2j+1 (high half) of 32; the
+    // low nibbles are elements 64·(2j)+0..32 and 64·(2j+1)+0..32, the high ones +32..64.
+    let mut w = [_mm512_setzero_si512(); 4];
+    let mut sc = [_mm512_setzero_si512(); 4];
+    let mut mins = [0i16; 16];
+    let scale = |g: usize| scale_min_k4(s, g).0 as i16;
+    for j in 0..2 {
+        // SAFETY: 128 bytes of nibbles.
+        let v = unsafe { _mm512_loadu_si512(qs[64 * j..].as_ptr().cast()) };
+        w[2 * j] = _mm512_and_si512(v, m4);
+        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
+        // Sub-block g covers elements 32g..32g+32: run k's low nibbles are sub-block 2k, its
+        // high ones 2k + 1.
+        sc[2 * j] = pair_i16(scale(4 * j), scale(4 * j + 2));
+        sc[2 * j + 1] = pair_i16(scale(4 * j + 1), scale(4 * j + 3));
+    }
+    for g in 0..8 {
+        let min = scale_min_k4(s, g).1 as i16;
+        mins[2 * g] = min;
+        mins[2 * g + 1] = min;
+    }
+    // SAFETY: 16 i16 values.
+    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
+        let mut acc = _mm512_setzero_si512();
+        for j in 0..2 {
+            // SAFETY: runs of 32 codes inside the 256.
+            let (lo, hi) = unsafe {
+                (
+                    pair_i8(&q[128 * j..], &q[128 * j + 64..]),
+                    pair_i8(&q[128 * j + 32..], &q[128 * j + 96..]),
+                )
+            };
+            acc = _mm512_add_epi32(
+                acc,
+                _mm512_madd_epi16(_mm512_maddubs_epi16(w[2 * j], lo), sc[2 * j]),
+            );
+            acc = _mm512_add_epi32(
+                acc,
+                _mm512_madd_epi16(_mm512_maddubs_epi16(w[2 * j + 1], hi), sc[2 * j + 1]),
+            );
+        }
+        // SAFETY: 16 sums of 16.
+        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+        let (isum, msum) = hsum512x2(acc, _mm512_castsi256_si512(_mm256_madd_epi16(bsv, mins)));
+        let da = a.scales(i)[b];
+        *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
+    }
+}
+
+/// [`q6_k_group`] in 512-bit registers.
+///
+/// # Safety
+/// AVX-512 F/BW; as [`q6_k_group`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn q6_k_group512(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let (ql, qh, scb) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+    let dw = h(blk, 208);
+    let mut scales16 = [0i16; 16];
+    for (o, &v) in scales16.iter_mut().zip(scb) {
+        *o = v as i8 as i16;
+    }
+    // SAFETY: 16 i16 values.
+    let scales16 = unsafe { _mm256_loadu_si256(scales16.as_ptr().cast()) };
+    let m4 = _mm512_set1_epi8(0x0f);
+    let m3 = _mm512_set1_epi8(3);
+    // SAFETY: 128 bytes of low bits, 64 of high bits.
+    let (l0, l1, hb) = unsafe {
+        (
+            _mm512_loadu_si512(ql.as_ptr().cast()),
+            _mm512_loadu_si512(ql[64..].as_ptr().cast()),
+            _mm512_loadu_si512(qh.as_ptr().cast()),
+        )
+    };
+    // Halves of 128 elements in the two 256-bit halves: l0 holds ql[0..64] (half 0's
+    // bytes 0..32 | 32..64) and l1 ql[64..128] (half 1's); realign to one half per lane group.
+    let lo_a = _mm512_shuffle_i64x2::<0b01_00_01_00>(l0, l1); // [h0 b0..32 | h1 b0..32] as 2×256
+    let lo_b = _mm512_shuffle_i64x2::<0b11_10_11_10>(l0, l1); // [h0 b32..64 | h1 b32..64]
+    let hi = |v: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(v, m3));
+    // Runs of 32 elements: (half 0 run g | half 1 run g), g = 0..4.
+    let w = [
+        _mm512_or_si512(_mm512_and_si512(lo_a, m4), hi(hb)),
+        _mm512_or_si512(_mm512_and_si512(lo_b, m4), hi(_mm512_srli_epi16::<2>(hb))),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(lo_a), m4),
+            hi(_mm512_srli_epi16::<4>(hb)),
+        ),
+        _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16::<4>(lo_b), m4),
+            hi(_mm512_srli_epi16::<6>(hb)),
+        ),
+    ];
+    // Scales of 16 per 128-bit quarter: run g of half 0 covers scales 2g, 2g+1; of half 1,
+    // 8 + 2g, 9 + 2g.
+    let mut sc = [_mm512_setzero_si512(); 4];
+    for (g, s) in sc.iter_mut().enumerate() {
+        let v = |k: usize| scb[k] as i8 as i16;
+        let q = |lo: i16, hi: i16| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+        *s = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(q(v(2 * g), v(2 * g + 1))),
+            q(v(8 + 2 * g), v(9 + 2 * g)),
+        );
+    }
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
+        let mut acc = _mm512_setzero_si512();
+        for (g, (wg, sg)) in w.iter().zip(&sc).enumerate() {
+            // SAFETY: runs of 32 codes inside the 256.
+            let x = unsafe { pair_i8(&q[32 * g..], &q[128 + 32 * g..]) };
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(*wg, x), *sg));
+        }
+        // SAFETY: 16 sums of 16.
+        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+        let (qa, offset) = hsum512x2(
+            acc,
+            _mm512_castsi256_si512(_mm256_madd_epi16(bsv, scales16)),
+        );
         let da = a.scales(i)[b];
         *out += (dw * da) * ((qa - 32 * offset) as f32);
     }

@@ -437,10 +437,13 @@ pub(crate) fn matmul_with(
             return;
         };
         #[cfg(target_arch = "x86_64")]
-        if k.isa() != crate::Isa::Scalar && std::arch::is_x86_feature_detected!("avx2") {
+        if k.isa() != crate::Isa::Scalar
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
             // A `Kernels` of AVX-512 proves F and BW.
             let wide = k.isa() == crate::Isa::Avx512;
-            // SAFETY: the CPU has AVX2 (checked just now), and AVX-512 F/BW when `wide`; `m` is
+            // SAFETY: the CPU has AVX2 and F16C (checked just now), and AVX-512 F/BW when `wide`; `m` is
             // a matrix of `f`, `a` its activations and `y` holds `a.rows() × rows.len()`
             // values (the checked call's).
             unsafe { crate::x86::int8::matmul(f, m, a, y, rows, wide) };

@@ -189,7 +189,7 @@ const GROUP: usize = 4;
 /// integers.
 ///
 /// # Safety
-/// The CPU must have AVX2, and AVX-512 F and BW when `wide`; `m` must be a matrix of `f` (a
+/// The CPU must have AVX2 and F16C, and AVX-512 F and BW when `wide`; `m` must be a matrix of `f` (a
 /// format with an integer product) and `a` its activations, `y` of `a.rows() × rows.len()`
 /// values.
 #[target_feature(enable = "avx2")]
@@ -202,7 +202,18 @@ pub(crate) unsafe fn matmul(
     wide: bool,
 ) {
     let (nr, t) = (rows.len(), a.rows());
-    let fast = matches!(f, BlockFormat::Q4_K | BlockFormat::Q6_K);
+    if matches!(f, BlockFormat::Q8_0 | BlockFormat::Q4_0) {
+        for (ri, r) in rows.enumerate() {
+            let row = m.row(r);
+            for i in 0..t {
+                // SAFETY: AVX2 is enabled and the caller checked F16C; one row of `f` against
+                // activation row `i`.
+                y[i * nr + ri] = unsafe { q8_0_row(f, row, a, i) };
+            }
+        }
+        return;
+    }
+    let fast = matches!(f, BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K);
     for (ri, r) in rows.enumerate() {
         let row = m.row(r);
         if !fast {
@@ -225,6 +236,7 @@ pub(crate) unsafe fn matmul(
                     match (f, wide) {
                         (BlockFormat::Q4_K, false) => q4_k_group(blk, a, i0, n, b, &mut acc),
                         (BlockFormat::Q4_K, true) => q4_k_group512(blk, a, i0, n, b, &mut acc),
+                        (BlockFormat::Q5_K, _) => q5_k_group(blk, a, i0, n, b, &mut acc),
                         (_, false) => q6_k_group(blk, a, i0, n, b, &mut acc),
                         (_, true) => q6_k_group512(blk, a, i0, n, b, &mut acc),
                     }
@@ -550,4 +562,137 @@ unsafe fn q6_k_group512(
         let da = a.scales(i)[b];
         *out += (dw * da) * ((qa - 32 * offset) as f32);
     }
+}
+
+/// Q5_K: as [`q4_k_group`], each code's fifth bit from the block's 32 bytes of high bits.
+///
+/// # Safety
+/// AVX2; `blk` one Q5_K block, `a` Q8_K activations with rows `i0..i0 + n`.
+#[target_feature(enable = "avx2")]
+unsafe fn q5_k_group(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let (s, qh, qs) = (&blk[4..16], &blk[16..48], &blk[48..176]);
+    let (dw, dmin) = (h(blk, 0), h(blk, 2));
+    let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    // SAFETY: 32 bytes of high bits.
+    let hb = unsafe { load(qh) };
+    // Bit p of byte l is the fifth bit of element 32p + l.
+    let bit = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, one));
+    let mut hv = hb;
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    let mut mins = [0i16; 16];
+    for k in 0..4 {
+        // SAFETY: 128 bytes of nibbles.
+        let v = unsafe { load(&qs[32 * k..]) };
+        w[2 * k] = _mm256_or_si256(_mm256_and_si256(v, m4), bit(hv));
+        hv = _mm256_srli_epi16::<1>(hv);
+        w[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bit(hv));
+        hv = _mm256_srli_epi16::<1>(hv);
+    }
+    for g in 0..8 {
+        let (scale, min) = scale_min_k4(s, g);
+        sc[g] = _mm256_set1_epi16(scale as i16);
+        mins[2 * g] = min as i16;
+        mins[2 * g + 1] = min as i16;
+    }
+    // SAFETY: 16 i16 values.
+    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
+        let mut acc = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: 32 codes from 32g < 256.
+            let x = unsafe { load_i8(&q[32 * g..]) };
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
+        }
+        // SAFETY: 16 sums of 16.
+        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
+        let (isum, msum) = hsum2(acc, _mm256_madd_epi16(bsv, mins));
+        let da = a.scales(i)[b];
+        *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
+    }
+}
+
+/// The eight lane sums of eight vectors, in order, as one vector.
+#[target_feature(enable = "avx2")]
+fn hsum8(v: &[__m256i; 8]) -> __m256i {
+    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    let b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    // a = [s0 s1 s2 s3 (low lanes) | s0 s1 s2 s3 (high lanes)], likewise b for 4..8.
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
+}
+
+/// One row of Q8_0 or Q4_0 blocks against activation row `i`: eight blocks' integer sums at a
+/// time, their factors `d_w × d_a` and products in vector lanes, then the specification's
+/// additions in block order.
+///
+/// # Safety
+/// AVX2 and F16C; `row` whole blocks of `f` (Q8_0 or Q4_0), `a` their Q8_0 activations.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize) -> f32 {
+    let ts = f.type_size();
+    let nb = row.len() / ts;
+    let (q, d) = (a.codes(i), a.scales(i));
+    let m4 = _mm_set1_epi8(0x0f);
+    let weights = |blk: &[u8]| -> __m256i {
+        if f == BlockFormat::Q8_0 {
+            // SAFETY: 34 bytes, 32 codes after the scale.
+            unsafe { load(&blk[2..]) }
+        } else {
+            // SAFETY: 18 bytes, 16 of nibbles after the scale.
+            let v = unsafe { _mm_loadu_si128(blk[2..18].as_ptr().cast()) };
+            let lo = _mm_and_si128(v, m4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+            _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+        }
+    };
+    let mut acc = 0f32;
+    let mut b0 = 0;
+    while b0 + 8 <= nb {
+        let mut v = [_mm256_setzero_si256(); 8];
+        let mut dw = [0u16; 8];
+        for k in 0..8 {
+            let blk = &row[(b0 + k) * ts..(b0 + k + 1) * ts];
+            // SAFETY: 32 codes of block b0 + k.
+            let x = unsafe { load_i8(&q[32 * (b0 + k)..]) };
+            v[k] = signed_dot(weights(blk), x);
+            dw[k] = u16::from_le_bytes([blk[0], blk[1]]);
+        }
+        let sums = _mm256_cvtepi32_ps(hsum8(&v));
+        // SAFETY: 8 f16 scales and 8 activation scales.
+        let (dwv, dav) = unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr().cast())),
+                _mm256_loadu_ps(d[b0..].as_ptr()),
+            )
+        };
+        let mut t = [0f32; 8];
+        // SAFETY: 8 floats.
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr(), _mm256_mul_ps(_mm256_mul_ps(dwv, dav), sums)) };
+        for v in t {
+            acc += v;
+        }
+        b0 += 8;
+    }
+    for b in b0..nb {
+        let blk = &row[b * ts..(b + 1) * ts];
+        // SAFETY: 32 codes of block b.
+        let x = unsafe { load_i8(&q[32 * b..]) };
+        let sum = hsum(signed_dot(weights(blk), x)) as f32;
+        acc += (h(blk, 0) * d[b]) * sum;
+    }
+    acc
 }

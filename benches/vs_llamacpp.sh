@@ -29,6 +29,8 @@
 #              quantized GGUF ($WORK/model-<type>.gguf, made from the BF16 one), sluice
 #              multiplying its blocks in place; unset, llama.cpp reads the BF16 GGUF and sluice
 #              the safetensors checkpoint                                      [unset]
+#   NUMERICS   sluice's --numerics: exact (f32 products of the decoded weights) or int8 (8-bit
+#              activations and integer dot products, llama.cpp's numerics)      [exact]
 #
 # llama.cpp's CPU weight repacking (llama-bench --repack 1, its default) aborts on the quantized
 # GGUF of this DeepSeek-V3-shaped model in the build used here (GGML_ASSERT(*cur_backend_id !=
@@ -56,6 +58,7 @@ GEN_RAM=${GEN:-32}
 GEN_CAP=${GEN:-16}
 MOE_INTER=${MOE_INTER:-768}
 DEPTH=${DEPTH:-prompt}
+NUMERICS=${NUMERICS:-exact}
 case "$DEPTH" in prompt|0) ;; *) echo "DEPTH must be prompt or 0, not '$DEPTH'" >&2; exit 2 ;; esac
 
 GGUF_QUANT=${GGUF_QUANT:-}
@@ -163,7 +166,8 @@ sluice() {
     local prompt=$1 gen=$2 memory=$3; shift 3
     drop "${sluice_files[@]}"
     "$@" "$SLUICE" run --model "$sluice_model" --prompt-ids "$(prompt_ids "$prompt")" --max-tokens $((gen + 1)) \
-        --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --prefix-cache off --json |
+        --memory "$memory" --threads "$THREADS" --context $((prompt + gen + 8)) --warmup --prefix-cache off \
+        --numerics "$NUMERICS" --json |
         "$PYTHON" -c '
 import json, sys
 s = json.load(sys.stdin)["stats"]

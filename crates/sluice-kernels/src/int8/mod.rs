@@ -431,31 +431,52 @@ pub(crate) fn matmul_with(
     LAST.with_borrow_mut(|last| {
         let hit = matches!(last, Some((b, a)) if a.kind == kind && a.cols == cols && b.as_slice() == bits);
         if !hit {
-            *last = Some((bits.to_vec(), quantize(kind, x, cols)));
-        }
-        let Some((_, a)) = last.as_ref() else {
-            return;
-        };
-        #[cfg(target_arch = "x86_64")]
-        if k.isa() != crate::Isa::Scalar
-            && std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
-            // A `Kernels` of AVX-512 proves F and BW.
-            let wide = k.isa() == crate::Isa::Avx512;
-            // SAFETY: the CPU has AVX2 and F16C (checked just now), and AVX-512 F/BW when `wide`; `m` is
-            // a matrix of `f`, `a` its activations and `y` holds `a.rows() × rows.len()`
-            // values (the checked call's).
-            unsafe { crate::x86::int8::matmul(f, m, a, y, rows, wide) };
-            return;
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = k;
-        let nr = rows.len();
-        for (i, yr) in y.chunks_exact_mut(nr.max(1)).enumerate().take(a.rows()) {
-            for (o, r) in yr.iter_mut().zip(rows.clone()) {
-                *o = dot(f, m.row(r), a, i);
+            // Inputs larger than `KEEP` values are quantized for this call alone: what a thread
+            // keeps stays a few MiB, beside the scratch the memory plan counts.
+            *last = None;
+            let q = quantize(kind, x, cols);
+            if x.len() > KEEP {
+                return product(k, f, m, &q, y, rows);
             }
+            *last = Some((bits.to_vec(), q));
+        }
+        if let Some((_, a)) = last.as_ref() {
+            product(k, f, m, a, y, rows);
         }
     });
+}
+
+/// Values of input a thread keeps quantized for the calls after ([`LAST`]).
+const KEEP: usize = 1 << 20;
+
+/// The products of [`matmul_with`] from quantized activations `a`.
+fn product(
+    k: &crate::Kernels,
+    f: BlockFormat,
+    m: &Matrix<'_>,
+    a: &QActs,
+    y: &mut [f32],
+    rows: std::ops::Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if k.isa() != crate::Isa::Scalar
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("f16c")
+    {
+        // A `Kernels` of AVX-512 proves F and BW.
+        let wide = k.isa() == crate::Isa::Avx512;
+        // SAFETY: the CPU has AVX2 and F16C (checked just now), and AVX-512 F/BW when `wide`; `m` is
+        // a matrix of `f`, `a` its activations and `y` holds `a.rows() × rows.len()`
+        // values (the checked call's).
+        unsafe { crate::x86::int8::matmul(f, m, a, y, rows, wide) };
+        return;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = k;
+    let nr = rows.len();
+    for (i, yr) in y.chunks_exact_mut(nr.max(1)).enumerate().take(a.rows()) {
+        for (o, r) in yr.iter_mut().zip(rows.clone()) {
+            *o = dot(f, m.row(r), a, i);
+        }
+    }
 }

@@ -23,7 +23,7 @@
 //! weight codes and activation codes are summed exactly in i32, the k-quants' 6- or 8-bit
 //! sub-block scales applied to each sub-block's sum in integers too: `isum = Σ_g sc_g × Σ_{j ∈ g}
 //! q_j a_j`, and for formats with mins `msum = Σ_g m_g × Σ_{j ∈ g} a_j` (from `bsums`). No sum
-//! can overflow i32 (the largest, Q5_K's, is below 2^26).
+//! can overflow i32 (the largest, Q6_K's, stays below 2^28).
 //!
 //! **The float epilogue.** Per output value, `acc` starts at `+0.0` and takes each block in
 //! order, every operation rounded to f32 (no fused multiply-add), the sums converted to f32

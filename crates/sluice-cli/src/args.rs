@@ -123,6 +123,9 @@ pub struct BenchArgs {
     /// Compute threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Products with quantized GGUF weights: exact or int8 (as for `run`).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "int8"])]
+    pub numerics: String,
     /// Seconds of the disk-bandwidth measurement (random expert-sized reads of the shards).
     #[arg(long, default_value_t = 3.0)]
     pub disk_seconds: f64,

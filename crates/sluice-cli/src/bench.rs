@@ -411,6 +411,7 @@ fn run_one(s: &RunSpec<'_>) -> Result<Row, Failure> {
                 .map_or_else(|| "unlimited".to_owned(), |b| b.to_string()),
         ])
         .args(["--policy", s.policy])
+        .args(["--numerics", &a.numerics])
         .args(["--prefetch", s.prefetch])
         .args(["--io", s.io])
         .args(["--context", &s.context.to_string()])

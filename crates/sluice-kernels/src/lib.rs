@@ -112,8 +112,19 @@ impl Isa {
         Isa::ALL.into_iter().find(|i| i.name() == s)
     }
 
-    /// Whether this CPU can run the ISA.
+    /// Whether this CPU can run the ISA, and the environment does not cap it: with
+    /// `SLUICE_MAX_ISA` set to an ISA's name (`scalar`, `avx2`), the ones above it count as
+    /// unavailable — how the test suite runs a CPU with AVX-512 as one with AVX2 only.
     pub fn is_available(self) -> bool {
+        static CAP: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
+        let cap = *CAP.get_or_init(|| {
+            std::env::var("SLUICE_MAX_ISA")
+                .ok()
+                .and_then(|v| Isa::from_name(&v))
+        });
+        if cap.is_some_and(|c| self > c) {
+            return false;
+        }
         match self {
             Isa::Scalar => true,
             #[cfg(target_arch = "x86_64")]

@@ -147,6 +147,20 @@ fn f16_round(x: f32) -> f32 {
 /// # Panics
 /// When `cols` is not a multiple of `kind.block()` or `x.len()` of `cols`.
 pub fn quantize(kind: ActKind, x: &[f32], cols: usize) -> QActs {
+    let mut q = QActs {
+        kind,
+        cols,
+        qs: Vec::new(),
+        d: Vec::new(),
+        s: Vec::new(),
+        bsums: Vec::new(),
+    };
+    quantize_into(&mut q, kind, x, cols);
+    q
+}
+
+/// [`quantize`] into `q`, whose buffers are reused.
+pub(crate) fn quantize_into(q: &mut QActs, kind: ActKind, x: &[f32], cols: usize) {
     let bl = kind.block();
     assert!(
         cols > 0 && cols.is_multiple_of(bl),
@@ -158,17 +172,15 @@ pub fn quantize(kind: ActKind, x: &[f32], cols: usize) -> QActs {
         x.len()
     );
     let nb = x.len() / bl;
-    let mut q = QActs {
-        kind,
-        cols,
-        qs: vec![0; x.len()],
-        d: vec![0.0; nb],
-        s: Vec::new(),
-        bsums: Vec::new(),
-    };
+    q.kind = kind;
+    q.cols = cols;
+    q.qs.resize(x.len(), 0);
+    q.d.resize(nb, 0.0);
+    q.s.clear();
+    q.bsums.clear();
     match kind {
         ActKind::Q8_K => {
-            q.bsums = vec![0; x.len() / 16];
+            q.bsums.resize(x.len() / 16, 0);
             for (b, xb) in x.chunks_exact(bl).enumerate() {
                 let qs = &mut q.qs[b * bl..(b + 1) * bl];
                 q.d[b] = quantize_q8_k(xb, qs);
@@ -182,7 +194,7 @@ pub fn quantize(kind: ActKind, x: &[f32], cols: usize) -> QActs {
         }
         ActKind::Q8_0 | ActKind::Q8_1 => {
             if kind == ActKind::Q8_1 {
-                q.s = vec![0.0; nb];
+                q.s.resize(nb, 0.0);
             }
             for (b, xb) in x.chunks_exact(bl).enumerate() {
                 let qs = &mut q.qs[b * bl..(b + 1) * bl];
@@ -195,7 +207,6 @@ pub fn quantize(kind: ActKind, x: &[f32], cols: usize) -> QActs {
             }
         }
     }
-    q
 }
 
 /// `quantize_row_q8_K_ref` for one block: fills `qs`, returns `d`.
@@ -229,9 +240,13 @@ fn quantize_q8_0(x: &[f32], qs: &mut [i8]) -> f32 {
     d
 }
 
-/// ggml's `nearest_int`: the nearest integer, ties to even (its magic-number addition).
+/// ggml's `nearest_int`: the nearest integer, ties to even, by its magic-number addition
+/// (exact for |x| ≤ 2^22, far beyond the ±127.5 it sees here; the same as `round_ties_even`,
+/// without a call into the maths library).
 fn nearest_int(x: f32) -> i32 {
-    x.round_ties_even() as i32
+    debug_assert!(x.abs() <= 4_194_303.0);
+    let v = x + 12_582_912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
 
 /// The dot product of one stored row of `f` (`row`) with activation row `i` of `a`, as the
@@ -412,6 +427,7 @@ thread_local! {
     /// projections), quantize it once. Reuse is decided on the values' bits, so it cannot
     /// change a result.
     static LAST: std::cell::RefCell<Option<(Vec<u32>, QActs)>> = const { std::cell::RefCell::new(None) };
+
 }
 
 /// [`crate::Kernels::matmul`] in the integer mode for a format with an integer product: the
@@ -431,14 +447,17 @@ pub(crate) fn matmul_with(
     LAST.with_borrow_mut(|last| {
         let hit = matches!(last, Some((b, a)) if a.kind == kind && a.cols == cols && b.as_slice() == bits);
         if !hit {
-            // Inputs larger than `KEEP` values are quantized for this call alone: what a thread
-            // keeps stays a few MiB, beside the scratch the memory plan counts.
-            *last = None;
-            let q = quantize(kind, x, cols);
             if x.len() > KEEP {
+                // Quantized for this call alone: what a thread keeps stays a few MiB, beside
+                // the scratch the memory plan counts.
+                let q = quantize(kind, x, cols);
                 return product(k, f, m, &q, y, rows);
             }
-            *last = Some((bits.to_vec(), q));
+            // The kept buffers are reused (no fresh pages for every input).
+            let (b, q) = last.get_or_insert_with(|| (Vec::new(), quantize(kind, &[], cols)));
+            b.clear();
+            b.extend_from_slice(bits);
+            quantize_into(q, kind, x, cols);
         }
         if let Some((_, a)) = last.as_ref() {
             product(k, f, m, a, y, rows);

@@ -202,7 +202,14 @@ pub(crate) unsafe fn matmul(
     wide: bool,
 ) {
     let (nr, t) = (rows.len(), a.rows());
-    if matches!(f, BlockFormat::Q8_0 | BlockFormat::Q4_0) {
+    if matches!(
+        f,
+        BlockFormat::Q8_0
+            | BlockFormat::Q4_0
+            | BlockFormat::Q4_1
+            | BlockFormat::Q5_0
+            | BlockFormat::Q5_1
+    ) {
         for (ri, r) in rows.enumerate() {
             let row = m.row(r);
             for i in 0..t {
@@ -635,28 +642,58 @@ fn hsum8(v: &[__m256i; 8]) -> __m256i {
     )
 }
 
-/// One row of Q8_0 or Q4_0 blocks against activation row `i`: eight blocks' integer sums at a
-/// time, their factors `d_w × d_a` and products in vector lanes, then the specification's
-/// additions in block order.
+/// The 32 bits of `qh` as 32 bytes, `0x10` where the bit is set (bit `j` → byte `j`).
+#[target_feature(enable = "avx2")]
+fn fifth_bits(qh: u32) -> __m256i {
+    let v = _mm256_set1_epi32(qh as i32);
+    // Byte j takes byte j / 8 of the word, then its bit j % 8 is tested.
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let v = _mm256_shuffle_epi8(v, shuf);
+    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// One row of 32-blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) against activation row `i`: eight
+/// blocks' integer sums at a time, their epilogue terms (`(d_w × d_a) × isum`, plus `m_w ×
+/// s_a` with mins) in vector lanes, then the specification's additions in block order.
 ///
 /// # Safety
-/// AVX2 and F16C; `row` whole blocks of `f` (Q8_0 or Q4_0), `a` their Q8_0 activations.
+/// AVX2 and F16C; `row` whole blocks of `f`, `a` their Q8_0 or Q8_1 activations.
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize) -> f32 {
     let ts = f.type_size();
     let nb = row.len() / ts;
     let (q, d) = (a.codes(i), a.scales(i));
+    let with_min = matches!(f, BlockFormat::Q4_1 | BlockFormat::Q5_1);
+    let sa: &[f32] = if with_min { a.sums(i) } else { &[] };
     let m4 = _mm_set1_epi8(0x0f);
+    let nibbles = |p: &[u8]| -> __m256i {
+        // SAFETY: 16 bytes of nibbles (the block's).
+        let v = unsafe { _mm_loadu_si128(p[..16].as_ptr().cast()) };
+        let lo = _mm_and_si128(v, m4);
+        let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
+        _mm256_set_m128i(hi, lo)
+    };
+    let qh = |blk: &[u8], at: usize| {
+        u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]])
+    };
     let weights = |blk: &[u8]| -> __m256i {
-        if f == BlockFormat::Q8_0 {
+        match f {
             // SAFETY: 34 bytes, 32 codes after the scale.
-            unsafe { load(&blk[2..]) }
-        } else {
-            // SAFETY: 18 bytes, 16 of nibbles after the scale.
-            let v = unsafe { _mm_loadu_si128(blk[2..18].as_ptr().cast()) };
-            let lo = _mm_and_si128(v, m4);
-            let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m4);
-            _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8))
+            BlockFormat::Q8_0 => unsafe { load(&blk[2..]) },
+            BlockFormat::Q4_0 => _mm256_sub_epi8(nibbles(&blk[2..]), _mm256_set1_epi8(8)),
+            BlockFormat::Q4_1 => nibbles(&blk[4..]),
+            BlockFormat::Q5_0 => _mm256_sub_epi8(
+                _mm256_or_si256(nibbles(&blk[6..]), fifth_bits(qh(blk, 2))),
+                _mm256_set1_epi8(16),
+            ),
+            _ => _mm256_or_si256(nibbles(&blk[8..]), fifth_bits(qh(blk, 4))),
         }
     };
     let mut acc = 0f32;
@@ -664,12 +701,16 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
     while b0 + 8 <= nb {
         let mut v = [_mm256_setzero_si256(); 8];
         let mut dw = [0u16; 8];
+        let mut mw = [0u16; 8];
         for k in 0..8 {
             let blk = &row[(b0 + k) * ts..(b0 + k + 1) * ts];
             // SAFETY: 32 codes of block b0 + k.
             let x = unsafe { load_i8(&q[32 * (b0 + k)..]) };
             v[k] = signed_dot(weights(blk), x);
             dw[k] = u16::from_le_bytes([blk[0], blk[1]]);
+            if with_min {
+                mw[k] = u16::from_le_bytes([blk[2], blk[3]]);
+            }
         }
         let sums = _mm256_cvtepi32_ps(hsum8(&v));
         // SAFETY: 8 f16 scales and 8 activation scales.
@@ -679,9 +720,20 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
                 _mm256_loadu_ps(d[b0..].as_ptr()),
             )
         };
+        let mut terms = _mm256_mul_ps(_mm256_mul_ps(dwv, dav), sums);
+        if with_min {
+            // SAFETY: 8 f16 mins and 8 activation sums.
+            let (mwv, sav) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(mw.as_ptr().cast())),
+                    _mm256_loadu_ps(sa[b0..].as_ptr()),
+                )
+            };
+            terms = _mm256_add_ps(terms, _mm256_mul_ps(mwv, sav));
+        }
         let mut t = [0f32; 8];
         // SAFETY: 8 floats.
-        unsafe { _mm256_storeu_ps(t.as_mut_ptr(), _mm256_mul_ps(_mm256_mul_ps(dwv, dav), sums)) };
+        unsafe { _mm256_storeu_ps(t.as_mut_ptr(), terms) };
         for v in t {
             acc += v;
         }
@@ -692,7 +744,11 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
         // SAFETY: 32 codes of block b.
         let x = unsafe { load_i8(&q[32 * b..]) };
         let sum = hsum(signed_dot(weights(blk), x)) as f32;
-        acc += (h(blk, 0) * d[b]) * sum;
+        acc += if with_min {
+            (h(blk, 0) * d[b]) * sum + h(blk, 2) * sa[b]
+        } else {
+            (h(blk, 0) * d[b]) * sum
+        };
     }
     acc
 }

@@ -396,29 +396,49 @@ unsafe fn q6_k_group(
     }
 }
 
-/// Two runs of 32 codes, `lo` and `hi`, as one 512-bit register (`lo` in the low half).
-///
-/// # Safety
-/// AVX-512 F; each slice at least 32 codes.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn pair_i8(lo: &[i8], hi: &[i8]) -> __m512i {
-    // SAFETY: 32 codes each (the caller's).
-    let (l, h) = unsafe { (load_i8(lo), load_i8(hi)) };
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(l), h)
-}
-
 /// Two i16 scales broadcast over the two 256-bit halves (`lo` in the low half).
 #[target_feature(enable = "avx512f,avx512bw")]
 fn pair_i16(lo: i16, hi: i16) -> __m512i {
     _mm512_inserti64x4::<1>(_mm512_set1_epi16(lo), _mm256_set1_epi16(hi))
 }
 
-/// The sums of `v`'s and `u`'s lanes.
+/// The epilogue of four activation rows at once, in f32 lanes (each lane the operations of
+/// [`crate::int8`]'s epilogue for its row, in its order): `sums` holds the rows' `isum` in
+/// lanes 0..4 and their `msum` (Q4_K, Q5_K) or `Σ sc·bsum` offset (Q6_K) in lanes 4..8.
+///
+/// # Safety
+/// AVX2; `da` the rows' activation scales of the block.
+#[target_feature(enable = "avx2")]
+unsafe fn finish4(out: &mut [f32; GROUP], sums: __m256i, dw: f32, dmin: Option<f32>, da: [f32; 4]) {
+    // SAFETY: four floats each.
+    let (o, dav) = unsafe { (_mm_loadu_ps(out.as_ptr()), _mm_loadu_ps(da.as_ptr())) };
+    let lo = _mm256_castsi256_si128(sums);
+    let hi = _mm256_extracti128_si256::<1>(sums);
+    let step = match dmin {
+        Some(dmin) => {
+            let left = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dw), dav), _mm_cvtepi32_ps(lo));
+            let right = _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dmin), dav), _mm_cvtepi32_ps(hi));
+            _mm_sub_ps(left, right)
+        }
+        None => {
+            // Q6_K: isum = Σ sc q a − 32 Σ sc bsum, exact in i32.
+            let isum = _mm_sub_epi32(lo, _mm_slli_epi32::<5>(hi));
+            _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(dw), dav), _mm_cvtepi32_ps(isum))
+        }
+    };
+    // SAFETY: four floats.
+    unsafe { _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(o, step)) };
+}
+
+/// The four rows' activation scales of block `b`.
+fn scales4(a: &crate::int8::QActs, i0: usize, b: usize) -> [f32; 4] {
+    std::array::from_fn(|k| a.scales(i0 + k)[b])
+}
+
+/// A 512-bit register's two halves added.
 #[target_feature(enable = "avx512f,avx512bw")]
-fn hsum512x2(v: __m512i, u: __m512i) -> (i32, i32) {
-    let fold =
-        |z: __m512i| _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z));
-    hsum2(fold(v), fold(u))
+fn fold(z: __m512i) -> __m256i {
+    _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
 }
 
 /// [`q4_k_group`] in 512-bit registers: two 32-code runs per product.
@@ -436,22 +456,21 @@ unsafe fn q4_k_group512(
 ) {
     let (s, qs) = (&blk[4..16], &blk[16..144]);
     let (dw, dmin) = (h(blk, 0), h(blk, 2));
-    let m4 = _mm512_set1_epi8(0x0f);
-    // Register j holds bytes 64j..64j+64: runs 2j (low half) and 2j+1 (high half) of 32; the
-    // low nibbles are elements 64·(2j)+0..32 and 64·(2j+1)+0..32, the high ones +32..64.
+    let m4 = _mm256_set1_epi8(0x0f);
+    // Register k holds elements 64k..64k+64 in order: the low nibbles of bytes 32k..32k+32
+    // (sub-block 2k), then their high nibbles (2k + 1). Each activation row is then read with
+    // plain 64-byte loads.
     let mut w = [_mm512_setzero_si512(); 4];
     let mut sc = [_mm512_setzero_si512(); 4];
     let mut mins = [0i16; 16];
     let scale = |g: usize| scale_min_k4(s, g).0 as i16;
-    for j in 0..2 {
+    for k in 0..4 {
         // SAFETY: 128 bytes of nibbles.
-        let v = unsafe { _mm512_loadu_si512(qs[64 * j..].as_ptr().cast()) };
-        w[2 * j] = _mm512_and_si512(v, m4);
-        w[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), m4);
-        // Sub-block g covers elements 32g..32g+32: run k's low nibbles are sub-block 2k, its
-        // high ones 2k + 1.
-        sc[2 * j] = pair_i16(scale(4 * j), scale(4 * j + 2));
-        sc[2 * j + 1] = pair_i16(scale(4 * j + 1), scale(4 * j + 3));
+        let v = unsafe { load(&qs[32 * k..]) };
+        let lo = _mm256_and_si256(v, m4);
+        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+        w[k] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        sc[k] = pair_i16(scale(2 * k), scale(2 * k + 1));
     }
     for g in 0..8 {
         let min = scale_min_k4(s, g).1 as i16;
@@ -460,32 +479,30 @@ unsafe fn q4_k_group512(
     }
     // SAFETY: 16 i16 values.
     let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
-    for (k, out) in out.iter_mut().enumerate().take(n) {
+    let mut folded = [_mm256_setzero_si256(); 8];
+    for k in 0..n {
         let i = i0 + k;
         let q = &a.codes(i)[b * 256..(b + 1) * 256];
         let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
         let mut acc = _mm512_setzero_si512();
-        for j in 0..2 {
-            // SAFETY: runs of 32 codes inside the 256.
-            let (lo, hi) = unsafe {
-                (
-                    pair_i8(&q[128 * j..], &q[128 * j + 64..]),
-                    pair_i8(&q[128 * j + 32..], &q[128 * j + 96..]),
-                )
-            };
-            acc = _mm512_add_epi32(
-                acc,
-                _mm512_madd_epi16(_mm512_maddubs_epi16(w[2 * j], lo), sc[2 * j]),
-            );
-            acc = _mm512_add_epi32(
-                acc,
-                _mm512_madd_epi16(_mm512_maddubs_epi16(w[2 * j + 1], hi), sc[2 * j + 1]),
-            );
+        for (j, (wj, sj)) in w.iter().zip(&sc).enumerate() {
+            // SAFETY: 64 codes from 64j < 256.
+            let x = unsafe { _mm512_loadu_si512(q[64 * j..].as_ptr().cast()) };
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(*wj, x), *sj));
         }
         // SAFETY: 16 sums of 16.
         let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-        let (isum, msum) = hsum512x2(acc, _mm512_castsi256_si512(_mm256_madd_epi16(bsv, mins)));
-        let da = a.scales(i)[b];
+        folded[k] = fold(acc);
+        folded[4 + k] = _mm256_madd_epi16(bsv, mins);
+    }
+    if n == GROUP {
+        // SAFETY: AVX2 (implied by AVX-512 F here, and the caller's); four rows from `i0`.
+        unsafe { finish4(out, hsum8(&folded), dw, Some(dmin), scales4(a, i0, b)) };
+        return;
+    }
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let (isum, msum) = hsum2(folded[k], folded[4 + k]);
+        let da = a.scales(i0 + k)[b];
         *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
     }
 }
@@ -511,62 +528,72 @@ unsafe fn q6_k_group512(
     }
     // SAFETY: 16 i16 values.
     let scales16 = unsafe { _mm256_loadu_si256(scales16.as_ptr().cast()) };
-    let m4 = _mm512_set1_epi8(0x0f);
-    let m3 = _mm512_set1_epi8(3);
-    // SAFETY: 128 bytes of low bits, 64 of high bits.
-    let (l0, l1, hb) = unsafe {
-        (
-            _mm512_loadu_si512(ql.as_ptr().cast()),
-            _mm512_loadu_si512(ql[64..].as_ptr().cast()),
-            _mm512_loadu_si512(qh.as_ptr().cast()),
-        )
-    };
-    // Halves of 128 elements in the two 256-bit halves: l0 holds ql[0..64] (half 0's
-    // bytes 0..32 | 32..64) and l1 ql[64..128] (half 1's); realign to one half per lane group.
-    let lo_a = _mm512_shuffle_i64x2::<0b01_00_01_00>(l0, l1); // [h0 b0..32 | h1 b0..32] as 2×256
-    let lo_b = _mm512_shuffle_i64x2::<0b11_10_11_10>(l0, l1); // [h0 b32..64 | h1 b32..64]
-    let hi = |v: __m512i| _mm512_slli_epi16::<4>(_mm512_and_si512(v, m3));
-    // Runs of 32 elements: (half 0 run g | half 1 run g), g = 0..4.
-    let w = [
-        _mm512_or_si512(_mm512_and_si512(lo_a, m4), hi(hb)),
-        _mm512_or_si512(_mm512_and_si512(lo_b, m4), hi(_mm512_srli_epi16::<2>(hb))),
-        _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi16::<4>(lo_a), m4),
-            hi(_mm512_srli_epi16::<4>(hb)),
-        ),
-        _mm512_or_si512(
-            _mm512_and_si512(_mm512_srli_epi16::<4>(lo_b), m4),
-            hi(_mm512_srli_epi16::<6>(hb)),
-        ),
-    ];
-    // Scales of 16 per 128-bit quarter: run g of half 0 covers scales 2g, 2g+1; of half 1,
-    // 8 + 2g, 9 + 2g.
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m3 = _mm256_set1_epi8(3);
+    let hi = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, m3));
+    // Register 2h + p holds elements 128h + 64p .. + 64 in order (runs 2p and 2p + 1 of half
+    // h), so that activations are read with plain 64-byte loads.
+    let mut w = [_mm512_setzero_si512(); 4];
     let mut sc = [_mm512_setzero_si512(); 4];
-    for (g, s) in sc.iter_mut().enumerate() {
-        let v = |k: usize| scb[k] as i8 as i16;
-        let q = |lo: i16, hi: i16| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
-        *s = _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(q(v(2 * g), v(2 * g + 1))),
-            q(v(8 + 2 * g), v(9 + 2 * g)),
-        );
+    for half in 0..2 {
+        // SAFETY: 64 bytes of low bits and 32 of high bits per half.
+        let (l0, l1, hb) = unsafe {
+            (
+                load(&ql[64 * half..]),
+                load(&ql[64 * half + 32..]),
+                load(&qh[32 * half..]),
+            )
+        };
+        let runs = [
+            _mm256_or_si256(_mm256_and_si256(l0, m4), hi(hb)),
+            _mm256_or_si256(_mm256_and_si256(l1, m4), hi(_mm256_srli_epi16::<2>(hb))),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4),
+                hi(_mm256_srli_epi16::<4>(hb)),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4),
+                hi(_mm256_srli_epi16::<6>(hb)),
+            ),
+        ];
+        for p in 0..2 {
+            w[2 * half + p] =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(runs[2 * p]), runs[2 * p + 1]);
+            // Each 16 codes (a 128-bit quarter) take their own scale.
+            let s0 = 8 * half + 4 * p;
+            let v = |k: usize| scb[k] as i8 as i16;
+            let q = |lo: i16, hi: i16| _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo));
+            sc[2 * half + p] = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(q(v(s0), v(s0 + 1))),
+                q(v(s0 + 2), v(s0 + 3)),
+            );
+        }
     }
-    for (k, out) in out.iter_mut().enumerate().take(n) {
+    let mut folded = [_mm256_setzero_si256(); 8];
+    for k in 0..n {
         let i = i0 + k;
         let q = &a.codes(i)[b * 256..(b + 1) * 256];
         let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
         let mut acc = _mm512_setzero_si512();
-        for (g, (wg, sg)) in w.iter().zip(&sc).enumerate() {
-            // SAFETY: runs of 32 codes inside the 256.
-            let x = unsafe { pair_i8(&q[32 * g..], &q[128 + 32 * g..]) };
-            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(*wg, x), *sg));
+        for (j, (wj, sj)) in w.iter().zip(&sc).enumerate() {
+            // SAFETY: 64 codes from 64j < 256.
+            let x = unsafe { _mm512_loadu_si512(q[64 * j..].as_ptr().cast()) };
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(*wj, x), *sj));
         }
         // SAFETY: 16 sums of 16.
         let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-        let (qa, offset) = hsum512x2(
-            acc,
-            _mm512_castsi256_si512(_mm256_madd_epi16(bsv, scales16)),
-        );
-        let da = a.scales(i)[b];
+        folded[k] = fold(acc);
+        folded[4 + k] = _mm256_madd_epi16(bsv, scales16);
+    }
+    if n == GROUP {
+        // SAFETY: AVX2 (implied by AVX-512 F here, and the caller's); four rows from `i0`.
+        unsafe { finish4(out, hsum8(&folded), dw, None, scales4(a, i0, b)) };
+        return;
+    }
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        // The codes are stored + 32: Σ sc (q − 32) a = Σ sc q a − 32 Σ sc bsum.
+        let (qa, offset) = hsum2(folded[k], folded[4 + k]);
+        let da = a.scales(i0 + k)[b];
         *out += (dw * da) * ((qa - 32 * offset) as f32);
     }
 }

@@ -13,7 +13,8 @@ for its integer dot products, sluice dots the exactly dequantized weights with f
 (as transformers does), so near-ties can go either way and the texts then part.
 
 Settings (environment): SLUICE (the binary) [target/release/sluice], LLAMA_BIN (directory with
-llama-completion) [/work/llama/src/build/bin], THREADS [2]. Needs the `tokenizers` package.
+llama-completion) [/work/llama/src/build/bin], THREADS [2], NUMERICS (sluice's --numerics: exact,
+or int8 for llama.cpp's own numerics) [exact]. Needs the `tokenizers` package.
 """
 
 import json
@@ -52,13 +53,14 @@ def main() -> None:
     sluice = os.environ.get("SLUICE", str(repo / "target/release/sluice"))
     llama = Path(os.environ.get("LLAMA_BIN", "/work/llama/src/build/bin")) / "llama-completion"
     threads = os.environ.get("THREADS", "2")
+    numerics = os.environ.get("NUMERICS", "exact")
     tok = Tokenizer.from_file(tok_path)
     full = 0
     agree = []
     for p in PROMPTS:
         out = subprocess.run(
             [sluice, "run", "--model", model, "--raw", p, "--max-tokens", str(n), "--json",
-             "--temperature", "0", "--threads", threads],
+             "--temperature", "0", "--threads", threads, "--numerics", numerics],
             check=True, capture_output=True, text=True,
         ).stdout
         ours = json.loads(out)["ids"]

@@ -181,6 +181,13 @@ fn inspect(a: args::InspectArgs) -> Result<(), Failure> {
         );
     }
     outln!("  checkpoint        {}", b(i.checkpoint_bytes));
+    if i.int8_bytes + i.block_bytes_exact > 0 {
+        outln!(
+            "  --numerics int8   integer products for {} of the {} of GGUF block weights",
+            b(i.int8_bytes),
+            b(i.int8_bytes + i.block_bytes_exact)
+        );
+    }
     if i.mtp_layers > 0 {
         outln!(
             "  MTP layers        {} ({}; {})",

@@ -72,6 +72,9 @@ fn inspect_and_bench_take_the_file() {
     let g = gguf.to_str().unwrap();
     let v = ok_json(&sluice(&["inspect", g, "--json"]));
     assert_eq!(v["model_type"], "qwen3_moe", "{v}");
+    // Q5_K_M: Q5_K and Q6_K blocks, every one with an integer product.
+    let int8 = v["int8_bytes"].as_u64().unwrap();
+    assert!(int8 > 0 && v["block_bytes_exact"] == 0, "{v}");
     let o = sluice(&[
         "bench",
         "--model",
@@ -219,4 +222,47 @@ fn the_files_vocabulary_and_sampling_defaults_are_the_models() {
         stats["trunk_bytes_read"].as_u64().unwrap() > 0,
         "nothing streamed: {stats}"
     );
+}
+
+/// `--numerics int8` runs (the stats say so; its logits are not the exact mode's), and gives the
+/// same ids at any thread count and budget.
+#[test]
+fn int8_numerics_run_and_keep_their_bits() {
+    let gguf = fixture().join("model.gguf");
+    let g = gguf.to_str().unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let run = |numerics: &str, threads: &str, memory: &str| {
+        let dump = d.path().join(format!("{numerics}-{threads}-{memory}.npy"));
+        let v = ok_json(&sluice(&[
+            "run",
+            "--model",
+            g,
+            "--prompt-ids",
+            "17,200,3,99,45,6,128,250",
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--numerics",
+            numerics,
+            "--threads",
+            threads,
+            "--memory",
+            memory,
+            "--dump-logits",
+            dump.to_str().unwrap(),
+            "--json",
+        ]));
+        assert_eq!(v["stats"]["numerics"], numerics, "{v}");
+        (v["ids"].clone(), std::fs::read(&dump).unwrap())
+    };
+    let int8 = run("int8", "2", "unlimited");
+    assert_eq!(run("int8", "1", "unlimited"), int8);
+    assert_eq!(run("int8", "3", "4MiB"), int8);
+    let exact = run("exact", "2", "unlimited");
+    assert_ne!(int8.1, exact.1, "int8 gave the exact mode's logits");
+    let o = sluice(&["run", "--model", g, "--numerics", "int4"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("--numerics"), "{err}");
 }

@@ -55,6 +55,11 @@ pub struct Inspection {
     pub mtp_layers: usize,
     /// Whether `--draft mtp` runs them (the first; Qwen3-Next's kind).
     pub mtp_drafts: bool,
+    /// Bytes of GGUF block weights whose products `--numerics int8` computes in integers
+    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); 0 for safetensors checkpoints.
+    pub int8_bytes: u64,
+    /// Bytes of GGUF block weights of other types, which that mode computes exactly.
+    pub block_bytes_exact: u64,
     /// Their bytes on disk, routed experts included (in `checkpoint_bytes`, in no other figure).
     pub mtp_bytes: u64,
     /// Shards.
@@ -233,6 +238,8 @@ pub fn inspect_with(
         mtp_drafts: sluice_model::mtp_runs(cfg, layout).is_ok(),
         shards: ck.shards().len(),
         checkpoint_bytes: ck.tensors().iter().map(|t| t.len).sum(),
+        int8_bytes: block_bytes(ck, true),
+        block_bytes_exact: block_bytes(ck, false),
         trunk_bytes: layout.trunk_bytes(),
         expert_bytes: layout.expert_bytes(),
         bytes_per_expert: plan.expert_bytes,
@@ -317,4 +324,18 @@ fn compressed_summary(cfg: &sluice_model::ModelConfig) -> Option<CompressedSumma
         }
     }
     s
+}
+
+/// Bytes of the checkpoint's GGUF block tensors with (`int8`) or without an integer product.
+fn block_bytes(ck: &sluice_format::Checkpoint, int8: bool) -> u64 {
+    ck.tensors()
+        .iter()
+        .filter_map(|t| match sluice_kernels::Codes::for_dtype(t.dtype)? {
+            sluice_kernels::Codes::Block(f) => {
+                let has = sluice_kernels::int8::ActKind::for_format(f).is_some();
+                (has == int8).then_some(t.len)
+            }
+            _ => None,
+        })
+        .sum()
 }

@@ -40,12 +40,17 @@ QK_K = 256
 LAYOUT = {
     "Q8_0": (32, 34), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
     "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18), "MXFP4": (32, 17), "IQ4_XS": (256, 136),
 }
 # The activation type of each (llama.cpp's vec_dot_type).
 ACT = {
     "Q8_0": "Q8_0", "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
     "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+    "IQ4_NL": "Q8_0", "MXFP4": "Q8_0", "IQ4_XS": "Q8_K",
 }
+# ggml's kvalues_iq4nl and kvalues_mxfp4 (E2M1 doubled).
+KV_IQ4 = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int64)
+KV_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int64)
 
 
 def f16_value(raw, at):
@@ -171,6 +176,26 @@ def weight_block(t, b):
                 q[128 * n + l + 64] = (lq0 >> 4) | (((h >> 4) & 3) << 4)
                 q[128 * n + l + 96] = (lq1 >> 4) | (((h >> 6) & 3) << 4)
         return q - 32, list(sc), None, {"d": f16_value(raw, 208)}
+    if t in ("IQ4_NL", "MXFP4"):
+        off = 2 if t == "IQ4_NL" else 1
+        qs = b[off:off + 16]
+        q = np.concatenate([qs & 0xF, qs >> 4])
+        if t == "IQ4_NL":
+            return KV_IQ4[q], [1], None, {"d": f16_value(raw, 0)}
+        # GGML_E8M0_TO_FP32_HALF: 2^(e − 128).
+        return KV_MXFP4[q], [1], None, {"d": f32(np.ldexp(f32(1.0), int(b[0]) - 128))}
+    if t == "IQ4_XS":
+        sh = int(b[2]) | (int(b[3]) << 8)
+        sl, qs = b[4:8], b[8:136]
+        q = np.zeros(256, dtype=np.int64)
+        sc = []
+        for ib in range(8):
+            ls = int((sl[ib // 2] >> (4 * (ib % 2))) & 0xF) | (((sh >> (2 * ib)) & 3) << 4)
+            sc.append(ls - 32)
+            part = qs[16 * ib:16 * ib + 16]
+            q[32 * ib:32 * ib + 16] = KV_IQ4[part & 0xF]
+            q[32 * ib + 16:32 * ib + 32] = KV_IQ4[part >> 4]
+        return q, sc, None, {"d": f16_value(raw, 0)}
     raise ValueError(t)
 
 

@@ -243,7 +243,8 @@ pub struct EngineOpts {
     pub isa: String,
     /// Products with quantized GGUF weights: exact (decoded to f32, transformers' numerics)
     /// or int8 (8-bit activations and exact integer dot products, llama.cpp's numerics; for
-    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights so far).
+    /// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4 weights so
+    /// far).
     #[arg(long, default_value = "exact", value_parser = ["exact", "int8"])]
     pub numerics: String,
     /// Positions the KV cache is planned for.

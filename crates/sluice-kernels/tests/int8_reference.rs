@@ -56,5 +56,5 @@ fn every_isa_gives_the_numpy_references_bits() {
         }
         formats += 1;
     }
-    assert_eq!(formats, 8, "formats in testdata/int8/manifest.txt");
+    assert_eq!(formats, 11, "formats in testdata/int8/manifest.txt");
 }

@@ -31,14 +31,16 @@
 //!
 //! | format | activation | `acc ←` |
 //! |---|---|---|
-//! | Q8_0, Q4_0, Q5_0 | Q8_0 | `acc + (d_w × d_a) × isum` |
+//! | Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4 | Q8_0 | `acc + (d_w × d_a) × isum` |
 //! | Q4_1, Q5_1 | Q8_1 | `acc + ((d_w × d_a) × isum + m_w × s_a)` |
 //! | Q4_K, Q5_K | Q8_K | `acc + ((d_w × d_a) × isum − (dmin_w × d_a) × msum)` |
-//! | Q6_K | Q8_K | `acc + (d_w × d_a) × isum` |
+//! | Q6_K, IQ4_XS | Q8_K | `acc + (d_w × d_a) × isum` |
 //!
 //! where the weight block's codes are: Q8_0 the int8 values; Q4_0 `q − 8`, Q5_0 `q − 16`; Q4_1,
-//! Q5_1, Q4_K, Q5_K the unsigned `q`; Q6_K `q − 32` with signed 8-bit scales. The other formats
-//! run the exact f32 path in this mode.
+//! Q5_1, Q4_K, Q5_K the unsigned `q`; Q6_K `q − 32` with signed 8-bit scales; IQ4_NL and IQ4_XS
+//! the non-linear table's `kv[q]` (IQ4_XS with the 6-bit scales `ls − 32` per 32); MXFP4 the
+//! doubled E2M1 values `2·e2m1[q]` with `d_w` half its E8M0 scale (llama.cpp's
+//! `GGML_E8M0_TO_FP32_HALF`). The other formats run the exact f32 path in this mode.
 
 use crate::decode::f16_to_f32;
 use crate::gguf::{BlockFormat, QK_K, scale_min_k4};
@@ -65,9 +67,9 @@ impl ActKind {
     pub fn for_format(f: BlockFormat) -> Option<ActKind> {
         use BlockFormat::*;
         match f {
-            Q8_0 | Q4_0 | Q5_0 => Some(ActKind::Q8_0),
+            Q8_0 | Q4_0 | Q5_0 | IQ4_NL | MXFP4 => Some(ActKind::Q8_0),
             Q4_1 | Q5_1 => Some(ActKind::Q8_1),
-            Q4_K | Q5_K | Q6_K => Some(ActKind::Q8_K),
+            Q4_K | Q5_K | Q6_K | IQ4_XS => Some(ActKind::Q8_K),
             _ => None,
         }
     }
@@ -304,6 +306,7 @@ pub(crate) fn dot_with(
                 acc + ((dw * d[b]) * sum - (dmin * d[b]) * msum)
             }
             BlockFormat::Q6_K => acc + (h(blk, 208) * d[b]) * sum,
+            BlockFormat::MXFP4 => acc + (crate::gguf::e8m0_to_f32_half(blk[0]) * d[b]) * sum,
             _ => acc + (h(blk, 0) * d[b]) * sum,
         };
     }
@@ -381,6 +384,32 @@ pub(crate) fn block_codes(f: BlockFormat, b: &[u8], out: &mut [i32], sc: &mut Ve
                 *o = (lo | (hi << 4)) as i32 - 32;
             }
             sc.extend(s.iter().map(|&v| v as i8 as i32));
+        }
+        IQ4_NL | MXFP4 => {
+            let (kv, off) = if f == IQ4_NL {
+                (&crate::gguf::IQ4_KVALUES, 2)
+            } else {
+                (&crate::gguf::MXFP4_KVALUES, 1)
+            };
+            for (j, o) in out.iter_mut().enumerate() {
+                let q = (b[off + j % 16] >> (4 * (j / 16))) & 15;
+                *o = kv[q as usize] as i32;
+            }
+            sc.push(1);
+        }
+        IQ4_XS => {
+            let sh = u16::from_le_bytes([b[2], b[3]]);
+            let (sl, qs) = (&b[4..8], &b[8..136]);
+            for (j, o) in out.iter_mut().enumerate() {
+                let (i, k) = (j / 32, j % 32);
+                let q = (qs[i * 16 + k % 16] >> (4 * (k / 16))) & 15;
+                *o = crate::gguf::IQ4_KVALUES[q as usize] as i32;
+            }
+            sc.extend((0..8).map(|i| {
+                let lo = (sl[i / 2] >> (4 * (i % 2))) & 15;
+                let hi = ((sh >> (2 * i)) & 3) as u8;
+                (lo | (hi << 4)) as i32 - 32
+            }));
         }
         _ => unreachable!("{f:?} has no integer product"),
     }

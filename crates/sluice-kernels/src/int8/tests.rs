@@ -23,7 +23,10 @@ impl Rng {
     }
 }
 
-const FORMATS: [BlockFormat; 8] = [
+const FORMATS: [BlockFormat; 11] = [
+    BlockFormat::IQ4_NL,
+    BlockFormat::MXFP4,
+    BlockFormat::IQ4_XS,
     BlockFormat::Q8_0,
     BlockFormat::Q4_0,
     BlockFormat::Q4_1,
@@ -56,10 +59,21 @@ fn blocks(f: BlockFormat, n: usize, rng: &mut Rng, extreme: bool) -> Vec<u8> {
                 &[0, 2]
             }
             BlockFormat::Q6_K => &[208],
+            BlockFormat::IQ4_NL | BlockFormat::IQ4_XS => &[0],
+            // E8M0: any byte is a scale.
+            BlockFormat::MXFP4 => &[],
             _ => unreachable!(),
         };
         for &a in at {
             blk[a..a + 2].copy_from_slice(&scale(rng));
+        }
+        if f == BlockFormat::MXFP4 {
+            // An E8M0 scale of 2^(e − 128) around 1 (or the extreme case's 2^12).
+            blk[0] = if extreme {
+                140
+            } else {
+                118 + (rng.next() % 16) as u8
+            };
         }
         if extreme && f == BlockFormat::Q8_0 {
             // −128 codes.

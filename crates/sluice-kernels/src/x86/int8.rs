@@ -209,6 +209,8 @@ pub(crate) unsafe fn matmul(
             | BlockFormat::Q4_1
             | BlockFormat::Q5_0
             | BlockFormat::Q5_1
+            | BlockFormat::IQ4_NL
+            | BlockFormat::MXFP4
     ) {
         for (ri, r) in rows.enumerate() {
             let row = m.row(r);
@@ -686,7 +688,8 @@ fn fifth_bits(qh: u32) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
-/// One row of 32-blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) against activation row `i`: eight
+/// One row of 32-blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4) against activation row
+/// `i` (the tables' codes looked up with a byte shuffle): eight
 /// blocks' integer sums at a time, their epilogue terms (`(d_w × d_a) × isum`, plus `m_w ×
 /// s_a` with mins) in vector lanes, then the specification's additions in block order.
 ///
@@ -710,12 +713,30 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
     let qh = |blk: &[u8], at: usize| {
         u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]])
     };
+    let table = |kv: &[i8; 16]| {
+        // SAFETY: 16 bytes.
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(kv.as_ptr().cast()) })
+    };
+    let (iq4, mxfp4) = (
+        table(&crate::gguf::IQ4_KVALUES),
+        table(&crate::gguf::MXFP4_KVALUES),
+    );
+    // The block's weight scale: its f16, or MXFP4's half E8M0.
+    let scale = |blk: &[u8]| {
+        if f == BlockFormat::MXFP4 {
+            crate::gguf::e8m0_to_f32_half(blk[0])
+        } else {
+            h(blk, 0)
+        }
+    };
     let weights = |blk: &[u8]| -> __m256i {
         match f {
             // SAFETY: 34 bytes, 32 codes after the scale.
             BlockFormat::Q8_0 => unsafe { load(&blk[2..]) },
             BlockFormat::Q4_0 => _mm256_sub_epi8(nibbles(&blk[2..]), _mm256_set1_epi8(8)),
             BlockFormat::Q4_1 => nibbles(&blk[4..]),
+            BlockFormat::IQ4_NL => _mm256_shuffle_epi8(iq4, nibbles(&blk[2..])),
+            BlockFormat::MXFP4 => _mm256_shuffle_epi8(mxfp4, nibbles(&blk[1..])),
             BlockFormat::Q5_0 => _mm256_sub_epi8(
                 _mm256_or_si256(nibbles(&blk[6..]), fifth_bits(qh(blk, 2))),
                 _mm256_set1_epi8(16),
@@ -727,14 +748,14 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
     let mut b0 = 0;
     while b0 + 8 <= nb {
         let mut v = [_mm256_setzero_si256(); 8];
-        let mut dw = [0u16; 8];
+        let mut dw = [0f32; 8];
         let mut mw = [0u16; 8];
         for k in 0..8 {
             let blk = &row[(b0 + k) * ts..(b0 + k + 1) * ts];
             // SAFETY: 32 codes of block b0 + k.
             let x = unsafe { load_i8(&q[32 * (b0 + k)..]) };
             v[k] = signed_dot(weights(blk), x);
-            dw[k] = u16::from_le_bytes([blk[0], blk[1]]);
+            dw[k] = scale(blk);
             if with_min {
                 mw[k] = u16::from_le_bytes([blk[2], blk[3]]);
             }
@@ -743,7 +764,7 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
         // SAFETY: 8 f16 scales and 8 activation scales.
         let (dwv, dav) = unsafe {
             (
-                _mm256_cvtph_ps(_mm_loadu_si128(dw.as_ptr().cast())),
+                _mm256_loadu_ps(dw.as_ptr()),
                 _mm256_loadu_ps(d[b0..].as_ptr()),
             )
         };
@@ -774,7 +795,7 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
         acc += if with_min {
             (h(blk, 0) * d[b]) * sum + h(blk, 2) * sa[b]
         } else {
-            (h(blk, 0) * d[b]) * sum
+            (scale(blk) * d[b]) * sum
         };
     }
     acc

@@ -56,7 +56,8 @@ pub struct Inspection {
     /// Whether `--draft mtp` runs them (the first; Qwen3-Next's kind).
     pub mtp_drafts: bool,
     /// Bytes of GGUF block weights whose products `--numerics int8` computes in integers
-    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K); 0 for safetensors checkpoints.
+    /// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4); 0 for
+    /// safetensors checkpoints.
     pub int8_bytes: u64,
     /// Bytes of GGUF block weights of other types, which that mode computes exactly.
     pub block_bytes_exact: u64,

@@ -222,7 +222,10 @@ pub(crate) unsafe fn matmul(
         }
         return;
     }
-    let fast = matches!(f, BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K);
+    let fast = matches!(
+        f,
+        BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K | BlockFormat::IQ4_XS
+    );
     for (ri, r) in rows.enumerate() {
         let row = m.row(r);
         if !fast {
@@ -246,6 +249,7 @@ pub(crate) unsafe fn matmul(
                         (BlockFormat::Q4_K, false) => q4_k_group(blk, a, i0, n, b, &mut acc),
                         (BlockFormat::Q4_K, true) => q4_k_group512(blk, a, i0, n, b, &mut acc),
                         (BlockFormat::Q5_K, _) => q5_k_group(blk, a, i0, n, b, &mut acc),
+                        (BlockFormat::IQ4_XS, _) => iq4_xs_group(blk, a, i0, n, b, &mut acc),
                         (_, false) => q6_k_group(blk, a, i0, n, b, &mut acc),
                         (_, true) => q6_k_group512(blk, a, i0, n, b, &mut acc),
                     }
@@ -799,4 +803,57 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
         };
     }
     acc
+}
+
+/// IQ4_XS: as [`q4_k_group`], the codes looked up in the non-linear table by a byte shuffle
+/// (signed, so multiplied as `maddubs(|w|, sign(x, w))`), the 6-bit scales `ls − 32` per 32.
+///
+/// # Safety
+/// AVX2; `blk` one IQ4_XS block, `a` Q8_K activations with rows `i0..i0 + n`.
+#[target_feature(enable = "avx2")]
+unsafe fn iq4_xs_group(
+    blk: &[u8],
+    a: &crate::int8::QActs,
+    i0: usize,
+    n: usize,
+    b: usize,
+    out: &mut [f32; GROUP],
+) {
+    let dw = h(blk, 0);
+    let sh = u16::from_le_bytes([blk[2], blk[3]]);
+    let (sl, qs) = (&blk[4..8], &blk[8..136]);
+    // SAFETY: 16 bytes.
+    let kv = _mm256_broadcastsi128_si256(unsafe {
+        _mm_loadu_si128(crate::gguf::IQ4_KVALUES.as_ptr().cast())
+    });
+    let m4 = _mm_set1_epi8(0x0f);
+    let mut w = [_mm256_setzero_si256(); 8];
+    let mut aw = [_mm256_setzero_si256(); 8];
+    let mut sc = [_mm256_setzero_si256(); 8];
+    for g in 0..8 {
+        // SAFETY: 16 bytes of nibbles per sub-block of 32.
+        let v = unsafe { _mm_loadu_si128(qs[16 * g..].as_ptr().cast()) };
+        let idx = _mm256_set_m128i(
+            _mm_and_si128(_mm_srli_epi16::<4>(v), m4),
+            _mm_and_si128(v, m4),
+        );
+        w[g] = _mm256_shuffle_epi8(kv, idx);
+        aw[g] = _mm256_sign_epi8(w[g], w[g]);
+        let lo = (sl[g / 2] >> (4 * (g % 2))) & 15;
+        let hi = ((sh >> (2 * g)) & 3) as u8;
+        sc[g] = _mm256_set1_epi16((lo | (hi << 4)) as i16 - 32);
+    }
+    for (k, out) in out.iter_mut().enumerate().take(n) {
+        let i = i0 + k;
+        let q = &a.codes(i)[b * 256..(b + 1) * 256];
+        let mut acc = _mm256_setzero_si256();
+        for g in 0..8 {
+            // SAFETY: 32 codes from 32g < 256.
+            let x = unsafe { load_i8(&q[32 * g..]) };
+            let p = _mm256_maddubs_epi16(aw[g], _mm256_sign_epi8(x, w[g]));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc[g]));
+        }
+        let da = a.scales(i)[b];
+        *out += (dw * da) * (hsum(acc) as f32);
+    }
 }

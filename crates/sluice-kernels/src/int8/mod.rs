@@ -257,19 +257,6 @@ fn nearest_int(x: f32) -> i32 {
 /// # Panics
 /// When `a`'s kind is not `f`'s or the lengths disagree.
 pub fn dot(f: BlockFormat, row: &[u8], a: &QActs, i: usize) -> f32 {
-    dot_with(f, row, a, i, block_isum)
-}
-
-/// [`dot`] with the blocks' integer sums from `isum` (a SIMD path's, which must equal
-/// [`block_isum`]'s): the epilogue is this one function for every ISA.
-#[inline(always)]
-pub(crate) fn dot_with(
-    f: BlockFormat,
-    row: &[u8],
-    a: &QActs,
-    i: usize,
-    isum: impl Fn(BlockFormat, &[u8], &[i8], &[i16]) -> i32,
-) -> f32 {
     assert_eq!(
         ActKind::for_format(f),
         Some(a.kind),
@@ -294,7 +281,7 @@ pub(crate) fn dot_with(
     for (b, blk) in row.chunks_exact(ts).enumerate() {
         let q = &qs[b * bl..(b + 1) * bl];
         let bs = bsums.get(b * 16..(b + 1) * 16).unwrap_or(&[]);
-        let sum = isum(f, blk, q, bs) as f32;
+        let sum = block_isum(f, blk, q) as f32;
         acc = match f {
             BlockFormat::Q4_1 | BlockFormat::Q5_1 => {
                 let (dw, mw) = (h(blk, 0), h(blk, 2));
@@ -319,7 +306,7 @@ fn h(b: &[u8], at: usize) -> f32 {
 }
 
 /// Q4_K / Q5_K: `Σ_g m_g × Σ a` over the 8 sub-blocks of 32, from the sums of 16.
-pub(crate) fn k4_msum(scales: &[u8], bsums: &[i16]) -> i32 {
+fn k4_msum(scales: &[u8], bsums: &[i16]) -> i32 {
     (0..8)
         .map(|g| {
             let m = scale_min_k4(scales, g).1 as i32;
@@ -331,7 +318,7 @@ pub(crate) fn k4_msum(scales: &[u8], bsums: &[i16]) -> i32 {
 /// The weight block's integer codes, in element order, into `out` (`f.block_size()` values),
 /// and its integer sub-block scales into `sc` (one per sub-block: 8 of 32 for Q4_K/Q5_K, 16 of
 /// 16 for Q6_K; a single 1 otherwise).
-pub(crate) fn block_codes(f: BlockFormat, b: &[u8], out: &mut [i32], sc: &mut Vec<i32>) {
+fn block_codes(f: BlockFormat, b: &[u8], out: &mut [i32], sc: &mut Vec<i32>) {
     use BlockFormat::*;
     sc.clear();
     match f {
@@ -415,9 +402,8 @@ pub(crate) fn block_codes(f: BlockFormat, b: &[u8], out: &mut [i32], sc: &mut Ve
     }
 }
 
-/// `isum` of one weight block against its activation codes `a` (`bsums`, the codes' sums of
-/// 16, are not needed here: a SIMD path may use them).
-pub(crate) fn block_isum(f: BlockFormat, b: &[u8], a: &[i8], _bsums: &[i16]) -> i32 {
+/// `isum` of one weight block against its activation codes `a`.
+fn block_isum(f: BlockFormat, b: &[u8], a: &[i8]) -> i32 {
     let mut w = [0i32; QK_K];
     let mut sc = Vec::with_capacity(16);
     let w = &mut w[..f.block_size()];
@@ -521,10 +507,5 @@ fn product(
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = k;
-    let nr = rows.len();
-    for (i, yr) in y.chunks_exact_mut(nr.max(1)).enumerate().take(a.rows()) {
-        for (o, r) in yr.iter_mut().zip(rows.clone()) {
-            *o = dot(f, m.row(r), a, i);
-        }
-    }
+    matmul(m, a, y, rows);
 }

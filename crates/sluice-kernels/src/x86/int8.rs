@@ -1,35 +1,13 @@
-//! AVX2 integer sums of the integer mode ([`crate::int8`]): a weight block's `isum` against its
-//! activation codes, exact in i32, so any order of the additions gives the specification's
-//! integer. `maddubs` multiplies unsigned weight bytes (at most 63, or the 128 of a −128 code's
+//! The integer mode's products on x86 ([`crate::int8`]), AVX2 with 512-bit Q4_K and Q6_K on
+//! AVX-512: each weight block's `isum` against its activation codes is exact in i32, so any
+//! order of the additions gives the specification's integer, and the epilogue is its float
+//! operations in its order. `maddubs` multiplies unsigned weight bytes (at most 63, or the 128 of a −128 code's
 //! magnitude) by signed activation codes in [−127, 127]: a pair's sum is at most 2 × 128 × 127
 //! = 32,512, so it never saturates.
 
 use std::arch::x86_64::*;
 
 use crate::gguf::{BlockFormat, scale_min_k4};
-
-/// The block's `isum`, as [`crate::int8`]'s `block_isum` gives it: `a` the block's activation
-/// codes, `bsums` its sums of 16 (Q8_K) or empty. Formats without a SIMD sum here take the
-/// scalar one.
-///
-/// # Safety
-/// The CPU must have AVX2; `b` must be one block of `f` and `a` its `f.block_size()` codes.
-#[target_feature(enable = "avx2")]
-pub(crate) unsafe fn isum(f: BlockFormat, b: &[u8], a: &[i8], bsums: &[i16]) -> i32 {
-    debug_assert_eq!(b.len(), f.type_size());
-    debug_assert_eq!(a.len(), f.block_size());
-    match f {
-        // SAFETY: AVX2 is enabled; the lengths are the caller's.
-        BlockFormat::Q8_0 => unsafe { q8_0(b, a) },
-        // SAFETY: as above.
-        BlockFormat::Q4_0 => unsafe { q4_0(b, a) },
-        // SAFETY: as above.
-        BlockFormat::Q4_K => unsafe { q4_k(b, a) },
-        // SAFETY: as above.
-        BlockFormat::Q6_K => unsafe { q6_k(b, a, bsums) },
-        _ => crate::int8::block_isum(f, b, a, bsums),
-    }
-}
 
 /// The sum of the eight i32 lanes.
 #[target_feature(enable = "avx2")]
@@ -70,120 +48,15 @@ fn signed_dot(w: __m256i, x: __m256i) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
-/// # Safety
-/// AVX2; one Q8_0 block and its 32 codes.
-#[target_feature(enable = "avx2")]
-unsafe fn q8_0(b: &[u8], a: &[i8]) -> i32 {
-    // SAFETY: the block holds 34 bytes (2 of scale, 32 codes), `a` 32 codes.
-    let (w, x) = unsafe { (load(&b[2..]), load_i8(a)) };
-    hsum(signed_dot(w, x))
-}
-
-/// # Safety
-/// AVX2; one Q4_0 block and its 32 codes.
-#[target_feature(enable = "avx2")]
-unsafe fn q4_0(b: &[u8], a: &[i8]) -> i32 {
-    // SAFETY: the block holds 18 bytes, the last 16 the nibbles.
-    let q = unsafe { _mm_loadu_si128(b[2..18].as_ptr().cast()) };
-    let m4 = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(q, m4);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), m4);
-    // Elements 0..16 are the low nibbles, 16..32 the high ones; codes − 8.
-    let w = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
-    // SAFETY: `a` holds 32 codes.
-    let x = unsafe { load_i8(a) };
-    hsum(signed_dot(w, x))
-}
-
-/// # Safety
-/// AVX2; one Q4_K block and its 256 codes.
-#[target_feature(enable = "avx2")]
-unsafe fn q4_k(b: &[u8], a: &[i8]) -> i32 {
-    let (s, qs) = (&b[4..16], &b[16..144]);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let mut acc = _mm256_setzero_si256();
-    for k in 0..4 {
-        // SAFETY: 128 bytes of nibbles, 256 codes: 32 and 64 from each offset here.
-        let (v, a0, a1) = unsafe {
-            (
-                load(&qs[32 * k..]),
-                load_i8(&a[64 * k..]),
-                load_i8(&a[64 * k + 32..]),
-            )
-        };
-        let lo = _mm256_and_si256(v, m4);
-        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
-        let (s0, s1) = (scale_min_k4(s, 2 * k).0, scale_min_k4(s, 2 * k + 1).0);
-        let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a0), _mm256_set1_epi16(s0 as i16));
-        let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a1), _mm256_set1_epi16(s1 as i16));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
-    }
-    hsum(acc)
-}
-
-/// # Safety
-/// AVX2; one Q6_K block, its 256 codes and their 16 sums of 16.
-#[target_feature(enable = "avx2")]
-unsafe fn q6_k(b: &[u8], a: &[i8], bsums: &[i16]) -> i32 {
-    let (ql, qh, sc) = (&b[0..128], &b[128..192], &b[192..208]);
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m3 = _mm256_set1_epi8(3);
-    let mut acc = _mm256_setzero_si256();
-    for half in 0..2 {
-        // SAFETY: 64 bytes of low bits and 32 of high bits per half.
-        let (l0, l1, h) = unsafe {
-            (
-                load(&ql[64 * half..]),
-                load(&ql[64 * half + 32..]),
-                load(&qh[32 * half..]),
-            )
-        };
-        let high = |shift: i32| -> __m256i {
-            let v = match shift {
-                0 => h,
-                2 => _mm256_srli_epi16::<2>(h),
-                4 => _mm256_srli_epi16::<4>(h),
-                _ => _mm256_srli_epi16::<6>(h),
-            };
-            _mm256_slli_epi16::<4>(_mm256_and_si256(v, m3))
-        };
-        // The unsigned 6-bit codes of elements 32g..32g+32 of the half.
-        let groups = [
-            _mm256_or_si256(_mm256_and_si256(l0, m4), high(0)),
-            _mm256_or_si256(_mm256_and_si256(l1, m4), high(2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l0), m4), high(4)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l1), m4), high(6)),
-        ];
-        for (g, w) in groups.into_iter().enumerate() {
-            let at = 128 * half + 32 * g;
-            // SAFETY: 32 codes from `at` < 256.
-            let x = unsafe { load_i8(&a[at..]) };
-            let s = at / 16;
-            // Bytes 0..16 (i16 lanes 0..8 of the pair sums) take the first scale.
-            let scales = _mm256_set_m128i(
-                _mm_set1_epi16(sc[s + 1] as i8 as i16),
-                _mm_set1_epi16(sc[s] as i8 as i16),
-            );
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), scales));
-        }
-    }
-    // The codes are stored + 32: Σ sc (q − 32) a = Σ sc q a − 32 Σ sc bsum.
-    let offset: i32 = sc
-        .iter()
-        .zip(bsums)
-        .map(|(&s, &bs)| s as i8 as i32 * bs as i32)
-        .sum();
-    hsum(acc) - 32 * offset
-}
-
 /// Activation rows a weight block is unpacked for at once.
 const GROUP: usize = 4;
 
 /// [`crate::int8::matmul`] for one ISA with AVX2: `y[i, r − rows.start]` for every activation
-/// row `i` of `a`. Q4_K and Q6_K rows run here whole — a weight block unpacked once for up to
-/// [`GROUP`] activation rows, its integer sums and the specification's epilogue inline; the
-/// other formats through [`crate::int8::dot_with`] with [`isum`]. Same bits as the
-/// specification: the integer sums are equal, and the epilogue is its operations in its order.
+/// row `i` of `a`. The 32-blocks run a row at a time ([`q8_0_row`]); the super-block formats
+/// unpack a weight block once for up to [`GROUP`] activation rows, with the integer sums and
+/// the specification's epilogue inline. Same bits as the specification: the integer sums are
+/// equal, and the epilogue is its operations in its order. A format with no kernel here takes
+/// the scalar specification.
 ///
 /// With `wide`, the Q4_K and Q6_K blocks run in 512-bit registers (AVX-512 BW): the same
 /// integers.
@@ -222,21 +95,14 @@ pub(crate) unsafe fn matmul(
         }
         return;
     }
-    let fast = matches!(
+    if !matches!(
         f,
         BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K | BlockFormat::IQ4_XS
-    );
+    ) {
+        return crate::int8::matmul(m, a, y, rows);
+    }
     for (ri, r) in rows.enumerate() {
         let row = m.row(r);
-        if !fast {
-            for i in 0..t {
-                y[i * nr + ri] = crate::int8::dot_with(f, row, a, i, |f, b, q, bs| {
-                    // SAFETY: AVX2 is enabled; `dot_with` hands one block and its codes.
-                    unsafe { isum(f, b, q, bs) }
-                });
-            }
-            continue;
-        }
         let mut i0 = 0;
         while i0 < t {
             let n = GROUP.min(t - i0);
@@ -246,9 +112,10 @@ pub(crate) unsafe fn matmul(
                 // block of `f`, 256 codes per activation row.
                 unsafe {
                     match (f, wide) {
-                        (BlockFormat::Q4_K, false) => q4_k_group(blk, a, i0, n, b, &mut acc),
                         (BlockFormat::Q4_K, true) => q4_k_group512(blk, a, i0, n, b, &mut acc),
-                        (BlockFormat::Q5_K, _) => q5_k_group(blk, a, i0, n, b, &mut acc),
+                        (BlockFormat::Q4_K | BlockFormat::Q5_K, _) => {
+                            k4_group(f, blk, a, i0, n, b, &mut acc)
+                        }
                         (BlockFormat::IQ4_XS, _) => iq4_xs_group(blk, a, i0, n, b, &mut acc),
                         (_, false) => q6_k_group(blk, a, i0, n, b, &mut acc),
                         (_, true) => q6_k_group512(blk, a, i0, n, b, &mut acc),
@@ -278,13 +145,40 @@ fn hsum2(v: __m256i, u: __m256i) -> (i32, i32) {
     (_mm_cvtsi128_si32(s), _mm_extract_epi32::<1>(s))
 }
 
-/// Q4_K: super-block `b` of a row (`blk`) against activation rows `i0..i0 + n`, each value's
-/// epilogue step applied to `out` as [`crate::int8`] specifies it.
+/// Q4_K's and Q5_K's 6-bit mins, each twice (a sub-block of 32 holds two sums of 16), as
+/// 16 i16 lanes against the activations' `bsums`.
+#[target_feature(enable = "avx2")]
+fn k4_mins(s: &[u8]) -> __m256i {
+    let mut mins = [0i16; 16];
+    for (g, pair) in mins.chunks_exact_mut(2).enumerate() {
+        pair.fill(scale_min_k4(s, g).1 as i16);
+    }
+    // SAFETY: 16 i16 values.
+    unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) }
+}
+
+/// `Σ_g madd(maddubs(w[g], x_g), sc[g])` over the eight runs of 32 codes of `q`: eight i32
+/// partial sums of `Σ sc · w · a`.
+#[target_feature(enable = "avx2")]
+fn runs_dot(w: &[__m256i; 8], sc: &[__m256i; 8], q: &[i8]) -> __m256i {
+    let mut acc = _mm256_setzero_si256();
+    for g in 0..8 {
+        // SAFETY: 32 codes from 32g < 256 (`q` holds a super-block's).
+        let x = unsafe { load_i8(&q[32 * g..]) };
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
+    }
+    acc
+}
+
+/// Q4_K or Q5_K (`f`): super-block `b` of a row (`blk`) against activation rows `i0..i0 + n`,
+/// each value's epilogue step applied to `out` as [`crate::int8`] specifies it. Q5_K's fifth
+/// bits come from the block's 32 bytes of high bits.
 ///
 /// # Safety
-/// AVX2; `blk` one Q4_K block, `a` Q8_K activations with rows `i0..i0 + n`.
+/// AVX2; `blk` one block of `f`, `a` Q8_K activations with rows `i0..i0 + n`.
 #[target_feature(enable = "avx2")]
-unsafe fn q4_k_group(
+unsafe fn k4_group(
+    f: BlockFormat,
     blk: &[u8],
     a: &crate::int8::QActs,
     i0: usize,
@@ -292,46 +186,46 @@ unsafe fn q4_k_group(
     b: usize,
     out: &mut [f32; GROUP],
 ) {
-    let (s, qs) = (&blk[4..16], &blk[16..144]);
+    let five = f == BlockFormat::Q5_K;
+    let s = &blk[4..16];
+    let qs = if five { &blk[48..176] } else { &blk[16..144] };
     let (dw, dmin) = (h(blk, 0), h(blk, 2));
     let m4 = _mm256_set1_epi8(0x0f);
+    let one = _mm256_set1_epi8(1);
+    // Bit p of byte l is the fifth bit of element 32p + l (Q5_K).
+    let mut hv = if five {
+        // SAFETY: a Q5_K block holds 32 bytes of high bits there.
+        unsafe { load(&blk[16..48]) }
+    } else {
+        _mm256_setzero_si256()
+    };
+    let mut fifth = || {
+        let v = _mm256_slli_epi16::<4>(_mm256_and_si256(hv, one));
+        hv = _mm256_srli_epi16::<1>(hv);
+        v
+    };
     let mut w = [_mm256_setzero_si256(); 8];
-    let mut sc = [_mm256_setzero_si256(); 8];
-    let mut mins = [0i16; 16];
     for k in 0..4 {
         // SAFETY: 128 bytes of nibbles.
         let v = unsafe { load(&qs[32 * k..]) };
-        w[2 * k] = _mm256_and_si256(v, m4);
-        w[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m4);
+        w[2 * k] = _mm256_or_si256(_mm256_and_si256(v, m4), fifth());
+        w[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), fifth());
     }
-    for g in 0..8 {
-        let (scale, min) = scale_min_k4(s, g);
-        sc[g] = _mm256_set1_epi16(scale as i16);
-        // A sub-block of 32 holds two sums of 16.
-        mins[2 * g] = min as i16;
-        mins[2 * g + 1] = min as i16;
-    }
-    // SAFETY: 16 i16 values.
-    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+    let sc: [__m256i; 8] = std::array::from_fn(|g| _mm256_set1_epi16(scale_min_k4(s, g).0 as i16));
+    let mins = k4_mins(s);
     for (k, out) in out.iter_mut().enumerate().take(n) {
         let i = i0 + k;
         let q = &a.codes(i)[b * 256..(b + 1) * 256];
         let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
-        let mut acc = _mm256_setzero_si256();
-        for g in 0..8 {
-            // SAFETY: 32 codes from 32g < 256.
-            let x = unsafe { load_i8(&q[32 * g..]) };
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
-        }
         // SAFETY: 16 sums of 16.
         let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-        let (isum, msum) = hsum2(acc, _mm256_madd_epi16(bsv, mins));
+        let (isum, msum) = hsum2(runs_dot(&w, &sc, q), _mm256_madd_epi16(bsv, mins));
         let da = a.scales(i)[b];
         *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
     }
 }
 
-/// Q6_K: as [`q4_k_group`].
+/// Q6_K: as [`k4_group`].
 ///
 /// # Safety
 /// AVX2; `blk` one Q6_K block, `a` Q8_K activations with rows `i0..i0 + n`.
@@ -387,16 +281,10 @@ unsafe fn q6_k_group(
         let i = i0 + k;
         let q = &a.codes(i)[b * 256..(b + 1) * 256];
         let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
-        let mut acc = _mm256_setzero_si256();
-        for g in 0..8 {
-            // SAFETY: 32 codes from 32g < 256.
-            let x = unsafe { load_i8(&q[32 * g..]) };
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
-        }
         // SAFETY: 16 sums of 16.
         let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
         // The codes are stored + 32: Σ sc (q − 32) a = Σ sc q a − 32 Σ sc bsum.
-        let (qa, offset) = hsum2(acc, _mm256_madd_epi16(bsv, scales16));
+        let (qa, offset) = hsum2(runs_dot(&w, &sc, q), _mm256_madd_epi16(bsv, scales16));
         let da = a.scales(i)[b];
         *out += (dw * da) * ((qa - 32 * offset) as f32);
     }
@@ -447,10 +335,10 @@ fn fold(z: __m512i) -> __m256i {
     _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
 }
 
-/// [`q4_k_group`] in 512-bit registers: two 32-code runs per product.
+/// [`k4_group`] in 512-bit registers: two 32-code runs per product.
 ///
 /// # Safety
-/// AVX-512 F/BW; as [`q4_k_group`].
+/// AVX-512 F/BW; as [`k4_group`].
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn q4_k_group512(
     blk: &[u8],
@@ -468,7 +356,6 @@ unsafe fn q4_k_group512(
     // plain 64-byte loads.
     let mut w = [_mm512_setzero_si512(); 4];
     let mut sc = [_mm512_setzero_si512(); 4];
-    let mut mins = [0i16; 16];
     let scale = |g: usize| scale_min_k4(s, g).0 as i16;
     for k in 0..4 {
         // SAFETY: 128 bytes of nibbles.
@@ -478,13 +365,7 @@ unsafe fn q4_k_group512(
         w[k] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
         sc[k] = pair_i16(scale(2 * k), scale(2 * k + 1));
     }
-    for g in 0..8 {
-        let min = scale_min_k4(s, g).1 as i16;
-        mins[2 * g] = min;
-        mins[2 * g + 1] = min;
-    }
-    // SAFETY: 16 i16 values.
-    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
+    let mins = k4_mins(s);
     let mut folded = [_mm256_setzero_si256(); 8];
     for k in 0..n {
         let i = i0 + k;
@@ -601,65 +482,6 @@ unsafe fn q6_k_group512(
         let (qa, offset) = hsum2(folded[k], folded[4 + k]);
         let da = a.scales(i0 + k)[b];
         *out += (dw * da) * ((qa - 32 * offset) as f32);
-    }
-}
-
-/// Q5_K: as [`q4_k_group`], each code's fifth bit from the block's 32 bytes of high bits.
-///
-/// # Safety
-/// AVX2; `blk` one Q5_K block, `a` Q8_K activations with rows `i0..i0 + n`.
-#[target_feature(enable = "avx2")]
-unsafe fn q5_k_group(
-    blk: &[u8],
-    a: &crate::int8::QActs,
-    i0: usize,
-    n: usize,
-    b: usize,
-    out: &mut [f32; GROUP],
-) {
-    let (s, qh, qs) = (&blk[4..16], &blk[16..48], &blk[48..176]);
-    let (dw, dmin) = (h(blk, 0), h(blk, 2));
-    let m4 = _mm256_set1_epi8(0x0f);
-    let one = _mm256_set1_epi8(1);
-    // SAFETY: 32 bytes of high bits.
-    let hb = unsafe { load(qh) };
-    // Bit p of byte l is the fifth bit of element 32p + l.
-    let bit = |v: __m256i| _mm256_slli_epi16::<4>(_mm256_and_si256(v, one));
-    let mut hv = hb;
-    let mut w = [_mm256_setzero_si256(); 8];
-    let mut sc = [_mm256_setzero_si256(); 8];
-    let mut mins = [0i16; 16];
-    for k in 0..4 {
-        // SAFETY: 128 bytes of nibbles.
-        let v = unsafe { load(&qs[32 * k..]) };
-        w[2 * k] = _mm256_or_si256(_mm256_and_si256(v, m4), bit(hv));
-        hv = _mm256_srli_epi16::<1>(hv);
-        w[2 * k + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(v), m4), bit(hv));
-        hv = _mm256_srli_epi16::<1>(hv);
-    }
-    for g in 0..8 {
-        let (scale, min) = scale_min_k4(s, g);
-        sc[g] = _mm256_set1_epi16(scale as i16);
-        mins[2 * g] = min as i16;
-        mins[2 * g + 1] = min as i16;
-    }
-    // SAFETY: 16 i16 values.
-    let mins = unsafe { _mm256_loadu_si256(mins.as_ptr().cast()) };
-    for (k, out) in out.iter_mut().enumerate().take(n) {
-        let i = i0 + k;
-        let q = &a.codes(i)[b * 256..(b + 1) * 256];
-        let bs = &a.bsums(i)[b * 16..(b + 1) * 16];
-        let mut acc = _mm256_setzero_si256();
-        for g in 0..8 {
-            // SAFETY: 32 codes from 32g < 256.
-            let x = unsafe { load_i8(&q[32 * g..]) };
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w[g], x), sc[g]));
-        }
-        // SAFETY: 16 sums of 16.
-        let bsv = unsafe { _mm256_loadu_si256(bs.as_ptr().cast()) };
-        let (isum, msum) = hsum2(acc, _mm256_madd_epi16(bsv, mins));
-        let da = a.scales(i)[b];
-        *out += (dw * da) * (isum as f32) - (dmin * da) * (msum as f32);
     }
 }
 
@@ -805,7 +627,7 @@ unsafe fn q8_0_row(f: BlockFormat, row: &[u8], a: &crate::int8::QActs, i: usize)
     acc
 }
 
-/// IQ4_XS: as [`q4_k_group`], the codes looked up in the non-linear table by a byte shuffle
+/// IQ4_XS: as [`k4_group`], the codes looked up in the non-linear table by a byte shuffle
 /// (signed, so multiplied as `maddubs(|w|, sign(x, w))`), the 6-bit scales `ls − 32` per 32.
 ///
 /// # Safety
